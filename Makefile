@@ -1,0 +1,31 @@
+# The two commands the README leads with: `make demo` and `make test`. Each does its own set-up.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint format bench clean
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format:
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: setup
+	$(BIN)/python benchmarks/train_throughput.py
+
+clean:
+	rm -rf build runs model_repository

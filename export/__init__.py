@@ -1,0 +1,1 @@
+"""rec.export: sharded checkpoint -> quantized TorchScript / ONNX model repository (Contract 2)."""

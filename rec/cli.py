@@ -1,0 +1,46 @@
+"""The `rec` command. Each stage owns its commands (rec.<stage>.cli); this file only joins them.
+
+Commands parse options into a config and call one library function; everything else lives in
+the YAML config (rec.config).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from rec import __version__
+from rec.config import ConfigError
+
+# Stage modules that define click commands in a `COMMANDS` list.
+_STAGE_CLI_MODULES = ("rec.train.cli", "rec.export.cli", "rec.serve.cli")
+
+
+class _Group(click.Group):
+    """Turns configuration and user errors into one clear line and exit code 2, not a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (ConfigError, FileNotFoundError, FileExistsError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rec")
+def main() -> None:
+    """rec: train sharded recommendation models, export them quantized, serve them fast."""
+
+
+for _name in _STAGE_CLI_MODULES:
+    try:
+        _module = importlib.import_module(_name)
+    except ModuleNotFoundError as e:
+        if e.name != _name:  # the stage exists but something it imports is missing
+            raise
+        continue
+    for _command in getattr(_module, "COMMANDS", []):
+        main.add_command(_command)

@@ -1,0 +1,1 @@
+"""rec.data: sources of RecBatch (synthetic, Criteo TSV, CSV, Parquet)."""

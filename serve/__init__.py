@@ -1,0 +1,1 @@
+"""rec.serve: starting servers on a model repository, sending requests, measuring them."""

@@ -1,0 +1,1 @@
+"""rec.train: distributed training with TorchRec's DistributedModelParallel (Contract 1 writer)."""

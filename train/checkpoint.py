@@ -1,0 +1,99 @@
+"""The checkpointer: interval, retention and atomicity of torch.distributed.checkpoint saves.
+
+A save is a collective. Every rank writes its own shard file into `step_<N>/`; after the last
+one is on disk, rank 0 writes meta.json, then COMMITTED, then points LATEST at it, then deletes
+checkpoints beyond `keep_last`. A crash at any point leaves either the previous LATEST or a
+fully committed new one; the torn directory has no COMMITTED and every reader ignores it
+(rec.run_dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from rec import run_dir
+from rec.config import CheckpointConfig
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be read; the message names the directory and the cause."""
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class Checkpointer:
+    """Saves and loads the whole training state of one run directory."""
+
+    def __init__(self, run: str | Path, cfg: CheckpointConfig, rank: int) -> None:
+        self.root = run_dir.checkpoints_dir(run)
+        self.cfg = cfg
+        self.rank = rank
+
+    def due(self, step: int) -> bool:
+        return self.cfg.every_steps > 0 and step > 0 and step % self.cfg.every_steps == 0
+
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+        """Writes `state` at `step` (all ranks call this). Returns the committed step dir."""
+        step_dir = self.root / run_dir.step_dir_name(step)
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if step_dir.exists():  # a torn or older save of the same step: replace it whole
+                shutil.rmtree(step_dir)
+        _barrier()
+        t0 = time.perf_counter()
+        dcp.save(state, checkpoint_id=str(step_dir))
+        _barrier()
+        if self.rank == 0:
+            meta = {**meta, "step": step, "save_seconds": round(time.perf_counter() - t0, 3)}
+            _fsync_write(step_dir / run_dir.META_FILE, json.dumps(meta, indent=2) + "\n")
+            _fsync_write(step_dir / run_dir.COMMITTED_FILE, f"{time.time()}\n")
+            _fsync_write(self.root / run_dir.LATEST_FILE, step_dir.name + "\n")
+            self._prune()
+        _barrier()
+        return step_dir
+
+    def _prune(self) -> None:
+        committed = run_dir.committed_steps(self.root.parent)
+        for old in committed[: -self.cfg.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def latest(self) -> Path | None:
+        return run_dir.latest_checkpoint(self.root.parent)
+
+    @staticmethod
+    def load(step_dir: Path, state: dict[str, Any]) -> None:
+        """Loads `step_dir` into `state` in place, resharding to the current world size."""
+        try:
+            dcp.load(state, checkpoint_id=str(step_dir))
+        except Exception as e:  # DCP wraps per-rank failures; keep the cause, name the dir
+            raise CheckpointError(f"cannot load checkpoint {str(step_dir)!r}: {e}") from e
+
+
+def rng_state() -> torch.Tensor:
+    return torch.get_rng_state()

@@ -1,0 +1,77 @@
+"""`rec train` and `rec plan`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("train")
+@click.option(
+    "--config",
+    "-c",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="YAML config (default: the embedded small DLRM on synthetic data).",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where the run goes (default: runs/<timestamp>).",
+)
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Local processes (ranks).",
+)
+@click.option(
+    "--resume",
+    "resume",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Continue this run directory from its LATEST checkpoint, at any --nproc.",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Restarts of all ranks after a rank fails; each resumes from LATEST.",
+)
+def train_command(config, run_dir, nproc, resume, max_restarts) -> None:
+    """Train with TorchRec DistributedModelParallel on NPROC local ranks."""
+    from rec.train.launch import train
+
+    run = train(config, resume or run_dir, nproc, resume=resume is not None,
+                max_restarts=max_restarts)  # fmt: skip
+    click.echo(f"run directory: {run}")
+
+
+@click.command("plan")
+@click.option("--config", "-c", type=click.Path(path_type=Path), default=None)
+@click.option("--world-size", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--local-world-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranks per host (default: all on one host).",
+)
+def plan_command(config, world_size, local_world_size) -> None:
+    """Print the sharding plan for a config and world size, without training."""
+    from rec.train import sharding
+
+    from rec.config import load_config
+    from rec.model import TrainModel, build_model
+
+    cfg = load_config(config)
+    if local_world_size:
+        cfg.sharding.topology.local_world_size = local_world_size
+    plan = sharding.plan_for(cfg, TrainModel(build_model(cfg, "meta")), world_size)
+    click.echo(sharding.format_plan(sharding.plan_rows(plan)))
+
+
+COMMANDS = [train_command, plan_command]

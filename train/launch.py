@@ -1,0 +1,84 @@
+"""`rec train`: prepares the run directory, then starts N ranks with the elastic launcher."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from rec import run_dir
+from rec.config import RecConfig, load_config
+
+
+class RunDirExistsError(FileExistsError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def prepare_run_dir(cfg: RecConfig | None, run: Path, resume: bool) -> RecConfig:
+    """Writes config.yaml for a new run, or reads it back for --resume.
+
+    A new run refuses a directory that already holds checkpoints (no silent overwrite).
+    """
+    saved = run / run_dir.CONFIG_FILE
+    if resume:
+        if not saved.is_file():
+            raise run_dir.RunDirError(f"cannot resume: {str(saved)!r} does not exist")
+        return load_config(saved)
+    if run_dir.checkpoints_dir(run).exists() and any(run_dir.checkpoints_dir(run).iterdir()):
+        raise RunDirExistsError(
+            f"run directory {str(run)!r} already has checkpoints; use --resume to continue it "
+            "or choose another --run-dir"
+        )
+    assert cfg is not None
+    run.mkdir(parents=True, exist_ok=True)
+    saved.write_text(cfg.to_yaml())
+    return cfg
+
+
+def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0) -> None:
+    """Runs `python -m rec.train.worker` on `nproc` local ranks and waits for them."""
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"rec-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        max_restarts=max_restarts,
+        monitor_interval=0.5,
+    )
+    args = ["-m", "rec.train.worker", "--run-dir", str(run)]
+    if resume:
+        args.append("--resume")
+    elastic_launch(config, entrypoint=sys.executable)(*args)
+
+
+def train(
+    config: Path | None,
+    run: Path | None,
+    nproc: int,
+    resume: bool = False,
+    max_restarts: int = 0,
+) -> Path:
+    """The library function behind `rec train`. Returns the run directory."""
+    if resume and run is None:
+        raise run_dir.RunDirError("--resume needs the run directory to continue")
+    run = run or default_run_dir()
+    cfg = None if resume else load_config(config)
+    prepare_run_dir(cfg, run, resume)
+    launch(run, nproc, resume, max_restarts)
+    return run

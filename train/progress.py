@@ -1,0 +1,77 @@
+"""Rank 0's progress lines and the run's metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+    """Prints `step, loss, AUC, samples/s, ETA` lines and appends every record to metrics.jsonl.
+
+    Only rank 0 makes one; other ranks pass `None` around.
+    """
+
+    def __init__(self, metrics_path: Path, total_steps: int, samples_per_step: int) -> None:
+        self.metrics_path = metrics_path
+        self.total_steps = total_steps
+        self.samples_per_step = samples_per_step
+        self.last_auc: float | None = None
+        self._t_last = time.perf_counter()
+        self._step_last: int | None = None
+        self._t_start = self._t_last
+        self._step_start: int | None = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = {"time": round(time.time(), 3), **record}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def start(self, step: int) -> None:
+        self._step_last = self._step_start = step
+        self._t_last = self._t_start = time.perf_counter()
+
+    def pause(self, seconds: float) -> None:
+        """Excludes time spent outside training steps (eval, checkpoints) from the rate."""
+        self._t_last += seconds
+        self._t_start += seconds
+
+    def train(self, step: int, loss: float, lr: float) -> None:
+        now = time.perf_counter()
+        steps = step - (self._step_last or 0)
+        rate = steps * self.samples_per_step / max(now - self._t_last, 1e-9)
+        done = step - (self._step_start or 0)
+        overall = done / max(now - self._t_start, 1e-9)
+        eta = (self.total_steps - step) / overall if overall > 0 else 0.0
+        self._t_last, self._step_last = now, step
+        self.write(
+            {"kind": "train", "step": step, "loss": loss, "lr": lr, "samples_per_s": round(rate, 1)}
+        )
+        auc = f"{self.last_auc:.4f}" if self.last_auc is not None else "  -   "
+        pct = 100.0 * step / max(self.total_steps, 1)
+        print(
+            f"step {step:>6}/{self.total_steps} ({pct:5.1f}%) | loss {loss:.4f} | "
+            f"eval auc {auc} | {rate:8.0f} samples/s | eta {_duration(eta)}",
+            flush=True,
+        )
+
+    def eval(self, step: int, metrics: dict[str, float]) -> None:
+        self.last_auc = metrics["auc"]
+        self.write({"kind": "eval", "step": step, **metrics})
+        parts = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                           for k, v in metrics.items())  # fmt: skip
+        print(f"eval @ step {step}: {parts}", flush=True)
+
+
+def log(msg: str) -> None:
+    print(f"[rec train] {msg}", file=sys.stdout, flush=True)

@@ -1,0 +1,164 @@
+"""Sharding: topology, per-table constraints, the sharder, and the plan as a table and JSON.
+
+TorchRec's EmbeddingBagCollectionSharder offers only data_parallel, table_wise, column_wise and
+table_column_wise for a CPU compute device. row_wise, table_row_wise and grid_shard also train
+on CPU with gloo (measured, DESIGN.md), so `RecEBCSharder` offers them there too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ShardingPlan, ShardingType
+
+from rec.config import RecConfig
+
+GiB = 1024**3
+# The planner warns on every directly built Topology and on dry-run size estimates; neither
+# applies here, and the noise would bury the plan table.
+logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
+logging.getLogger("torchrec.distributed.planner.storage_reservations").setLevel(logging.ERROR)
+_EXTRA_CPU_TYPES = (
+    ShardingType.ROW_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+    ShardingType.GRID_SHARD.value,
+)
+
+
+class RecEBCSharder(EmbeddingBagCollectionSharder):
+    """The stock sharder, plus row-wise, table-row-wise and grid sharding on CPU."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        types = list(super().sharding_types(compute_device_type))
+        if compute_device_type == "cpu":
+            types += [t for t in _EXTRA_CPU_TYPES if t not in types]
+        return types
+
+
+def make_sharders() -> list[RecEBCSharder]:
+    return [RecEBCSharder()]
+
+
+def make_topology(cfg: RecConfig, world_size: int, compute_device: str) -> Topology:
+    """The planner's view of the hardware: config values where given, else the launcher's env."""
+    topo = cfg.sharding.topology
+    local = topo.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if world_size % local != 0:
+        raise ValueError(
+            f"sharding.topology.local_world_size={local} does not divide the world size "
+            f"{world_size}; hosts must have the same number of ranks"
+        )
+    kwargs: dict[str, Any] = {"local_world_size": local}
+    if topo.hbm_cap_gb:
+        kwargs["hbm_cap"] = int(topo.hbm_cap_gb * GiB)
+    if topo.ddr_cap_gb:
+        kwargs["ddr_cap"] = int(topo.ddr_cap_gb * GiB)
+    if topo.intra_host_bw_gbps:
+        kwargs["intra_host_bw"] = topo.intra_host_bw_gbps * GiB
+    if topo.inter_host_bw_gbps:
+        kwargs["inter_host_bw"] = topo.inter_host_bw_gbps * GiB
+    return Topology(world_size=world_size, compute_device=compute_device, **kwargs)
+
+
+def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, ParameterConstraints]:
+    """Per-table constraints from the config.
+
+    On CPU the extra types are there for the tables that ask for them; a table with no
+    constraint keeps the stock choice (what TorchRec's own CPU sharder would offer).
+    """
+    out = {}
+    if compute_device == "cpu":
+        stock = EmbeddingBagCollectionSharder().sharding_types("cpu")
+        for t in cfg.tables:
+            out[t.name] = ParameterConstraints(sharding_types=list(stock))
+    for table, c in cfg.sharding.constraints.items():
+        out[table] = ParameterConstraints(
+            sharding_types=list(c.sharding_types) or None,
+            compute_kernels=[EmbeddingComputeKernel(k).value for k in c.compute_kernels] or None,
+            min_partition=c.min_partition or None,
+        )
+        if compute_device == "cpu" and not c.sharding_types:
+            out[table].sharding_types = list(stock)
+    return out
+
+
+def make_planner(
+    cfg: RecConfig, world_size: int, compute_device: str, batch_size: int | None = None
+) -> EmbeddingShardingPlanner:
+    return EmbeddingShardingPlanner(
+        topology=make_topology(cfg, world_size, compute_device),
+        batch_size=batch_size or cfg.training.batch_size,
+        storage_reservation=HeuristicalStorageReservation(
+            percentage=cfg.sharding.topology.storage_reserve_percent / 100
+        ),
+        constraints=make_constraints(cfg, compute_device),
+        debug=False,
+    )
+
+
+def plan_rows(plan: ShardingPlan) -> list[dict[str, Any]]:
+    """One row per table: sharding type, kernel, ranks and shard sizes ([rows, cols] each)."""
+    rows = []
+    for module_path, module_plan in plan.plan.items():
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            shards = []
+            if ps.sharding_spec is not None:
+                for s in ps.sharding_spec.shards:  # type: ignore[attr-defined]
+                    shards.append(
+                        {
+                            "rank": s.placement.rank(),
+                            "offsets": list(s.shard_offsets),
+                            "sizes": list(s.shard_sizes),
+                        }
+                    )
+            rows.append(
+                {
+                    "module": module_path,
+                    "table": table,
+                    "sharding_type": ps.sharding_type,
+                    "compute_kernel": ps.compute_kernel,
+                    "ranks": list(ps.ranks) if ps.ranks is not None else [],
+                    "shards": shards,
+                }
+            )
+    return rows
+
+
+def format_plan(rows: list[dict[str, Any]]) -> str:
+    """The plan as an aligned text table (what `rec plan` and rank 0 of `rec train` print)."""
+    header = ("table", "sharding type", "kernel", "ranks", "shard sizes")
+    lines = []
+    for r in rows:
+        sizes = " ".join("x".join(str(d) for d in s["sizes"]) for s in r["shards"]) or "full"
+        ranks = ",".join(str(x) for x in r["ranks"]) or "all"
+        lines.append((r["table"], r["sharding_type"], r["compute_kernel"], ranks, sizes))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(out)
+
+
+def write_plan(path: Path, rows: list[dict[str, Any]], world_size: int) -> None:
+    path.write_text(json.dumps({"world_size": world_size, "tables": rows}, indent=2) + "\n")
+
+
+def plan_for(cfg: RecConfig, model: nn.Module, world_size: int, compute_device: str = "cpu"):
+    """Plans `model` for `world_size` ranks in this one process (no process group): `rec plan`."""
+    planner = make_planner(cfg, world_size, compute_device)
+    return planner.plan(model, make_sharders())
+
+
+def compute_device_type(device: torch.device) -> str:
+    return "cuda" if device.type == "cuda" else "cpu"

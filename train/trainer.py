@@ -1,0 +1,255 @@
+"""One rank of `rec train`: shard the model, train, evaluate, checkpoint (Contract 1 writer)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torchmetrics
+from rec.train import sharding
+from rec.train.checkpoint import Checkpointer
+from rec.train.distributed import DistContext, all_mean, init_distributed
+from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
+from rec.train.progress import Progress, log
+from torchrec.datasets.utils import Batch
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+from torchrec.distributed.types import ShardingEnv
+
+from rec import run_dir
+from rec.config import RecConfig
+from rec.data import make_source
+from rec.model import TrainModel, build_model, table_rows
+from rec.versions import library_versions
+
+
+@dataclass
+class Position:
+    """Where training stands: optimiser steps done, and the data position of the next sample."""
+
+    step: int = 0
+    epoch: int = 0
+    offset: int = 0  # global samples of `epoch` already consumed
+
+    def as_tensors(self) -> dict[str, torch.Tensor]:
+        return {k: torch.tensor(getattr(self, k), dtype=torch.int64) for k in self.__dict__}
+
+
+class Trainer:
+    def __init__(self, cfg: RecConfig, run: Path, ctx: DistContext) -> None:
+        self.cfg, self.run, self.ctx = cfg, run, ctx
+        self.keys = list(cfg.features.sparse)
+        self.rows = table_rows(cfg)
+        self.batch_size = cfg.training.batch_size
+        self.global_batch = self.batch_size * ctx.world_size
+        self.pos = Position()
+        self.train_source = make_source(cfg, "train")
+        self.eval_source = make_source(cfg, "eval")
+        self._build_model()
+        self.checkpointer = Checkpointer(run, cfg.checkpoint, ctx.rank)
+
+    # ---- set-up -----------------------------------------------------------------------------
+    def _build_model(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        torch.manual_seed(cfg.training.seed)  # same dense init on every rank
+        model = TrainModel(build_model(cfg, "meta"))
+        attach_embedding_optimizer(model.model.sparse_arch, cfg.training)
+        compute = sharding.compute_device_type(ctx.device)
+        planner = sharding.make_planner(cfg, ctx.world_size, compute)
+        sharders = sharding.make_sharders()
+        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+        self.plan_rows = sharding.plan_rows(plan)
+        self.dmp = DistributedModelParallel(
+            module=model,
+            env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+            device=ctx.device,
+            plan=plan,
+            sharders=sharders,  # type: ignore[arg-type]
+        )
+        self.optimizer = make_optimizer(self.dmp, cfg.training)
+        pipeline_cls = (
+            TrainPipelineSparseDist if cfg.training.pipeline == "sparse_dist" else TrainPipelineBase
+        )
+        self.pipeline = pipeline_cls(self.dmp, self.optimizer, ctx.device)
+        if ctx.is_main:
+            print(sharding.format_plan(self.plan_rows), flush=True)
+            sharding.write_plan(self.run / run_dir.PLAN_FILE, self.plan_rows, ctx.world_size)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.dmp.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train": {**self.pos.as_tensors(), "rng": torch.get_rng_state()},
+        }
+
+    def resume(self, step_dir: Path) -> None:
+        """Loads a checkpoint written at any world size into this (re)sharded model."""
+        _, dense = self.optimizer.optimizers[-1]
+        dense.init_state()  # Adam's state is lazy; DCP loads into existing tensors only
+        state = self._state()
+        Checkpointer.load(step_dir, state)
+        self.dmp.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        t = state["train"]
+        self.pos = Position(int(t["step"]), int(t["epoch"]), int(t["offset"]))
+        torch.set_rng_state(t["rng"])
+        if self.ctx.is_main:
+            log(f"resumed from {step_dir} at step {self.pos.step} (epoch {self.pos.epoch})")
+
+    # ---- data -------------------------------------------------------------------------------
+    def total_steps(self) -> int:
+        t = self.cfg.training
+        if t.steps:
+            return t.steps
+        per_epoch = self.train_source.num_samples() // self.global_batch
+        if per_epoch == 0:
+            raise ValueError(
+                f"the training data has {self.train_source.num_samples()} samples, fewer than "
+                f"one global batch ({self.batch_size} x {self.ctx.world_size} ranks)"
+            )
+        left_now = (self.train_source.num_samples() - self.pos.offset) // self.global_batch
+        return self.pos.step + left_now + per_epoch * (t.epochs - self.pos.epoch - 1)
+
+    def _train_stream(self, positions: deque) -> Iterator[Batch]:
+        """Batches from the current position on, across epochs; records where each one ends."""
+        epoch, offset = self.pos.epoch, self.pos.offset
+        while self.cfg.training.steps or epoch < self.cfg.training.epochs:
+            for batch in self.train_source.batches(
+                self.batch_size, self.ctx.rank, self.ctx.world_size, start=offset
+            ):
+                offset += self.global_batch
+                positions.append((epoch, offset))
+                yield batch.to_torchrec(self.keys, self.rows)
+            epoch, offset = epoch + 1, 0
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """AUC and log loss on the held-out split, gathered over all ranks by torchmetrics."""
+        num_tasks = self.cfg.model.num_tasks
+        aucs = [
+            torchmetrics.classification.BinaryAUROC().to(self.ctx.device) for _ in range(num_tasks)
+        ]
+        logloss = torchmetrics.MeanMetric().to(self.ctx.device)
+        batches = (
+            b.to_torchrec(self.keys, self.rows)
+            for b in self.eval_source.batches(self.batch_size, self.ctx.rank, self.ctx.world_size)
+        )
+        if self.cfg.training.eval_batches:
+            batches = itertools.islice(batches, self.cfg.training.eval_batches)
+        self.dmp.eval()
+        try:
+            while True:
+                _, logits, labels = self.pipeline.progress(batches)
+                per_sample = torch.nn.functional.binary_cross_entropy_with_logits(
+                    logits, labels, reduction="none"
+                )
+                logloss.update(per_sample)
+                probs = torch.sigmoid(logits)
+                for t, auc in enumerate(aucs):
+                    auc.update(probs[:, t], labels[:, t].long())
+        except StopIteration:
+            pass
+        finally:
+            self.dmp.train()
+        out = {"auc": float(aucs[0].compute())}
+        for t in range(1, num_tasks):
+            out[f"auc_task{t}"] = float(aucs[t].compute())
+        out["logloss"] = float(logloss.compute())
+        return out
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _boundaries(self, total: int) -> list[int]:
+        """Steps where the pipeline drains: evaluations, checkpoints and the end."""
+        t, c = self.cfg.training, self.cfg.checkpoint
+        marks = {total}
+        for every in (t.eval_every, c.every_steps):
+            if every:
+                marks.update(range(every, total, every))
+        return sorted(m for m in marks if m > self.pos.step)
+
+    def fit(self) -> dict[str, float]:
+        total = self.total_steps()
+        progress = None
+        if self.ctx.is_main:
+            progress = Progress(self.run / run_dir.METRICS_FILE, total, self.global_batch)
+            progress.start(self.pos.step)
+            log(f"training {total} steps, {self.ctx.world_size} ranks x batch {self.batch_size}")
+        positions: deque = deque()
+        stream = self._train_stream(positions)
+        metrics: dict[str, float] = {}
+        for boundary in self._boundaries(total):
+            self._train_segment(itertools.islice(stream, boundary - self.pos.step), positions,
+                                total, progress)  # fmt: skip
+            if self.pos.step < boundary:  # the data ran out before `total` steps
+                break
+            t0 = time.perf_counter()
+            last = boundary == total
+            if last or (
+                self.cfg.training.eval_every and boundary % self.cfg.training.eval_every == 0
+            ):
+                metrics = self.evaluate()
+                if progress:
+                    progress.eval(self.pos.step, metrics)
+            if last or self.checkpointer.due(boundary):
+                self.save(metrics)
+            if progress:
+                progress.pause(time.perf_counter() - t0)
+        return metrics
+
+    def _train_segment(self, batches, positions: deque, total: int, progress) -> None:
+        log_every = self.cfg.training.log_every
+        loss_sum, loss_n = 0.0, 0
+        while True:
+            factor = lr_factor(self.pos.step, total, self.cfg.training)
+            set_dense_lr(self.optimizer, factor, self.cfg.training)
+            try:
+                loss, _, _ = self.pipeline.progress(batches)
+            except StopIteration:
+                return
+            self.pos.epoch, self.pos.offset = positions.popleft()
+            self.pos.step += 1
+            loss_sum, loss_n = loss_sum + float(loss), loss_n + 1
+            if self.pos.step % log_every == 0 or self.pos.step == total:
+                mean = all_mean(loss_sum / loss_n, self.ctx.device)
+                loss_sum, loss_n = 0.0, 0
+                if progress:
+                    progress.train(self.pos.step, mean, self.cfg.training.dense_lr * factor)
+
+    def save(self, metrics: dict[str, float]) -> None:
+        plan_json = (self.run / run_dir.PLAN_FILE).read_bytes() if self.ctx.is_main else b""
+        meta = {
+            "world_size": self.ctx.world_size,
+            "epoch": self.pos.epoch,
+            "offset": self.pos.offset,
+            "plan_digest": hashlib.sha256(plan_json).hexdigest()[:16],
+            "eval": metrics,
+            "skipped_rows": self.train_source.skipped_rows,
+            "versions": library_versions(),
+        }
+        step_dir = self.checkpointer.save(self.pos.step, self._state(), meta)
+        if self.ctx.is_main:
+            log(f"checkpoint committed: {step_dir}")
+
+
+def run_training(cfg: RecConfig, run: Path, resume: bool) -> dict[str, float]:
+    """The body of every rank. Resumes from LATEST when asked, or after an elastic restart."""
+    ctx = init_distributed(cfg.training)
+    trainer = Trainer(cfg, run, ctx)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    latest = run_dir.latest_checkpoint(run)
+    if latest is not None and (resume or restarted):
+        trainer.resume(latest)
+    metrics = trainer.fit()
+    dist.barrier()
+    dist.destroy_process_group()
+    return metrics

@@ -1,0 +1,45 @@
+"""Entry point of one training process: `python -m rec.train.worker --run-dir DIR [--config F]`.
+
+`rec train --nproc N` starts N of these through torch.distributed's elastic launcher; for
+several hosts run the same module under plain torchrun with the usual variables, e.g.
+`torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host:29500 -m rec.train.worker
+--config cfg.yaml --run-dir /shared/run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch.distributed as dist
+
+from rec import run_dir
+from rec.config import load_config
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rec.train.worker")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--config", type=Path, default=None,
+                        help="YAML config; default: the run directory's config.yaml")  # fmt: skip
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+
+    from rec.train.trainer import run_training  # heavy imports after argument errors
+
+    saved = args.run_dir / run_dir.CONFIG_FILE
+    cfg = load_config(saved if saved.is_file() else args.config)
+    if not saved.is_file():
+        # Under plain torchrun nobody wrote the run dir yet; every rank checks, rank 0 writes.
+        import os
+
+        if os.environ.get("RANK", "0") == "0":
+            args.run_dir.mkdir(parents=True, exist_ok=True)
+            saved.write_text(cfg.to_yaml())
+    run_training(cfg, args.run_dir, resume=args.resume)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
