@@ -165,6 +165,24 @@ class SyntheticConfig:
     signal: float = 2.5
     """Scale of the teacher's logit; larger means cleaner labels (higher reachable AUC)."""
 
+    def __post_init__(self) -> None:
+        _positive("data.synthetic.train_samples", self.train_samples)
+        _positive("data.synthetic.eval_samples", self.eval_samples)
+        _check(
+            isinstance(self.seed, int) and self.seed >= 0,
+            f"data.synthetic.seed={self.seed!r} must be a non-negative integer",
+        )
+        _check(self.zipf_alpha >= 0, f"data.synthetic.zipf_alpha={self.zipf_alpha!r} must be >= 0")
+        _check(
+            isinstance(self.max_hotness, int) and self.max_hotness >= 1,
+            f"data.synthetic.max_hotness={self.max_hotness!r} must be an integer >= 1",
+        )
+        _check(
+            0 <= self.multi_hot_fraction <= 1,
+            f"data.synthetic.multi_hot_fraction={self.multi_hot_fraction!r} must be in [0, 1]",
+        )
+        _check(self.signal >= 0, f"data.synthetic.signal={self.signal!r} must be >= 0")
+
 
 @dataclass
 class ColumnsConfig:
@@ -172,12 +190,26 @@ class ColumnsConfig:
 
     label: str = "label"
     """Column holding the 0/1 label."""
+    labels: list[str] = field(default_factory=list)
+    """Label columns, one per task, for a model with several tasks (empty: [label])."""
     dense: list[str] = field(default_factory=list)
     """Columns of the dense features, in order (default: the dense feature names)."""
     sparse: dict[str, str] = field(default_factory=dict)
     """Sparse feature name -> column (default: the column named like the feature)."""
     separator: str = "|"
     """Separator between ids of a multi-valued sparse cell, e.g. "12|7|3"."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.separator), "data.columns.separator is empty; use e.g. '|'")
+        _check(
+            len(set(self.labels)) == len(self.labels),
+            f"data.columns.labels={self.labels!r} lists a column twice",
+        )
+
+    @property
+    def label_columns(self) -> list[str]:
+        """One column per task."""
+        return list(self.labels) or [self.label]
 
 
 @dataclass
