@@ -54,6 +54,7 @@ SHARDING_TYPES = (
 )
 COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "quant")
 QUANT_DTYPES = ("int8", "int4", "fp16", "fp32")
+EXPORT_FORMATS = ("torchscript", "onnx", "both")
 
 
 @dataclass
@@ -387,9 +388,28 @@ class ExportConfig:
     preferred_batch_sizes: list[int] = field(default_factory=list)
     instances: int = 1
     """Model instances (executor threads) per server."""
+    format: str = "torchscript"
+    """What `rec export` writes: torchscript, onnx or both (each its own model directory)."""
+    triton_ragged_batching: bool = False
+    """false: Triton config with max_batch_size 0, so a request may carry many samples (the C++
+    server batches requests itself). true: Triton's dynamic + ragged batching, which limits
+    requests to one sample each. See rec.export.repository."""
+    batch_invariant: bool = True
+    """Compute dense layers sample by sample (one bmm) so a score does not depend on the batch
+    the server formed; CPU GEMM otherwise differs in the last bits for batches under 16."""
+    eval_batches: int = 0
+    """Held-out batches (of max_batch_size) that export's verification scores; 0: all of them."""
 
     def __post_init__(self) -> None:
         _one_of("export.quantize", self.quantize, QUANT_DTYPES)
+        _one_of("export.format", self.format, EXPORT_FORMATS)
+        _check(self.eval_batches >= 0, f"export.eval_batches={self.eval_batches!r} must be >= 0")
+        for size in self.preferred_batch_sizes:
+            _check(
+                isinstance(size, int) and 0 < size <= self.max_batch_size,
+                f"export.preferred_batch_sizes has {size!r}; each must be in "
+                f"[1, max_batch_size={self.max_batch_size}]",
+            )
         for table, dtype in self.table_dtypes.items():
             _one_of(f"export.table_dtypes.{table}", dtype, QUANT_DTYPES)
         _positive("export.max_batch_size", self.max_batch_size)

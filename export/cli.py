@@ -1,0 +1,59 @@
+"""`rec export`: a run's checkpoint -> quantized TorchScript / ONNX in a model repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from rec.config import EXPORT_FORMATS, QUANT_DTYPES
+
+
+@click.command("export")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option(
+    "--repo",
+    type=click.Path(path_type=Path),
+    default=Path("model_repository"),
+    show_default=True,
+    help="Model repository (Contract 2) to write into.",
+)
+@click.option("--checkpoint", default=None, help="Step dir to export (default: LATEST).")
+@click.option(
+    "--quantize",
+    type=click.Choice(QUANT_DTYPES),
+    default=None,
+    help="Embedding storage for tables without an override (default: export.quantize).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(EXPORT_FORMATS),
+    default=None,
+    help="Formats to write (default: export.format).",
+)
+@click.option(
+    "--config",
+    "-c",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="YAML whose `export:` section overrides the run's (per-table dtypes, batching).",
+)
+@click.option(
+    "--version",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Version directory to write (default: the next one).",
+)
+@click.option("--force", is_flag=True, help="Replace an existing --version.")
+def export_command(run, repo, checkpoint, quantize, fmt, config, version, force) -> None:
+    """Export RUN's checkpoint, verify it, and write it into the model repository."""
+    from rec.export.pipeline import export_run
+
+    result = export_run(run, repo, checkpoint=checkpoint, quantize=quantize, fmt=fmt,
+                        config=config, version=version, force=force)  # fmt: skip
+    for fmt_name, path in result.models.items():
+        click.echo(f"{fmt_name}: {path}")
+
+
+COMMANDS = [export_command]

@@ -1,0 +1,94 @@
+"""Step 1 of export: a run directory's checkpoint into the float model, in one process.
+
+The checkpoint is a torch.distributed.checkpoint directory written by N ranks with any mix of
+sharding types (Contract 1). DCP reshards on load, so the unsharded float model of the run's
+own config takes it whole, without a process group. Before loading, every tensor the model
+needs is checked against the checkpoint's metadata, so a config that does not match names the
+table (or layer) and both shapes instead of failing deep inside DCP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from rec import run_dir
+from rec.config import ConfigError, RecConfig, load_config
+from rec.model import TrainModel, build_model
+
+# The checkpoint's top-level key holding the TrainModel state dict (rec.run_dir docstring).
+_STATE_KEY = "model"
+_EBC_PREFIX = "model.sparse_arch.embedding_bag_collection.embedding_bags."
+
+
+class CheckpointMismatchError(ConfigError):
+    """The run's config describes a model whose tensors are not the checkpoint's."""
+
+
+@dataclass
+class LoadedRun:
+    """What export needs from a run directory."""
+
+    cfg: RecConfig
+    model: nn.Module
+    """The float DLRM (eval mode, no gradients) holding the checkpoint's weights."""
+    step_dir: Path
+    meta: dict
+
+
+def _describe(key: str) -> str:
+    """`model.sparse_arch...embedding_bags.t3.weight` -> `table 't3'`; other keys as they are."""
+    if key.startswith(_EBC_PREFIX):
+        return f"table {key[len(_EBC_PREFIX) :].split('.')[0]!r}"
+    return f"tensor {key!r}"
+
+
+def check_matches(state: dict[str, torch.Tensor], step_dir: Path) -> None:
+    """Raises CheckpointMismatchError naming the first tensor missing or shaped differently."""
+    saved = dcp.FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
+    for key, tensor in state.items():
+        name = f"{_STATE_KEY}.{key}"
+        if name not in saved:
+            raise CheckpointMismatchError(
+                f"checkpoint {str(step_dir)!r} has no {_describe(key)} ({name}); "
+                "was it written for another config?"
+            )
+        size = getattr(saved[name], "size", None)
+        if size is not None and tuple(size) != tuple(tensor.shape):
+            raise CheckpointMismatchError(
+                f"{_describe(key)}: the config gives shape {tuple(tensor.shape)} but checkpoint "
+                f"{str(step_dir)!r} holds {tuple(size)} (rows and dim must match the run)"
+            )
+
+
+def load_run(
+    run: str | Path, checkpoint: str | None = None, cfg: RecConfig | None = None
+) -> LoadedRun:
+    """Loads the run's LATEST committed checkpoint (or `checkpoint`) into the float model.
+
+    Args:
+        run: the run directory (Contract 1).
+        checkpoint: a step dir name (`step_200`) or path; default the latest committed one.
+        cfg: the config to build the model from; default the run's own config.yaml.
+    Raises:
+        rec.run_dir.RunDirError: missing run dir, no committed checkpoint, torn step dir.
+        CheckpointMismatchError: the config's tables or layers differ from the checkpoint's.
+    """
+    step_dir = run_dir.resolve_checkpoint(run, checkpoint)
+    cfg = cfg if cfg is not None else load_config(Path(run) / run_dir.CONFIG_FILE)
+    torch.manual_seed(0)  # only fixes the init that the checkpoint then overwrites
+    wrapper = TrainModel(build_model(cfg))
+    state = wrapper.state_dict()
+    check_matches(state, step_dir)
+    dcp.load({_STATE_KEY: state}, checkpoint_id=str(step_dir))
+    wrapper.load_state_dict(state)  # DCP fills tensors in place; this is a no-op safety net
+    model = wrapper.model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    meta_path = step_dir / run_dir.META_FILE
+    meta = run_dir.read_meta(step_dir) if meta_path.is_file() else {}
+    return LoadedRun(cfg=cfg, model=model, step_dir=step_dir, meta=meta)

@@ -1,0 +1,184 @@
+"""ONNX format: the same I/O, with the embedding lookup written in standard ops.
+
+ONNX Runtime has no FBGEMM TBE, so the sparse part is rebuilt from the float weights with the
+same rowwise quantization FBGEMM uses (`FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf`):
+int8/int4 codes stored as uint8 (int4 two codes per byte, low nibble first) with an fp16
+scale and bias per row, fp16 tables as fp16, fp32 as fp32. In the graph: gather rows,
+dequantize (`code * scale + bias`), sum (or average) each bag with index_add. The dense part
+is the float model's own DenseArch / InteractionArch / OverArch.
+
+Bags are found without repeat_interleave (its output size is data-dependent): `ends` =
+cumsum of the lengths; counting, for every value position j, how many bags end at or before j
+gives j's bag. That is one index_add into a histogram and one cumsum, both plain ONNX ops, and
+it keeps the batch size B and the id count N dynamic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from rec.config import RecConfig
+from rec.model import table_rows
+
+_BITS = {"int8": 8, "int4": 4}
+
+
+def rowwise_quantize(weight: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+    """FBGEMM's storage of one table: {"codes", "scale_bias" (int8/int4)} or {"weight"}."""
+    weight = weight.detach().float().contiguous()
+    if dtype == "fp32":
+        return {"weight": weight}
+    if dtype == "fp16":
+        return {"weight": weight.half()}
+    fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(weight, _BITS[dtype])
+    scale_bias = fused[:, -4:].contiguous().view(torch.float16)  # [rows, 2]: scale, bias
+    return {"codes": fused[:, :-4].contiguous(), "scale_bias": scale_bias}
+
+
+class _TableGroup(nn.Module):
+    """Tables of one stored dtype, concatenated row-wise; dequantizes gathered rows."""
+
+    def __init__(self, dtype: str, parts: list[dict[str, torch.Tensor]], dim: int) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.dim = dim
+        for key in parts[0]:
+            self.register_buffer(key, torch.cat([p[key] for p in parts]))
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.dtype in ("fp32", "fp16"):
+            return self.weight[rows].float()
+        codes = self.codes[rows].float()
+        if self.dtype == "int4":
+            high = torch.floor(codes / 16.0)
+            low = codes - 16.0 * high
+            codes = torch.stack([low, high], dim=2).reshape(-1, self.dim)
+        scale_bias = self.scale_bias[rows].float()
+        return codes * scale_bias[:, 0:1] + scale_bias[:, 1:2]
+
+
+class OnnxServingModule(nn.Module):
+    """ServingModule's I/O over plain-op embeddings; exportable with dynamic B and N."""
+
+    def __init__(self, model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]) -> None:
+        super().__init__()
+        feats = list(cfg.features.sparse)
+        owner = cfg.feature_to_table()
+        ebc = model.sparse_arch.embedding_bag_collection
+        weights = {name: bag.weight for name, bag in ebc.embedding_bags.items()}
+        tables = {t.name: t for t in cfg.tables}
+        groups = sorted({table_dtypes[t] for t in owner.values()})
+        self.num_features = len(feats)
+        self.dim = cfg.embedding_dim
+        self.groups = nn.ModuleList()
+        self.table_bytes: dict[str, int] = {}
+        group_of, offset_of = [0] * len(feats), [0] * len(feats)
+        for g, dtype in enumerate(groups):
+            names = [t.name for t in cfg.tables if table_dtypes[t.name] == dtype]
+            start = {}
+            total = 0
+            for name in names:
+                start[name] = total
+                total += tables[name].rows
+            for f, feat in enumerate(feats):
+                if owner[feat] in start:
+                    group_of[f], offset_of[f] = g, start[owner[feat]]
+            parts = [rowwise_quantize(weights[n], dtype) for n in names]
+            for name, part in zip(names, parts, strict=True):
+                self.table_bytes[name] = sum(t.numel() * t.element_size() for t in part.values())
+            self.groups.append(_TableGroup(dtype, parts, self.dim))
+        mean = [tables[owner[f]].pooling == "mean" for f in feats]
+        self.register_buffer("rows", table_rows(cfg))
+        self.register_buffer("row_offset", torch.tensor(offset_of, dtype=torch.int64))
+        self.register_buffer("group_of", torch.tensor(group_of, dtype=torch.int64))
+        self.register_buffer("is_mean", torch.tensor(mean, dtype=torch.bool))
+        # The DLRM's SparseArch emits features in EBC (table) order, not input column order.
+        ebc_order = [feats.index(f) for f in model.sparse_arch.sparse_feature_names]
+        self.register_buffer("ebc_order", torch.tensor(ebc_order, dtype=torch.int64))
+        self.dense_arch = model.dense_arch
+        self.inter_arch = model.inter_arch
+        self.over_arch = model.over_arch
+
+    def pooled(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """[B, F, D] pooled embeddings of batch-major jagged ids."""
+        batch = lengths.shape[0]
+        flat = lengths.reshape(-1).to(torch.int64)  # bag k = b * F + f
+        n = values.shape[0]
+        ends = torch.cumsum(flat, 0)
+        hist = torch.zeros(n + 1, dtype=torch.int64).index_add(0, ends, torch.ones_like(ends))
+        bag = torch.cumsum(hist, 0)[:n]
+        feat = torch.remainder(bag, self.num_features)
+        rows = torch.remainder(values, self.rows[feat]) + self.row_offset[feat]
+        group = self.group_of[feat]
+        out = torch.zeros(flat.shape[0], self.dim)
+        for g, table_group in enumerate(self.groups):
+            if len(self.groups) == 1:
+                emb = table_group(rows)
+            else:  # other groups' ids read row 0 and are zeroed: shapes stay static
+                mine = group == g
+                emb = table_group(torch.where(mine, rows, 0)) * mine.unsqueeze(1).float()
+            out = out.index_add(0, bag, emb)
+        count = torch.clamp(flat, min=1).float()
+        mean = self.is_mean.repeat(batch)
+        out = torch.where(mean.unsqueeze(1), out / count.unsqueeze(1), out)
+        return out.reshape(batch, self.num_features, self.dim)[:, self.ebc_order, :]
+
+    def forward(
+        self,
+        dense_features: torch.Tensor,
+        sparse_lengths: torch.Tensor,
+        sparse_values: torch.Tensor,
+    ) -> torch.Tensor:
+        embedded_dense = self.dense_arch(dense_features)
+        embedded_sparse = self.pooled(sparse_lengths, sparse_values)
+        concatenated = self.inter_arch(
+            dense_features=embedded_dense, sparse_features=embedded_sparse
+        )
+        return torch.sigmoid(self.over_arch(concatenated))
+
+
+def export_onnx(module: OnnxServingModule, sample: tuple[torch.Tensor, ...], path: Path) -> None:
+    """Writes `module` to `path` with dynamic batch size and id count (dynamo exporter)."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    ids = torch.export.Dim("ids", min=0, max=1 << 30)
+    dynamic_shapes = {
+        "dense_features": {0: batch},
+        "sparse_lengths": {0: batch},
+        "sparse_values": {0: ids},
+    }
+    with torch.no_grad():
+        program = torch.onnx.export(
+            module,
+            sample,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            input_names=["dense_features", "sparse_lengths", "sparse_values"],
+            output_names=["scores"],
+            optimize=True,
+            verbose=False,
+        )
+    program.save(str(path))
+
+
+def onnx_session(path: Path, threads: int = 1):
+    """An ONNX Runtime CPU session of `path`."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_onnx(session, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
+    """Scores [B, T] from an ONNX Runtime session, as a torch tensor."""
+    feeds = {
+        "dense_features": dense.numpy().astype(np.float32, copy=False),
+        "sparse_lengths": lengths.numpy().astype(np.int32, copy=False),
+        "sparse_values": values.numpy().astype(np.int64, copy=False),
+    }
+    return torch.from_numpy(session.run(["scores"], feeds)[0])

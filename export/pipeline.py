@@ -1,0 +1,351 @@
+"""`rec export` as one straight line: load, wrap, quantize, trace, script, save, verify, commit.
+
+Each format (TorchScript now; ONNX; a torch.export / AOTInductor format later) is one `build_*`
+function that takes the float model and writes one file into a staged version directory, and one
+scorer that verification runs; adding a format means adding one of each.
+
+Example:
+    >>> result = export_run("runs/demo", "model_repository")  # doctest: +SKIP
+    >>> result.models["torchscript"]  # doctest: +SKIP
+    PosixPath('model_repository/rec/1')
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import platform
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from rec.export import repository as repo_lib
+from rec.export import verify
+from rec.export.load import LoadedRun, load_run
+from rec.export.module import (
+    INPUT_NAMES,
+    OUTPUT_NAME,
+    ServingModule,
+    make_batch_invariant,
+    sample_batch,
+    split_requests,
+)
+
+from rec import run_dir
+from rec import versions as rec_versions
+from rec.batch import RecBatch
+from rec.config import ConfigError, RecConfig, load_config
+from rec.model import table_rows
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Built:
+    """One format's staged model: its scorer for verification and its manifest entries."""
+
+    scorer: verify.Scorer
+    reloaded: verify.Scorer
+    tables: dict[str, dict[str, Any]]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExportResult:
+    repo: Path
+    models: dict[str, Path]
+    """Format -> the version directory written."""
+    manifests: dict[str, dict[str, Any]]
+
+
+def resolve_config(
+    run: Path, quantize: str | None, fmt: str | None, config: str | Path | None
+) -> RecConfig:
+    """The run's config.yaml with export settings overridden by `config`'s `export:` section,
+    then by the command-line `quantize` and `fmt`."""
+    if not (run / run_dir.CONFIG_FILE).is_file():
+        run_dir.resolve_checkpoint(run)  # raises the right RunDirError
+    export: dict[str, Any] = {}
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            raise ConfigError(f"export config {str(path)!r} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict) or not isinstance(data.get("export", {}), dict):
+            raise ConfigError(f"export config {str(path)!r} must hold an `export:` mapping")
+        export.update(data.get("export", {}))
+    if quantize is not None:
+        export["quantize"] = quantize
+    if fmt is not None:
+        export["format"] = fmt
+    overrides = {"export": export} if export else None
+    return load_config(run / run_dir.CONFIG_FILE, overrides=overrides)
+
+
+def table_dtypes(cfg: RecConfig) -> dict[str, str]:
+    return {t.name: cfg.export.table_dtypes.get(t.name, cfg.export.quantize) for t in cfg.tables}
+
+
+def build_torchscript(float_module: ServingModule, cfg: RecConfig, sample, out: Path) -> Built:
+    from rec.export import torchscript
+
+    module = copy.deepcopy(float_module)  # the float module stays the reference scorer
+    if cfg.export.batch_invariant:
+        make_batch_invariant(module)
+    quantized = torchscript.quantize(module, table_dtypes(cfg))
+    scripted = torchscript.to_torchscript(quantized, sample)
+    torch.jit.save(scripted, str(out))
+    reloaded = torch.jit.load(str(out))
+    return Built(scripted, reloaded, torchscript.table_storage(quantized))
+
+
+def build_onnx(float_module: ServingModule, cfg: RecConfig, sample, out: Path) -> Built:
+    from rec.export import onnx
+
+    module = onnx.OnnxServingModule(float_module.model, cfg, table_dtypes(cfg)).eval()
+    onnx.export_onnx(module, sample, out)
+    session = onnx.onnx_session(out)
+    verify.check_close(
+        "ONNX Runtime vs the module it was exported from (sample)",
+        onnx.run_onnx(session, *sample),
+        module(*sample),
+        verify.ONNX_TOLERANCE,
+    )
+    tables = {
+        name: {"stored_dtype": table_dtypes(cfg)[name], "bytes_stored": n, "bytes_unpadded": n}
+        for name, n in module.table_bytes.items()
+    }
+    return Built(module, lambda *b: onnx.run_onnx(session, *b), tables)
+
+
+BUILDERS = {"torchscript": build_torchscript, "onnx": build_onnx}
+
+
+def eval_batches(cfg: RecConfig) -> Iterable[RecBatch] | None:
+    """The held-out split from rec.data, or None where this checkout has no data source yet."""
+    import rec.data
+
+    make_source = getattr(rec.data, "make_source", None)
+    if make_source is None:
+        return None
+    limit = cfg.export.eval_batches
+    source = make_source(cfg, "eval").batches(
+        cfg.export.max_batch_size, rank=0, world_size=1, drop_last=False
+    )
+    return (b for i, b in enumerate(source) if limit == 0 or i < limit)
+
+
+def check_batching(name: str, scorer: verify.Scorer, sample, exact: bool) -> float:
+    """Single-sample requests vs the same samples as one batch; returns the max difference."""
+    batched = scorer(*sample)
+    singles = torch.cat([scorer(*r) for r in split_requests(*sample)])
+    if exact:
+        verify.check_identical(f"{name}: batch vs single-sample requests", singles, batched)
+    return verify.max_diff(singles, batched)
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), **rec_versions.library_versions()}
+    for name in ("onnx", "onnxruntime"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # optional for TorchScript exports
+            continue
+    return versions
+
+
+def manifest(
+    cfg: RecConfig, loaded: LoadedRun, target: repo_lib.Target, built: Built, checks: dict
+) -> dict[str, Any]:
+    """rec.json: what a server needs to feed the model, and where it came from."""
+    num_sparse, num_tasks = len(cfg.features.sparse), cfg.model.num_tasks
+    tables, fp32_total, stored_total = [], 0, 0
+    for t in cfg.tables:
+        fp32 = t.rows * t.dim * 4
+        stored = built.tables[t.name]
+        tables.append({"name": t.name, "rows": t.rows, "dim": t.dim, "pooling": t.pooling,
+                       "features": t.features, "bytes_fp32": fp32, **stored,
+                       "ratio": round(stored["bytes_stored"] / fp32, 4)})  # fmt: skip
+        fp32_total += fp32
+        stored_total += stored["bytes_stored"]
+    return {
+        "format": target.fmt,
+        "file": repo_lib.FILES[target.fmt],
+        "model_name": target.model_dir.name,
+        "version": target.version,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "inputs": [
+            {"name": INPUT_NAMES[0], "dtype": "FP32", "shape": [-1, cfg.features.dense]},
+            {"name": INPUT_NAMES[1], "dtype": "INT32", "shape": [-1, num_sparse]},
+            {"name": INPUT_NAMES[2], "dtype": "INT64", "shape": [-1]},
+        ],
+        "outputs": [{"name": OUTPUT_NAME, "dtype": "FP32", "shape": [-1, num_tasks]}],
+        "features": {
+            "dense": list(cfg.features.dense_names),
+            "sparse": list(cfg.features.sparse),
+            "sparse_table": cfg.feature_to_table(),
+        },
+        "num_tasks": num_tasks,
+        "id_mapping": "row = raw_id mod rows (non-negative), inside the model",
+        "tables": tables,
+        "embedding_bytes": {
+            "fp32": fp32_total,
+            "stored": stored_total,
+            "ratio": round(stored_total / fp32_total, 4),
+        },  # fmt: skip
+        "dense": {"dtype": "fp32", "batch_invariant": cfg.export.batch_invariant},
+        "serving": {
+            "max_batch_size": cfg.export.max_batch_size,
+            "max_queue_delay_us": cfg.export.max_queue_delay_us,
+            "preferred_batch_sizes": list(cfg.export.preferred_batch_sizes),
+            "instances": cfg.export.instances,
+            "triton_ragged_batching": cfg.export.triton_ragged_batching,
+        },
+        "source": {
+            "run_dir": str(loaded.step_dir.parent.parent.resolve()),
+            "checkpoint": str(loaded.step_dir.resolve()),
+            "step": loaded.meta.get("step"),
+            "world_size": loaded.meta.get("world_size"),
+        },
+        "library_versions": library_versions(),
+        "verification": checks,
+        "config": cfg.to_dict(),
+    }
+
+
+def _synthetic_batches(cfg: RecConfig, count: int = 4, size: int = 256) -> list[RecBatch]:
+    """Random requests for the agreement checks when there is no held-out data (no labels)."""
+    out = []
+    for seed in range(1, count + 1):
+        dense, lengths, values = sample_batch(
+            cfg.features.dense, len(cfg.features.sparse), size, seed
+        )
+        out.append(RecBatch(dense, lengths, values, torch.zeros(size, cfg.model.num_tasks)))
+    return out
+
+
+def run_checks(
+    cfg: RecConfig,
+    float_module: ServingModule,
+    built: dict[str, Built],
+    sample,
+    batches: Iterable[RecBatch] | None,
+) -> dict[str, Any]:
+    """Every verification of the staged models; raises VerificationError on a correctness one."""
+    checks: dict[str, Any] = {"batched_vs_single_max_diff": {}}
+    for fmt, b in built.items():
+        exact = fmt == "torchscript" and cfg.export.batch_invariant
+        checks["batched_vs_single_max_diff"][fmt] = check_batching(fmt, b.reloaded, sample, exact)
+    scorers: dict[str, verify.Scorer] = {"float": float_module}
+    for fmt, b in built.items():
+        scorers[fmt] = b.scorer
+        scorers[f"{fmt}_reloaded"] = b.reloaded
+    labelled = batches is not None
+    scores, labels = verify.score_all(scorers, batches if labelled else _synthetic_batches(cfg))
+    if "torchscript" in built:
+        verify.check_identical(
+            "TorchScript reloaded from disk", scores["torchscript_reloaded"], scores["torchscript"]
+        )
+        checks["torchscript_reload_identical"] = True
+    if "onnx" in built:
+        ref = "torchscript" if "torchscript" in built else "float"
+        checks[f"onnx_vs_{ref}_max_abs_diff"] = verify.check_close(
+            f"ONNX Runtime vs {ref}", scores["onnx_reloaded"], scores[ref], verify.ONNX_TOLERANCE
+        )
+    exported = {fmt: scores[f"{fmt}_reloaded"] for fmt in built}
+    if labelled:
+        checks["eval"] = verify.summarize(
+            {"float": scores["float"], **exported}, labels, set(table_dtypes(cfg).values())
+        )
+    else:
+        checks["eval"] = {"skipped": "no held-out data source (rec.data.make_source) available"}
+        for fmt, s in exported.items():
+            checks["eval"][f"{fmt}_max_abs_diff_vs_float"] = verify.max_diff(s, scores["float"])
+    return checks
+
+
+def _report(checks: dict[str, Any], manifests: dict[str, dict], log: Log) -> None:
+    ev = checks["eval"]
+    for fmt, m in manifests.items():
+        b = m["embedding_bytes"]
+        log(f"{fmt}: embeddings {b['fp32']:,} B fp32 -> {b['stored']:,} B ({b['ratio']:.3f}x)")
+        if fmt in ev:
+            q = ev[fmt]
+            log(
+                f"{fmt}: AUC {q['auc']:.5f} vs float {ev['float']['auc']:.5f} "
+                f"(ratio {q['auc_ratio']:.5f}, bar {ev['auc_ratio_bar']}), log loss "
+                f"{q['log_loss']:.5f} vs {ev['float']['log_loss']:.5f}, max |diff| "
+                f"{q['max_abs_diff_vs_float']:.2e}"
+            )
+    if "quality_bar_passed" in ev:
+        log("quality bar: " + ("passed" if ev["quality_bar_passed"] else "NOT passed"))
+    else:
+        log(f"quality: {ev['skipped']}")
+
+
+def export_run(
+    run: str | Path,
+    repo: str | Path = "model_repository",
+    *,
+    checkpoint: str | None = None,
+    quantize: str | None = None,
+    fmt: str | None = None,
+    config: str | Path | None = None,
+    version: int | None = None,
+    force: bool = False,
+    eval_data: Iterable[RecBatch] | None = None,
+    log: Log = print,
+) -> ExportResult:
+    """Exports a run's checkpoint into the model repository `repo` (Contract 2).
+
+    Args:
+        run: run directory (Contract 1). checkpoint: step dir name; default LATEST.
+        quantize, fmt: override export.quantize / export.format of the run's config.
+        config: YAML file whose `export:` section overrides the run's export settings.
+        version: version directory to write; default the next one. force: replace it.
+        eval_data: held-out batches for the quality checks; default rec.data's eval split.
+    """
+    run, repo = Path(run), Path(repo)
+    cfg = resolve_config(run, quantize, fmt, config)
+    loaded = load_run(run, checkpoint, cfg)
+    log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
+    formats = ["torchscript", "onnx"] if cfg.export.format == "both" else [cfg.export.format]
+    targets = repo_lib.plan_targets(repo, cfg.export.model_name, formats, version, force)
+    sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
+    float_module = ServingModule(loaded.model, cfg.features.sparse, table_rows(cfg)).eval()
+    float_module(*sample)
+    repo_existed = repo.exists()
+    staging = repo_lib.staging_dir(repo)
+    try:
+        built = {}
+        for t in targets:
+            vdir = staging / t.model_dir.name / str(t.version)
+            vdir.mkdir(parents=True)
+            built[t.fmt] = BUILDERS[t.fmt](float_module, cfg, sample, vdir / repo_lib.FILES[t.fmt])
+            log(f"{t.fmt}: built and reloaded {t.model_dir.name}/{t.version}")
+        batches = eval_data if eval_data is not None else eval_batches(cfg)
+        checks = run_checks(cfg, float_module, built, sample, batches)
+        manifests = {}
+        for t in targets:
+            staged = staging / t.model_dir.name
+            manifests[t.fmt] = m = manifest(cfg, loaded, t, built[t.fmt], checks)
+            repo_lib.write_manifest(staged / repo_lib.MANIFEST, m)
+            repo_lib.write_manifest(staged / str(t.version) / repo_lib.MANIFEST, m)
+            (staged / repo_lib.TRITON_CONFIG).write_text(
+                repo_lib.triton_config(t.model_dir.name, t.fmt, cfg.features.dense,
+                                       len(cfg.features.sparse), cfg.model.num_tasks, cfg.export)
+            )  # fmt: skip
+        _report(checks, manifests, log)
+        for t in targets:
+            repo_lib.commit(staging / t.model_dir.name, t)
+            log(f"wrote {t.version_dir}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not repo_existed and repo.is_dir() and not any(repo.iterdir()):
+            repo.rmdir()
+    return ExportResult(repo, {t.fmt: t.version_dir for t in targets}, manifests)

@@ -1,0 +1,186 @@
+"""Contract 2: the model repository, in Triton's layout, written atomically.
+
+    <repo>/<model>/config.pbtxt       Triton model config (describes the newest version)
+    <repo>/<model>/rec.json           manifest of the newest version (features, tables, checks)
+    <repo>/<model>/<version>/model.pt (or model.onnx) and a copy of that version's rec.json
+
+Everything is built in a staging directory inside <repo> (same filesystem) and moved into place
+with renames: a new model directory in one rename; a new version directory in one rename, then
+config.pbtxt and rec.json each replaced with os.replace. A crash leaves the old state or the new
+one plus a `.staging-*` directory that the next export removes; never a half-written version.
+
+## Batching and Triton (the trade-off)
+
+Triton batches a libtorch model only when `max_batch_size > 0`, and then every input gets an
+implicit batch dimension. `sparse_values` is ragged (N ids for B samples), which Triton can
+batch only with `allow_ragged_batch`, and a ragged input may only come in requests of batch
+size 1. A ranking request carries many candidates (B in the hundreds) in one call, so:
+
+* default (`export.triton_ragged_batching: false`): `max_batch_size: 0`, explicit `-1` batch
+  dimensions. Any request size works against Triton; Triton does not merge requests. Requests
+  are already batches of candidates, and the C++ server merges requests itself (concatenation,
+  DESIGN.md) with the settings in rec.json's "serving" section.
+* `export.triton_ragged_batching: true`: `max_batch_size: export.max_batch_size`, dynamic
+  batching, `allow_ragged_batch` on `sparse_values`. Triton merges requests, but each request
+  must hold one sample.
+
+Input names are the TorchScript forward() argument names, which Triton's libtorch backend maps by
+name (its FORWARD_ARGUMENT convention); the single output `scores` is mapped by position (the
+backend's rule for outputs without a `__<index>` suffix). ONNX keeps names in the graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rec.config import ExportConfig
+
+PLATFORMS = {"torchscript": "pytorch_libtorch", "onnx": "onnxruntime_onnx"}
+FILES = {"torchscript": "model.pt", "onnx": "model.onnx"}
+MANIFEST = "rec.json"
+TRITON_CONFIG = "config.pbtxt"
+_STAGING_PREFIX = ".staging-"
+
+
+class VersionExistsError(FileExistsError):
+    """The target version directory is already there and --force was not given."""
+
+
+class RepositoryError(FileExistsError):
+    """The repository path cannot hold models (e.g. it is a file)."""
+
+
+def model_dir_name(model_name: str, fmt: str) -> str:
+    """TorchScript takes the configured name; other formats are models of their own beside it."""
+    return model_name if fmt == "torchscript" else f"{model_name}_{fmt}"
+
+
+def existing_versions(model_dir: Path) -> list[int]:
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+@dataclass
+class Target:
+    """Where one format's model goes."""
+
+    fmt: str
+    model_dir: Path
+    version: int
+    replace: bool
+    """The version exists and --force was given."""
+
+    @property
+    def version_dir(self) -> Path:
+        return self.model_dir / str(self.version)
+
+
+def plan_targets(
+    repo: Path, model_name: str, formats: list[str], version: int | None, force: bool
+) -> list[Target]:
+    """Decides the version of every format's model before any work, so errors come first.
+
+    Without `version` each model gets its next version (1 for a new model). With it, an existing
+    version directory is an error unless `force`.
+    """
+    if repo.exists() and not repo.is_dir():
+        raise RepositoryError(f"model repository {str(repo)!r} exists and is not a directory")
+    targets = []
+    for fmt in formats:
+        model_dir = repo / model_dir_name(model_name, fmt)
+        have = existing_versions(model_dir)
+        v = version if version is not None else (have[-1] + 1 if have else 1)
+        exists = (model_dir / str(v)).exists()
+        if exists and not force:
+            raise VersionExistsError(
+                f"{str(model_dir / str(v))!r} already exists; pass --force to replace it, or "
+                "leave out --version to write the next version"
+            )
+        targets.append(Target(fmt, model_dir, v, replace=exists))
+    return targets
+
+
+def _dims(values: list[int]) -> str:
+    return "[ " + ", ".join(str(v) for v in values) + " ]"
+
+
+def triton_config(
+    name: str, fmt: str, num_dense: int, num_sparse: int, num_tasks: int, export: ExportConfig
+) -> str:
+    """config.pbtxt text for one format's model (see the module docstring for batching)."""
+    ragged = export.triton_ragged_batching
+    batch = [] if ragged else [-1]
+    ragged_line = "\n    allow_ragged_batch: true" if ragged else ""
+    lines = [
+        "# Written by `rec export`; rec.json beside it describes features, tables and checks.",
+        f'name: "{name}"',
+        f'platform: "{PLATFORMS[fmt]}"',
+        f"max_batch_size: {export.max_batch_size if ragged else 0}",
+        "input [",
+        "  {",
+        '    name: "dense_features"',
+        "    data_type: TYPE_FP32",
+        f"    dims: {_dims(batch + [num_dense])}",
+        "  },",
+        "  {",
+        '    name: "sparse_lengths"',
+        "    data_type: TYPE_INT32",
+        f"    dims: {_dims(batch + [num_sparse])}",
+        "  },",
+        "  {",
+        '    name: "sparse_values"',
+        "    data_type: TYPE_INT64",
+        f"    dims: [ -1 ]{ragged_line}",
+        "  }",
+        "]",
+        "output [",
+        "  {",
+        '    name: "scores"',
+        "    data_type: TYPE_FP32",
+        f"    dims: {_dims(batch + [num_tasks])}",
+        "  }",
+        "]",
+        f"instance_group [ {{ count: {export.instances} kind: KIND_CPU }} ]",
+        "version_policy: { latest: { num_versions: 1 } }",
+    ]
+    if ragged:
+        lines.append("dynamic_batching {")
+        if export.preferred_batch_sizes:
+            lines.append(f"  preferred_batch_size: {_dims(export.preferred_batch_sizes)}")
+        lines.append(f"  max_queue_delay_microseconds: {export.max_queue_delay_us}")
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def staging_dir(repo: Path) -> Path:
+    """A fresh staging directory inside `repo`; stale ones from crashed exports are removed."""
+    repo.mkdir(parents=True, exist_ok=True)
+    for old in repo.glob(_STAGING_PREFIX + "*"):
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=repo))
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
+def commit(staged_model_dir: Path, target: Target) -> None:
+    """Moves a staged `<model>/` (config.pbtxt, rec.json, <version>/) into the repository."""
+    if not target.model_dir.exists():
+        os.rename(staged_model_dir, target.model_dir)
+        return
+    staged_version = staged_model_dir / str(target.version)
+    if target.replace:
+        old = staged_model_dir / ".replaced"
+        os.rename(target.version_dir, old)  # staging is removed afterwards, with `old` in it
+    os.rename(staged_version, target.version_dir)
+    for name in (TRITON_CONFIG, MANIFEST):
+        os.replace(staged_model_dir / name, target.model_dir / name)

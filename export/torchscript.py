@@ -1,0 +1,88 @@
+"""TorchScript format: quantize embeddings with FBGEMM TBE, FX-trace, script.
+
+The straight line of torchrec/inference/dlrm_predict.py, with a sample batch after each step:
+
+    float ServingModule -> quantize_inference_model (EBC -> QuantEmbeddingBagCollection over
+    IntNBitTableBatchedEmbeddingBagsCodegen) -> sample batch -> torchrec.fx.symbolic_trace
+    (TBE as a leaf) -> torch.jit.script -> sample batch
+
+The sample batch after quantization is what makes tracing work: the quantized EBC caches the
+order in which it permutes the KeyedJaggedTensor's features on its first call
+(`cache_features_order`, set by quantize_inference_model). Traced before any call, that order
+is computed from the traced KJT's keys, i.e. from symbolic values, which is where "symbolically
+traced variables cannot be used as inputs to control flow" comes from, and the proxies leak into
+the eager module. After one eager call the order is a plain list of ints and the trace keeps it
+as a constant. No TorchRec file is patched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
+    IntNBitTableBatchedEmbeddingBagsCodegen,
+    rounded_row_size_in_bytes,
+    unpadded_row_size_in_bytes,
+)
+from rec.export.module import ServingModule
+from torch import nn
+from torchrec.fx import symbolic_trace
+from torchrec.inference.modules import quantize_inference_model
+from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEBC
+
+# Storage name (config) -> the weight dtype TorchRec's QuantConfig maps onto FBGEMM SparseType.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "int8": torch.qint8,
+    "int4": torch.quint4x2,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+}
+TBE_LEAF = IntNBitTableBatchedEmbeddingBagsCodegen.__name__
+
+
+def quantize(module: ServingModule, table_dtypes: dict[str, str]) -> ServingModule:
+    """Swaps `module`'s EBC, in place, for TorchRec's quantized one storing each table as
+    `table_dtypes[name]` (every table listed): rowwise int8/int4 with an fp16 scale and bias per
+    row, or fp16/fp32, in one FBGEMM IntNBitTableBatchedEmbeddingBagsCodegen. Returns `module`.
+    """
+    per_table = {name: TORCH_DTYPES[dtype] for name, dtype in table_dtypes.items()}
+    quantize_inference_model(module, per_table_weight_dtype=per_table)
+    return module
+
+
+def quantized_ebc(module: nn.Module) -> QuantEBC:
+    found = [m for m in module.modules() if isinstance(m, QuantEBC)]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one quantized EmbeddingBagCollection, found {len(found)}")
+    return found[0]
+
+
+def table_storage(module: nn.Module) -> dict[str, dict[str, Any]]:
+    """Per table: stored dtype and bytes as the TBE holds them (rows padded to its alignment)."""
+    out: dict[str, dict[str, Any]] = {}
+    for tbe in quantized_ebc(module)._emb_modules:
+        for name, rows, dim, weight_ty, _ in tbe.embedding_specs:
+            out[name] = {
+                "stored_dtype": weight_ty.name.lower(),
+                "bytes_stored": rows * rounded_row_size_in_bytes(dim, weight_ty, tbe.row_alignment),
+                "bytes_unpadded": rows * unpadded_row_size_in_bytes(dim, weight_ty),
+            }
+    return out
+
+
+def to_torchscript(
+    module: ServingModule, sample: tuple[torch.Tensor, ...]
+) -> torch.jit.ScriptModule:
+    """FX-traces (TBE as a leaf) and scripts a quantized ServingModule; checks the sample."""
+    with torch.no_grad():
+        eager = module(*sample)  # caches the EBC's feature order: see the module docstring
+        graph = symbolic_trace(module, leaf_modules=[TBE_LEAF])
+        traced = graph(*sample)
+        scripted = torch.jit.script(graph)
+        out = scripted(*sample)
+    for stage, got in (("fx trace", traced), ("torch.jit.script", out)):
+        if not torch.equal(got, eager):
+            diff = (got - eager).abs().max().item()
+            raise RuntimeError(f"{stage} changed the sample batch's scores (max diff {diff:g})")
+    return scripted
