@@ -1,0 +1,221 @@
+#include "grpc_api.h"
+
+#include <condition_variable>
+#include <mutex>
+
+#include "version.h"
+
+namespace rec {
+namespace {
+
+void FillDuration(uint64_t count, uint64_t ns, inference::StatisticDuration* d) {
+  d->set_count(count);
+  d->set_ns(ns);
+}
+
+void FillStats(ModelEntry* e, inference::ModelStatistics* out) {
+  const ModelStats& s = *e->stats();
+  auto runner = e->Current();
+  uint64_t execs = s.execution_count.load();
+  out->set_name(e->spec().name);
+  out->set_version(runner ? runner->version() : "");
+  out->set_last_inference(s.last_inference_ms.load());
+  out->set_inference_count(s.inference_count.load());
+  out->set_execution_count(execs);
+  auto* is = out->mutable_inference_stats();
+  FillDuration(s.success_count.load(), s.success_ns.load(), is->mutable_success());
+  FillDuration(s.fail_count.load(), s.fail_ns.load(), is->mutable_fail());
+  FillDuration(s.queue_count.load(), s.queue_ns.load(), is->mutable_queue());
+  FillDuration(execs, s.compute_input_ns.load(), is->mutable_compute_input());
+  FillDuration(execs, s.compute_infer_ns.load(), is->mutable_compute_infer());
+  FillDuration(execs, s.compute_output_ns.load(), is->mutable_compute_output());
+}
+
+void FillTensorMetadata(const IoSpec& io, inference::ModelMetadataResponse::TensorMetadata* t) {
+  t->set_name(io.name);
+  t->set_datatype(DataTypeName(io.dtype));
+  t->add_shape(-1);
+  if (!io.ragged) {
+    for (int64_t d : io.dims) t->add_shape(d);
+  }
+}
+
+}  // namespace
+
+GrpcApi::GrpcApi(ModelManager* models, bool enable_model_control)
+    : models_(models), enable_model_control_(enable_model_control) {}
+
+Status GrpcApi::FindModel(const std::string& name, const std::string& version, ModelEntry** entry) {
+  *entry = models_->Find(name);
+  if (*entry == nullptr) return NotFound("unknown model '" + name + "'");
+  auto runner = (*entry)->Current();
+  if (!version.empty() && !(runner && runner->version() == version)) {
+    return NotFound("model '" + name + "' version " + version + " is not served");
+  }
+  return Status::Ok();
+}
+
+grpc::Status GrpcApi::ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
+                                 inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::ServerReady(grpc::ServerContext*, const inference::ServerReadyRequest*,
+                                  inference::ServerReadyResponse* response) {
+  bool ready = !shutting_down_;
+  for (ModelEntry* e : models_->All()) ready = ready && e->Current() != nullptr;
+  response->set_ready(ready);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::ModelReady(grpc::ServerContext*, const inference::ModelReadyRequest* request,
+                                 inference::ModelReadyResponse* response) {
+  ModelEntry* e = nullptr;
+  Status st = FindModel(request->name(), request->version(), &e);
+  response->set_ready(st.ok() && e->Current() != nullptr && !shutting_down_);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::ServerMetadata(grpc::ServerContext*, const inference::ServerMetadataRequest*,
+                                     inference::ServerMetadataResponse* response) {
+  response->set_name(kServerName);
+  response->set_version(kServerVersion);
+  for (const char* ext : {"binary_tensor_data", "statistics", "model_repository"}) {
+    response->add_extensions(ext);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::ModelMetadata(grpc::ServerContext*,
+                                    const inference::ModelMetadataRequest* request,
+                                    inference::ModelMetadataResponse* response) {
+  ModelEntry* e = nullptr;
+  Status st = FindModel(request->name(), request->version(), &e);
+  if (!st.ok()) return ToGrpc(st);
+  response->set_name(e->spec().name);
+  if (auto runner = e->Current()) response->add_versions(runner->version());
+  response->set_platform(e->spec().platform);
+  for (const IoSpec& io : e->spec().inputs) FillTensorMetadata(io, response->add_inputs());
+  for (const IoSpec& io : e->spec().outputs) FillTensorMetadata(io, response->add_outputs());
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::ModelConfig(grpc::ServerContext*,
+                                  const inference::ModelConfigRequest* request,
+                                  inference::ModelConfigResponse* response) {
+  ModelEntry* e = nullptr;
+  Status st = FindModel(request->name(), request->version(), &e);
+  if (!st.ok()) return ToGrpc(st);
+  *response->mutable_config() = *e->spec().config;
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::ModelStatistics(grpc::ServerContext*,
+                                      const inference::ModelStatisticsRequest* request,
+                                      inference::ModelStatisticsResponse* response) {
+  if (request->name().empty()) {
+    for (ModelEntry* e : models_->All()) FillStats(e, response->add_model_stats());
+    return grpc::Status::OK;
+  }
+  ModelEntry* e = nullptr;
+  Status st = FindModel(request->name(), request->version(), &e);
+  if (!st.ok()) return ToGrpc(st);
+  FillStats(e, response->add_model_stats());
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::RepositoryIndex(grpc::ServerContext*,
+                                      const inference::RepositoryIndexRequest*,
+                                      inference::RepositoryIndexResponse* response) {
+  for (ModelEntry* e : models_->All()) {
+    auto* m = response->add_models();
+    auto runner = e->Current();
+    m->set_name(e->spec().name);
+    m->set_version(runner ? runner->version() : "");
+    m->set_state(runner ? "READY" : "UNAVAILABLE");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::RepositoryModelLoad(grpc::ServerContext*,
+                                          const inference::RepositoryModelLoadRequest* request,
+                                          inference::RepositoryModelLoadResponse*) {
+  if (!enable_model_control_) {
+    return ToGrpc(InvalidArgument(
+        "explicit model load / unload is not allowed; start with --enable-model-control"));
+  }
+  return ToGrpc(models_->Reload(request->model_name()));
+}
+
+void GrpcApi::StartInfer(const inference::ModelInferRequest& request,
+                         inference::ModelInferResponse* response,
+                         std::function<void(const Status&)> done) {
+  ModelEntry* e = nullptr;
+  Status st = FindModel(request.model_name(), request.model_version(), &e);
+  if (!st.ok()) return done(st);
+  InferRequest r;
+  st = DecodeGrpcRequest(request, &r);
+  if (st.ok()) st = ValidateRequest(e->spec(), &r);
+  if (!st.ok()) {
+    e->stats()->RecordFailure(0);
+    return done(st);
+  }
+  InferRequest meta;
+  meta.model_name = r.model_name;
+  meta.id = r.id;
+  meta.outputs = r.outputs;
+  auto finish = [meta = std::move(meta), response, done](InferResult&& result) {
+    if (result.status.ok()) {
+      EncodeGrpcResponse(meta, result.model_version, result.outputs, response);
+    }
+    done(result.status);
+  };
+  st = e->batcher().Enqueue(std::move(r), std::move(finish));
+  if (!st.ok()) {
+    e->stats()->RecordFailure(0);
+    done(st);
+  }
+}
+
+grpc::ServerUnaryReactor* GrpcApi::ModelInfer(grpc::CallbackServerContext* context,
+                                              const inference::ModelInferRequest* request,
+                                              inference::ModelInferResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  StartInfer(*request, response, [reactor](const Status& st) { reactor->Finish(ToGrpc(st)); });
+  return reactor;
+}
+
+grpc::Status GrpcApi::ModelStreamInfer(
+    grpc::ServerContext*,
+    grpc::ServerReaderWriter<inference::ModelStreamInferResponse, inference::ModelInferRequest>*
+        stream) {
+  // Responses are written as their batches finish, one Write at a time; the handler returns
+  // only after every request it read has been answered.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    int pending = 0;
+  };
+  auto state = std::make_shared<State>();
+  inference::ModelInferRequest request;
+  while (stream->Read(&request)) {
+    auto out = std::make_shared<inference::ModelStreamInferResponse>();
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      ++state->pending;
+    }
+    StartInfer(request, out->mutable_infer_response(), [state, out, stream](const Status& st) {
+      if (!st.ok()) out->set_error_message(st.message());
+      std::lock_guard<std::mutex> lock(state->mu);
+      stream->Write(*out);
+      --state->pending;
+      state->cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->pending == 0; });
+  return grpc::Status::OK;
+}
+
+}  // namespace rec

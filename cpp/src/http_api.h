@@ -1,0 +1,47 @@
+// HttpApi: the KServe v2 REST routes on top of HttpServer, and the Prometheus route of the
+// metrics port. Decodes and validates each request here; inference goes through the model's
+// Batcher and is answered from the executor thread.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "http_server.h"
+#include "metrics.h"
+#include "model_manager.h"
+
+namespace rec {
+
+struct ApiOptions {
+  bool enable_model_control = false;
+  size_t max_body_bytes = 64 << 20;
+};
+
+// Maps a status to the HTTP status code the protocol uses.
+int HttpStatusOf(const Status& status);
+
+class HttpApi {
+ public:
+  HttpApi(ModelManager* models, Metrics* metrics, ApiOptions options);
+
+  void Handle(HttpRequest&& request, HttpResponder respond);
+  void HandleMetrics(HttpRequest&& request, HttpResponder respond);
+  // After this, readiness reports 503 (a load balancer stops sending).
+  void SetShuttingDown() { shutting_down_ = true; }
+
+ private:
+  void Infer(ModelEntry* entry, const std::string& version, HttpRequest&& request,
+             HttpResponder respond);
+  HttpResponse ModelRoute(ModelEntry* entry, const std::string& version, const std::string& verb,
+                          const std::string& method);
+  HttpResponse RepositoryRoute(const std::vector<std::string>& parts, const std::string& method);
+  HttpResponse Statistics(const std::vector<ModelEntry*>& entries);
+  bool Ready();
+
+  ModelManager* models_;
+  Metrics* metrics_;
+  ApiOptions options_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace rec

@@ -1,0 +1,344 @@
+#include "http_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "log.h"
+
+namespace rec {
+namespace {
+
+constexpr uint64_t kListenId = 0;
+constexpr uint64_t kWakeId = 1;
+
+struct Conn {
+  int fd = -1;
+  std::string in;
+  size_t in_off = 0;
+  std::string out;
+  size_t out_off = 0;
+  bool busy = false;         // a request is with the handler; later ones wait in `in`
+  bool close_after = false;  // close once `out` is written
+  bool want_out = false;     // EPOLLOUT registered
+  bool continue_sent = false;
+};
+
+struct Done {
+  uint64_t conn_id;
+  std::string bytes;
+  bool close;
+};
+
+thread_local HttpServer::Loop* current_loop = nullptr;
+
+}  // namespace
+
+class HttpServer::Loop {
+ public:
+  Loop(const HttpServerOptions& options, const HttpHandler& handler, int listen_fd, int index)
+      : options_(options), handler_(handler), listen_fd_(listen_fd), next_id_(2 + index) {}
+
+  ~Loop() {
+    for (auto& [id, c] : conns_) ::close(c->fd);
+    if (epfd_ >= 0) ::close(epfd_);
+    if (wakefd_ >= 0) ::close(wakefd_);
+  }
+
+  Status Start() {
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (epfd_ < 0 || wakefd_ < 0) return Internal("epoll/eventfd: " + std::string(strerror(errno)));
+    Add(wakefd_, kWakeId, EPOLLIN);
+    Add(listen_fd_, kListenId, EPOLLIN | EPOLLEXCLUSIVE);
+    thread_ = std::thread([this] { Run(); });
+    return Status::Ok();
+  }
+
+  void StopAccepting() { epoll_ctl(epfd_, EPOLL_CTL_DEL, listen_fd_, nullptr); }
+
+  int in_flight() const { return in_flight_.load(); }
+
+  void Stop() {
+    stop_ = true;
+    Wake();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Complete(uint64_t conn_id, HttpResponse&& response, bool keep_alive) {
+    Done d{conn_id, SerializeHttpResponse(response, keep_alive), !keep_alive};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.push_back(std::move(d));
+    }
+    // The loop drains done_ after every event batch; only other threads must wake it.
+    if (current_loop != this) Wake();
+  }
+
+ private:
+  void Add(int fd, uint64_t id, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t n = ::write(wakefd_, &one, sizeof(one));
+    (void)n;
+  }
+
+  void Run() {
+    current_loop = this;
+    epoll_event events[64];
+    while (!stop_) {
+      int n = epoll_wait(epfd_, events, 64, -1);
+      for (int i = 0; i < n; ++i) Dispatch(events[i]);
+      ProcessDone();
+    }
+  }
+
+  void Dispatch(const epoll_event& ev) {
+    uint64_t id = ev.data.u64;
+    if (id == kListenId) return AcceptAll();
+    if (id == kWakeId) {
+      uint64_t count;
+      ssize_t r = ::read(wakefd_, &count, sizeof(count));
+      (void)r;
+      return;
+    }
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Conn* c = it->second.get();
+    if (ev.events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+      if (!ReadConn(id, c)) return;
+    }
+    if (ev.events & EPOLLOUT) Flush(id, c);
+  }
+
+  void AcceptAll() {
+    while (true) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN, or another loop took it
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      uint64_t id = next_id_;
+      next_id_ += 1024;  // ids stay unique across loops (each loop has its own residue)
+      auto c = std::make_unique<Conn>();
+      c->fd = fd;
+      conns_[id] = std::move(c);
+      Add(fd, id, EPOLLIN);
+    }
+  }
+
+  void CloseConn(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    ::close(it->second->fd);
+    conns_.erase(it);
+  }
+
+  // Returns false if the connection was closed.
+  bool ReadConn(uint64_t id, Conn* c) {
+    char buf[65536];
+    while (true) {
+      ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
+      if (n > 0) {
+        c->in.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n < 0 && errno == EINTR) continue;
+      CloseConn(id);  // peer closed or error; a late response for it is dropped
+      return false;
+    }
+    return TryParse(id, c);
+  }
+
+  bool TryParse(uint64_t id, Conn* c) {
+    while (!c->busy && !c->close_after && c->in_off < c->in.size()) {
+      HttpRequest req;
+      size_t consumed = 0;
+      int error_status = 0;
+      std::string error;
+      ParseResult r =
+          ParseHttpRequest(c->in.data() + c->in_off, c->in.size() - c->in_off,
+                           options_.max_body_bytes, &req, &consumed, &error_status, &error);
+      if (r == ParseResult::kIncomplete) {
+        MaybeSendContinue(id, c);
+        break;
+      }
+      if (r == ParseResult::kError) {
+        HttpResponse resp;
+        resp.status = error_status;
+        resp.body = "{\"error\":\"" + error + "\"}";
+        c->out += SerializeHttpResponse(resp, false);
+        c->close_after = true;
+        return Flush(id, c);
+      }
+      c->in_off += consumed;
+      c->continue_sent = false;
+      c->busy = true;
+      in_flight_.fetch_add(1);
+      bool keep_alive = req.keep_alive;
+      handler_(std::move(req), [this, id, keep_alive](HttpResponse&& resp) {
+        Complete(id, std::move(resp), keep_alive);
+      });
+    }
+    if (c->in_off == c->in.size()) {
+      c->in.clear();
+      c->in_off = 0;
+    } else if (c->in_off > 65536) {
+      c->in.erase(0, c->in_off);
+      c->in_off = 0;
+    }
+    return true;
+  }
+
+  // curl and others wait for "100 Continue" before sending a large body.
+  void MaybeSendContinue(uint64_t id, Conn* c) {
+    if (c->continue_sent) return;
+    const char* data = c->in.data() + c->in_off;
+    size_t size = c->in.size() - c->in_off;
+    const char* end = static_cast<const char*>(memmem(data, size, "\r\n\r\n", 4));
+    if (end == nullptr) return;
+    std::string head(data, static_cast<size_t>(end - data));
+    for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (head.find("expect: 100-continue") == std::string::npos) return;
+    c->continue_sent = true;
+    c->out += "HTTP/1.1 100 Continue\r\n\r\n";
+    Flush(id, c);
+  }
+
+  // Writes what it can; returns false if the connection was closed.
+  bool Flush(uint64_t id, Conn* c) {
+    while (c->out_off < c->out.size()) {
+      ssize_t n =
+          ::send(c->fd, c->out.data() + c->out_off, c->out.size() - c->out_off, MSG_NOSIGNAL);
+      if (n > 0) {
+        c->out_off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!c->want_out) SetWantOut(id, c, true);
+        return true;
+      }
+      CloseConn(id);
+      return false;
+    }
+    c->out.clear();
+    c->out_off = 0;
+    if (c->want_out) SetWantOut(id, c, false);
+    if (c->close_after) {
+      CloseConn(id);
+      return false;
+    }
+    return true;
+  }
+
+  void SetWantOut(uint64_t id, Conn* c, bool on) {
+    epoll_event ev{};
+    ev.events = on ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+    ev.data.u64 = id;
+    epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+    c->want_out = on;
+  }
+
+  void ProcessDone() {
+    std::vector<Done> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done.swap(done_);
+    }
+    for (Done& d : done) {
+      in_flight_.fetch_sub(1);
+      auto it = conns_.find(d.conn_id);
+      if (it == conns_.end()) continue;
+      Conn* c = it->second.get();
+      c->out += d.bytes;
+      c->busy = false;
+      c->close_after = c->close_after || d.close;
+      if (Flush(d.conn_id, c)) TryParse(d.conn_id, c);
+    }
+  }
+
+  const HttpServerOptions& options_;
+  const HttpHandler& handler_;
+  int listen_fd_;
+  int epfd_ = -1;
+  int wakefd_ = -1;
+  uint64_t next_id_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> in_flight_{0};
+  std::mutex mu_;
+  std::vector<Done> done_;
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
+};
+
+HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler)
+    : options_(std::move(options)), handler_(std::move(handler)) {}
+
+HttpServer::~HttpServer() { Stop(0); }
+
+Status HttpServer::Start() {
+  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(options_.port));
+  if (inet_pton(AF_INET, options_.host.c_str(), &addr.sin_addr) != 1) {
+    return InvalidArgument("bad --host '" + options_.host + "' (an IPv4 address is expected)");
+  }
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listen_fd_, 1024) != 0) {
+    return Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
+                       ": " + strerror(errno));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
+    loops_.push_back(std::make_unique<Loop>(options_, handler_, listen_fd_, i));
+    REC_RETURN_IF_ERROR(loops_.back()->Start());
+  }
+  accepting_ = true;
+  return Status::Ok();
+}
+
+void HttpServer::StopAccepting() {
+  if (!accepting_.exchange(false)) return;
+  for (auto& loop : loops_) loop->StopAccepting();
+  ::close(listen_fd_);
+  listen_fd_ = -1;
+}
+
+void HttpServer::Stop(int drain_timeout_ms) {
+  StopAccepting();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(drain_timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int busy = 0;
+    for (auto& loop : loops_) busy += loop->in_flight();
+    if (busy == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& loop : loops_) loop->Stop();
+  loops_.clear();
+}
+
+}  // namespace rec

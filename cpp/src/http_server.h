@@ -1,0 +1,86 @@
+// HttpServer: a compact HTTP/1.1 server on epoll. Each I/O thread owns its connections (keep-alive,
+// pipelined requests answered in order); a handler may answer from any thread through the
+// responder, which hands the serialized response back to the owning I/O thread. Responses always
+// carry Content-Length (never chunked).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "status.h"
+
+namespace rec {
+
+struct HttpRequest {
+  std::string method;
+  std::string path;                                          // target without the query string
+  std::string query;                                         // after '?', may be empty
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
+  std::string body;
+  bool keep_alive = true;
+
+  // Value of the header with lower-case `name`, or nullptr.
+  const std::string* Header(const std::string& name) const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+};
+
+// Answers one request; call exactly once, from any thread.
+using HttpResponder = std::function<void(HttpResponse&&)>;
+using HttpHandler = std::function<void(HttpRequest&&, HttpResponder)>;
+
+enum class ParseResult { kIncomplete, kComplete, kError };
+
+// Parses one request from the front of data[0, size). On kComplete sets *consumed; on kError sets
+// *error_status (400, 413, 431, 501) and *error.
+ParseResult ParseHttpRequest(const char* data, size_t size, size_t max_body_bytes,
+                             HttpRequest* request, size_t* consumed, int* error_status,
+                             std::string* error);
+
+// Serializes a response, adding Content-Length and, when !keep_alive, Connection: close.
+std::string SerializeHttpResponse(const HttpResponse& response, bool keep_alive);
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port; see port()
+  int io_threads = 1;
+  size_t max_body_bytes = 64 << 20;
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, HttpHandler handler);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  Status Start();
+  int port() const { return port_; }
+  // Stops accepting connections; open connections keep being served.
+  void StopAccepting();
+  // Waits (up to drain_timeout_ms) until every request handed to the handler is answered and
+  // written, then closes everything and joins the I/O threads.
+  void Stop(int drain_timeout_ms);
+
+  class Loop;
+
+ private:
+  HttpServerOptions options_;
+  HttpHandler handler_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::vector<std::unique_ptr<Loop>> loops_;
+  std::atomic<bool> accepting_{false};
+};
+
+}  // namespace rec

@@ -1,0 +1,259 @@
+#include "infer_json.h"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace rec {
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+void AppendAs(const json& v, std::string* out) {
+  T x = v.get<T>();
+  out->append(reinterpret_cast<const char*>(&x), sizeof(T));
+}
+
+// Appends the flattened JSON data (numbers, possibly nested lists) as raw bytes of `dtype`.
+Status AppendJsonData(const json& v, DataType dtype, const std::string& name, std::string* out) {
+  if (v.is_array()) {
+    for (const json& e : v) REC_RETURN_IF_ERROR(AppendJsonData(e, dtype, name, out));
+    return Status::Ok();
+  }
+  if (!v.is_number() && !v.is_boolean()) {
+    return InvalidArgument("input '" + name + "': data must hold numbers");
+  }
+  switch (dtype) {
+    case DataType::kFp32:
+      AppendAs<float>(v, out);
+      break;
+    case DataType::kFp64:
+      AppendAs<double>(v, out);
+      break;
+    case DataType::kInt32:
+      AppendAs<int32_t>(v, out);
+      break;
+    case DataType::kInt64:
+      AppendAs<int64_t>(v, out);
+      break;
+    case DataType::kInt16:
+      AppendAs<int16_t>(v, out);
+      break;
+    case DataType::kInt8:
+      AppendAs<int8_t>(v, out);
+      break;
+    case DataType::kUint8:
+      AppendAs<uint8_t>(v, out);
+      break;
+    case DataType::kBool:
+      AppendAs<bool>(v, out);
+      break;
+    default:
+      return InvalidArgument("input '" + name + "': datatype " + DataTypeName(dtype) +
+                             " is not accepted as JSON data");
+  }
+  return Status::Ok();
+}
+
+Status DecodeInput(const json& in, const char* binary, size_t binary_size, size_t* binary_offset,
+                   Tensor* t) {
+  if (!in.is_object() || !in.contains("name") || !in["name"].is_string()) {
+    return InvalidArgument("each input needs a string 'name'");
+  }
+  t->name = in["name"].get<std::string>();
+  if (!in.contains("datatype") || !in["datatype"].is_string() || !in.contains("shape") ||
+      !in["shape"].is_array()) {
+    return InvalidArgument("input '" + t->name + "': needs 'datatype' and 'shape'");
+  }
+  t->dtype = ParseDataType(in["datatype"].get<std::string>());
+  if (t->dtype == DataType::kInvalid) {
+    return InvalidArgument("input '" + t->name + "': unsupported datatype " +
+                           in["datatype"].get<std::string>());
+  }
+  for (const json& d : in["shape"]) {
+    if (!d.is_number_integer()) return InvalidArgument("input '" + t->name + "': bad shape");
+    t->shape.push_back(d.get<int64_t>());
+  }
+  auto params = in.find("parameters");
+  if (params != in.end() && params->contains("binary_data_size")) {
+    const json& size_json = (*params)["binary_data_size"];
+    if (!size_json.is_number_unsigned()) {
+      return InvalidArgument("input '" + t->name + "': bad binary_data_size");
+    }
+    size_t size = size_json.get<size_t>();
+    if (size > binary_size - *binary_offset) {
+      return InvalidArgument("input '" + t->name + "': binary_data_size " + std::to_string(size) +
+                             " runs past the end of the body");
+    }
+    t->data.assign(binary + *binary_offset, size);
+    *binary_offset += size;
+    return Status::Ok();
+  }
+  if (!in.contains("data")) return InvalidArgument("input '" + t->name + "': no data");
+  return AppendJsonData(in["data"], t->dtype, t->name, &t->data);
+}
+
+Status DecodeOutputs(const json& root, InferRequest* r) {
+  auto params = root.find("parameters");
+  if (params != root.end() && params->is_object() && params->contains("binary_data_output")) {
+    r->binary_output_default =
+        (*params)["binary_data_output"].is_boolean() && (*params)["binary_data_output"].get<bool>();
+  }
+  auto outputs = root.find("outputs");
+  if (outputs == root.end()) return Status::Ok();
+  if (!outputs->is_array()) return InvalidArgument("'outputs' must be a list");
+  for (const json& o : *outputs) {
+    if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) {
+      return InvalidArgument("each requested output needs a string 'name'");
+    }
+    RequestedOutput ro{o["name"].get<std::string>(), r->binary_output_default};
+    auto op = o.find("parameters");
+    if (op != o.end() && op->is_object() && op->contains("binary_data")) {
+      ro.binary = (*op)["binary_data"].is_boolean() && (*op)["binary_data"].get<bool>();
+    }
+    r->outputs.push_back(ro);
+  }
+  return Status::Ok();
+}
+
+Status DecodeRoot(const json& root, const char* binary, size_t binary_size, InferRequest* r) {
+  if (!root.is_object()) return InvalidArgument("request body must be a JSON object");
+  if (root.contains("id") && root["id"].is_string()) r->id = root["id"].get<std::string>();
+  auto inputs = root.find("inputs");
+  if (inputs == root.end() || !inputs->is_array()) {
+    return InvalidArgument("request needs an 'inputs' list");
+  }
+  size_t offset = 0;
+  for (const json& in : *inputs) {
+    Tensor t;
+    REC_RETURN_IF_ERROR(DecodeInput(in, binary, binary_size, &offset, &t));
+    r->inputs.push_back(std::move(t));
+  }
+  if (offset != binary_size) {
+    return InvalidArgument("body has " + std::to_string(binary_size - offset) +
+                           " bytes of binary data that no input claims");
+  }
+  return DecodeOutputs(root, r);
+}
+
+template <typename T>
+void AppendJsonValues(const Tensor& t, json* data) {
+  const T* p = t.As<T>();
+  int64_t n = ElementCount(t.shape);
+  for (int64_t i = 0; i < n; ++i) data->push_back(p[i]);
+}
+
+json TensorDataJson(const Tensor& t) {
+  json data = json::array();
+  switch (t.dtype) {
+    case DataType::kFp32:
+      AppendJsonValues<float>(t, &data);
+      break;
+    case DataType::kFp64:
+      AppendJsonValues<double>(t, &data);
+      break;
+    case DataType::kInt32:
+      AppendJsonValues<int32_t>(t, &data);
+      break;
+    case DataType::kInt64:
+      AppendJsonValues<int64_t>(t, &data);
+      break;
+    default:
+      break;
+  }
+  return data;
+}
+
+}  // namespace
+
+Status DecodeContentEncoding(const std::string& encoding, size_t max_bytes, std::string* body) {
+  if (encoding.empty() || encoding == "identity") return Status::Ok();
+  if (encoding != "gzip" && encoding != "deflate") {
+    return InvalidArgument("unsupported Content-Encoding '" + encoding + "'");
+  }
+  z_stream zs{};
+  // 15 + 32: zlib or gzip header, detected automatically.
+  if (inflateInit2(&zs, 15 + 32) != Z_OK) return Internal("zlib init failed");
+  std::string out;
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(body->data()));
+  zs.avail_in = static_cast<uInt>(body->size());
+  int rc = Z_OK;
+  char chunk[65536];
+  while (rc == Z_OK) {
+    zs.next_out = reinterpret_cast<Bytef*>(chunk);
+    zs.avail_out = sizeof(chunk);
+    rc = inflate(&zs, Z_NO_FLUSH);
+    out.append(chunk, sizeof(chunk) - zs.avail_out);
+    if (out.size() > max_bytes) rc = Z_MEM_ERROR;
+    if (rc == Z_BUF_ERROR && zs.avail_in == 0) break;
+  }
+  inflateEnd(&zs);
+  if (out.size() > max_bytes) {
+    return Status(StatusCode::kTooLarge,
+                  "decompressed body exceeds " + std::to_string(max_bytes) + " bytes");
+  }
+  if (rc != Z_STREAM_END) return InvalidArgument("body is not valid " + encoding + " data");
+  *body = std::move(out);
+  return Status::Ok();
+}
+
+Status DecodeInferRequest(const std::string& body, long long header_length, InferRequest* r) {
+  size_t json_size = body.size();
+  if (header_length >= 0) {
+    if (static_cast<unsigned long long>(header_length) > body.size()) {
+      return InvalidArgument("Inference-Header-Content-Length " + std::to_string(header_length) +
+                             " exceeds the body size " + std::to_string(body.size()));
+    }
+    json_size = static_cast<size_t>(header_length);
+  }
+  json root = json::parse(body.data(), body.data() + json_size, nullptr, false);
+  if (root.is_discarded()) return InvalidArgument("request header is not valid JSON");
+  try {
+    return DecodeRoot(root, body.data() + json_size, body.size() - json_size, r);
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("bad request JSON: ") + e.what());
+  }
+}
+
+void EncodeInferResponse(const InferRequest& request, const std::string& model_version,
+                         const std::vector<Tensor>& outputs, std::string* body,
+                         long long* header_length) {
+  json root;
+  root["model_name"] = request.model_name;
+  root["model_version"] = model_version;
+  if (!request.id.empty()) root["id"] = request.id;
+  json outs = json::array();
+  std::string binary;
+  for (const Tensor& t : outputs) {
+    bool as_binary = request.binary_output_default;
+    bool wanted = request.outputs.empty();
+    for (const RequestedOutput& o : request.outputs) {
+      if (o.name == t.name) {
+        as_binary = o.binary;
+        wanted = true;
+      }
+    }
+    if (!wanted) continue;
+    json o = {{"name", t.name}, {"datatype", DataTypeName(t.dtype)}, {"shape", t.shape}};
+    if (as_binary) {
+      o["parameters"] = {{"binary_data_size", t.data.size()}};
+      binary += t.data;
+    } else {
+      o["data"] = TensorDataJson(t);
+    }
+    outs.push_back(std::move(o));
+  }
+  root["outputs"] = std::move(outs);
+  *body = root.dump();
+  *header_length = binary.empty() ? -1 : static_cast<long long>(body->size());
+  body->append(binary);
+}
+
+std::string ErrorJson(const std::string& message) {
+  return nlohmann::json{{"error", message}}.dump(-1, ' ', false,
+                                                 nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace rec

@@ -1,0 +1,128 @@
+// rec-server: wires the units together. Startup fails with one clear line; SIGTERM/SIGINT drain.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "grpc_api.h"
+#include "http_api.h"
+#include "http_server.h"
+#include "log.h"
+#include "metrics.h"
+#include "model_manager.h"
+#include "options.h"
+#include "torch_model.h"
+
+namespace {
+
+using rec::Status;
+
+int Fail(const Status& st) {
+  rec::LogError("startup failed: " + st.message());
+  return 1;
+}
+
+std::unique_ptr<grpc::Server> StartGrpc(const rec::ServerOptions& o, rec::GrpcApi* service,
+                                        int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.host + ":" + std::to_string(o.grpc_port),
+                           grpc::InsecureServerCredentials(), port);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(o.max_body_bytes, INT32_MAX)));
+  builder.SetMaxSendMessageSize(INT32_MAX);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+// Blocks SIGTERM and SIGINT in every thread started after this, so sigwait() in main sees them.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return set;
+}
+
+int Serve(const rec::ServerOptions& o) {
+  sigset_t signals = BlockShutdownSignals();
+  std::string fbgemm_dir = o.fbgemm_lib_dir.empty() ? rec::DefaultFbgemmDir() : o.fbgemm_lib_dir;
+  int loaded = 0;
+  Status st = rec::LoadFbgemmLibraries(fbgemm_dir, &loaded);
+  if (!st.ok()) return Fail(st);
+  rec::LogInfo("starting: loaded " + std::to_string(loaded) + " fbgemm_gpu libraries from '" +
+               fbgemm_dir + "'");
+  rec::ConfigureTorchThreads(o.intra_op_threads);
+
+  rec::Metrics metrics;
+  rec::ManagerOptions mo;
+  mo.repository = o.model_repository;
+  mo.model_name = o.model;
+  mo.pinned_version = o.model_version;
+  mo.batcher.executor_threads = o.executor_threads;
+  mo.batcher.max_queue_size = static_cast<size_t>(o.max_queue_size);
+  mo.batcher.request_timeout_us = o.request_timeout_ms * 1000;
+  rec::ModelManager models(mo, &metrics);
+  st = models.LoadAll();
+  if (!st.ok()) return Fail(st);
+
+  rec::ApiOptions ao{o.enable_model_control, static_cast<size_t>(o.max_body_bytes)};
+  rec::HttpApi api(&models, &metrics, ao);
+  rec::HttpServer http({o.host, o.http_port, o.http_threads, ao.max_body_bytes},
+                       [&api](rec::HttpRequest&& r, rec::HttpResponder d) {
+                         api.Handle(std::move(r), std::move(d));
+                       });
+  rec::HttpServer metrics_http({o.host, o.metrics_port, 1, 1 << 16},
+                               [&api](rec::HttpRequest&& r, rec::HttpResponder d) {
+                                 api.HandleMetrics(std::move(r), std::move(d));
+                               });
+  if (!(st = http.Start()).ok() || !(st = metrics_http.Start()).ok()) return Fail(st);
+  rec::GrpcApi grpc_api(&models, o.enable_model_control);
+  int grpc_port = 0;
+  std::unique_ptr<grpc::Server> grpc_server = StartGrpc(o, &grpc_api, &grpc_port);
+  if (!grpc_server || grpc_port == 0) {
+    return Fail(rec::Unavailable("cannot listen for gRPC on " + o.host + ":" +
+                                 std::to_string(o.grpc_port)));
+  }
+  models.StartPolling(o.poll_repository_s);
+
+  std::string where = "http=" + o.host + ":" + std::to_string(http.port()) + " grpc=" + o.host +
+                      ":" + std::to_string(grpc_port) + " metrics=" + o.host + ":" +
+                      std::to_string(metrics_http.port());
+  rec::LogInfo("serving " + where);
+  std::printf("rec-server ready %s\n", where.c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  rec::LogInfo(std::string("shutting down on ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
+               ": finishing in-flight requests");
+  api.SetShuttingDown();
+  grpc_api.SetShuttingDown();
+  http.StopAccepting();
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  http.Stop(10000);  // every accepted request answered (the batchers still run)
+  models.Shutdown();
+  metrics_http.Stop(0);
+  rec::LogInfo("shutdown complete");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rec::ServerOptions options;
+  Status st = rec::ParseOptions(argc, argv, &options);
+  if (options.help) {
+    std::cout << rec::UsageText(rec::DefaultFbgemmDir());
+    return 0;
+  }
+  if (!st.ok()) {
+    std::cerr << "rec-server: " << st.message() << "\n";
+    return 2;
+  }
+  return Serve(options);
+}

@@ -1,0 +1,62 @@
+// Per-model counters (the statistics extension and Prometheus share them) and the Prometheus
+// text exposition, with Triton's metric names where they apply.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace rec {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double value);
+  // Appends the `_bucket`, `_sum` and `_count` lines.
+  void AppendPrometheus(const std::string& name, const std::string& labels, std::string* out) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // one per bound, plus +Inf
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> sum_{0};  // integer sum keeps the counters lock-free
+};
+
+struct ModelStats {
+  ModelStats();
+  std::atomic<uint64_t> success_count{0}, success_ns{0};
+  std::atomic<uint64_t> fail_count{0}, fail_ns{0};
+  std::atomic<uint64_t> queue_count{0}, queue_ns{0};
+  std::atomic<uint64_t> compute_input_ns{0}, compute_infer_ns{0}, compute_output_ns{0};
+  std::atomic<uint64_t> inference_count{0};  // samples (rows) inferred
+  std::atomic<uint64_t> execution_count{0};  // forward passes
+  std::atomic<uint64_t> last_inference_ms{0};
+  std::atomic<int64_t> pending{0};  // requests queued or executing
+  Histogram request_latency_us;
+  Histogram batch_size;
+
+  void RecordSuccess(uint64_t request_ns);
+  void RecordFailure(uint64_t request_ns);
+};
+
+class Metrics {
+ public:
+  // Creates the stats of `model` on first use; the pointer stays valid for the server's life.
+  ModelStats* ForModel(const std::string& model);
+  void SetVersion(const std::string& model, const std::string& version);
+  std::string Prometheus() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<ModelStats>> models_;
+  std::map<std::string, std::string> versions_;
+};
+
+uint64_t NowNs();   // steady clock
+uint64_t WallMs();  // system clock, for last_inference
+
+}  // namespace rec

@@ -1,0 +1,169 @@
+#include "model_spec.h"
+
+#include <google/protobuf/text_format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model_config.pb.h"
+
+namespace rec {
+namespace {
+
+Status ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return Status::Ok();
+}
+
+Status ConvertIo(const std::string& kind, const std::string& name, inference::DataType dtype,
+                 const google::protobuf::RepeatedField<int64_t>& dims, bool ragged, IoSpec* io) {
+  io->name = name;
+  io->dtype = ParseDataType(inference::DataType_Name(dtype));
+  if (io->dtype == DataType::kInvalid) {
+    return InvalidArgument(kind + " '" + name + "' has unsupported data type " +
+                           inference::DataType_Name(dtype));
+  }
+  io->dims.assign(dims.begin(), dims.end());
+  io->ragged = ragged;
+  if (ragged && io->dims.size() != 1) {
+    return InvalidArgument(kind + " '" + name + "' is ragged and must have dims [-1]");
+  }
+  return Status::Ok();
+}
+
+// The jagged pair: the single ragged INT64 input, and the INT32 [F] input that counts its ids.
+void FindJaggedPair(ModelSpec* spec) {
+  for (size_t i = 0; i < spec->inputs.size(); ++i) {
+    const IoSpec& io = spec->inputs[i];
+    if (io.ragged && spec->values_input < 0) spec->values_input = static_cast<int>(i);
+    if (!io.ragged && io.dtype == DataType::kInt32 && io.dims.size() == 1 &&
+        spec->lengths_input < 0) {
+      spec->lengths_input = static_cast<int>(i);
+    }
+  }
+  if (spec->values_input < 0 || spec->lengths_input < 0) {
+    spec->values_input = spec->lengths_input = -1;
+  }
+}
+
+Status CheckServable(const ModelSpec& spec) {
+  if (spec.max_batch_size <= 0) {
+    return InvalidArgument("model '" + spec.name + "': max_batch_size must be > 0");
+  }
+  if (spec.inputs.empty() || spec.outputs.empty()) {
+    return InvalidArgument("model '" + spec.name + "': config has no inputs or no outputs");
+  }
+  for (const IoSpec& io : spec.inputs) {
+    for (int64_t d : io.dims) {
+      if (d < 0 && !io.ragged) {
+        return InvalidArgument("model '" + spec.name + "': input '" + io.name +
+                               "' has a variable dimension but is not ragged");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status ApplyManifest(const nlohmann::json& manifest, ModelSpec* spec) {
+  if (manifest.contains("features")) {
+    const auto& f = manifest["features"];
+    if (f.contains("dense")) spec->dense_feature_names = f["dense"].get<std::vector<std::string>>();
+    if (f.contains("sparse")) {
+      spec->sparse_feature_names = f["sparse"].get<std::vector<std::string>>();
+    }
+  }
+  if (manifest.contains("num_tasks")) spec->num_tasks = manifest["num_tasks"].get<int64_t>();
+  auto expect = [&](const std::string& input, size_t n, const char* what) -> Status {
+    int i = FindInput(*spec, input);
+    if (i < 0 || n == 0 || spec->inputs[i].dims.size() != 1) return Status::Ok();
+    if (spec->inputs[i].dims[0] != static_cast<int64_t>(n)) {
+      return InvalidArgument("model '" + spec->name + "': rec.json lists " + std::to_string(n) +
+                             " " + what + " features but config.pbtxt gives input '" + input +
+                             "' dims " + ShapeString(spec->inputs[i].dims));
+    }
+    return Status::Ok();
+  };
+  REC_RETURN_IF_ERROR(expect("dense_features", spec->dense_feature_names.size(), "dense"));
+  REC_RETURN_IF_ERROR(expect("sparse_lengths", spec->sparse_feature_names.size(), "sparse"));
+  if (spec->num_tasks > 0 && spec->outputs.size() == 1 && spec->outputs[0].dims.size() == 1 &&
+      spec->outputs[0].dims[0] != spec->num_tasks) {
+    return InvalidArgument("model '" + spec->name + "': rec.json num_tasks " +
+                           std::to_string(spec->num_tasks) + " but config.pbtxt output dims " +
+                           ShapeString(spec->outputs[0].dims));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int FindInput(const ModelSpec& spec, const std::string& name) {
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if (spec.inputs[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int FindOutput(const ModelSpec& spec, const std::string& name) {
+  for (size_t i = 0; i < spec.outputs.size(); ++i) {
+    if (spec.outputs[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Status ParseModelSpec(const std::string& config_text, const std::string& model_name,
+                      ModelSpec* spec) {
+  auto config = std::make_shared<inference::ModelConfig>();
+  if (!google::protobuf::TextFormat::ParseFromString(config_text, config.get())) {
+    return InvalidArgument("model '" + model_name + "': config.pbtxt is not a valid ModelConfig");
+  }
+  if (config->name().empty()) config->set_name(model_name);
+  spec->config = config;
+  const inference::ModelConfig& c = *config;
+  spec->platform = c.platform();
+  spec->backend = c.backend();
+  spec->default_model_filename = c.default_model_filename();
+  spec->name = model_name;
+  spec->max_batch_size = c.max_batch_size();
+  spec->dynamic_batching = c.has_dynamic_batching();
+  spec->max_queue_delay_us =
+      static_cast<int64_t>(c.dynamic_batching().max_queue_delay_microseconds());
+  spec->preferred_batch_sizes.assign(c.dynamic_batching().preferred_batch_size().begin(),
+                                     c.dynamic_batching().preferred_batch_size().end());
+  for (const auto& in : c.input()) {
+    IoSpec io;
+    REC_RETURN_IF_ERROR(
+        ConvertIo("input", in.name(), in.data_type(), in.dims(), in.allow_ragged_batch(), &io));
+    spec->inputs.push_back(io);
+  }
+  for (const auto& out : c.output()) {
+    IoSpec io;
+    REC_RETURN_IF_ERROR(ConvertIo("output", out.name(), out.data_type(), out.dims(), false, &io));
+    spec->outputs.push_back(io);
+  }
+  FindJaggedPair(spec);
+  return CheckServable(*spec);
+}
+
+Status LoadModelSpec(const std::string& model_dir, const std::string& model_name, ModelSpec* spec) {
+  std::string text;
+  REC_RETURN_IF_ERROR(ReadFile(model_dir + "/config.pbtxt", &text));
+  REC_RETURN_IF_ERROR(ParseModelSpec(text, model_name, spec));
+  std::string manifest_text;
+  if (!ReadFile(model_dir + "/rec.json", &manifest_text).ok()) return Status::Ok();
+  nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object()) {
+    return InvalidArgument("model '" + model_name + "': rec.json is not a JSON object");
+  }
+  try {
+    return ApplyManifest(manifest, spec);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("model '" + model_name + "': rec.json: " + e.what());
+  }
+}
+
+}  // namespace rec

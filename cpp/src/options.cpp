@@ -1,0 +1,131 @@
+#include "options.h"
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+namespace rec {
+namespace {
+
+Status ParseInt(const std::string& flag, const std::string& text, int64_t min, int64_t max,
+                int64_t* out) {
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < min || v > max) {
+    return InvalidArgument(flag + " expects an integer in [" + std::to_string(min) + ", " +
+                           std::to_string(max) + "], got '" + text + "'");
+  }
+  *out = v;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ParseOptions(int argc, char** argv, ServerOptions* o) {
+  using Setter = std::function<Status(const std::string&, const std::string&)>;
+  auto str = [](std::string* field) -> Setter {
+    return [field](const std::string&, const std::string& v) {
+      *field = v;
+      return Status::Ok();
+    };
+  };
+  auto i64 = [](int64_t* field, int64_t min, int64_t max) -> Setter {
+    return
+        [=](const std::string& f, const std::string& v) { return ParseInt(f, v, min, max, field); };
+  };
+  auto i32 = [](int* field, int64_t min, int64_t max) -> Setter {
+    return [=](const std::string& f, const std::string& v) {
+      int64_t x = 0;
+      REC_RETURN_IF_ERROR(ParseInt(f, v, min, max, &x));
+      *field = static_cast<int>(x);
+      return Status::Ok();
+    };
+  };
+  const std::map<std::string, Setter> with_value = {
+      {"--model-repository", str(&o->model_repository)},
+      {"--model", str(&o->model)},
+      {"--model-version", i64(&o->model_version, 0, INT64_MAX)},
+      {"--host", str(&o->host)},
+      {"--http-port", i32(&o->http_port, 0, 65535)},
+      {"--grpc-port", i32(&o->grpc_port, 0, 65535)},
+      {"--metrics-port", i32(&o->metrics_port, 0, 65535)},
+      {"--http-threads", i32(&o->http_threads, 1, 64)},
+      {"--executor-threads", i32(&o->executor_threads, 1, 256)},
+      {"--intra-op-threads", i32(&o->intra_op_threads, 1, 256)},
+      {"--max-queue-size", i64(&o->max_queue_size, 1, INT64_MAX)},
+      {"--request-timeout-ms", i64(&o->request_timeout_ms, 0, INT64_MAX / 1000)},
+      {"--max-body-bytes", i64(&o->max_body_bytes, 1, INT64_MAX)},
+      {"--fbgemm-lib-dir", str(&o->fbgemm_lib_dir)},
+      {"--poll-repository-s", i32(&o->poll_repository_s, 0, 86400)},
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_value = false;
+    size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    if (arg == "--help" || arg == "-h") {
+      o->help = true;
+      continue;
+    }
+    if (arg == "--enable-model-control") {
+      o->enable_model_control = true;
+      continue;
+    }
+    auto it = with_value.find(arg);
+    if (it == with_value.end()) return InvalidArgument("unknown flag '" + arg + "' (see --help)");
+    if (!has_value) {
+      if (i + 1 >= argc) return InvalidArgument(arg + " needs a value");
+      value = argv[++i];
+    }
+    REC_RETURN_IF_ERROR(it->second(arg, value));
+  }
+  if (!o->help && o->model_repository.empty()) {
+    return InvalidArgument("--model-repository is required (see --help)");
+  }
+  return Status::Ok();
+}
+
+std::string UsageText(const std::string& default_fbgemm_dir) {
+  return "usage: rec-server --model-repository DIR [flags]\n"
+         "\n"
+         "Serves TorchScript models of a Triton-layout model repository over the KServe v2\n"
+         "protocol (HTTP/REST and gRPC) with dynamic batching, and Prometheus metrics.\n"
+         "\n"
+         "  --model-repository DIR   repository: DIR/<model>/config.pbtxt, "
+         "DIR/<model>/<v>/model.pt\n"
+         "  --model NAME             serve only this model (default: every pytorch_libtorch "
+         "model)\n"
+         "  --model-version N        serve version N instead of the newest\n"
+         "  --host ADDR              IPv4 address to bind (default 127.0.0.1)\n"
+         "  --http-port N            HTTP/REST port (default 8000; 0 = any free port)\n"
+         "  --grpc-port N            gRPC port (default 8001; 0 = any free port)\n"
+         "  --metrics-port N         Prometheus /metrics port (default 8002; 0 = any free port)\n"
+         "  --http-threads N         HTTP I/O (epoll) threads (default 1)\n"
+         "  --executor-threads N     threads running batches per model (default 1)\n"
+         "  --intra-op-threads N     LibTorch intra-op threads per forward (default 1)\n"
+         "  --max-queue-size N       queued requests per model before 503/UNAVAILABLE (default "
+         "1024)\n"
+         "  --request-timeout-ms N   fail requests queued longer than this (default 0 = never)\n"
+         "  --max-body-bytes N       largest request body, after decompression (default 64 MiB)\n"
+         "  --fbgemm-lib-dir DIR     directory of the fbgemm_gpu .so files\n"
+         "                           (default: " +
+         (default_fbgemm_dir.empty() ? std::string("none found at build time")
+                                     : default_fbgemm_dir) +
+         ")\n"
+         "  --enable-model-control   allow POST /v2/repository/models/<m>/load (and gRPC\n"
+         "                           RepositoryModelLoad) to load a new version\n"
+         "  --poll-repository-s N    every N s, load a newer version directory if one appeared\n"
+         "                           (default 0 = off)\n"
+         "  --help                   this text\n"
+         "\n"
+         "Prints 'rec-server ready http=H:P grpc=H:P metrics=H:P' once serving. SIGTERM or "
+         "SIGINT:\n"
+         "stop accepting, finish in-flight requests, exit 0.\n";
+}
+
+}  // namespace rec

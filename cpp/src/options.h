@@ -1,0 +1,35 @@
+// Command-line flags of rec-server.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "status.h"
+
+namespace rec {
+
+struct ServerOptions {
+  std::string model_repository;
+  std::string model;  // empty: every TorchScript model in the repository
+  int64_t model_version = 0;
+  std::string host = "127.0.0.1";
+  int http_port = 8000;
+  int grpc_port = 8001;
+  int metrics_port = 8002;
+  int http_threads = 1;
+  int executor_threads = 1;
+  int intra_op_threads = 1;
+  int64_t max_queue_size = 1024;
+  int64_t request_timeout_ms = 0;
+  int64_t max_body_bytes = 64 << 20;
+  std::string fbgemm_lib_dir;  // empty: the fbgemm_gpu package found at build time
+  bool enable_model_control = false;
+  int poll_repository_s = 0;
+  bool help = false;
+};
+
+// Parses argv; on error returns InvalidArgument naming the flag.
+Status ParseOptions(int argc, char** argv, ServerOptions* options);
+std::string UsageText(const std::string& default_fbgemm_dir);
+
+}  // namespace rec

@@ -1,0 +1,47 @@
+// InferRequest and the three pure steps around a forward pass: validate one request against the
+// model spec, concatenate validated requests into one batch, and slice the batch's output rows
+// back out. Batch-major jagged inputs make concatenation plain: dense and lengths along dim 0,
+// values end to end (DESIGN.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model_spec.h"
+#include "status.h"
+#include "tensor.h"
+
+namespace rec {
+
+struct RequestedOutput {
+  std::string name;
+  bool binary = false;  // HTTP only: send as binary tensor data
+};
+
+struct InferRequest {
+  std::string model_name;
+  std::string model_version;  // empty: the served version
+  std::string id;
+  std::vector<Tensor> inputs;
+  std::vector<RequestedOutput> outputs;  // empty: every output
+  bool binary_output_default = false;    // HTTP request parameter binary_data_output
+  int64_t batch_size = 0;                // set by ValidateRequest
+};
+
+// Checks names, dtypes, shapes, byte sizes, batch size and the jagged invariants (lengths >= 0,
+// sum(lengths) == number of values). On success, inputs are reordered to the spec's order,
+// ragged inputs are flattened to 1-D and batch_size is set. Messages name the tensor.
+Status ValidateRequest(const ModelSpec& spec, InferRequest* request);
+
+// Concatenates validated requests (inputs in spec order) into one batch of inputs.
+std::vector<Tensor> ConcatenateInputs(const ModelSpec& spec,
+                                      const std::vector<const InferRequest*>& requests);
+
+// Checks the model's outputs for a batch of `batch_size` rows against the spec.
+Status CheckOutputs(const ModelSpec& spec, int64_t batch_size, const std::vector<Tensor>& outputs);
+
+// Rows [begin, begin + rows) of each batch output (each output's dim 0 is the batch).
+std::vector<Tensor> SliceOutputs(const std::vector<Tensor>& outputs, int64_t begin, int64_t rows);
+
+}  // namespace rec
