@@ -19,14 +19,40 @@ from rec.config import RecConfig
 from rec.data.errors import DataError
 from rec.data.source import DataSource
 from rec.data.synthetic import SyntheticSource, teacher_auc
+from rec.data.writers import write_criteo_tsv, write_csv, write_parquet
 
-__all__ = ["DataError", "DataSource", "SyntheticSource", "make_source", "teacher_auc"]
+__all__ = [
+    "DataError",
+    "DataSource",
+    "SyntheticSource",
+    "make_source",
+    "teacher_auc",
+    "write_criteo_tsv",
+    "write_csv",
+    "write_parquet",
+]
 
 
 def make_source(cfg: RecConfig, split: str) -> DataSource:
-    """The `split` ("train" or "eval") of the data set that `cfg.data` describes."""
+    """The `split` ("train" or "eval") of the data set that `cfg.data` describes.
+
+    Raises ConfigError if the config does not fit the source (e.g. Criteo needs 13 dense and
+    26 sparse features), DataError if a file is missing or lacks a configured column.
+    """
     if split not in ("train", "eval"):
         raise ValueError(f"split={split!r} must be 'train' or 'eval'")
-    if cfg.data.source == "synthetic":
-        return SyntheticSource(cfg, split)
-    raise NotImplementedError(f"data.source={cfg.data.source!r} is not implemented yet")
+    source = cfg.data.source
+    # File readers are imported on use: the synthetic path needs neither csv nor pyarrow.
+    if source == "criteo_tsv":
+        from rec.data.criteo import CriteoSource
+
+        return CriteoSource(cfg, split)
+    if source == "csv":
+        from rec.data.tabular import CsvSource
+
+        return CsvSource(cfg, split)
+    if source == "parquet":
+        from rec.data.tabular import ParquetSource
+
+        return ParquetSource(cfg, split)
+    return SyntheticSource(cfg, split)
