@@ -22,6 +22,8 @@ from rec.batch import feature_major, map_ids
 # No `from __future__ import annotations` here: FX copies forward() annotations into the
 # generated code, and string annotations there are names TorchScript cannot resolve.
 
+# Floats per unrolled step of ATen's vectorized CPU loops (2 x AVX-512), with room to spare.
+_VECTOR_STEP = 64
 INPUT_NAMES = ("dense_features", "sparse_lengths", "sparse_values")
 OUTPUT_NAME = "scores"
 
@@ -48,6 +50,7 @@ class ServingModule(nn.Module):
         self.model = model
         self.feature_names: list[str] = list(feature_names)
         self.register_buffer("rows", rows.to(torch.int64).clone())
+        self.batch_invariant = False  # set by make_batch_invariant
 
     def forward(
         self,
@@ -60,7 +63,18 @@ class ServingModule(nn.Module):
         features = KeyedJaggedTensor(
             keys=self.feature_names, values=ids, lengths=lengths_fm.to(torch.int32)
         )
-        return torch.sigmoid(self.model(dense_features, features))
+        return self._sigmoid(self.model(dense_features, features))
+
+    def _sigmoid(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.batch_invariant:
+            return torch.sigmoid(logits)
+        # ATen's vectorized sigmoid and its scalar tail loop differ in the last bit, and which
+        # one a score gets depends on its position in the batch. Padded to a multiple of the
+        # widest unrolled vector step, every element takes the vectorized path.
+        flat = logits.reshape(-1)
+        n = flat.shape[0]
+        padded = torch.cat([flat, flat.new_zeros((_VECTOR_STEP - n % _VECTOR_STEP) % _VECTOR_STEP)])
+        return torch.sigmoid(padded)[:n].reshape(logits.shape)
 
 
 def _per_sample_linear(
@@ -110,7 +124,10 @@ class BatchInvariantCrossNet(nn.Module):
 
 
 def make_batch_invariant(module: nn.Module) -> nn.Module:
-    """Swaps every nn.Linear and LowRankCrossNet below `module` in place; returns `module`."""
+    """Swaps every nn.Linear and LowRankCrossNet below `module` in place, and makes a
+    ServingModule's sigmoid batch-invariant; returns `module`."""
+    if isinstance(module, ServingModule):
+        module.batch_invariant = True
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             setattr(module, name, BatchInvariantLinear(child))

@@ -12,17 +12,24 @@ one plus a `.staging-*` directory that the next export removes; never a half-wri
 ## Batching and Triton (the trade-off)
 
 Triton batches a libtorch model only when `max_batch_size > 0`, and then every input gets an
-implicit batch dimension. `sparse_values` is ragged (N ids for B samples), which Triton can
-batch only with `allow_ragged_batch`, and a ragged input may only come in requests of batch
-size 1. A ranking request carries many candidates (B in the hundreds) in one call, so:
+implicit batch dimension. `sparse_values` is ragged (N ids for B samples): Triton can merge it
+across requests only with `allow_ragged_batch`, and then only requests of batch size 1. A
+ranking request carries many candidates (B in the hundreds) in one call. Two forms, chosen by
+`export.triton_batching`:
 
-* default (`export.triton_ragged_batching: false`): `max_batch_size: 0`, explicit `-1` batch
-  dimensions. Any request size works against Triton; Triton does not merge requests. Requests
-  are already batches of candidates, and the C++ server merges requests itself (concatenation,
-  DESIGN.md) with the settings in rec.json's "serving" section.
-* `export.triton_ragged_batching: true`: `max_batch_size: export.max_batch_size`, dynamic
-  batching, `allow_ragged_batch` on `sparse_values`. Triton merges requests, but each request
-  must hold one sample.
+* `ragged` (default): `max_batch_size: export.max_batch_size`, dims without the batch
+  dimension, `allow_ragged_batch: true` on `sparse_values`, `dynamic_batching` from the config.
+  This is the form rec's servers read (serve/repository.py, cpp/src/model_spec.cpp): the C++
+  server merges multi-sample requests itself, by concatenation (DESIGN.md), which is valid for
+  this I/O whatever Triton's rule; `rec serve --backend triton` stages its own copy of the
+  config for Triton's Python backend. Stock Triton with the libtorch backend serves this config
+  only with single-sample requests.
+* `none`: `max_batch_size: 0`, explicit `-1` batch dimensions, no dynamic batching. Stock
+  Triton then accepts requests of any size and runs each as its own batch (no merging), which
+  is right for ranking traffic whose requests are already batches of candidates. rec's servers
+  refuse this form (they need max_batch_size > 0 to size their batches).
+
+The serving settings are also written to rec.json ("serving"), whatever the form.
 
 Input names are the TorchScript forward() argument names, which Triton's libtorch backend maps by
 name (its FORWARD_ARGUMENT convention); the single output `scores` is mapped by position (the
@@ -115,7 +122,7 @@ def triton_config(
     name: str, fmt: str, num_dense: int, num_sparse: int, num_tasks: int, export: ExportConfig
 ) -> str:
     """config.pbtxt text for one format's model (see the module docstring for batching)."""
-    ragged = export.triton_ragged_batching
+    ragged = export.triton_batching == "ragged"
     batch = [] if ragged else [-1]
     ragged_line = "\n    allow_ragged_batch: true" if ragged else ""
     lines = [

@@ -390,10 +390,11 @@ class ExportConfig:
     """Model instances (executor threads) per server."""
     format: str = "torchscript"
     """What `rec export` writes: torchscript, onnx or both (each its own model directory)."""
-    triton_ragged_batching: bool = False
-    """false: Triton config with max_batch_size 0, so a request may carry many samples (the C++
-    server batches requests itself). true: Triton's dynamic + ragged batching, which limits
-    requests to one sample each. See rec.export.repository."""
+    triton_batching: str = "ragged"
+    """config.pbtxt form. ragged: max_batch_size, dynamic batching, `sparse_values` with
+    allow_ragged_batch (what rec's servers read; stock Triton then takes one sample per
+    request). none: max_batch_size 0 with explicit -1 batch dims (stock Triton takes requests
+    of any size but never merges them). See rec.export.repository."""
     batch_invariant: bool = True
     """Compute dense layers sample by sample (one bmm) so a score does not depend on the batch
     the server formed; CPU GEMM otherwise differs in the last bits for batches under 16."""
@@ -403,6 +404,7 @@ class ExportConfig:
     def __post_init__(self) -> None:
         _one_of("export.quantize", self.quantize, QUANT_DTYPES)
         _one_of("export.format", self.format, EXPORT_FORMATS)
+        _one_of("export.triton_batching", self.triton_batching, ("ragged", "none"))
         _check(self.eval_batches >= 0, f"export.eval_batches={self.eval_batches!r} must be >= 0")
         for size in self.preferred_batch_sizes:
             _check(

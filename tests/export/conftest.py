@@ -1,0 +1,110 @@
+"""Fixtures of the export tests: tiny run directories, seeded or really trained.
+
+`seeded_run` writes a checkpoint the way the trainer does (DCP of the TrainModel state dict,
+config.yaml, COMMITTED, LATEST) from a seeded model in this process: fast, for everything that
+does not need trained weights. `trained_runs` runs the real `rec train` CLI on 2 ranks, once per
+sharding layout, for the quality bar and the sharded-checkpoint tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from rec import run_dir
+from rec.config import config_from_dict
+from rec.model import TrainModel, build_model
+from tests.helpers import run_rec, write_config
+
+# A shared table (b, c), a mean-pooled one and features listed out of table order, so the
+# exported model's feature reordering and pooling are exercised.
+EXPORT_TINY: dict[str, Any] = {
+    "tables": [
+        {"name": "t0", "rows": 300, "dim": 8, "features": ["a"]},
+        {"name": "t1", "rows": 120, "dim": 8, "features": ["b", "c"]},
+        {"name": "t2", "rows": 50, "dim": 8, "features": ["d"], "pooling": "mean"},
+        {"name": "t3", "rows": 80, "dim": 8, "features": ["e"]},
+    ],
+    "features": {"dense": 4, "sparse": ["e", "a", "c", "b", "d"]},
+    "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+    "data": {"synthetic": {"train_samples": 8192, "eval_samples": 2048}},
+    "training": {"batch_size": 128, "steps": 40, "eval_every": 0, "log_every": 20},
+    "checkpoint": {"every_steps": 0},
+    "export": {"max_batch_size": 256},
+}
+
+# Every sharding type TorchRec offers on CPU, over two 2-rank runs (DESIGN.md).
+SHARDINGS = {
+    "tw_rw_cw_dp": ["table_wise", "row_wise", "column_wise", "data_parallel"],
+    "gs_twrw_twcw_tw": ["grid_shard", "table_row_wise", "table_column_wise", "table_wise"],
+}
+
+
+def tiny_dict(**export: Any) -> dict[str, Any]:
+    data = copy.deepcopy(EXPORT_TINY)
+    data["export"].update(export)
+    return data
+
+
+def write_seeded_run(run: Path, data: dict[str, Any] | None = None, seed: int = 0) -> Path:
+    """A run dir with one committed checkpoint (step_10) of a seeded, untrained model."""
+    cfg = config_from_dict(data or tiny_dict())
+    torch.manual_seed(seed)
+    model = TrainModel(build_model(cfg))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)  # larger than the default init, so quantization error shows
+    step = run_dir.checkpoints_dir(run) / "step_10"
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(step))
+    (step / run_dir.META_FILE).write_text(json.dumps({"step": 10, "world_size": 1}))
+    (step / run_dir.COMMITTED_FILE).write_text("done\n")
+    (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_10\n")
+    (run / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
+    return run
+
+
+@pytest.fixture(scope="session")
+def seeded_run(tmp_path_factory) -> Path:
+    return write_seeded_run(tmp_path_factory.mktemp("seeded") / "run")
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory) -> dict[str, Path]:
+    """Real 2-rank `rec train` runs, one per entry of SHARDINGS."""
+    root = tmp_path_factory.mktemp("trained")
+    runs = {}
+    for name, types in SHARDINGS.items():
+        data = tiny_dict()
+        data["sharding"] = {
+            "constraints": {
+                t["name"]: {"sharding_types": [st]}
+                for t, st in zip(data["tables"], types, strict=True)
+            }
+        }
+        cfg = write_config(root / f"{name}.yaml", data)
+        run = root / name
+        run_rec("train", "--config", str(cfg), "--run-dir", str(run), "--nproc", "2")
+        runs[name] = run
+    return runs
+
+
+@pytest.fixture(scope="session")
+def exported(seeded_run, tmp_path_factory):
+    """The seeded run exported in both formats (default int8) into a fresh repository."""
+    from rec.export.pipeline import export_run
+
+    repo = tmp_path_factory.mktemp("repo") / "models"
+    return export_run(seeded_run, repo, fmt="both", log=lambda _: None)
+
+
+def random_request(num_dense: int, num_sparse: int, batch: int, seed: int):
+    """(dense, lengths, values) with empty bags and ids anywhere in int64."""
+    from rec.export.module import sample_batch
+
+    return sample_batch(num_dense, num_sparse, batch, seed)
