@@ -1,0 +1,85 @@
+"""`rec serve`: start the chosen server on a repository, in the foreground, until a signal.
+
+Both servers read the same repository: `cpp` is rec's LibTorch server (build/cpp/rec-server),
+`triton` is nvidia-pytriton's tritonserver with rec's Python-backend model (see rec.serve.triton).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from rec.serve.cpp import start_cpp
+from rec.serve.process import ServerProcess
+from rec.serve.repository import ServeError
+from rec.serve.triton import start_triton
+
+BACKENDS = ("cpp", "triton")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    repo: Path
+    backend: str = "cpp"
+    model: str | None = None
+    """Model to serve; None: the repository's only model (Triton) or all models (cpp)."""
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    """0 picks a free port; the chosen ones are printed."""
+    verbose: bool = False
+    """Echo the server's own log to stderr."""
+
+
+def start_server(cfg: ServeConfig) -> ServerProcess:
+    """Starts the configured backend and returns it ready (stop() it when done)."""
+    if cfg.backend not in BACKENDS:
+        raise ServeError(f"backend {cfg.backend!r} is not one of {BACKENDS}")
+    start = start_cpp if cfg.backend == "cpp" else start_triton
+    return start(
+        Path(cfg.repo),
+        model=cfg.model,
+        host=cfg.host,
+        http_port=cfg.http_port,
+        grpc_port=cfg.grpc_port,
+        metrics_port=cfg.metrics_port,
+        echo=cfg.verbose,
+    )
+
+
+def serve_forever(cfg: ServeConfig) -> int:
+    """Serves until SIGINT/SIGTERM or until the server exits; returns the exit code to use."""
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server = start_server(cfg)
+        try:
+            ep = server.endpoints
+            print(f"rec serve: {cfg.backend} ready {ep.describe()}", flush=True)
+            print(f"  try: rec predict --url {ep.http} --synthetic 4", flush=True)
+            while not stop.wait(0.5):
+                if not server.alive():
+                    print(
+                        f"rec serve: {server.name} exited with code {server.proc.returncode}; "
+                        f"last log lines:\n{server.log_tail()}",
+                        file=sys.stderr,
+                    )
+                    return 1
+            print(f"rec serve: {signal.Signals(received[0]).name}: stopping", flush=True)
+        finally:
+            code = server.stop()
+        print(f"rec serve: stopped ({server.name} exit code {code})", flush=True)
+        return 0
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

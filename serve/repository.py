@@ -1,0 +1,161 @@
+"""Reading a model repository (DESIGN.md, Contract 2) the way both servers will read it.
+
+    <repo>/<model>/config.pbtxt           Triton ModelConfig (platform pytorch_libtorch)
+    <repo>/<model>/<version>/model.pt     TorchScript: (dense f32 [B, D], lengths i32 [B, F],
+                                          values i64 [N]) -> scores f32 [B, T]
+    <repo>/<model>/rec.json               manifest: features {dense: [..], sparse: [..]}, num_tasks
+
+`config.pbtxt` is parsed with the `model_config_pb2` that tritonclient ships, i.e. Triton's real
+schema, so a repository that loads here has a config Triton itself accepts. Errors say which file
+and what is wrong; nothing here starts a server.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+# Input and output names of the served model (DESIGN.md I/O table).
+DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
+
+
+class ServeError(Exception):
+    """A user-facing serving error (bad repository, port in use, server not built...)."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model of a repository, resolved to the version a server will load."""
+
+    name: str
+    dir: Path
+    """<repo>/<model>"""
+    version: int
+    """Newest numeric version directory holding model.pt (Triton's default version policy)."""
+    config: model_config_pb2.ModelConfig
+    dense_names: tuple[str, ...]
+    sparse_names: tuple[str, ...]
+    num_tasks: int
+
+    @property
+    def model_path(self) -> Path:
+        return self.dir / str(self.version) / "model.pt"
+
+    @property
+    def max_batch_size(self) -> int:
+        """Largest request in samples; 0 means the config sets no limit (max_batch_size 0)."""
+        return int(self.config.max_batch_size)
+
+
+def parse_config(text: str, source: str = "config.pbtxt") -> model_config_pb2.ModelConfig:
+    """Parses Triton's text-format ModelConfig; the error names `source` and the bad line."""
+    try:
+        return text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as e:
+        raise ServeError(f"{source} is not a valid Triton ModelConfig: {e}") from e
+
+
+def config_text(config: model_config_pb2.ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def list_models(repo: Path) -> list[str]:
+    """Names of the model directories (those with a config.pbtxt) in `repo`, sorted."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise ServeError(f"model repository {str(repo)!r} does not exist or is not a directory")
+    return sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
+
+
+def load_model(repo: Path, model: str | None = None) -> ServedModel:
+    """Resolves `model` (or the repository's only model) to a ServedModel, checking its files.
+
+    Example:
+        >>> m = load_model(Path("model_repository"))  # doctest: +SKIP
+        >>> m.name, m.model_path, m.sparse_names[:2]  # doctest: +SKIP
+        ('rec', PosixPath('model_repository/rec/1/model.pt'), ('cat_0', 'cat_1'))
+    """
+    repo = Path(repo)
+    names = list_models(repo)
+    if model is None:
+        if len(names) != 1:
+            found = ", ".join(names) if names else "none"
+            raise ServeError(
+                f"model repository {str(repo)!r} must hold exactly one model when --model is "
+                f"not given (models with a config.pbtxt: {found})"
+            )
+        model = names[0]
+    model_dir = repo / model
+    if model not in names:
+        raise ServeError(
+            f"no model {model!r} in {str(repo)!r}: {model_dir}/config.pbtxt is missing"
+        )
+    config = parse_config((model_dir / "config.pbtxt").read_text(), f"{model_dir}/config.pbtxt")
+    version = _newest_version(model_dir)
+    dense, sparse, num_tasks = _read_manifest(model_dir)
+    _check_io(config, model_dir, len(dense), len(sparse), num_tasks)
+    return ServedModel(model, model_dir, version, config, dense, sparse, num_tasks)
+
+
+def _newest_version(model_dir: Path) -> int:
+    versions = [
+        int(p.name)
+        for p in model_dir.iterdir()
+        if p.is_dir() and p.name.isdigit() and (p / "model.pt").is_file()
+    ]
+    if not versions:
+        raise ServeError(
+            f"{model_dir} has no version directory with a model.pt (<version>/model.pt)"
+        )
+    return max(versions)
+
+
+def _read_manifest(model_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    path = model_dir / "rec.json"
+    if not path.is_file():
+        raise ServeError(f"{path} is missing (rec's manifest: feature names, num_tasks)")
+    try:
+        manifest = json.loads(path.read_text())
+        features = manifest["features"]
+        dense = tuple(str(n) for n in features["dense"])
+        sparse = tuple(str(n) for n in features["sparse"])
+        num_tasks = int(manifest["num_tasks"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ServeError(
+            f"{path} must be JSON with features.dense, features.sparse (name lists) and "
+            f"num_tasks: {type(e).__name__}: {e}"
+        ) from e
+    return dense, sparse, num_tasks
+
+
+def _check_io(config, model_dir: Path, num_dense: int, num_sparse: int, num_tasks: int) -> None:
+    """The config must declare the I/O table of DESIGN.md, sized like rec.json says.
+
+    Two forms are accepted (export.triton_batching): `ragged` (max_batch_size > 0, dims without
+    the batch dimension, sparse_values allow_ragged_batch) and `none` (max_batch_size 0, the
+    batch dimension spelled out as -1).
+    """
+    where = f"{model_dir}/config.pbtxt"
+    batch = [] if config.max_batch_size > 0 else [-1]
+    expected = {
+        DENSE: ("TYPE_FP32", [*batch, num_dense]),
+        LENGTHS: ("TYPE_INT32", [*batch, num_sparse]),
+        VALUES: ("TYPE_INT64", [-1]),
+    }
+    inputs = {i.name: i for i in config.input}
+    outputs = {o.name: o for o in config.output}
+    for name, (dtype, dims) in [*expected.items(), (SCORES, ("TYPE_FP32", [*batch, num_tasks]))]:
+        io = outputs.get(name) if name == SCORES else inputs.get(name)
+        if io is None:
+            raise ServeError(f"{where} does not declare {name!r}")
+        got = (model_config_pb2.DataType.Name(io.data_type), list(io.dims))
+        if got != (dtype, dims):
+            raise ServeError(
+                f"{where}: {name!r} is {got[0]} dims {got[1]}, expected {dtype} {dims}"
+            )
+    if config.max_batch_size > 0 and not inputs[VALUES].allow_ragged_batch:
+        raise ServeError(f"{where}: {VALUES!r} needs allow_ragged_batch: true")

@@ -1,0 +1,203 @@
+"""Starting a real Triton Inference Server (nvidia-pytriton's tritonserver) on a rec repository.
+
+nvidia-pytriton ships tritonserver 2.51 with only the Python backend, so the repository's
+pytorch_libtorch model cannot load in it as is. `start_triton` therefore builds a *staging*
+repository in a temporary directory: for the user's model it writes a Python-backend config
+(same inputs, outputs, batching and instances; `backend: "python"`, plus a `model_path`
+parameter pointing at the user's `<repo>/<model>/<version>/model.pt`) and rec's model.py. The
+user's repository, which the C++ server and Triton's containers read, is never modified.
+
+Three things make this tritonserver run from a plain venv (DESIGN.md, "software stack"):
+- LD_LIBRARY_PATH at the wheel's `nvidia_pytriton.libs/` (the server's own shared libraries)
+  and at this interpreter's libpython, so the stub embeds the same Python build as the venv;
+- a backend directory holding `python/libtriton_python.so` with the stub built for this Python
+  version beside it. The wheel keeps one stub per Python version elsewhere, so the staging
+  directory gets `backends/python/` with links to the backend and a copy of the right stub:
+  nothing is written into site-packages, and a fresh venv works with no setup step;
+- PATH starting with this venv's bin/: the stub's embedded Python finds its prefix from the
+  `python` on PATH, so it gets the venv's site-packages (torch, fbgemm_gpu).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from rec.serve.client import FEATURES_PARAMETER
+from rec.serve.process import Endpoints, ServerProcess, http_ok, launch, pick_ports, wait_until
+from rec.serve.repository import VALUES, ServedModel, ServeError, config_text, load_model
+
+_MODEL_PY = Path(__file__).with_name("triton_python_model.py")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Paths inside the installed nvidia-pytriton wheel."""
+
+    server: Path
+    libs: Path
+    python_backend: Path
+    stub: Path
+
+    @staticmethod
+    def find() -> TritonInstall:
+        spec = importlib.util.find_spec("pytriton")  # locate only: importing pytriton is slow
+        if spec is None or not spec.submodule_search_locations:
+            raise ServeError("nvidia-pytriton is not installed (run make setup)")
+        root = Path(next(iter(spec.submodule_search_locations)))
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        install = TritonInstall(
+            server=root / "tritonserver" / "bin" / "tritonserver",
+            libs=root.parent / "nvidia_pytriton.libs",
+            python_backend=root / "tritonserver" / "backends" / "python",
+            stub=root
+            / "tritonserver"
+            / "python_backend_stubs"
+            / version
+            / "triton_python_backend_stub",
+        )
+        for path in (install.server, install.libs, install.python_backend, install.stub):
+            if not path.exists():
+                raise ServeError(f"nvidia-pytriton is incomplete: {path} is missing")
+        return install
+
+
+def prepare_backends(install: TritonInstall, dest: Path) -> Path:
+    """Writes dest/python/ (backend + this Python's stub) and returns dest (--backend-directory)."""
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for item in install.python_backend.iterdir():
+        if item.is_file():
+            (python_dir / item.name).symlink_to(item)
+    # Copied, not linked: the backend resolves the stub next to its own directory entry.
+    stub = python_dir / "triton_python_backend_stub"
+    shutil.copy2(install.stub, stub)
+    stub.chmod(0o755)
+    return dest
+
+
+def python_backend_config(model: ServedModel, intra_op_threads: int = 0):
+    """The user's config, rewritten for rec's Python-backend model and multi-sample requests.
+
+    Triton requires every input of a batching model (max_batch_size > 0) to carry the same
+    batch dimension, ragged ones included, so with the exported config a request can hold only
+    one sample (sparse_values [1, N]); a request with B candidates is rejected ("batch size
+    does not match other inputs"). The staged model therefore declares max_batch_size 0 with
+    the batch dimension spelled out ([-1, D], [-1, F], [-1] -> [-1, T]): any B per request,
+    and model.py enforces the exported max_batch_size itself. Triton's dynamic batcher needs
+    max_batch_size > 0, so it is off; each request runs as its own batch.
+    """
+    config = type(model.config)()
+    config.CopyFrom(model.config)
+    config.name = model.name
+    config.ClearField("platform")
+    config.backend = "python"
+    if config.max_batch_size > 0:  # the `ragged` form; the `none` form is already like this
+        config.max_batch_size = 0
+        config.ClearField("dynamic_batching")
+        for io in config.input:
+            io.allow_ragged_batch = False
+        for io in [*config.input, *config.output]:
+            if io.name != VALUES:
+                io.dims.insert(0, -1)
+    config.parameters["model_path"].string_value = str(model.model_path.resolve())
+    config.parameters["max_rows"].string_value = str(model.max_batch_size)
+    config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
+    # Published so `rec predict --url` can map file columns without the repository at hand.
+    features = {"dense": list(model.dense_names), "sparse": list(model.sparse_names)}
+    config.parameters[FEATURES_PARAMETER].string_value = json.dumps(features)
+    for group in config.instance_group:
+        group.kind = group.KIND_CPU  # this Triton has no GPU support; the model is CPU-only
+        group.ClearField("gpus")
+    return config
+
+
+def stage_repository(model: ServedModel, dest: Path, intra_op_threads: int = 0) -> Path:
+    """Writes dest/<model>/{config.pbtxt, <version>/model.py}; returns dest."""
+    model_dir = dest / model.name
+    (model_dir / str(model.version)).mkdir(parents=True)
+    config = python_backend_config(model, intra_op_threads)
+    (model_dir / "config.pbtxt").write_text(config_text(config))
+    shutil.copy2(_MODEL_PY, model_dir / str(model.version) / "model.py")
+    return dest
+
+
+def triton_env(install: TritonInstall) -> dict[str, str]:
+    env = dict(os.environ)
+    libdirs = [sysconfig.get_config_var("LIBDIR") or "", str(install.libs)]
+    if env.get("LD_LIBRARY_PATH"):
+        libdirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(d for d in libdirs if d)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return env
+
+
+def start_triton(
+    repo: Path,
+    model: str | None = None,
+    host: str = "127.0.0.1",
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    intra_op_threads: int = 0,
+    echo: bool = False,
+    ready_timeout: float = 180.0,
+) -> ServerProcess:
+    """Starts tritonserver on `repo`'s model and returns once the model is ready.
+
+    Ports of 0 are replaced by free ones. The staging directory (and the server log in it) is
+    removed when the returned server is stopped.
+
+    Example:
+        >>> with start_triton(Path("model_repository"), http_port=0, grpc_port=0,
+        ...                   metrics_port=0) as server:  # doctest: +SKIP
+        ...     print(server.endpoints.http)
+        127.0.0.1:40125
+    """
+    served = load_model(repo, model)
+    install = TritonInstall.find()
+    ports = pick_ports(host, [http_port, grpc_port, metrics_port])
+    staging = Path(tempfile.mkdtemp(prefix="rec-triton-"))
+    try:
+        backends = prepare_backends(install, staging / "backends")
+        models = stage_repository(served, staging / "models", intra_op_threads)
+        argv = _server_argv(install, models, backends, host, ports)
+        server = launch(
+            "tritonserver", argv, staging / "tritonserver.log", triton_env(install), echo
+        )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    server._on_stop.append(lambda: shutil.rmtree(staging, ignore_errors=True))
+    server.endpoints = Endpoints(*(f"{host}:{p}" for p in ports))
+    ready_url = f"http://{server.endpoints.http}/v2/models/{served.name}/ready"
+    wait_until(server, lambda: http_ok(ready_url), ready_timeout, f"ready to serve {served.name!r}")
+    return server
+
+
+def _server_argv(install, models: Path, backends: Path, host: str, ports: list[int]) -> list[str]:
+    http, grpc, metrics = ports
+    # A unique shared-memory prefix: several tritonservers on one host (tests, users) must not
+    # share the Python backend's /dev/shm regions.
+    shm_prefix = f"rec_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+    return [
+        str(install.server),
+        f"--model-repository={models}",
+        f"--backend-directory={backends}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        f"--http-address={host}",
+        f"--http-port={http}",
+        f"--grpc-address={host}",
+        f"--grpc-port={grpc}",
+        f"--metrics-address={host}",
+        f"--metrics-port={metrics}",
+        "--exit-on-error=true",
+    ]

@@ -1,0 +1,104 @@
+"""Triton Python-backend model that serves rec's exported TorchScript `model.pt`.
+
+Copied as `<staging>/<model>/<version>/model.py` by rec.serve.triton; runs inside Triton's
+`triton_python_backend_stub`, with the venv's packages (torch, fbgemm_gpu). It stands in for the
+pytorch_libtorch backend, which nvidia-pytriton's tritonserver does not ship, and serves the same
+inputs and outputs (DESIGN.md I/O table). The path of model.pt comes from the config parameter
+`model_path`, so the user's repository is read, never copied or changed.
+
+Like the recommended Triton backend: requests that Triton's dynamic batcher hands over together
+are validated one by one (an error goes to its own request), concatenated into one batch (valid
+because the input is batch-major jagged), run once, and the scores sliced back per request.
+"""
+
+import json
+
+import fbgemm_gpu  # noqa: F401  (registers the torch.ops.fbgemm kernels model.pt calls)
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
+
+
+def _invalid(message):
+    return pb_utils.InferenceResponse(
+        output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+    )
+
+
+def _check(dense, lengths, values, max_rows):
+    """Message for what Triton's own shape checks cannot see (the jagged pair), or None.
+
+    Messages match the C++ server's (cpp/src/request.cpp), so clients see one wording.
+    """
+    if dense.shape[0] < 1:
+        width = dense.shape[1]
+        return f"input '{DENSE}': expected shape [B,{width}] with B >= 1, got [0,{width}]"
+    if 0 < max_rows < dense.shape[0]:
+        return f"input '{DENSE}': batch size {dense.shape[0]} exceeds max_batch_size {max_rows}"
+    if dense.shape[0] != lengths.shape[0]:
+        return (
+            f"input '{LENGTHS}': batch size {lengths.shape[0]} differs from other inputs' "
+            f"{dense.shape[0]}"
+        )
+    negative = np.flatnonzero(lengths.reshape(-1) < 0)
+    if negative.size:
+        i = int(negative[0])
+        return f"input '{LENGTHS}': negative length {int(lengths.reshape(-1)[i])} at flat index {i}"
+    total = int(lengths.sum(dtype=np.int64))
+    if values.size != total:
+        return f"input '{VALUES}': has {values.size} values but sum of '{LENGTHS}' is {total}"
+    return None
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = config.get("parameters", {})
+        path = params["model_path"]["string_value"]
+        self.max_rows = int(params["max_rows"]["string_value"])
+        threads = int(params.get("intra_op_threads", {}).get("string_value", "0"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.model = torch.jit.load(path, map_location="cpu").eval()
+        self.num_tasks = int(config["output"][0]["dims"][0])
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        batch, rows = [], []  # (request index, dense, lengths, values) of valid requests
+        for i, request in enumerate(requests):
+            dense = pb_utils.get_input_tensor_by_name(request, DENSE).as_numpy()
+            lengths = pb_utils.get_input_tensor_by_name(request, LENGTHS).as_numpy()
+            # Ragged ids arrive as [1, N] from batching clients or [N]; the model wants [N].
+            values = pb_utils.get_input_tensor_by_name(request, VALUES).as_numpy().reshape(-1)
+            problem = _check(dense, lengths, values, self.max_rows)
+            if problem is not None:
+                responses[i] = _invalid(problem)
+                continue
+            batch.append((i, dense, lengths, values))
+            rows.append(dense.shape[0])
+        if batch:
+            try:
+                scores = self._run(batch)
+            except RuntimeError as e:  # a model failure fails the batch it ran, not the server
+                for i, *_ in batch:
+                    responses[i] = pb_utils.InferenceResponse(
+                        output_tensors=[], error=pb_utils.TritonError(f"model failed: {e}")
+                    )
+                return responses
+            start = 0
+            for (i, *_), n in zip(batch, rows, strict=True):
+                out = pb_utils.Tensor(SCORES, scores[start : start + n])
+                responses[i] = pb_utils.InferenceResponse(output_tensors=[out])
+                start += n
+        return responses
+
+    def _run(self, batch):
+        def cat(k):
+            # Copies (Triton's input buffers are read-only), which from_numpy wants anyway.
+            return torch.from_numpy(np.concatenate([b[k] for b in batch]))
+
+        with torch.inference_mode():
+            scores = self.model(cat(1), cat(2), cat(3))
+        return scores.numpy().astype(np.float32, copy=False)

@@ -1,0 +1,87 @@
+"""The repository's config.pbtxt against Triton's real schema, and the staged Triton config."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from google.protobuf import text_format
+from rec.serve.repository import ServeError, load_model
+from rec.serve.triton import python_backend_config, stage_repository
+from tritonclient.grpc import model_config_pb2
+
+from tests.serve_triton.tiny_repo import NUM_DENSE, NUM_SPARSE
+
+
+def test_config_parses_with_tritons_schema(tiny_repo):
+    text = (tiny_repo / "rec" / "config.pbtxt").read_text()
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())  # raises on unknown fields
+    assert config.platform == "pytorch_libtorch"
+    assert config.max_batch_size > 0
+    assert config.HasField("dynamic_batching")
+    types = {i.name: model_config_pb2.DataType.Name(i.data_type) for i in config.input}
+    assert types == {
+        "dense_features": "TYPE_FP32",
+        "sparse_lengths": "TYPE_INT32",
+        "sparse_values": "TYPE_INT64",
+    }
+    ragged = [i.name for i in config.input if i.allow_ragged_batch]
+    assert ragged == ["sparse_values"]
+    assert [(o.name, model_config_pb2.DataType.Name(o.data_type)) for o in config.output] == [
+        ("scores", "TYPE_FP32")
+    ]
+
+
+def test_load_model_reads_manifest(tiny_repo):
+    model = load_model(tiny_repo)
+    manifest = json.loads((tiny_repo / "rec" / "rec.json").read_text())
+    assert list(model.dense_names) == manifest["features"]["dense"]
+    assert list(model.sparse_names) == manifest["features"]["sparse"]
+    assert model.model_path == tiny_repo / "rec" / "1" / "model.pt"
+
+
+def test_staged_config_is_valid_python_backend_config(tiny_repo, tmp_path):
+    model = load_model(tiny_repo)
+    stage_repository(model, tmp_path)
+    staged = text_format.Parse(
+        (tmp_path / "rec" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    assert staged.backend == "python" and not staged.platform
+    assert staged.max_batch_size == 0  # any B per request; see python_backend_config
+    assert staged.parameters["model_path"].string_value == str(model.model_path.resolve())
+    dims = {i.name: list(i.dims) for i in staged.input}
+    assert dims == {
+        "dense_features": [-1, NUM_DENSE],
+        "sparse_lengths": [-1, NUM_SPARSE],
+        "sparse_values": [-1],
+    }
+    assert (tmp_path / "rec" / "1" / "model.py").is_file()
+    assert python_backend_config(model).output[0].dims == [-1, model.num_tasks]
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda d: (d / "config.pbtxt").write_text("max_batch_size: [oops"), "not a valid Triton"),
+        (lambda d: (d / "rec.json").unlink(), "rec.json is missing"),
+        (lambda d: shutil.rmtree(d / "1"), "no version directory"),
+        (
+            lambda d: (d / "rec.json").write_text(
+                json.dumps({"features": {"dense": ["a"], "sparse": []}, "num_tasks": 2})
+            ),
+            f"'dense_features' is TYPE_FP32 dims [{NUM_DENSE}], expected TYPE_FP32 [1]",
+        ),
+    ],
+)
+def test_invalid_repository_is_a_clear_error(tiny_repo, tmp_path, breakage, message):
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    breakage(repo / "rec")
+    with pytest.raises(ServeError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_model(repo)
+
+
+def test_missing_repository(tmp_path):
+    with pytest.raises(ServeError, match="does not exist"):
+        load_model(tmp_path / "nope")

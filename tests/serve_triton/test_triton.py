@@ -1,0 +1,127 @@
+"""The real tritonserver (nvidia-pytriton) serving the repository's model.pt over HTTP and gRPC.
+
+Scores must equal the TorchScript model's own (same float ops, so within 1e-6), for one and for
+many samples per request; bad requests must fail with the client-error class (HTTP 400, gRPC
+INVALID_ARGUMENT), as on the C++ server.
+"""
+
+from __future__ import annotations
+
+import fbgemm_gpu  # noqa: F401  (registers the ops model.pt calls)
+import numpy as np
+import pytest
+import torch
+from rec.serve.client import Rows, ScoreClient, synthetic_rows
+from rec.serve.process import pick_ports
+from rec.serve.repository import ServeError
+from rec.serve.triton import start_triton
+from tritonclient.utils import InferenceServerException
+
+from tests.serve_triton.tiny_repo import MAX_BATCH_SIZE, NUM_DENSE, NUM_SPARSE, NUM_TASKS
+
+CLIENT_ERROR = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
+
+
+def reference_scores(repo, rows: Rows) -> np.ndarray:
+    model = torch.jit.load(str(repo / "rec" / "1" / "model.pt"))
+    with torch.inference_mode():
+        out = model(*(torch.from_numpy(a) for a in (rows.dense, rows.lengths, rows.values)))
+    return out.numpy()
+
+
+def client_for(server, protocol: str) -> ScoreClient:
+    return ScoreClient(getattr(server.endpoints, protocol), protocol, "rec")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("batch", [1, 7, 256])
+def test_scores_match_torchscript(triton, tiny_repo, protocol, batch):
+    rows = synthetic_rows(NUM_DENSE, NUM_SPARSE, batch, seed=batch)
+    rows.values[::5] *= -1  # negative ids are valid: the model maps every id into its table
+    scores = client_for(triton, protocol).score(rows)
+    assert scores.shape == (batch, NUM_TASKS) and scores.dtype == np.float32
+    np.testing.assert_allclose(scores, reference_scores(tiny_repo, rows), rtol=0, atol=1e-6)
+
+
+def test_samples_with_no_ids(triton, tiny_repo):
+    rows = synthetic_rows(NUM_DENSE, NUM_SPARSE, 4, seed=1)
+    rows.lengths[1:3] = 0
+    rows.values = rows.values[: int(rows.lengths.sum())]
+    scores = client_for(triton, "grpc").score(rows)
+    np.testing.assert_allclose(scores, reference_scores(tiny_repo, rows), rtol=0, atol=1e-6)
+
+
+def bad_requests() -> dict[str, Rows]:
+    ok = synthetic_rows(NUM_DENSE, NUM_SPARSE, 4, seed=2)
+    short = Rows(ok.dense, ok.lengths, ok.values[:-1])
+    negative = Rows(ok.dense, ok.lengths.copy(), ok.values)
+    negative.lengths[0, 0] = -1
+    wide = Rows(np.zeros((4, NUM_DENSE + 1), np.float32), ok.lengths, ok.values)
+    uneven = Rows(ok.dense[:3], ok.lengths, ok.values)
+    too_many = synthetic_rows(NUM_DENSE, NUM_SPARSE, MAX_BATCH_SIZE + 1, seed=3)
+    return {
+        "values_vs_lengths": short,
+        "negative_length": negative,
+        "wrong_dense_width": wide,
+        "batch_mismatch": uneven,
+        "over_max_batch": too_many,
+    }
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("case", sorted(bad_requests()))
+def test_bad_request_is_client_error(triton, protocol, case):
+    with pytest.raises(InferenceServerException) as err:
+        client_for(triton, protocol).score(bad_requests()[case])
+    assert str(err.value.status()) == CLIENT_ERROR[protocol], err.value.message()
+
+
+def test_server_survives_bad_requests(triton, tiny_repo):
+    rows = synthetic_rows(NUM_DENSE, NUM_SPARSE, 2, seed=4)
+    scores = client_for(triton, "http").score(rows)
+    np.testing.assert_allclose(scores, reference_scores(tiny_repo, rows), rtol=0, atol=1e-6)
+
+
+def test_user_repository_untouched(triton, tiny_repo):
+    """Triton serves a staging copy of the config; the user's files stay as export wrote them."""
+    config = (tiny_repo / "rec" / "config.pbtxt").read_text()
+    assert 'platform: "pytorch_libtorch"' in config
+    names = sorted(p.relative_to(tiny_repo).as_posix() for p in tiny_repo.rglob("*"))
+    assert names == [
+        "rec",
+        "rec/1",
+        "rec/1/model.pt",
+        "rec/1/rec.json",
+        "rec/config.pbtxt",
+        "rec/rec.json",
+    ]
+
+
+def test_published_features(triton):
+    features = client_for(triton, "grpc").features()
+    assert features.dense == tuple(f"dense_{i}" for i in range(NUM_DENSE))
+    assert features.sparse == ("item", "user", "tags", "city")
+
+
+def test_port_in_use_is_clear_error(triton, tiny_repo):
+    taken = int(triton.endpoints.http.rsplit(":", 1)[1])
+    with pytest.raises(ServeError, match=f"port {taken} on 127.0.0.1 is already in use"):
+        start_triton(tiny_repo, http_port=taken, grpc_port=0, metrics_port=0)
+
+
+def test_pick_ports_gives_distinct_free_ports():
+    ports = pick_ports("127.0.0.1", [0, 0, 0])
+    assert len(set(ports)) == 3 and all(p > 0 for p in ports)
+
+
+def test_cpp_and_triton_agree(triton, cpp):
+    """Parity: the same requests through both servers give the same scores and error classes."""
+    rows = synthetic_rows(NUM_DENSE, NUM_SPARSE, 64, seed=5)
+    for protocol in ("http", "grpc"):
+        a = client_for(triton, protocol).score(rows)
+        b = client_for(cpp, protocol).score(rows)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        for case, bad in bad_requests().items():
+            with pytest.raises(InferenceServerException) as err:
+                client_for(cpp, protocol).score(bad)
+            assert str(err.value.status()) == CLIENT_ERROR[protocol], (case, err.value.message())
