@@ -65,6 +65,32 @@ json IoJson(const IoSpec& io) {
   return {{"name", io.name}, {"datatype", DataTypeName(io.dtype)}, {"shape", shape}};
 }
 
+// protobuf's JSON writes 64-bit integers as strings; Triton's config endpoint writes numbers.
+void Int64FieldsToNumbers(json* j) {
+  static const char* const kInt64Fields[] = {"dims", "max_queue_delay_microseconds",
+                                             "default_timeout_microseconds", "shape",
+                                             "max_sequence_idle_microseconds"};
+  if (j->is_array()) {
+    for (json& e : *j) Int64FieldsToNumbers(&e);
+    return;
+  }
+  if (!j->is_object()) return;
+  for (auto& [key, value] : j->items()) {
+    bool int64_field = false;
+    for (const char* f : kInt64Fields) int64_field = int64_field || key == f;
+    auto convert = [](json* v) {
+      if (v->is_string()) *v = std::stoll(v->get<std::string>());
+    };
+    if (int64_field && value.is_array()) {
+      for (json& e : value) convert(&e);
+    } else if (int64_field) {
+      convert(&value);
+    } else {
+      Int64FieldsToNumbers(&value);
+    }
+  }
+}
+
 json Duration(uint64_t count, uint64_t ns) { return {{"count", count}, {"ns", ns}}; }
 
 json ModelStatsJson(ModelEntry* e) {
@@ -170,9 +196,9 @@ HttpResponse HttpApi::ModelRoute(ModelEntry* entry, const std::string& version,
     google::protobuf::util::JsonPrintOptions opts;
     opts.preserve_proto_field_names = true;
     (void)google::protobuf::util::MessageToJsonString(*entry->spec().config, &out, opts);
-    HttpResponse r;
-    r.body = out;
-    return r;
+    json config = json::parse(out, nullptr, false);
+    Int64FieldsToNumbers(&config);
+    return JsonResponse(200, config);
   }
   if (!verb.empty()) return ErrorResponse(NotFound("unknown route '" + verb + "'"));
   json inputs = json::array(), outputs = json::array();

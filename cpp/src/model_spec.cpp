@@ -51,10 +51,38 @@ void FindJaggedPair(ModelSpec* spec) {
   }
 }
 
-Status CheckServable(const ModelSpec& spec) {
-  if (spec.max_batch_size <= 0) {
-    return InvalidArgument("model '" + spec.name + "': max_batch_size must be > 0");
+// max_batch_size 0 means the config's dims include the batch dimension (Triton batches nothing).
+// Such a model is served one request per forward: the leading -1 becomes the batch dimension, and
+// the 1-D [-1] INT64 input is the jagged values.
+Status NormalizeUnbatched(ModelSpec* spec) {
+  if (spec->max_batch_size > 0) return Status::Ok();
+  auto strip = [&](IoSpec* io, const char* kind) -> Status {
+    if (io->dims.size() == 1 && io->dims[0] == -1 && io->dtype == DataType::kInt64) {
+      io->ragged = true;
+      return Status::Ok();
+    }
+    if (io->dims.empty() || io->dims[0] != -1) {
+      return InvalidArgument("model '" + spec->name + "': max_batch_size is 0, so " + kind + " '" +
+                             io->name + "' needs a leading -1 batch dimension, got " +
+                             ShapeString(io->dims));
+    }
+    io->dims.erase(io->dims.begin());
+    return Status::Ok();
+  };
+  for (IoSpec& io : spec->inputs) REC_RETURN_IF_ERROR(strip(&io, "input"));
+  for (IoSpec& io : spec->outputs) {
+    if (io.dims.empty() || io.dims[0] != -1) {
+      return InvalidArgument("model '" + spec->name + "': output '" + io.name +
+                             "' needs a leading -1 batch dimension");
+    }
+    io.dims.erase(io.dims.begin());
   }
+  spec->max_batch_size = int64_t{1} << 30;  // no limit but the body size
+  spec->dynamic_batching = false;
+  return Status::Ok();
+}
+
+Status CheckServable(const ModelSpec& spec) {
   if (spec.inputs.empty() || spec.outputs.empty()) {
     return InvalidArgument("model '" + spec.name + "': config has no inputs or no outputs");
   }
@@ -145,6 +173,7 @@ Status ParseModelSpec(const std::string& config_text, const std::string& model_n
     REC_RETURN_IF_ERROR(ConvertIo("output", out.name(), out.data_type(), out.dims(), false, &io));
     spec->outputs.push_back(io);
   }
+  REC_RETURN_IF_ERROR(NormalizeUnbatched(spec));
   FindJaggedPair(spec);
   return CheckServable(*spec);
 }

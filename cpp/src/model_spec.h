@@ -31,7 +31,7 @@ struct ModelSpec {
   std::string platform;
   std::string backend;
   std::string default_model_filename;
-  int64_t max_batch_size = 0;  // 0: the model takes no batch dimension (not supported)
+  int64_t max_batch_size = 0;  // 0 in the config (dims include the batch): served unbatched
   int64_t max_queue_delay_us = 0;
   std::vector<int64_t> preferred_batch_sizes;
   bool dynamic_batching = false;

@@ -190,9 +190,24 @@ std::string DefaultFbgemmDir() {
 #endif
 }
 
+// fbgemm_gpu's libraries need libtorch.so, which the linker drops from this binary (nothing here
+// uses it directly) and which their RUNPATH does not find: load it from beside libtorch_cpu.so.
+Status LoadLibtorch() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&at::set_num_threads), &info) == 0 || !info.dli_fname) {
+    return Internal("cannot locate libtorch_cpu.so");
+  }
+  std::string path = std::filesystem::path(info.dli_fname).parent_path().string() + "/libtorch.so";
+  if (std::filesystem::exists(path) && dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    return Internal("dlopen " + path + ": " + dlerror());
+  }
+  return Status::Ok();
+}
+
 Status LoadFbgemmLibraries(const std::string& dir, int* loaded) {
   *loaded = 0;
   if (dir.empty()) return Status::Ok();
+  REC_RETURN_IF_ERROR(LoadLibtorch());
   if (!std::filesystem::is_directory(dir)) {
     return NotFound("fbgemm_gpu library directory '" + dir + "' does not exist");
   }
