@@ -1,0 +1,32 @@
+"""Building tritonclient requests from numpy inputs, for both protocols."""
+
+from __future__ import annotations
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tiny_model import DATATYPES, INPUT_NAMES
+
+
+def infer_inputs(module, inputs: dict[str, np.ndarray], binary: bool = True) -> list:
+    """tritonclient InferInput objects (module: tritonclient.http or tritonclient.grpc)."""
+    out = []
+    for name in INPUT_NAMES:
+        arr = inputs[name]
+        i = module.InferInput(name, list(arr.shape), DATATYPES[name])
+        if module is httpclient:
+            i.set_data_from_numpy(arr, binary_data=binary)
+        else:
+            i.set_data_from_numpy(arr)
+        out.append(i)
+    return out
+
+
+def http_scores(url: str, inputs: dict[str, np.ndarray], **kwargs) -> np.ndarray:
+    with httpclient.InferenceServerClient(url) as c:
+        return c.infer("rec", infer_inputs(httpclient, inputs), **kwargs).as_numpy("scores")
+
+
+def grpc_scores(url: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    with grpcclient.InferenceServerClient(url) as c:
+        return c.infer("rec", infer_inputs(grpcclient, inputs)).as_numpy("scores")

@@ -1,0 +1,132 @@
+"""A tiny model repository in the layout `rec export` writes (DESIGN.md, Contract 2).
+
+The one place these tests get a model from, so they can switch to the real export: a scripted
+module with the served I/O whose embeddings are FBGEMM int8 TBE lookups (a server that forgot to
+register the FBGEMM ops cannot load it), plus config.pbtxt and rec.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm.* for loading and running in-process)
+import numpy as np
+import torch
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
+    IntNBitTableBatchedEmbeddingBagsCodegen,
+)
+
+from rec.batch import feature_major
+
+DENSE = ("age", "price", "hour", "score")
+SPARSE = ("user", "item", "tags")
+ROWS = (101, 67, 23)
+DIM = 8
+NUM_TASKS = 2
+MAX_BATCH_SIZE = 512
+
+CONFIG = """\
+name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: {max_batch_size}
+input [
+  {{ name: "dense_features" data_type: TYPE_FP32 dims: [ {num_dense} ] }},
+  {{ name: "sparse_lengths" data_type: TYPE_INT32 dims: [ {num_sparse} ] }},
+  {{ name: "sparse_values" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }}
+]
+output [ {{ name: "scores" data_type: TYPE_FP32 dims: [ {num_tasks} ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+class TinyRec(torch.nn.Module):
+    """sigmoid(MLP([dense, pooled int8 embeddings])): [B, D], [B, F], [N] -> [B, T]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        specs = [
+            (f"t_{n}", r, DIM, SparseType.INT8, EmbeddingLocation.HOST)
+            for n, r in zip(SPARSE, ROWS, strict=True)
+        ]
+        self.tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
+            embedding_specs=specs, device="cpu", pooling_mode=PoolingMode.SUM
+        )
+        self.tbe.fill_random_weights()
+        self.register_buffer("rows", torch.tensor(ROWS, dtype=torch.int64))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(len(DENSE) + DIM * len(SPARSE), 16),
+            torch.nn.ReLU(),
+            torch.nn.Linear(16, NUM_TASKS),
+        )
+
+    def forward(
+        self,
+        dense_features: torch.Tensor,
+        sparse_lengths: torch.Tensor,
+        sparse_values: torch.Tensor,
+    ) -> torch.Tensor:
+        batch = dense_features.shape[0]
+        lengths_fm, values_fm = feature_major(sparse_lengths, sparse_values)
+        # A non-negative modulo into each feature's table, so any int64 id is safe.
+        table_rows = torch.repeat_interleave(self.rows.repeat_interleave(batch), lengths_fm)
+        ids = torch.remainder(values_fm, table_rows).to(torch.int32)
+        offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths_fm).to(torch.int32)
+        pooled = self.tbe(ids, offsets)  # [B, F * DIM]
+        return torch.sigmoid(self.mlp(torch.cat([dense_features, pooled], dim=1)))
+
+
+def write_model(
+    repo: Path, name: str = "rec", version: int = 1, seed: int = 0, delay_us: int = 2000
+) -> Path:
+    """Writes <repo>/<name>/{config.pbtxt, rec.json, <version>/model.pt}; returns the model.pt."""
+    torch.manual_seed(seed)
+    model_dir = Path(repo) / name
+    (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
+    config = CONFIG.format(
+        name=name,
+        max_batch_size=MAX_BATCH_SIZE,
+        num_dense=len(DENSE),
+        num_sparse=len(SPARSE),
+        num_tasks=NUM_TASKS,
+        delay_us=delay_us,
+    )
+    (model_dir / "config.pbtxt").write_text(config)
+    manifest = {"features": {"dense": list(DENSE), "sparse": list(SPARSE)}, "num_tasks": NUM_TASKS}
+    (model_dir / "rec.json").write_text(json.dumps(manifest, indent=2))
+    path = model_dir / str(version) / "model.pt"
+    # Written beside and renamed, so a polling server never sees half a file.
+    tmp = path.with_suffix(".tmp")
+    torch.jit.script(TinyRec().eval()).save(str(tmp))
+    tmp.rename(path)
+    return path
+
+
+def make_batch(batch: int, seed: int) -> dict[str, np.ndarray]:
+    """A random request of `batch` rows: ids of any int64 value, some bags empty."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 4, size=(batch, len(SPARSE))).astype(np.int32)
+    return {
+        "dense_features": rng.standard_normal((batch, len(DENSE))).astype(np.float32),
+        "sparse_lengths": lengths,
+        "sparse_values": rng.integers(-(2**62), 2**62, size=int(lengths.sum()), dtype=np.int64),
+    }
+
+
+class Reference:
+    """The model scored in-process: what every server answer must equal."""
+
+    def __init__(self, model_path: Path) -> None:
+        self.module = torch.jit.load(str(model_path))
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            out = self.module(*(torch.from_numpy(inputs[k]) for k in INPUT_NAMES))
+        return out.numpy()
+
+
+INPUT_NAMES = ("dense_features", "sparse_lengths", "sparse_values")
+DATATYPES = {"dense_features": "FP32", "sparse_lengths": "INT32", "sparse_values": "INT64"}
