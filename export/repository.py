@@ -1,6 +1,6 @@
 """Contract 2: the model repository, in Triton's layout, written atomically.
 
-    <repo>/<model>/config.pbtxt       Triton model config (describes the newest version)
+    <repo>/<model>/config.pbtxt       Triton model config of the newest version
     <repo>/<model>/rec.json           manifest of the newest version (features, tables, checks)
     <repo>/<model>/<version>/model.pt (or model.onnx) and a copy of that version's rec.json
 
@@ -189,5 +189,7 @@ def commit(staged_model_dir: Path, target: Target) -> None:
         old = staged_model_dir / ".replaced"
         os.rename(target.version_dir, old)  # staging is removed afterwards, with `old` in it
     os.rename(staged_version, target.version_dir)
+    if target.version < max(existing_versions(target.model_dir)):
+        return  # an older version was replaced: the model-level files describe the newest
     for name in (TRITON_CONFIG, MANIFEST):
         os.replace(staged_model_dir / name, target.model_dir / name)

@@ -1,0 +1,119 @@
+"""The model repository (Contract 2): layout, Triton configs, manifest, versions, ONNX."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from google.protobuf import text_format
+from rec.export.onnx import onnx_session, run_onnx
+from rec.export.pipeline import export_run
+from rec.export.repository import VersionExistsError
+from tritonclient.grpc import model_config_pb2
+
+from tests.export.conftest import random_request, write_seeded_run
+from tests.helpers import write_config
+
+NUM_DENSE, NUM_SPARSE = 4, 5
+quiet = {"log": lambda _: None}
+
+
+def parse(path):
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_layout(exported):
+    repo = exported.repo
+    files = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file())
+    assert files == [
+        "rec/1/model.pt", "rec/1/rec.json", "rec/config.pbtxt", "rec/rec.json",
+        "rec_onnx/1/model.onnx", "rec_onnx/1/rec.json", "rec_onnx/config.pbtxt",
+        "rec_onnx/rec.json",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "platform"), [("rec", "pytorch_libtorch"),
+                                                 ("rec_onnx", "onnxruntime_onnx")])  # fmt: skip
+def test_triton_config_follows_the_io_table(exported, model, platform):
+    config = parse(exported.repo / model / "config.pbtxt")  # Triton's own schema
+    assert config.name == model and config.platform == platform
+    assert config.max_batch_size == 256  # export.max_batch_size of the tiny config
+    dtype = model_config_pb2.DataType.Name
+    got = [(i.name, dtype(i.data_type), list(i.dims), i.allow_ragged_batch) for i in config.input]
+    assert got == [
+        ("dense_features", "TYPE_FP32", [NUM_DENSE], False),
+        ("sparse_lengths", "TYPE_INT32", [NUM_SPARSE], False),
+        ("sparse_values", "TYPE_INT64", [-1], True),
+    ]
+    out = config.output[0]
+    assert (out.name, dtype(out.data_type), list(out.dims)) == ("scores", "TYPE_FP32", [1])
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert config.instance_group[0].count == 1
+
+
+def test_manifest(exported, seeded_run):
+    m = json.loads((exported.repo / "rec" / "rec.json").read_text())
+    assert m["features"]["sparse"] == ["e", "a", "c", "b", "d"]
+    assert m["features"]["dense"] == ["dense_0", "dense_1", "dense_2", "dense_3"]
+    assert m["num_tasks"] == 1 and m["version"] == 1 and m["file"] == "model.pt"
+    assert [(t["name"], t["rows"], t["dim"], t["stored_dtype"]) for t in m["tables"]] == [
+        ("t0", 300, 8, "int8"), ("t1", 120, 8, "int8"), ("t2", 50, 8, "int8"), ("t3", 80, 8, "int8")
+    ]  # fmt: skip
+    assert all(t["bytes_stored"] < t["bytes_fp32"] for t in m["tables"])
+    assert m["source"]["checkpoint"] == str((seeded_run / "checkpoints" / "step_10").resolve())
+    assert {"torch", "torchrec", "fbgemm-gpu-cpu", "onnxruntime"} <= set(m["library_versions"])
+    ev = m["verification"]["eval"]
+    assert ev["eval_samples"] == 2048 and ev["quality_bar_passed"] in (True, False)
+    assert m["verification"]["onnx_vs_torchscript_max_abs_diff"] < 1e-5
+    assert m == json.loads((exported.repo / "rec" / "1" / "rec.json").read_text())
+
+
+def test_onnx_round_trip_dynamic_shapes(exported):
+    session = onnx_session(exported.models["onnx"] / "model.onnx")
+    scripted = torch.jit.load(str(exported.models["torchscript"] / "model.pt"))
+    for batch, seed in ((1, 11), (3, 12), (300, 13)):
+        request = random_request(NUM_DENSE, NUM_SPARSE, batch, seed)
+        got = run_onnx(session, *request)
+        assert got.shape == (batch, 1)
+        assert (got - scripted(*request)).abs().max().item() < 1e-5
+    dense, lengths, _ = random_request(NUM_DENSE, NUM_SPARSE, 4, 14)
+    no_ids = (dense, torch.zeros_like(lengths), torch.zeros(0, dtype=torch.int64))
+    assert (run_onnx(session, *no_ids) - scripted(*no_ids)).abs().max().item() < 1e-5
+
+
+def test_versions_force_and_overrides(tmp_path):
+    run = write_seeded_run(tmp_path / "run", seed=1)
+    repo = tmp_path / "repo"
+    export_run(run, repo, **quiet)
+    overrides = write_config(
+        tmp_path / "export.yaml",
+        {"export": {"table_dtypes": {"t0": "int4", "t1": "fp16", "t2": "fp32"},
+                    "triton_batching": "none", "instances": 2}},
+    )  # fmt: skip
+    second = export_run(run, repo, config=overrides, **quiet)
+    assert second.models["torchscript"] == repo / "rec" / "2"
+    m = json.loads((repo / "rec" / "rec.json").read_text())
+    assert m["version"] == 2
+    stored = {t["name"]: t["stored_dtype"] for t in m["tables"]}
+    assert stored == {"t0": "int4", "t1": "fp16", "t2": "fp32", "t3": "int8"}
+    config = parse(repo / "rec" / "config.pbtxt")
+    assert config.max_batch_size == 0 and list(config.input[0].dims) == [-1, NUM_DENSE]
+    assert config.instance_group[0].count == 2
+    with pytest.raises(VersionExistsError, match="rec/1"):
+        export_run(run, repo, version=1, **quiet)
+    before = (repo / "rec" / "1" / "model.pt").read_bytes()
+    export_run(run, repo, version=1, force=True, quantize="int4", **quiet)
+    assert (repo / "rec" / "1" / "model.pt").read_bytes() != before
+    assert (
+        json.loads((repo / "rec" / "1" / "rec.json").read_text())["tables"][0]["stored_dtype"]
+        == "int4"
+    )
+    assert json.loads((repo / "rec" / "rec.json").read_text())["version"] == 2  # still newest
+    assert sorted(p.name for p in repo.iterdir()) == ["rec"]  # no staging left behind
+    assert sorted(p.name for p in (repo / "rec").iterdir()) == [
+        "1",
+        "2",
+        "config.pbtxt",
+        "rec.json",
+    ]
