@@ -138,7 +138,7 @@ def rank_plan(
             raise ValueError(f"{name}={value!r} must be a positive integer")
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise ValueError(f"rank={rank!r} must be in [0, world_size={world_size})")
-    if not (isinstance(start, int) and start >= 0):
+    if not (isinstance(start, int) and not isinstance(start, bool) and start >= 0):
         raise ValueError(f"start={start!r} must be a non-negative sample position")
     return Plan(num_samples, batch_size, rank, world_size, start, drop_last)
 
