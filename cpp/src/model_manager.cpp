@@ -59,7 +59,10 @@ Status ModelManager::LoadAll() {
       // Other formats (ONNX, Python backend) share the repository; serve only TorchScript.
       Status st = LoadModelSpec(e.path().string(), e.path().filename().string(), &probe);
       bool torchscript = probe.platform == "pytorch_libtorch" || probe.backend == "pytorch";
-      if (st.ok() && torchscript) names.push_back(e.path().filename().string());
+      bool other_format = !torchscript && (!probe.platform.empty() || !probe.backend.empty());
+      if (other_format) continue;
+      if (!st.ok()) return st;
+      names.push_back(e.path().filename().string());
     }
   }
   if (names.empty()) {

@@ -1,0 +1,190 @@
+"""Startup checks, SIGTERM draining, and hot swap of a new version under traffic."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from clients import assert_same_rows, infer_inputs
+from server import Server, run_to_exit
+from tiny_model import DENSE, Reference, make_batch, write_model
+from tritonclient.utils import InferenceServerException
+
+
+def test_help_and_bad_flags():
+    out = run_to_exit("--help")
+    assert out.returncode == 0
+    for flag in (
+        "--model-repository",
+        "--fbgemm-lib-dir",
+        "--poll-repository-s",
+        "--max-queue-size",
+    ):
+        assert flag in out.stdout
+    out = run_to_exit("--model-repository", "/tmp", "--http-port", "x")
+    assert out.returncode == 2 and "--http-port expects an integer" in out.stderr
+    assert "required" in run_to_exit().stderr
+
+
+@pytest.mark.parametrize(
+    "breakage, expected",
+    [
+        ("missing repository", "is not a directory"),
+        ("config disagrees", "disagrees with config.pbtxt"),
+        ("manifest disagrees", "rec.json lists"),
+        ("no fbgemm", "cannot load"),
+        ("no version", "no version directory"),
+    ],
+)
+def test_startup_refuses_with_a_clear_message(repo, tmp_path, breakage, expected):
+    bad = tmp_path / "repo"
+    shutil.copytree(repo, bad)
+    args = ["--model-repository", str(bad)]
+    config = bad / "rec" / "config.pbtxt"
+    if breakage == "missing repository":
+        args = ["--model-repository", str(tmp_path / "nowhere")]
+    elif breakage == "config disagrees":
+        # rec.json would catch this first; without it, the warm-up batch does.
+        (bad / "rec" / "rec.json").unlink()
+        config.write_text(config.read_text().replace("dims: [ 2 ]", "dims: [ 3 ]"))
+    elif breakage == "manifest disagrees":
+        manifest = bad / "rec" / "rec.json"
+        manifest.write_text(manifest.read_text().replace('"score"', '"score", "extra"'))
+    elif breakage == "no fbgemm":
+        args += ["--fbgemm-lib-dir", str(tmp_path)]
+    elif breakage == "no version":
+        shutil.rmtree(bad / "rec" / "1")
+    out = run_to_exit(*args, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
+    assert out.returncode == 1, out.stderr
+    assert expected in out.stderr, out.stderr
+
+
+def test_sigterm_finishes_in_flight_requests(tmp_path):
+    # A 1 s batching window keeps the requests in the queue when SIGTERM arrives.
+    write_model(tmp_path, delay_us=1_000_000)
+    reference = Reference(tmp_path / "rec" / "1" / "model.pt")
+    s = Server(tmp_path)
+    batches = [make_batch(1 + i % 3, seed=i) for i in range(8)]
+
+    def one(i):
+        with grpcclient.InferenceServerClient(s.grpc) as c:
+            return c.infer("rec", infer_inputs(grpcclient, batches[i])).as_numpy("scores")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(one, i) for i in range(8)]
+        time.sleep(0.5)
+        assert s.stop() == 0
+        for f, b in zip(futures, batches, strict=True):
+            assert_same_rows(f.result(timeout=10), reference(b))
+    assert "shutdown complete" in s.stderr()
+
+
+def _traffic(server: Server, stop: threading.Event, log: list, errors: list, use_grpc: bool):
+    module = grpcclient if use_grpc else httpclient
+    url = server.grpc if use_grpc else server.http
+    i = 0
+    with module.InferenceServerClient(url) as c:
+        while not stop.is_set():
+            batch = make_batch(1 + i % 4, seed=5000 + i)
+            i += 1
+            try:
+                result = c.infer("rec", infer_inputs(module, batch))
+            except InferenceServerException as e:
+                errors.append(e)
+                continue
+            response = result.get_response()
+            version = response.model_version if use_grpc else response["model_version"]
+            log.append((version, batch, result.as_numpy("scores")))
+
+
+def test_hot_swap_under_traffic_loses_nothing(tmp_path):
+    v1 = write_model(tmp_path, version=1, seed=0)
+    s = Server(tmp_path, "--poll-repository-s", "1", "--executor-threads", "2")
+    stop, log, errors = threading.Event(), [], []
+    threads = [
+        threading.Thread(target=_traffic, args=(s, stop, log, errors, i % 2 == 1)) for i in range(4)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        v2 = write_model(tmp_path, version=2, seed=1)
+        deadline = time.monotonic() + 30
+        while not any(v == "2" for v, _, _ in log) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        assert s.stop() == 0
+    assert errors == []
+    versions = [v for v, _, _ in log]
+    assert "1" in versions and "2" in versions
+    references = {"1": Reference(v1), "2": Reference(v2)}
+    for version, batch, scores in log:
+        assert_same_rows(scores, references[version](batch))
+    assert "swapped model 'rec' version 1 -> 2" in s.stderr()
+
+
+def test_load_endpoint_needs_model_control(tmp_path):
+    write_model(tmp_path, version=1, seed=0)
+    plain = Server(tmp_path)
+    try:
+        with (
+            httpclient.InferenceServerClient(plain.http) as c,
+            pytest.raises(InferenceServerException, match="enable-model-control"),
+        ):
+            c.load_model("rec")
+    finally:
+        assert plain.stop() == 0
+    s = Server(tmp_path, "--enable-model-control")
+    try:
+        v3 = write_model(tmp_path, version=3, seed=3)
+        batch = make_batch(3, seed=1)
+        with httpclient.InferenceServerClient(s.http) as c:
+            c.load_model("rec")
+            result = c.infer("rec", infer_inputs(httpclient, batch))
+            assert result.get_response()["model_version"] == "3"
+            np.testing.assert_array_equal(result.as_numpy("scores"), Reference(v3)(batch))
+        v4 = write_model(tmp_path, version=4, seed=4)
+        with grpcclient.InferenceServerClient(s.grpc) as c:
+            c.load_model("rec")
+            result = c.infer("rec", infer_inputs(grpcclient, batch))
+            assert result.get_response().model_version == "4"
+            np.testing.assert_array_equal(result.as_numpy("scores"), Reference(v4)(batch))
+    finally:
+        assert s.stop() == 0
+
+
+def test_unbatched_config_and_pinned_version(tmp_path):
+    """max_batch_size 0 (dims carry the batch dimension), as `rec export` writes without ragged
+    batching; and --model-version pins an older version."""
+    v1 = write_model(tmp_path, version=1, seed=0)
+    write_model(tmp_path, version=2, seed=1)
+    n = len(DENSE)
+    config = Path(tmp_path / "rec" / "config.pbtxt")
+    text = config.read_text()
+    text = text.replace("max_batch_size: 512", "max_batch_size: 0")
+    text = text.replace(f"dims: [ {n} ]", f"dims: [ -1, {n} ]").replace(
+        "dims: [ 3 ]", "dims: [ -1, 3 ]"
+    )
+    text = text.replace("dims: [ 2 ]", "dims: [ -1, 2 ]").replace("allow_ragged_batch: true", "")
+    text = text.split("dynamic_batching")[0]
+    config.write_text(text)
+    s = Server(tmp_path, "--model-version", "1")
+    try:
+        batch = make_batch(700, seed=4)
+        with httpclient.InferenceServerClient(s.http) as c:
+            result = c.infer("rec", infer_inputs(httpclient, batch))
+            assert result.get_response()["model_version"] == "1"
+            np.testing.assert_array_equal(result.as_numpy("scores"), Reference(v1)(batch))
+    finally:
+        assert s.stop() == 0
