@@ -62,10 +62,9 @@ def train_command(config, run_dir, nproc, resume, max_restarts) -> None:
 )
 def plan_command(config, world_size, local_world_size) -> None:
     """Print the sharding plan for a config and world size, without training."""
-    from rec.train import sharding
-
     from rec.config import load_config
     from rec.model import TrainModel, build_model
+    from rec.train import sharding
 
     cfg = load_config(config)
     if local_world_size:

@@ -18,7 +18,7 @@ from torch import nn
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ShardingPlan, ShardingType
 
@@ -29,6 +29,8 @@ GiB = 1024**3
 # applies here, and the noise would bury the plan table.
 logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
 logging.getLogger("torchrec.distributed.planner.storage_reservations").setLevel(logging.ERROR)
+# Data-parallel tables have no sharding spec by design; TorchRec says so on the root logger.
+logging.getLogger().addFilter(lambda r: "Sharding spec not found" not in r.getMessage())
 _EXTRA_CPU_TYPES = (
     ShardingType.ROW_WISE.value,
     ShardingType.TABLE_ROW_WISE.value,
@@ -99,7 +101,7 @@ def make_planner(
     return EmbeddingShardingPlanner(
         topology=make_topology(cfg, world_size, compute_device),
         batch_size=batch_size or cfg.training.batch_size,
-        storage_reservation=HeuristicalStorageReservation(
+        storage_reservation=FixedPercentageStorageReservation(
             percentage=cfg.sharding.topology.storage_reserve_percent / 100
         ),
         constraints=make_constraints(cfg, compute_device),

@@ -15,11 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torchmetrics
-from rec.train import sharding
-from rec.train.checkpoint import Checkpointer
-from rec.train.distributed import DistContext, all_mean, init_distributed
-from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
-from rec.train.progress import Progress, log
 from torchrec.datasets.utils import Batch
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
@@ -29,6 +24,11 @@ from rec import run_dir
 from rec.config import RecConfig
 from rec.data import make_source
 from rec.model import TrainModel, build_model, table_rows
+from rec.train import sharding
+from rec.train.checkpoint import Checkpointer
+from rec.train.distributed import DistContext, all_mean, init_distributed
+from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
+from rec.train.progress import Progress, log
 from rec.versions import library_versions
 
 

@@ -9,12 +9,21 @@ several hosts run the same module under plain torchrun with the usual variables,
 from __future__ import annotations
 
 import argparse
+import logging
+import warnings
 from pathlib import Path
 
 import torch.distributed as dist
 
 from rec import run_dir
 from rec.config import load_config
+
+
+def _quiet_known_noise() -> None:
+    """Silences deprecation chatter from TorchRec/torch internals that users cannot act on."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\..*")
+    warnings.filterwarnings("ignore", message=r".*TypedStorage is deprecated.*")
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
 
+    _quiet_known_noise()
     from rec.train.trainer import run_training  # heavy imports after argument errors
 
     saved = args.run_dir / run_dir.CONFIG_FILE

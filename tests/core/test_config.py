@@ -1,0 +1,58 @@
+import pytest
+
+from rec.config import ConfigError, config_from_dict, default_config, load_config
+
+
+def test_default_config_is_valid_and_consistent():
+    cfg = default_config()
+    assert cfg.features.sparse == [f for t in cfg.tables for f in t.features]
+    assert cfg.model.dense_arch[-1] == cfg.embedding_dim
+    assert len(cfg.features.dense_names) == cfg.features.dense
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = config_from_dict({"training": {"batch_size": 32}})
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(path) == cfg
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"training": {"batch_size": -1}}, "training.batch_size=-1"),
+        ({"training": {"optimiser": "adam"}}, "unknown key(s) ['optimiser'] in training"),
+        ({"model": {"arch": "transformer"}}, "model.arch='transformer' is not allowed"),
+        ({"sharding": {"constraints": {"nope": {}}}}, "unknown table 'nope'"),
+        (
+            {"sharding": {"constraints": {"t0": {"sharding_types": ["diagonal"]}}}},
+            "'diagonal' is not allowed",
+        ),
+        ({"export": {"table_dtypes": {"t0": "int3"}}}, "export.table_dtypes.t0='int3'"),
+        ({"model": {"dense_arch": [64, 32]}}, "must end in the embedding dim 16"),
+        ({"training": {"steps": "many"}}, "training.steps='many' must be of type int"),
+        ({"data": {"source": "csv"}}, "needs data.train_paths"),
+    ],
+)
+def test_bad_values_are_named(data, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(data)
+    assert needle in str(e.value)
+
+
+def test_feature_in_two_tables_is_rejected():
+    tables = [
+        {"name": "a", "rows": 10, "dim": 16, "features": ["f"]},
+        {"name": "b", "rows": 10, "dim": 16, "features": ["f"]},
+    ]
+    with pytest.raises(ConfigError, match="feature 'f' is in tables 'a' and 'b'"):
+        config_from_dict({"tables": tables})
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)

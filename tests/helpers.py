@@ -1,0 +1,49 @@
+"""Helpers shared by tests: running the real `rec` CLI (and through it, real torchrun processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+REC = str(Path(sys.executable).parent / "rec")
+
+
+def run_rec(*args: str, check: bool = True, timeout: float = 600, cwd: Path | None = None):
+    """Runs `rec ARGS...` in a subprocess; returns the CompletedProcess (stdout+stderr merged)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [REC, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rec {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}")
+    return proc
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# A config small enough that a 2-rank run of 40 steps takes seconds.
+TINY = {
+    "tables": [
+        {"name": f"t{i}", "rows": r, "dim": 8, "features": [f"cat_{i}"]}
+        for i, r in enumerate([300, 500, 200, 400, 600, 250, 350, 450])
+    ],
+    "features": {"dense": 4},
+    "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+    "data": {"synthetic": {"train_samples": 40_000, "eval_samples": 2048}},
+    "training": {"batch_size": 64, "steps": 40, "eval_every": 20, "log_every": 10},
+    "checkpoint": {"every_steps": 20, "keep_last": 3},
+}
