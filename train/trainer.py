@@ -61,6 +61,10 @@ class Trainer:
     def _build_model(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         torch.manual_seed(cfg.training.seed)  # same dense init on every rank
+        if cfg.sharding.topology.local_world_size:
+            # TorchRec's sharding code reads the host size from LOCAL_WORLD_SIZE, the planner
+            # from the topology; they must agree, also when one machine simulates several hosts.
+            os.environ["LOCAL_WORLD_SIZE"] = str(cfg.sharding.topology.local_world_size)
         model = TrainModel(build_model(cfg, "meta"))
         attach_embedding_optimizer(model.model.sparse_arch, cfg.training)
         compute = sharding.compute_device_type(ctx.device)

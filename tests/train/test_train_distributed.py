@@ -137,3 +137,25 @@ def test_plan_command_prints_a_table(tmp_path):
     out = run_rec("plan", "--world-size", "4").stdout
     assert "sharding type" in out
     assert "t0" in out and "t7" in out
+
+
+def test_table_row_wise_and_grid_on_a_simulated_two_host_topology(tmp_path, tiny_config):
+    """4 ranks as 2 hosts x 2: TWRW keeps a table inside one host, GS splits rows per host."""
+    tiny_config["sharding"] = {
+        "constraints": {
+            "t0": {"sharding_types": ["table_row_wise"]},
+            "t1": {"sharding_types": ["grid_shard"]},
+        },
+        "topology": {"local_world_size": 2},
+    }
+    tiny_config["training"].update(steps=10, eval_every=0, log_every=10)
+    tiny_config["checkpoint"]["every_steps"] = 0
+    run = tmp_path / "run"
+    path = write_config(tmp_path / "cfg.yaml", tiny_config)
+    run_rec("train", "--config", str(path), "--run-dir", str(run), "--nproc", "4")
+    plan = {r["table"]: r for r in json.loads((run / run_dir.PLAN_FILE).read_text())["tables"]}
+    assert plan["t0"]["sharding_type"] == "table_row_wise"
+    twrw_ranks = {s["rank"] for s in plan["t0"]["shards"]}
+    assert twrw_ranks in ({0, 1}, {2, 3})  # one host's ranks
+    assert plan["t1"]["sharding_type"] == "grid_shard"
+    assert len(list(run_dir.latest_checkpoint(run).glob("*.distcp"))) == 4
