@@ -12,7 +12,7 @@ PYTHON=${PYTHON:-python3}
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 APT_PACKAGES=(build-essential cmake pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
-  protobuf-compiler nlohmann-json3-dev zlib1g-dev clang-format docker-compose wrk)
+  protobuf-compiler nlohmann-json3-dev zlib1g-dev libgtest-dev clang-format docker-compose wrk)
 
 install_debian_packages() {
   local missing=()
