@@ -24,6 +24,11 @@ from typing import Any
 
 import torch
 import yaml
+
+from rec import run_dir
+from rec import versions as rec_versions
+from rec.batch import RecBatch
+from rec.config import ConfigError, RecConfig, load_config
 from rec.export import repository as repo_lib
 from rec.export import verify
 from rec.export.load import LoadedRun, load_run
@@ -35,14 +40,14 @@ from rec.export.module import (
     sample_batch,
     split_requests,
 )
-
-from rec import run_dir
-from rec import versions as rec_versions
-from rec.batch import RecBatch
-from rec.config import ConfigError, RecConfig, load_config
 from rec.model import table_rows
 
 Log = Callable[[str], None]
+_LOAD_REQUIRES = {
+    "torchscript": "FBGEMM's ops and classes registered before torch.jit.load: `import fbgemm_gpu` "
+    "in Python; in C++ dlopen the fbgemm_gpu package's .so files with RTLD_GLOBAL",
+    "onnx": "onnxruntime (standard ONNX ops only)",
+}
 
 
 @dataclass
@@ -192,6 +197,7 @@ def manifest(
         },
         "num_tasks": num_tasks,
         "id_mapping": "row = raw_id mod rows (non-negative), inside the model",
+        "load_requires": _LOAD_REQUIRES[target.fmt],
         "tables": tables,
         "embedding_bytes": {
             "fp32": fp32_total,

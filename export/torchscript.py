@@ -25,11 +25,12 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
     rounded_row_size_in_bytes,
     unpadded_row_size_in_bytes,
 )
-from rec.export.module import ServingModule
 from torch import nn
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEBC
+
+from rec.export.module import ServingModule
 
 # Storage name (config) -> the weight dtype TorchRec's QuantConfig maps onto FBGEMM SparseType.
 TORCH_DTYPES: dict[str, torch.dtype] = {

@@ -7,12 +7,12 @@ import shutil
 import pytest
 import yaml
 from click.testing import CliRunner
-from rec.export.load import CheckpointMismatchError
-from rec.export.pipeline import export_run
-from rec.export.repository import RepositoryError
 
 from rec.cli import main
 from rec.config import ConfigError
+from rec.export.load import CheckpointMismatchError
+from rec.export.pipeline import export_run
+from rec.export.repository import RepositoryError
 from rec.run_dir import RunDirError
 from tests.helpers import write_config
 

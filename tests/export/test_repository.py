@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
 from rec.export.onnx import onnx_session, run_onnx
 from rec.export.pipeline import export_run
 from rec.export.repository import VersionExistsError
-from tritonclient.grpc import model_config_pb2
-
 from tests.export.conftest import random_request, write_seeded_run
 from tests.helpers import write_config
 

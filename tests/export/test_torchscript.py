@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-from rec.export.load import load_run
-from rec.export.module import ServingModule, split_requests
 
 from rec.config import config_from_dict
+from rec.export.load import load_run
+from rec.export.module import ServingModule, split_requests
 from rec.model import table_rows
 from tests.export.conftest import random_request, tiny_dict
 

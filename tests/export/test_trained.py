@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
+
+from rec.data import make_source
 from rec.export import verify
 from rec.export.load import load_run
 from rec.export.module import ServingModule
 from rec.export.pipeline import export_run
-
-from rec.data import make_source
 from rec.model import table_rows
 from tests.export.conftest import SHARDINGS
 
