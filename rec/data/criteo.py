@@ -17,9 +17,17 @@ import numpy as np
 
 from rec.config import ConfigError, RecConfig
 from rec.data.errors import where
-from rec.data.files import FileSource, build_rows, count_lines, read_lines
-from rec.data.parse import log1p_dense, parse_floats, parse_hex
+from rec.data.files import FileSource, build_rows
+from rec.data.parse import log1p_dense
 from rec.data.source import Rows
+from rec.data.text import (
+    TextBlock,
+    count_lines,
+    parse_hex,
+    parse_numbers,
+    read_lines,
+    split_fields,
+)
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -57,42 +65,41 @@ class CriteoSource(FileSource):
     def _count_rows(self, path: str) -> int:
         return count_lines(path, header=False)
 
-    def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, list[bytes], int]]:
+    def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, TextBlock, int]]:
         return read_lines(path, skip, header=False)
 
     def _parse(
-        self, path: str, block: list[bytes], idx: np.ndarray, row0: int
+        self, path: str, block: TextBlock, idx: np.ndarray, row0: int
     ) -> tuple[Rows, dict[int, str]]:
-        """Parses lines `idx` of a block: one vectorised pass per column group."""
+        """Parses lines `idx` of a block, all fields at once at the byte level."""
         t = self.num_tasks
         width = t + NUM_DENSE + NUM_SPARSE
-        lines = [block[i] for i in idx.tolist()]
-        fields = np.array([line.count(b"\t") for line in lines]) + 1
+        buf = block.gather(idx)
+        starts, ends, per_line = split_fields(buf)
         bad: dict[int, str] = {}
-        for i in np.flatnonzero(fields != width).tolist():
+        for i in np.flatnonzero(per_line != width).tolist():
             bad[i] = (
-                f"{where(path, 'line', row0 + int(idx[i]) + 1)}: {fields[i]} fields, expected "
+                f"{where(path, 'line', row0 + int(idx[i]) + 1)}: {per_line[i]} fields, expected "
                 f"{width} (label{'s' if t > 1 else ''}, 13 integer, 26 categorical; tab-separated)"
             )
-        ok = np.flatnonzero(fields == width)
-        cells = np.array(b"\t".join([lines[i] for i in ok.tolist()]).split(b"\t"))
-        cells = cells.reshape(len(ok), width) if ok.size else np.zeros((0, width), "S1")
-        labels, bad_label = parse_floats(cells[:, :t], empty=None)
+        ok = np.flatnonzero(per_line == width)
+        keep = np.repeat(per_line == width, per_line)
+        starts, ends = starts[keep].reshape(-1, width), ends[keep].reshape(-1, width)
+        labels, bad_label = parse_numbers(buf, starts[:, :t], ends[:, :t], empty=None)
         bad_label |= (labels < 0) | (labels > 1)
-        dense, bad_dense = parse_floats(cells[:, t : t + NUM_DENSE])
-        cats = cells[:, t + NUM_DENSE :]
-        present = cats != b""
-        ids, bad_hex = parse_hex(cats)
+        dense, bad_dense = parse_numbers(buf, starts[:, t : t + 13], ends[:, t : t + 13], 0.0)
+        cats = slice(t + NUM_DENSE, width)
+        ids, bad_hex = parse_hex(buf, starts[:, cats], ends[:, cats])
+        present = ends[:, cats] > starts[:, cats]
         bad_cell = np.concatenate([bad_label, bad_dense, bad_hex], axis=1)
         for j in np.flatnonzero(bad_cell.any(axis=1)).tolist():
             col = int(np.argmax(bad_cell[j]))
             what = "a label in [0, 1]" if col < t else "a number" if col < t + 13 else "hex"
-            line = row0 + int(idx[ok[j]]) + 1
+            cell = buf[starts[j, col] : ends[j, col]].decode(errors="replace")
             bad[int(ok[j])] = (
-                f"{where(path, 'line', line, self.columns[col])}: "
-                f"{cells[j, col].decode(errors='replace')!r} is not {what}"
+                f"{where(path, 'line', row0 + int(idx[ok[j]]) + 1, self.columns[col])}: "
+                f"{cell!r} is not {what}"
             )
-        good = np.zeros(len(lines), dtype=bool)
-        good[ok] = ~bad_cell.any(axis=1)
+        good = ~bad_cell.any(axis=1)
         # ids[present] in row-major order is already batch-major: sample, then feature.
-        return build_rows(labels, log1p_dense(dense), present, ids[present], good[ok]), bad
+        return build_rows(labels, log1p_dense(dense), present, ids[present], good), bad

@@ -26,8 +26,6 @@ from rec.data.errors import DataError
 from rec.data.source import DataSource, Plan, Rows, assemble, empty_rows
 
 _COUNTS: dict[tuple[str, int, int], int] = {}  # (path, size, mtime_ns) -> rows
-BLOCK_BYTES = 1 << 22
-"""Bytes of a text file read at a time (~30k Criteo lines); tests make it tiny."""
 
 
 def resolve_paths(patterns: list[str]) -> list[str]:
@@ -192,51 +190,3 @@ def build_rows(
         np.zeros(len(lengths), dtype=np.int64),
     )
     return rows.select(good)
-
-
-def read_lines(path: str, skip: int, header: bool) -> Iterator[tuple[int, list[bytes], int]]:
-    """(first row, lines, count) of a text file in blocks of about BLOCK_BYTES, never whole.
-
-    Rows are lines after the optional header; a final line without a newline counts. Blocks
-    that end before row `skip` are counted, not split. A trailing CR is removed.
-    """
-    with open(path, "rb") as f:
-        if header:
-            f.readline()
-        row, tail = 0, b""
-        while True:
-            data = f.read(BLOCK_BYTES)
-            if not data:
-                break
-            data = tail + data
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                tail = data
-                continue
-            body, tail = data[:cut], data[cut + 1 :]
-            count = body.count(b"\n") + 1
-            if row + count <= skip:
-                row += count
-                continue
-            yield row, _lines(body), count
-            row += count
-        if tail:
-            yield row, _lines(tail), 1
-
-
-def _lines(body: bytes) -> list[bytes]:
-    lines = body.split(b"\n")
-    if b"\r" in body:
-        lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
-    return lines
-
-
-def count_lines(path: str, header: bool) -> int:
-    """Rows of a text file as `read_lines` yields them, reading it in blocks."""
-    newlines, last, size = 0, b"\n", 0
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            newlines += block.count(b"\n")
-            last, size = block[-1:], size + len(block)
-    lines = newlines + (1 if size and last != b"\n" else 0)
-    return max(lines - (1 if header else 0), 0)

@@ -7,14 +7,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Byte -> hex digit value; -1 marks the NUL padding of numpy's fixed-width bytes, -2 a non-digit.
-_HEX = np.full(256, -2, dtype=np.int8)
-_HEX[0] = -1
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX[_c] = 10 + _i
-
 
 def log1p_dense(x: np.ndarray) -> np.ndarray:
     """Criteo's dense preprocessing, log1p(max(x, 0)), computed in f64 and stored as f32.
@@ -50,23 +42,6 @@ def parse_floats(cells: np.ndarray, empty: float | None = 0.0) -> tuple[np.ndarr
         values[blank] = empty
     values[bad] = 0.0
     return values, bad
-
-
-def parse_hex(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Hex bytes cells (numpy 'S' array, any shape) -> (int64 ids, bad mask).
-
-    Up to 16 hex digits, read as a uint64 and reinterpreted as int64 (ids are raw int64;
-    the model maps them into its tables). Empty cells give 0 and are not bad.
-    """
-    cells = np.ascontiguousarray(cells)
-    width = cells.dtype.itemsize
-    digits = _HEX[cells.view(np.uint8).reshape(cells.shape + (width,))]
-    bad = (digits == -2).any(axis=-1) | ((digits >= 0).sum(axis=-1) > 16)
-    value = np.zeros(cells.shape, dtype=np.uint64)
-    for k in range(width):  # Horner's rule over the digit columns; padding keeps the value
-        d = digits[..., k]
-        value = np.where(d >= 0, value * np.uint64(16) + d.astype(np.uint64), value)
-    return value.view(np.int64), bad
 
 
 def string_id(token: str) -> int:

@@ -29,9 +29,10 @@ import pyarrow.parquet as pq
 
 from rec.config import ConfigError, RecConfig
 from rec.data.errors import DataError, where
-from rec.data.files import FileSource, build_rows, count_lines, read_lines
+from rec.data.files import FileSource, build_rows
 from rec.data.parse import parse_floats, split_bags, to_batch_major, token_ids
 from rec.data.source import Rows
+from rec.data.text import TextBlock, count_lines, read_lines
 
 
 @dataclass(frozen=True)
@@ -147,14 +148,14 @@ class CsvSource(TabularColumns, FileSource):
     def _count_rows(self, path: str) -> int:
         return count_lines(path, header=True)
 
-    def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, list[bytes], int]]:
+    def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, TextBlock, int]]:
         return read_lines(path, skip, header=True)
 
     def _parse(
-        self, path: str, block: list[bytes], idx: np.ndarray, row0: int
+        self, path: str, block: TextBlock, idx: np.ndarray, row0: int
     ) -> tuple[Rows, dict[int, str]]:
         header = self._headers[path]
-        text = [block[i].decode("utf-8", errors="replace") for i in idx.tolist()]
+        text = [block.line(i).decode("utf-8", errors="replace") for i in idx.tolist()]
         records = list(csv.reader(text, delimiter=self.delimiter))
         lines = [row0 + int(i) + 2 for i in idx]  # line 1 is the header
         bad: dict[int, str] = {}

@@ -19,7 +19,7 @@ from rec.data import (
     write_csv,
     write_parquet,
 )
-from rec.data import files as files_mod
+from rec.data import text as text_mod
 from rec.data.parse import string_id
 from rec.data.tabular import ParquetSource
 
@@ -30,7 +30,7 @@ EXT = {"criteo_tsv": "tsv", "csv": "csv", "parquet": "parquet"}
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     """Tiny read blocks, so that even small files span many blocks and record batches."""
-    monkeypatch.setattr(files_mod, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(text_mod, "BLOCK_BYTES", 4096)
     monkeypatch.setattr(ParquetSource, "read_rows", 700)
 
 
