@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from rec.serve.repository import ServeError
 
 _PATH = click.Path(path_type=Path)
@@ -75,4 +76,99 @@ def predict(url, protocol, model, input_path, synthetic, repo, output, batch_siz
     )
 
 
-COMMANDS = [serve, predict]
+def _numbers(kind):
+    def parse(ctx, param, value):
+        try:
+            return tuple(kind(v) for v in value.split(",") if v.strip()) if value else ()
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not a comma-separated list") from None
+
+    return parse
+
+
+@click.command()
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="NAME=PROTO://HOST:PORT",
+    help="A running server to measure, e.g. cpp-grpc=grpc://127.0.0.1:8001 (repeatable).",
+)
+@click.option("--repo", type=_PATH, help="Start servers on this repository, one at a time.")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["cpp", "triton"]),
+    help="Servers to start with --repo (default: both).",
+)
+@click.option(
+    "--protocol",
+    "protocols",
+    multiple=True,
+    type=click.Choice(["http", "grpc"]),
+    help="Protocols to measure on started servers (default: both).",
+)
+@click.option("--model", default="rec", show_default=True)
+@click.option(
+    "--batch-size",
+    "batch_sizes",
+    default="1,256",
+    show_default=True,
+    callback=_numbers(int),
+    help="Samples per request (comma-separated sweep).",
+)
+@click.option(
+    "--concurrency",
+    default="1,4,16",
+    show_default=True,
+    callback=_numbers(int),
+    help="Requests in flight, closed loop (comma-separated sweep).",
+)
+@click.option(
+    "--rate",
+    "rates",
+    default="",
+    callback=_numbers(float),
+    help="Offered requests/s, open loop (comma-separated sweep).",
+)
+@click.option("--warmup", type=float, default=1.0, show_default=True, help="Seconds per point.")
+@click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per point.")
+@click.option(
+    "--requests",
+    type=click.IntRange(0),
+    default=0,
+    help="Measure N requests per point instead of --duration.",
+)
+@click.option(
+    "--processes", type=click.IntRange(1), default=2, show_default=True, help="Client processes."
+)
+@click.option("--output", type=_PATH, default=Path("bench.json"), show_default=True)
+@click.option("--plot", type=_PATH, default=Path("bench.png"), show_default=True)
+@click.option("--no-plot", is_flag=True)
+@_user_errors
+def bench(targets, repo, backends, protocols, model, batch_sizes, concurrency, rates, warmup,
+          duration, requests, processes, output, plot, no_plot):  # fmt: skip
+    """Measure throughput and p50/p95/p99/p99.9 latency of serving targets."""
+    from rec.serve.bench import BenchConfig, Target, run_bench
+
+    cfg = BenchConfig(
+        targets=[Target.parse(t, model) for t in targets],
+        repo=repo,
+        backends=backends or ("cpp", "triton"),
+        protocols=protocols or ("http", "grpc"),
+        model=model,
+        batch_sizes=batch_sizes,
+        concurrency=concurrency,
+        rates=rates,
+        warmup_s=warmup,
+        duration_s=duration,
+        requests=requests,
+        processes=processes,
+        output=output,
+        plot=None if no_plot else plot,
+    )
+    run_bench(cfg, log=lambda line: click.echo(line))
+
+
+COMMANDS = [serve, predict, bench]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from rec.serve.repository import DENSE, LENGTHS, SCORES, VALUES, ServeError
 from tritonclient.utils import InferenceServerException
+
+from rec.serve.repository import DENSE, LENGTHS, SCORES, VALUES, ServeError
 
 PROTOCOLS = ("http", "grpc")
 # Parameter of a served config carrying rec.json's feature names (set on the staged Triton

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
+
 from rec.serve.client import Features, Rows, ScoreClient, synthetic_rows
 from rec.serve.repository import ServeError, load_model
-from tritonclient.utils import InferenceServerException
 
 _SEPARATOR = "|"  # between ids of a multi-valued sparse cell, as in rec's CSV data source
 

@@ -58,7 +58,7 @@ class TritonPythonModel:
         params = config.get("parameters", {})
         path = params["model_path"]["string_value"]
         self.max_rows = int(params["max_rows"]["string_value"])
-        threads = int(params.get("intra_op_threads", {}).get("string_value", "0"))
+        threads = int(params.get("intra_op_threads", {}).get("string_value", "1"))
         if threads > 0:
             torch.set_num_threads(threads)
         self.model = torch.jit.load(path, map_location="cpu").eval()

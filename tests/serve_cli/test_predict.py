@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
+from rec.cli import main
 from rec.serve.client import Features, ScoreClient
 from rec.serve.predict import read_rows
 from rec.serve.repository import load_model
-
-from rec.cli import main
 
 
 def run(*args: str):

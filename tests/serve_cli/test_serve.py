@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
+from rec.cli import main
 from rec.serve import cpp as cpp_module
 from rec.serve.client import ScoreClient, synthetic_rows
 from rec.serve.repository import ServeError
-
-from rec.cli import main
 from tests.serve_triton.tiny_repo import NUM_DENSE, NUM_SPARSE
 
 REC = str(Path(sys.executable).parent / "rec")

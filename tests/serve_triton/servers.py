@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rec.serve.cpp import find_cpp_server, start_cpp
 from rec.serve.process import ServerProcess
 from rec.serve.repository import ServeError
 from rec.serve.triton import start_triton
-
 from tests.serve_triton.tiny_repo import write_tiny_repository
 
 _cache: dict[str, object] = {}

@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 from google.protobuf import text_format
-from rec.serve.repository import ServeError, load_model
-from rec.serve.triton import python_backend_config, stage_repository
 from tritonclient.grpc import model_config_pb2
 
+from rec.serve.repository import ServeError, load_model
+from rec.serve.triton import python_backend_config, stage_repository
 from tests.serve_triton.tiny_repo import NUM_DENSE, NUM_SPARSE
 
 

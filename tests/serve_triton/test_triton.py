@@ -11,12 +11,12 @@ import fbgemm_gpu  # noqa: F401  (registers the ops model.pt calls)
 import numpy as np
 import pytest
 import torch
+from tritonclient.utils import InferenceServerException
+
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.process import pick_ports
 from rec.serve.repository import ServeError
 from rec.serve.triton import start_triton
-from tritonclient.utils import InferenceServerException
-
 from tests.serve_triton.tiny_repo import MAX_BATCH_SIZE, NUM_DENSE, NUM_SPARSE, NUM_TASKS
 
 CLIENT_ERROR = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}

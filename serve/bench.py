@@ -1,0 +1,233 @@
+"""`rec bench`: throughput and tail latency of one or more serving targets, swept over request
+batch size and concurrency (closed loop) and over offered load (open loop).
+
+Targets are running servers (`name=http://host:port`, `name=grpc://host:port`), or, with a
+repository, servers that bench starts itself one backend at a time (so two servers never share
+the cores during a measurement) and stops afterwards. Results go to a JSON file and a PNG of
+p99 latency against throughput; each point prints one progress line as it finishes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rec.serve.client import ScoreClient
+from rec.serve.loadgen import Job, Outcome, run_job
+from rec.serve.repository import ServeError
+
+PERCENTILES = (50, 95, 99, 99.9)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server endpoint to measure, e.g. Target("cpp-grpc", "127.0.0.1:8001", "grpc")."""
+
+    name: str
+    url: str
+    protocol: str
+    model: str = "rec"
+
+    @staticmethod
+    def parse(spec: str, model: str = "rec") -> Target:
+        """NAME=PROTOCOL://HOST:PORT, e.g. triton-http=http://127.0.0.1:8000."""
+        name, sep, rest = spec.partition("=")
+        protocol, sep2, url = rest.partition("://")
+        if not (sep and sep2 and name and url) or protocol not in ("http", "grpc"):
+            raise ServeError(
+                f"target {spec!r} is not NAME=http://HOST:PORT or NAME=grpc://HOST:PORT"
+            )
+        return Target(name, url, protocol, model)
+
+
+@dataclass
+class BenchConfig:
+    targets: list[Target] = field(default_factory=list)
+    repo: Path | None = None
+    """Start servers on this repository (one backend at a time) and add their targets."""
+    backends: tuple[str, ...] = ("cpp", "triton")
+    protocols: tuple[str, ...] = ("http", "grpc")
+    model: str = "rec"
+    batch_sizes: tuple[int, ...] = (1, 256)
+    """Samples per request."""
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    """Closed-loop points: requests kept in flight."""
+    rates: tuple[float, ...] = ()
+    """Open-loop points: offered requests per second (run at the largest concurrency)."""
+    warmup_s: float = 1.0
+    duration_s: float = 5.0
+    requests: int = 0
+    """If > 0, measure this many requests per point instead of duration_s."""
+    processes: int = 2
+    """Client processes per point (each runs concurrency / processes requests in flight)."""
+    seed: int = 0
+    output: Path = Path("bench.json")
+    plot: Path | None = Path("bench.png")
+
+    def __post_init__(self) -> None:
+        for name, values in (("batch size", self.batch_sizes), ("concurrency", self.concurrency)):
+            if not values or min(values) < 1:
+                raise ServeError(f"every {name} must be >= 1, got {list(values)}")
+        if self.processes < 1 or self.duration_s <= 0 or self.warmup_s < 0:
+            raise ServeError("processes >= 1, duration > 0 and warm-up >= 0 are required")
+        if not self.targets and self.repo is None:
+            raise ServeError("give --target NAME=PROTOCOL://HOST:PORT (repeatable) or --repo")
+
+
+def summarize(target: Target, batch: int, concurrency: int, rate: float, outcomes) -> dict:
+    """One result row from the outcomes of a point's worker processes."""
+    lat = np.concatenate([o.latencies_s for o in outcomes]) * 1e3
+    errors: dict[str, int] = {}
+    for o in outcomes:
+        for k, v in o.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    started = [o.first_send for o in outcomes if o.first_send]
+    window = max((o.last_done for o in outcomes), default=0.0) - min(started, default=0.0)
+    ok = int(lat.size)
+    rps = ok / window if window > 0 else 0.0
+    latency = {f"p{p:g}": float(np.percentile(lat, p)) if ok else None for p in PERCENTILES}
+    latency["mean"] = float(lat.mean()) if ok else None
+    latency["max"] = float(lat.max()) if ok else None
+    return {
+        "target": target.name,
+        "protocol": target.protocol,
+        "batch": batch,
+        "concurrency": concurrency,
+        "offered_rps": rate or None,
+        "ok": ok,
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "window_s": window,
+        "throughput_rps": rps,
+        "throughput_samples_per_s": rps * batch,
+        "latency_ms": latency,
+    }
+
+
+def progress_line(i: int, n: int, row: dict) -> str:
+    lat = row["latency_ms"]
+    load = f"rate={row['offered_rps']:g}/s" if row["offered_rps"] else f"c={row['concurrency']}"
+    if not row["ok"]:
+        return f"[{i}/{n}] {row['target']} B={row['batch']} {load}: no successful request"
+    return (
+        f"[{i}/{n}] {row['target']} B={row['batch']} {load}: {row['throughput_rps']:,.1f} req/s "
+        f"({row['throughput_samples_per_s']:,.0f} samples/s) p50 {lat['p50']:.2f} ms "
+        f"p99 {lat['p99']:.2f} ms p99.9 {lat['p99.9']:.2f} ms errors {row['errors']}"
+    )
+
+
+def measure(pool, target: Target, sizes, batch, concurrency, rate, cfg: BenchConfig) -> dict:
+    """Runs one point in up to cfg.processes worker processes and summarizes it."""
+    procs = min(cfg.processes, concurrency)
+    shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
+    start_at = time.monotonic() + 0.2  # every worker is already running; this aligns their windows
+    jobs = [
+        Job(
+            target.url,
+            target.protocol,
+            target.model,
+            *sizes,
+            batch,
+            share,
+            rate * share / concurrency,
+            start_at,
+            cfg.warmup_s,
+            cfg.duration_s,
+            -(-cfg.requests // procs) if cfg.requests else 0,
+            cfg.seed + i,
+        )  # fmt: skip
+        for i, share in enumerate(shares)
+    ]
+    outcomes: list[Outcome] = list(pool.map(run_job, jobs))
+    return summarize(target, batch, concurrency, rate, outcomes)
+
+
+def points(cfg: BenchConfig) -> list[tuple[int, int, float]]:
+    """(batch, concurrency, rate) of every point of one target, in run order."""
+    out = [(b, c, 0.0) for b in cfg.batch_sizes for c in cfg.concurrency]
+    out += [(b, max(cfg.concurrency), r) for b in cfg.batch_sizes for r in cfg.rates]
+    return out
+
+
+def bench_targets(pool, targets: list[Target], cfg: BenchConfig, log) -> list[dict]:
+    rows = []
+    plan = points(cfg)
+    for target in targets:
+        client = ScoreClient(target.url, target.protocol, target.model)
+        try:
+            sizes = client.input_sizes()  # also fails fast if the target is not serving
+        finally:
+            client.close()
+        for i, (batch, concurrency, rate) in enumerate(plan, start=1):
+            row = measure(pool, target, sizes, batch, concurrency, rate, cfg)
+            rows.append(row)
+            log(progress_line(i, len(plan), row))
+    return rows
+
+
+def run_bench(cfg: BenchConfig, log=print) -> dict:
+    """Measures every target (starting servers on cfg.repo if given); writes JSON and PNG."""
+    spawn = multiprocessing.get_context("spawn")  # grpc does not survive fork
+    rows: list[dict] = []
+    servers_used = []
+    with concurrent.futures.ProcessPoolExecutor(cfg.processes, mp_context=spawn) as pool:
+        list(pool.map(_ping, range(cfg.processes)))  # start the workers before measuring
+        if cfg.targets:
+            rows += bench_targets(pool, cfg.targets, cfg, log)
+        if cfg.repo is not None:
+            for backend in cfg.backends:
+                rows += _bench_backend(pool, backend, cfg, log)
+                servers_used.append(backend)
+    result = {"meta": _meta(cfg, servers_used), "results": rows}
+    cfg.output.parent.mkdir(parents=True, exist_ok=True)
+    cfg.output.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {cfg.output}")
+    if cfg.plot is not None:
+        from rec.serve.bench_plot import plot_results
+
+        plot_results(rows, cfg.plot)
+        log(f"wrote {cfg.plot}")
+    return result
+
+
+def _bench_backend(pool, backend: str, cfg: BenchConfig, log) -> list[dict]:
+    from rec.serve.launch import ServeConfig, start_server
+
+    log(f"starting {backend} on {cfg.repo}")
+    server = start_server(ServeConfig(cfg.repo, backend, cfg.model, "127.0.0.1", 0, 0, 0))
+    try:
+        ep = server.endpoints
+        targets = [
+            Target(f"{backend}-{p}", ep.http if p == "http" else ep.grpc, p, cfg.model)
+            for p in cfg.protocols
+        ]
+        return bench_targets(pool, targets, cfg, log)
+    finally:
+        server.stop()
+
+
+def _ping(_: int) -> int:
+    return os.getpid()
+
+
+def _meta(cfg: BenchConfig, servers: list[str]) -> dict:
+    config = asdict(cfg)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in config.items()}
+    return {
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "servers_started": servers,
+        "config": config,
+    }

@@ -1,0 +1,168 @@
+"""The load generator behind `rec bench`: one measurement point in several client processes.
+
+Each worker process runs an asyncio loop with tritonclient's aio client (HTTP or gRPC) and keeps
+its share of the point's concurrency in flight. The request tensors are built once and reused,
+so the client's per-request cost is tritonclient's serialization, not ours. Several processes
+because one Python process saturates its core (the GIL) before a fast server does.
+
+Closed loop (rate 0): each of the `concurrency` slots sends its next request when the previous
+one answers; throughput at that concurrency is what the server sustains. Open loop (rate > 0):
+requests are sent on a fixed schedule whatever the answers, and latency is measured from the
+scheduled time, so a stalled server is charged for the requests it delays (no coordinated
+omission); at most `concurrency` are in flight per process.
+
+All processes start warm-up at one agreed CLOCK_MONOTONIC instant (system-wide on Linux) and
+record only requests sent inside the measurement window that follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rec.serve.client import synthetic_rows
+from rec.serve.repository import DENSE, LENGTHS, SCORES, VALUES
+
+
+@dataclass(frozen=True)
+class Job:
+    """One worker's share of a measurement point."""
+
+    url: str
+    protocol: str
+    model: str
+    num_dense: int
+    num_sparse: int
+    batch: int
+    in_flight: int
+    rate: float
+    """Requests per second this worker offers (open loop); 0 means closed loop."""
+    start_at: float
+    """time.monotonic() at which warm-up starts."""
+    warmup_s: float
+    duration_s: float
+    max_requests: int
+    """Stop after this many measured requests (0: run for duration_s)."""
+    seed: int
+
+
+@dataclass
+class Outcome:
+    latencies_s: np.ndarray
+    errors: dict[str, int] = field(default_factory=dict)
+    first_send: float = 0.0
+    last_done: float = 0.0
+
+
+def run_job(job: Job) -> Outcome:
+    """Entry point of a worker process (must be importable for the spawn start method)."""
+    return asyncio.run(_run(job))
+
+
+def _client(job: Job):
+    if job.protocol == "http":
+        import tritonclient.http.aio as mod
+
+        return mod, mod.InferenceServerClient(job.url, conn_limit=max(job.in_flight, 1))
+    import tritonclient.grpc.aio as mod
+
+    return mod, mod.InferenceServerClient(job.url)
+
+
+def _prepare(mod, job: Job):
+    rows = synthetic_rows(job.num_dense, job.num_sparse, job.batch, seed=job.seed)
+    inputs = []
+    for name, array, dtype in (
+        (DENSE, rows.dense, "FP32"),
+        (LENGTHS, rows.lengths, "INT32"),
+        (VALUES, rows.values, "INT64"),
+    ):
+        tensor = mod.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs, [mod.InferRequestedOutput(SCORES)]
+
+
+async def _run(job: Job) -> Outcome:
+    mod, client = _client(job)
+    inputs, outputs = _prepare(mod, job)
+    measure_from = job.start_at + job.warmup_s
+    measure_to = measure_from + job.duration_s if job.max_requests == 0 else float("inf")
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    sends: list[float] = []
+    done_at: list[float] = []
+
+    async def one(sent: float) -> None:
+        # `sent` is the scheduled time in open loop, the actual send time in closed loop.
+        try:
+            await client.infer(job.model, inputs, outputs=outputs)
+            ok = True
+        except Exception as e:  # any failure is counted by kind; the run goes on
+            ok = False
+            key = type(e).__name__ + ": " + str(e).splitlines()[0][:200]
+        now = time.monotonic()
+        if measure_from <= sent < measure_to:
+            if ok:
+                latencies.append(now - sent)
+            else:
+                errors[key] = errors.get(key, 0) + 1
+            sends.append(sent)
+            done_at.append(now)
+
+    def finished() -> bool:
+        return time.monotonic() >= measure_to or (
+            job.max_requests > 0 and len(sends) >= job.max_requests
+        )
+
+    await asyncio.sleep(max(0.0, job.start_at - time.monotonic()))
+    try:
+        if job.rate > 0:
+            await _open_loop(job, one, finished)
+        else:
+            await _closed_loop(job, one, finished)
+    finally:
+        await client.close()
+    return Outcome(
+        np.asarray(latencies, dtype=np.float64),
+        errors,
+        min(sends, default=0.0),
+        max(done_at, default=0.0),
+    )
+
+
+async def _closed_loop(job: Job, one, finished) -> None:
+    async def slot() -> None:
+        while not finished():
+            await one(time.monotonic())
+
+    await asyncio.gather(*(slot() for _ in range(job.in_flight)))
+
+
+async def _open_loop(job: Job, one, finished) -> None:
+    slots = asyncio.Semaphore(job.in_flight)
+    pending: set[asyncio.Task] = set()
+    interval = 1.0 / job.rate
+    k = 0
+    while not finished():
+        scheduled = job.start_at + k * interval
+        k += 1
+        await asyncio.sleep(max(0.0, scheduled - time.monotonic()))
+        await (
+            slots.acquire()
+        )  # a full window delays the send; latency still counts from `scheduled`
+
+        async def guarded(t: float = scheduled) -> None:
+            try:
+                await one(t)
+            finally:
+                slots.release()
+
+        task = asyncio.ensure_future(guarded())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.gather(*pending)
