@@ -117,8 +117,30 @@ void Batcher::Finish(Pending* p, InferResult&& result, uint64_t now_ns) {
   p->done(std::move(result));
 }
 
+// Fails the requests of `batch` that waited past the timeout (in the queue or in the batching
+// window) and removes them, so the forward runs on the rest.
+void Batcher::DropExpired(PendingList* batch, uint64_t now) {
+  if (options_.request_timeout_us <= 0) return;
+  uint64_t timeout_ns = static_cast<uint64_t>(options_.request_timeout_us) * 1000;
+  PendingList kept;
+  for (auto& p : *batch) {
+    if (now - p->enqueue_ns <= timeout_ns) {
+      kept.push_back(std::move(p));
+      continue;
+    }
+    InferResult r;
+    r.status = Status(StatusCode::kDeadlineExceeded,
+                      "request timed out after " + std::to_string(options_.request_timeout_us) +
+                          " us waiting for a batch");
+    Finish(p.get(), std::move(r), now);
+  }
+  batch->swap(kept);
+}
+
 void Batcher::Execute(PendingList* batch) {
   uint64_t start = NowNs();
+  DropExpired(batch, start);
+  if (batch->empty()) return;
   std::shared_ptr<Runner> runner = current_runner_();
   std::vector<const InferRequest*> requests;
   int64_t rows = 0;

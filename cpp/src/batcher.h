@@ -64,6 +64,7 @@ class Batcher {
   void ExecutorLoop();
   bool NextBatch(PendingList* batch, PendingList* expired);
   void TakeFitting(int64_t* rows, PendingList* batch, PendingList* expired);
+  void DropExpired(PendingList* batch, uint64_t now);
   void Execute(PendingList* batch);
   void Finish(Pending* p, InferResult&& result, uint64_t now_ns);
 

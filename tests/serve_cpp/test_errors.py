@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from clients import assert_same_rows, infer_inputs
 from server import Server
-from tiny_model import MAX_BATCH_SIZE, make_batch
+from tiny_model import MAX_BATCH_SIZE, make_batch, write_model
 from tritonclient.utils import InferenceServerException
 
 
@@ -196,5 +196,22 @@ def test_body_limit_and_full_queue(repo):
         with ThreadPoolExecutor(max_workers=24) as pool:
             codes = list(pool.map(one, range(96)))
         assert 503 in codes and 200 in codes
+    finally:
+        assert s.stop() == 0
+
+
+def test_request_timeout(tmp_path):
+    # A 1 s batching window and a 100 ms timeout: a lone request times out waiting for company.
+    write_model(tmp_path, delay_us=1_000_000)
+    s = Server(tmp_path, "--request-timeout-ms", "100")
+    try:
+        with httpclient.InferenceServerClient(s.http) as c:
+            with pytest.raises(InferenceServerException, match="timed out") as e:
+                c.infer("rec", infer_inputs(httpclient, make_batch(1, seed=1)))
+            assert e.value.status() == "503"
+        with grpcclient.InferenceServerClient(s.grpc) as c:
+            with pytest.raises(InferenceServerException, match="timed out") as e:
+                c.infer("rec", infer_inputs(grpcclient, make_batch(1, seed=1)))
+            assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     finally:
         assert s.stop() == 0
