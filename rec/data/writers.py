@@ -38,17 +38,25 @@ def _pieces(cfg: RecConfig, split: str, n: int, start: int) -> Iterator[Chunk]:
         yield src.take(lo, min(lo + _PIECE, start + n))
 
 
-def _bags(chunk: Chunk) -> list[list[np.ndarray]]:
-    """Per sample, per feature: the bag's ids."""
+def _bag_cells(chunk: Chunk, fmt: str, separator: str = "|") -> np.ndarray:
+    """[n, F] object array: each bag's ids formatted with `fmt` and joined ("" if empty)."""
     rows = chunk.rows
-    cuts = np.cumsum(rows.lengths.reshape(-1))[:-1]
-    bags = np.split(rows.values, cuts)
-    num_f = rows.lengths.shape[1]
-    return [bags[i * num_f : (i + 1) * num_f] for i in range(len(rows))]
+    text = [format(v, fmt) for v in rows.values.tolist()]
+    flat = rows.lengths.reshape(-1)
+    if flat.max(initial=0) <= 1:  # one-hot: no joining needed
+        cells = np.full(flat.shape, "", dtype=object)
+        cells[flat == 1] = text
+    else:
+        ends = np.cumsum(flat).tolist()
+        cells = np.array(
+            [separator.join(text[e - k : e]) for e, k in zip(ends, flat.tolist(), strict=True)],
+            dtype=object,
+        )
+    return cells.reshape(rows.lengths.shape)
 
 
-def _label_text(labels: np.ndarray) -> list[str]:
-    return ["1" if x else "0" for x in labels]
+def _label_cells(chunk: Chunk) -> np.ndarray:
+    return np.where(chunk.rows.labels > 0, "1", "0").astype(object)
 
 
 def write_criteo_tsv(
@@ -69,11 +77,11 @@ def write_criteo_tsv(
                     "Criteo TSV holds one id per categorical field; this config makes multi-hot "
                     "bags (set data.synthetic.max_hotness: 1)"
                 )
-            for i, bags in enumerate(_bags(chunk)):
-                even = chunk.rows.pos[i] % 2 == 0
-                dense = ["" if c == 0 and even else str(c) for c in chunk.counts[i].tolist()]
-                cats = [f"{int(b[0]):08x}" if b.size else "" for b in bags]
-                f.write("\t".join(_label_text(chunk.rows.labels[i]) + dense + cats) + "\n")
+            dense = chunk.counts.astype(str).astype(object)
+            even = (chunk.rows.pos % 2 == 0)[:, None]
+            dense[(chunk.counts == 0) & even] = ""  # Criteo's missing value, read as 0 too
+            table = np.concatenate([_label_cells(chunk), dense, _bag_cells(chunk, "08x")], 1)
+            f.writelines("\t".join(line) + "\n" for line in table.tolist())
     return n
 
 
@@ -88,11 +96,18 @@ def write_csv(
         out = csv.writer(f, delimiter=cfg.data.delimiter, lineterminator="\n")
         out.writerow(cols.all)
         for chunk in _pieces(cfg, split, n, start):
-            for i, bags in enumerate(_bags(chunk)):
-                # repr of the f32 value widened to f64 is exact, so reading it back is too.
-                dense = [repr(float(x)) for x in chunk.rows.dense[i]]
-                sparse = [cols.separator.join(str(int(x)) for x in b) for b in bags]
-                out.writerow(_label_text(chunk.rows.labels[i]) + dense + sparse)
+            # repr of the f32 value widened to f64 is exact, so reading it back is too.
+            dense = chunk.rows.dense.astype(np.float64)
+            dense_cells = np.array([repr(x) for x in dense.reshape(-1).tolist()], dtype=object)
+            table = np.concatenate(
+                [
+                    _label_cells(chunk),
+                    dense_cells.reshape(dense.shape),
+                    _bag_cells(chunk, "d", cols.separator),
+                ],
+                axis=1,
+            )
+            out.writerows(table.tolist())
     return n
 
 
@@ -125,14 +140,19 @@ def write_parquet(
             rows = chunk.rows
             arrays = [pa.array(rows.labels[:, t]) for t in range(rows.labels.shape[1])]
             arrays += [pa.array(rows.dense[:, j]) for j in range(rows.dense.shape[1])]
-            per_feature = list(zip(*_bags(chunk), strict=True))
-            for f, bags in enumerate(per_feature):
-                if multi[f]:
-                    arrays.append(pa.array([b.tolist() for b in bags], pa.list_(pa.int64())))
+            ends = np.cumsum(rows.lengths, axis=None).reshape(rows.lengths.shape)
+            for f in range(rows.lengths.shape[1]):
+                lengths = rows.lengths[:, f]
+                if multi[f]:  # list<int64> from (offsets, flat ids) without Python lists
+                    start_f = ends[:, f] - lengths
+                    take = np.repeat(start_f - (np.cumsum(lengths) - lengths), lengths)
+                    ids = rows.values[take + np.arange(int(lengths.sum()))]
+                    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+                    arrays.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)))
                 else:
-                    arrays.append(
-                        pa.array([int(b[0]) if b.size else None for b in bags], pa.int64())
-                    )
+                    ids = np.zeros(len(rows), dtype=np.int64)
+                    ids[lengths == 1] = rows.values[(ends[:, f] - 1)[lengths == 1]]
+                    arrays.append(pa.array(ids, mask=lengths == 0))
             table = pa.Table.from_arrays(arrays, schema=schema)
             writer.write_table(table, row_group_size=row_group_size)
     return n
