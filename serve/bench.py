@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
-from rec.serve.client import ScoreClient
+from rec.serve.client import ScoreClient, synthetic_rows
 from rec.serve.loadgen import Job, Outcome, run_job
 from rec.serve.repository import ServeError
 
@@ -149,7 +150,14 @@ def measure(pool, target: Target, sizes, batch, concurrency, rate, cfg: BenchCon
         for i, share in enumerate(shares)
     ]
     outcomes: list[Outcome] = list(pool.map(run_job, jobs))
-    return summarize(target, batch, concurrency, rate, outcomes)
+    row = summarize(target, batch, concurrency, rate, outcomes)
+    if rate and not cfg.requests:
+        # Open loop sends on a schedule: the window is the scheduled one, not first-to-last
+        # answer (which for few requests would inflate the rate).
+        row["window_s"] = cfg.duration_s
+        row["throughput_rps"] = row["ok"] / cfg.duration_s
+        row["throughput_samples_per_s"] = row["throughput_rps"] * batch
+    return row
 
 
 def points(cfg: BenchConfig) -> list[tuple[int, int, float]]:
@@ -157,6 +165,21 @@ def points(cfg: BenchConfig) -> list[tuple[int, int, float]]:
     out = [(b, c, 0.0) for b in cfg.batch_sizes for c in cfg.concurrency]
     out += [(b, max(cfg.concurrency), r) for b in cfg.batch_sizes for r in cfg.rates]
     return out
+
+
+def prime(target: Target, sizes: tuple[int, int], batch: int, requests: int = 5) -> None:
+    """A few requests of this batch size before the timed warm-up: TorchScript's profiling
+    executor re-optimizes on the first calls with a new shape (about a second each here),
+    which a short time-based warm-up at concurrency 1 would not absorb."""
+    client = ScoreClient(target.url, target.protocol, target.model)
+    prepared = client.prepare(synthetic_rows(*sizes, batch, seed=12345))
+    try:
+        for _ in range(requests):
+            client.send(prepared)
+    except (InferenceServerException, OSError):
+        pass  # a target that rejects these requests is measured (as errors), not primed
+    finally:
+        client.close()
 
 
 def bench_targets(pool, targets: list[Target], cfg: BenchConfig, log) -> list[dict]:
@@ -169,6 +192,7 @@ def bench_targets(pool, targets: list[Target], cfg: BenchConfig, log) -> list[di
         finally:
             client.close()
         for i, (batch, concurrency, rate) in enumerate(plan, start=1):
+            prime(target, sizes, batch)
             row = measure(pool, target, sizes, batch, concurrency, rate, cfg)
             rows.append(row)
             log(progress_line(i, len(plan), row))

@@ -1,0 +1,118 @@
+"""C++ server vs Triton (Python backend) on the same model.pt, same machine, in one run.
+
+For B = 1 and B = 256 samples per request, over HTTP and gRPC: throughput at saturation (the
+best of a closed-loop concurrency sweep) and p99 latency at a fixed offered load (open loop,
+latency from the scheduled send time). The servers run one at a time, each with one model
+instance and one torch thread (rec-server's defaults; rec.serve.triton uses the same).
+
+    .venv/bin/python benchmarks/serving_compare.py                  # default-config model
+    .venv/bin/python benchmarks/serving_compare.py --repo artifacts/demo/model_repository
+
+Without --repo it exports a seeded, untrained model of rec's default config (serving cost does
+not depend on the weights' values). Writes benchmarks/results/serving_compare.{json,png} and
+prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def seeded_default_repository(work: Path) -> Path:
+    """Exports a seeded model of the default config (a checkpoint written as training would)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from rec import run_dir
+    from rec.config import config_from_dict, default_config_dict
+    from rec.export.pipeline import export_run
+    from rec.model import TrainModel, build_model
+
+    data = default_config_dict()
+    data.setdefault("export", {})["eval_batches"] = 2  # verification only; keep export quick
+    cfg = config_from_dict(data)
+    torch.manual_seed(0)
+    model = TrainModel(build_model(cfg))
+    run = work / "run"
+    step = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(1)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(step))
+    (step / run_dir.META_FILE).write_text(json.dumps({"step": 1, "world_size": 1}))
+    (step / run_dir.COMMITTED_FILE).write_text("done\n")
+    (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text(step.name + "\n")
+    (run / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
+    repo = work / "model_repository"
+    export_run(run, repo, fmt="torchscript", log=lambda _m: None)
+    return repo
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| server | protocol | B | saturation throughput (samples/s) | at concurrency "
+        "| offered load (req/s) | p50 (ms) | p99 (ms) | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = dict.fromkeys((r["target"], r["batch"]) for r in rows)
+    for target, batch in keys:
+        mine = [r for r in rows if r["target"] == target and r["batch"] == batch]
+        closed = [r for r in mine if not r["offered_rps"]]
+        best = max(closed, key=lambda r: r["throughput_samples_per_s"])
+        fixed = next((r for r in mine if r["offered_rps"]), None)
+        lat = fixed["latency_ms"] if fixed else {"p50": None, "p99": None}
+        server, protocol = target.rsplit("-", 1)
+        fmt = lambda v: f"{v:.2f}" if v is not None else "-"  # noqa: E731
+        lines.append(
+            f"| {server} | {protocol} | {batch} | {best['throughput_samples_per_s']:,.0f} "
+            f"| {best['concurrency']} | {fixed['offered_rps'] if fixed else '-'} "
+            f"| {fmt(lat['p50'])} | {fmt(lat['p99'])} | {sum(r['errors'] for r in mine)} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from rec.serve.bench import BenchConfig, run_bench
+    from rec.serve.bench_plot import plot_results
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repo", type=Path, help="model repository (default: seeded default export)")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--rate-b1", type=float, default=200.0, help="fixed load for B=1, req/s")
+    p.add_argument("--rate-b256", type=float, default=10.0, help="fixed load for B=256, req/s")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--duration", type=float, default=4.0)
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--out", type=Path, default=RESULTS / "serving_compare")
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="rec-serving-bench-") as tmp:
+        repo = args.repo or seeded_default_repository(Path(tmp))
+        rows, meta = [], None
+        for batch, rate in ((1, args.rate_b1), (256, args.rate_b256)):
+            cfg = BenchConfig(
+                repo=repo,
+                batch_sizes=(batch,),
+                concurrency=tuple(int(c) for c in args.concurrency.split(",")),
+                rates=(rate,),
+                warmup_s=args.warmup,
+                duration_s=args.duration,
+                processes=args.processes,
+                output=Path(tmp) / f"b{batch}.json",
+                plot=None,
+            )
+            result = run_bench(cfg)
+            rows += result["results"]
+            meta = meta or result["meta"]
+    meta["repo"] = str(args.repo) if args.repo else "seeded default-config export"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    plot_results(rows, args.out.with_suffix(".png"))
+    print(table(rows))
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
