@@ -28,7 +28,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 from torch import nn
 from torchrec.fx import symbolic_trace
 from torchrec.inference.modules import quantize_inference_model
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEBC
+from torchrec.quant.embedding_modules import quant_prep_customize_row_alignment
 
 from rec.export.module import ServingModule
 
@@ -39,6 +41,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "fp32": torch.float32,
 }
+CPU_ROW_ALIGNMENT = 1
 TBE_LEAF = IntNBitTableBatchedEmbeddingBagsCodegen.__name__
 
 
@@ -48,6 +51,10 @@ def quantize(module: ServingModule, table_dtypes: dict[str, str]) -> ServingModu
     row, or fp16/fp32, in one FBGEMM IntNBitTableBatchedEmbeddingBagsCodegen. Returns `module`.
     """
     per_table = {name: TORCH_DTYPES[dtype] for name, dtype in table_dtypes.items()}
+    # TorchRec pads every TBE row to 16 bytes (GPU alignment); FBGEMM's own default for a host
+    # TBE is 1. Unpadded, an int8 row of dim 16 takes 20 bytes instead of 32 (0.31x fp32, not
+    # 0.5x); scores are bit-identical (tested).
+    quant_prep_customize_row_alignment(module, [EmbeddingBagCollection], CPU_ROW_ALIGNMENT)
     quantize_inference_model(module, per_table_weight_dtype=per_table)
     return module
 
