@@ -73,9 +73,9 @@ def test_round_trip_equals_synthetic(util, tmp_path, source):
 
 @pytest.mark.parametrize("source", ["criteo_tsv", "csv", "parquet"])
 def test_world_size_independent_with_start(util, tmp_path, source):
-    path = write(util, tmp_path, source, 3000)
+    path = write(util, tmp_path, source, 1500)
     src = make_source(config_for(util, source, source=source, train_paths=[path]), "train")
-    for start, drop_last in ((0, True), (1234, True), (1234, False)):
+    for start, drop_last in ((0, True), (1000, True), (1000, False)):
         one = util.collect(src, 60, 1, start=start, drop_last=drop_last)[0]
         for world in (2, 3):
             ranks = util.collect(src, 60 // world, world, start=start, drop_last=drop_last)
@@ -229,3 +229,53 @@ def test_criteo_needs_criteo_shape(util, tmp_path):
         write_criteo_tsv(
             util.criteo_config({"synthetic": {"max_hotness": 2}}), tmp_path / "x.tsv", 100
         )
+
+
+def test_criteo_hand_written_lines(util, tmp_path):
+    """Exact values: log1p(max(x, 0)) of integers and decimals, hex of any case and width."""
+    dense = ["-2", "3", "1.5", "", "0"] + ["7"] * 8
+    cats = ["68fd1e64", "", "ABCDEF", "ffffffffffffffff"] + ["1"] * 22
+    path = tmp_path / "day.tsv"
+    path.write_text("\t".join(["1", *dense, *cats]) + "\n" + "\t".join(["0.0", *dense, *cats]))
+    cfg = util.criteo_config({"source": "criteo_tsv", "train_paths": [str(path)]})
+    cfg.data.eval_paths = [str(path)]
+    b = next(make_source(cfg, "eval").batches(2, 0, 1))
+    want = np.log1p(np.array([0, 3, 1.5, 0, 0] + [7] * 8)).astype(np.float32)
+    assert np.array_equal(b.dense[0].numpy(), want) and torch.equal(b.dense[0], b.dense[1])
+    assert b.labels.tolist() == [[1.0], [0.0]]
+    assert b.lengths[0].tolist() == [1, 0] + [1] * 24
+    assert b.values[:4].tolist() == [0x68FD1E64, 0xABCDEF, -1, 1]
+    assert b.values.numel() == 50
+
+
+def test_criteo_multi_task_reads_leading_label_columns(util, tmp_path):
+    two = {"dense_arch": [8, 4], "over_arch": [8, 2]}
+    cfg = util.criteo_config(model=two)
+    path = tmp_path / "two.tsv"
+    write_criteo_tsv(cfg, path, 300)
+    with open(path) as f:
+        assert len(f.readline().split("\t")) == 41
+    cfg.data.source, cfg.data.train_paths, cfg.data.eval_paths = (
+        "criteo_tsv",
+        [str(path)],
+        [str(path)],
+    )
+    cfg.data.synthetic.train_samples = 300
+    got = list(make_source(cfg, "train").batches(100, 0, 1))
+    cfg.data.source = "synthetic"
+    want = list(make_source(cfg, "train").batches(100, 0, 1))
+    for a, b in zip(got, want, strict=True):
+        util.assert_same(a, b)
+    assert got[0].labels.shape == (100, 2)
+
+
+def test_csv_quoted_cells_and_other_delimiter(util, tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text(
+        'label;dense_0;dense_1;dense_2;cat_0;cat_1;cat_2;cat_3\n1;1;2;3;"a;b|c";5;"";7\n'
+    )
+    cfg = util.small_config({"source": "csv", "train_paths": [str(path)], "delimiter": ";"})
+    cfg.data.eval_paths = [str(path)]
+    b = next(make_source(cfg, "train").batches(1, 0, 1))
+    assert b.lengths.tolist() == [[2, 1, 0, 1]]
+    assert b.values.tolist() == [string_id("a;b"), string_id("c"), 5, 7]
