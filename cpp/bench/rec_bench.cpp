@@ -1,0 +1,191 @@
+// rec-bench: a low-overhead load generator for rec-server, and the in-process limit it is
+// compared with. Closed loop: each of --concurrency threads sends one request, waits for the
+// answer, and sends the next, over one keep-alive connection (HTTP) or channel (gRPC).
+//
+//   rec-bench forward --model-repository DIR --batch B [--concurrency C] [--seconds S]
+//   rec-bench http    --model-repository DIR --target H:P --batch B [--concurrency C] [--seconds S]
+//   rec-bench grpc    --model-repository DIR --target H:P --batch B [--concurrency C] [--seconds S]
+//
+// Prints one JSON object: requests/s, rows/s and latency percentiles in microseconds.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "bench_io.h"
+#include "grpc_service.grpc.pb.h"
+#include "model_spec.h"
+#include "torch_model.h"
+
+namespace rec::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// One request: returns false on failure.
+using RequestFn = std::function<bool()>;
+using ClientFactory = std::function<RequestFn(int thread)>;
+
+struct Options {
+  std::string mode, repository, model = "rec", target;
+  int64_t batch = 1;
+  int concurrency = 1;
+  double seconds = 5;
+};
+
+nlohmann::json RunClosedLoop(const Options& o, const ClientFactory& factory) {
+  std::atomic<bool> stop{false};
+  std::vector<std::vector<double>> latencies(static_cast<size_t>(o.concurrency));
+  std::atomic<int64_t> failures{0};
+  std::vector<std::thread> threads;
+  Clock::time_point start = Clock::now();
+  for (int t = 0; t < o.concurrency; ++t) {
+    threads.emplace_back([&, t] {
+      RequestFn send = factory(t);
+      for (int i = 0; i < 3; ++i) send();  // connect and warm up; not measured
+      while (!stop.load(std::memory_order_relaxed)) {
+        Clock::time_point t0 = Clock::now();
+        bool ok = send();
+        double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+        if (ok) {
+          latencies[static_cast<size_t>(t)].push_back(us);
+        } else {
+          failures++;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
+  stop = true;
+  for (auto& th : threads) th.join();
+  double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  std::vector<double> all;
+  for (auto& v : latencies) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  auto pct = [&](double p) {
+    return all.empty() ? 0.0 : all[std::min(all.size() - 1, static_cast<size_t>(p * all.size()))];
+  };
+  double rps = static_cast<double>(all.size()) / elapsed;
+  return {{"mode", o.mode},
+          {"batch", o.batch},
+          {"concurrency", o.concurrency},
+          {"requests", all.size()},
+          {"failures", failures.load()},
+          {"seconds", elapsed},
+          {"requests_per_s", rps},
+          {"rows_per_s", rps * static_cast<double>(o.batch)},
+          {"p50_us", pct(0.50)},
+          {"p90_us", pct(0.90)},
+          {"p99_us", pct(0.99)},
+          {"mean_us", all.empty() ? 0.0 : [&] {
+             double s = 0;
+             for (double x : all) s += x;
+             return s / static_cast<double>(all.size());
+           }()}};
+}
+
+ClientFactory ForwardClients(const ModelSpec& spec, std::shared_ptr<Runner> runner, int64_t batch) {
+  return [&spec, runner, batch](int t) -> RequestFn {
+    auto inputs = std::make_shared<std::vector<Tensor>>(RandomBatch(spec, batch, 1000 + t));
+    return [runner, inputs] {
+      std::vector<Tensor> outputs;
+      return runner->Run(*inputs, &outputs).ok();
+    };
+  };
+}
+
+ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
+  return [&o, &spec](int t) -> RequestFn {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.use_local_subchannel_pool", 1);  // one connection per thread
+    args.SetMaxReceiveMessageSize(-1);
+    auto channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+    auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
+        inference::GRPCInferenceService::NewStub(channel));
+    auto request = std::make_shared<inference::ModelInferRequest>();
+    request->set_model_name(o.model);
+    for (const Tensor& tensor : RandomBatch(spec, o.batch, 1000 + t)) {
+      auto* in = request->add_inputs();
+      in->set_name(tensor.name);
+      in->set_datatype(DataTypeName(tensor.dtype));
+      for (int64_t d : tensor.shape) in->add_shape(d);
+      request->add_raw_input_contents(tensor.data);
+    }
+    return [stub, request] {
+      grpc::ClientContext ctx;
+      inference::ModelInferResponse response;
+      return stub->ModelInfer(&ctx, *request, &response).ok();
+    };
+  };
+}
+
+ClientFactory HttpClients(const Options& o, const ModelSpec& spec) {
+  return [&o, &spec](int t) -> RequestFn {
+    auto conn = std::make_shared<HttpConnection>(o.target);
+    auto request = std::make_shared<std::string>(
+        HttpInferRequest(o.target, o.model, RandomBatch(spec, o.batch, 1000 + t)));
+    return [conn, request] { return conn->RoundTrip(*request) == 200; };
+  };
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  if (argc < 2) {
+    std::cerr << "usage: rec-bench forward|http|grpc --model-repository DIR [--target H:P]"
+                 " [--model NAME] [--batch B] [--concurrency C] [--seconds S]\n";
+    return 2;
+  }
+  o.mode = argv[1];
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--model-repository") o.repository = value;
+    if (flag == "--model") o.model = value;
+    if (flag == "--target") o.target = value;
+    if (flag == "--batch") o.batch = std::stoll(value);
+    if (flag == "--concurrency") o.concurrency = std::stoi(value);
+    if (flag == "--seconds") o.seconds = std::stod(value);
+  }
+  ModelSpec spec;
+  Status st = LoadModelSpec(o.repository + "/" + o.model, o.model, &spec);
+  if (!st.ok()) {
+    std::cerr << st.message() << "\n";
+    return 1;
+  }
+  ClientFactory factory;
+  std::shared_ptr<Runner> runner;
+  if (o.mode == "forward") {
+    int loaded = 0;
+    st = LoadFbgemmLibraries(DefaultFbgemmDir(), &loaded);
+    ConfigureTorchThreads(1);
+    std::string version = NewestVersion(o.repository + "/" + o.model);
+    if (st.ok()) {
+      st = LoadTorchModel(o.repository + "/" + o.model + "/" + version + "/model.pt", spec, version,
+                          &runner);
+    }
+    factory = ForwardClients(spec, runner, o.batch);
+  } else if (o.mode == "grpc") {
+    factory = GrpcClients(o, spec);
+  } else if (o.mode == "http") {
+    factory = HttpClients(o, spec);
+  } else {
+    st = InvalidArgument("unknown mode " + o.mode);
+  }
+  if (!st.ok()) {
+    std::cerr << st.message() << "\n";
+    return 1;
+  }
+  std::cout << RunClosedLoop(o, factory).dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace rec::bench
+
+int main(int argc, char** argv) { return rec::bench::Main(argc, argv); }
