@@ -34,6 +34,7 @@ import numpy as np
 
 from rec.batch import RecBatch
 from rec.config import RecConfig
+from rec.data.parse import log1p_dense
 from rec.data.source import DataSource, Plan, Rows
 
 CHUNK = 4096
@@ -164,11 +165,6 @@ def _coprime(rng: np.random.Generator, rows: int) -> int:
             return m
 
 
-def dense_from_counts(counts: np.ndarray) -> np.ndarray:
-    """Criteo's dense preprocessing, log1p(max(x, 0)), as f32; the TSV reader uses the same."""
-    return np.log1p(np.maximum(counts, 0).astype(np.float64)).astype(np.float32)
-
-
 def _pool(x: np.ndarray, lengths: np.ndarray, mean: np.ndarray) -> np.ndarray:
     """Per-bag sums (or means) of x [N, ...] over bags lengths [n, F] -> [n, F, ...]."""
     flat = lengths.ravel().astype(np.int64)
@@ -209,7 +205,7 @@ class Teacher:
             self.keys_u.append(rng.integers(0, 2**64, num_f, dtype=np.uint64))
         rng = np.random.default_rng([world.seed, _CALIBRATION_STREAM])
         lengths, values, feat, counts = world.sample(rng, _CALIBRATION_SAMPLES)
-        parts = self._parts(lengths, values, feat, dense_from_counts(counts))
+        parts = self._parts(lengths, values, feat, log1p_dense(counts))
         self.center = parts.mean(axis=0)  # [T, 3]
         std = parts.std(axis=0)
         # A part that does not vary (no pairs, no dense features) contributes nothing.
@@ -291,7 +287,7 @@ class SyntheticSource(DataSource):
             return self._cache[index]
         rng = np.random.default_rng(self._stream + [index])
         lengths, values, feat, counts = self.world.sample(rng, CHUNK)
-        dense = dense_from_counts(counts)
+        dense = log1p_dense(counts)
         probs = self.teacher.probs(lengths, values, feat, dense)
         labels = (rng.random(probs.shape) < probs).astype(np.float32)
         pos = np.arange(index * CHUNK, (index + 1) * CHUNK, dtype=np.int64)
