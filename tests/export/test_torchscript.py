@@ -87,3 +87,27 @@ def test_int8_bytes_at_dim_64():
     )
     for t in cfg.tables:
         assert storage[t.name]["bytes_stored"] <= 0.35 * t.rows * t.dim * 4
+
+
+def test_dlrm_dcn_exports_batch_invariant(tmp_path):
+    from rec.export.pipeline import export_run
+    from tests.export.conftest import write_seeded_run
+
+    data = tiny_dict()
+    data["model"]["arch"] = "dlrm_dcn"
+    run = write_seeded_run(tmp_path / "run", data)
+    result = export_run(run, tmp_path / "repo", log=lambda _: None)
+    checks = json.loads((result.models["torchscript"] / "rec.json").read_text())["verification"]
+    assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
+    # The per-sample cross net computes what TorchRec's LowRankCrossNet computes.
+    import copy
+
+    from rec.export.module import make_batch_invariant
+
+    loaded = load_run(run)
+    module = ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
+    request = random_request(NUM_DENSE, NUM_SPARSE, 50, seed=8)
+    with torch.no_grad():
+        want = module(*request)
+        got = make_batch_invariant(copy.deepcopy(module))(*request)
+    assert (got - want).abs().max().item() < 1e-5
