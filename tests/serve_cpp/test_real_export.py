@@ -1,0 +1,94 @@
+"""`rec train` -> `rec export` -> rec-server: the real artifact, scored number for number."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import yaml
+from server import Server
+from tiny_model import DATATYPES, INPUT_NAMES
+
+REC = str(Path(sys.executable).parent / "rec")
+
+# Small enough that training and export take seconds; the export still quantizes to int8 TBE.
+CONFIG = {
+    "tables": [
+        {"name": f"t{i}", "rows": rows, "dim": 8, "features": [f"cat_{i}"]}
+        for i, rows in enumerate([300, 500, 200, 400])
+    ],
+    "features": {"dense": 5},
+    "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+    "data": {"synthetic": {"train_samples": 2048, "eval_samples": 512}},
+    "training": {"batch_size": 64, "steps": 4, "eval_every": 4, "log_every": 2},
+    "checkpoint": {"every_steps": 4, "keep_last": 1},
+}
+
+
+def _rec(*args: str) -> None:
+    proc = subprocess.run(
+        [REC, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, f"rec {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("real_export")
+    (root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    _rec("train", "-c", str(root / "config.yaml"), "--run-dir", str(root / "run"), "--nproc", "1")
+    _rec("export", str(root / "run"), "--repo", str(root / "repo"), "--format", "torchscript")
+    return root / "repo"
+
+
+def _batch(manifest: dict, rows: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    dense, sparse = manifest["features"]["dense"], manifest["features"]["sparse"]
+    lengths = rng.integers(0, 4, size=(rows, len(sparse))).astype(np.int32)
+    return {
+        "dense_features": rng.standard_normal((rows, len(dense))).astype(np.float32),
+        "sparse_lengths": lengths,
+        "sparse_values": rng.integers(-(2**62), 2**62, size=int(lengths.sum()), dtype=np.int64),
+    }
+
+
+def _inputs(module, batch):
+    out = []
+    for name in INPUT_NAMES:
+        i = module.InferInput(name, list(batch[name].shape), DATATYPES[name])
+        i.set_data_from_numpy(batch[name])
+        out.append(i)
+    return out
+
+
+def test_exported_model_served_equals_in_process(exported):
+    model_dir = exported / "rec"
+    manifest = json.loads((model_dir / "rec.json").read_text())
+    torch.set_num_threads(1)
+    module = torch.jit.load(str(model_dir / "1" / "model.pt"))
+    server = Server(exported, "--model", "rec")
+    try:
+        for rows in (1, 3, 64):
+            batch = _batch(manifest, rows, seed=rows)
+            with torch.inference_mode():
+                want = module(*(torch.from_numpy(batch[k]) for k in INPUT_NAMES)).numpy()
+            with httpclient.InferenceServerClient(server.http) as c:
+                got = c.infer("rec", _inputs(httpclient, batch)).as_numpy("scores")
+                np.testing.assert_array_equal(got, want)
+            with grpcclient.InferenceServerClient(server.grpc) as c:
+                got = c.infer("rec", _inputs(grpcclient, batch)).as_numpy("scores")
+                np.testing.assert_array_equal(got, want)
+    finally:
+        assert server.stop() == 0
