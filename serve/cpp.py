@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from rec.serve.process import Endpoints, ServerProcess, launch, pick_ports, wait_until
-from rec.serve.repository import ServeError, load_model
+from rec.serve.repository import ServeError, list_models, load_model
 
 _READY = re.compile(r"^rec-server ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 # An editable install maps rec.serve to <checkout>/serve, so the build lies beside it.
@@ -50,10 +50,11 @@ def start_cpp(
 ) -> ServerProcess:
     """Starts rec-server on `repo` (its `model`, or all models) and returns once it is ready."""
     binary = find_cpp_server()
+    # One clear error here rather than in the server's log; without --model it serves them all.
     if model is not None:
-        load_model(repo, model)  # one clear error here rather than in the server's log
-    elif not Path(repo).is_dir():
-        raise ServeError(f"model repository {str(repo)!r} does not exist or is not a directory")
+        load_model(repo, model)
+    elif not list_models(repo):
+        raise ServeError(f"model repository {str(repo)!r} holds no model (<model>/config.pbtxt)")
     # Taken ports are reported here; 0 stays 0 so the server binds a free port itself.
     for port in (http_port, grpc_port, metrics_port):
         if port:

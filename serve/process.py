@@ -48,6 +48,8 @@ def pick_ports(host: str, ports: list[int]) -> list[int]:
         for port in ports:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             held.append(s)
+            # As servers bind: a port in TIME_WAIT after a restart is free; a listener is not.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError as e:

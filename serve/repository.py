@@ -72,7 +72,10 @@ def list_models(repo: Path) -> list[str]:
 
 
 def load_model(repo: Path, model: str | None = None) -> ServedModel:
-    """Resolves `model` (or the repository's only model) to a ServedModel, checking its files.
+    """Resolves `model` to a ServedModel, checking its files.
+
+    Without `model`: the repository's only TorchScript (pytorch_libtorch) model, so the ONNX
+    model export may write beside it (`rec_onnx`) does not make the choice ambiguous.
 
     Example:
         >>> m = load_model(Path("model_repository"))  # doctest: +SKIP
@@ -82,13 +85,14 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
     repo = Path(repo)
     names = list_models(repo)
     if model is None:
-        if len(names) != 1:
+        torchscript = [n for n in names if _maybe_torchscript(repo / n)]
+        if len(torchscript) != 1:
             found = ", ".join(names) if names else "none"
             raise ServeError(
-                f"model repository {str(repo)!r} must hold exactly one model when --model is "
-                f"not given (models with a config.pbtxt: {found})"
+                f"model repository {str(repo)!r} must hold exactly one pytorch_libtorch model "
+                f"when --model is not given (models with a config.pbtxt: {found})"
             )
-        model = names[0]
+        model = torchscript[0]
     model_dir = repo / model
     if model not in names:
         raise ServeError(
@@ -99,6 +103,14 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
     dense, sparse, num_tasks = _read_manifest(model_dir)
     _check_io(config, model_dir, len(dense), len(sparse), num_tasks)
     return ServedModel(model, model_dir, version, config, dense, sparse, num_tasks)
+
+
+def _maybe_torchscript(model_dir: Path) -> bool:
+    try:
+        config = parse_config((model_dir / "config.pbtxt").read_text())
+    except ServeError:
+        return True  # chosen, so that its parse error is what the user sees
+    return config.platform == "pytorch_libtorch" or config.backend == "pytorch"
 
 
 def _newest_version(model_dir: Path) -> int:

@@ -85,3 +85,14 @@ def test_invalid_repository_is_a_clear_error(tiny_repo, tmp_path, breakage, mess
 def test_missing_repository(tmp_path):
     with pytest.raises(ServeError, match="does not exist"):
         load_model(tmp_path / "nope")
+
+
+def test_default_model_is_the_torchscript_one(tiny_repo, tmp_path):
+    """An ONNX model beside the TorchScript one (as export may write) leaves the choice clear."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    (repo / "rec_onnx" / "1").mkdir(parents=True)
+    (repo / "rec_onnx" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    assert load_model(repo).name == "rec"
+    with pytest.raises(ServeError, match="no version directory with a model.pt"):
+        load_model(repo, "rec_onnx")
