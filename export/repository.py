@@ -7,7 +7,8 @@
 Everything is built in a staging directory inside <repo> (same filesystem) and moved into place
 with renames: a new model directory in one rename; a new version directory in one rename, then
 config.pbtxt and rec.json each replaced with os.replace. A crash leaves the old state or the new
-one plus a `.staging-*` directory that the next export removes; never a half-written version.
+one plus a `.staging-<pid>-*` directory that the next export removes; never a half-written
+version.
 
 ## Batching and Triton (the trade-off)
 
@@ -167,12 +168,24 @@ def triton_config(
 
 
 def staging_dir(repo: Path) -> Path:
-    """A fresh staging directory inside `repo`; stale ones from crashed exports are removed."""
+    """A fresh staging directory inside `repo`, named after this process. Staging directories
+    of processes that no longer run (crashed exports) are removed; live ones are left alone."""
     repo.mkdir(parents=True, exist_ok=True)
     for old in repo.glob(_STAGING_PREFIX + "*"):
-        if old.is_dir():
+        pid = old.name[len(_STAGING_PREFIX) :].split("-")[0]
+        if old.is_dir() and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=repo))
+    return Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=repo))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:

@@ -88,3 +88,19 @@ def test_cli_prints_one_line(tmp_path):
     assert result.output.strip().splitlines() == [
         f"error: run directory {str(tmp_path / 'missing')!r} does not exist"
     ]
+
+
+def test_stale_staging_is_removed_live_one_kept(tmp_path):
+    import os
+    import subprocess
+
+    from rec.export.repository import staging_dir
+
+    repo = tmp_path / "repo"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (repo / f".staging-{dead.pid}-x").mkdir(parents=True)
+    live = repo / f".staging-{os.getppid()}-y"
+    live.mkdir()
+    mine = staging_dir(repo)
+    assert sorted(p.name for p in repo.iterdir()) == sorted([live.name, mine.name])
