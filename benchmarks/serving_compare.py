@@ -90,7 +90,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="rec-serving-bench-") as tmp:
         repo = args.repo or seeded_default_repository(Path(tmp))
-        rows, meta = [], None
+        rows, meta, loads = [], None, []
         for batch, rate in ((1, args.rate_b1), (256, args.rate_b256)):
             cfg = BenchConfig(
                 repo=repo,
@@ -106,7 +106,12 @@ def main() -> None:
             result = run_bench(cfg)
             rows += result["results"]
             meta = meta or result["meta"]
+            loads.append(result["meta"]["load_average_1m"])
     meta["repo"] = str(args.repo) if args.repo else "seeded default-config export"
+    meta["load_average_1m"] = loads
+    meta["script_args"] = {k: str(v) for k, v in vars(args).items()}
+    meta["config"]["batch_sizes"] = [1, 256]
+    meta["config"]["rates"] = {"1": args.rate_b1, "256": args.rate_b256}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     plot_results(rows, args.out.with_suffix(".png"))

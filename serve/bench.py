@@ -204,6 +204,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     spawn = multiprocessing.get_context("spawn")  # grpc does not survive fork
     rows: list[dict] = []
     servers_used = []
+    load_before = os.getloadavg()  # other work on the machine skews results; recorded with them
     with concurrent.futures.ProcessPoolExecutor(cfg.processes, mp_context=spawn) as pool:
         list(pool.map(_ping, range(cfg.processes)))  # start the workers before measuring
         if cfg.targets:
@@ -212,7 +213,9 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             for backend in cfg.backends:
                 rows += _bench_backend(pool, backend, cfg, log)
                 servers_used.append(backend)
-    result = {"meta": _meta(cfg, servers_used), "results": rows}
+    meta = _meta(cfg, servers_used)
+    meta["load_average_1m"] = {"start": load_before[0], "end": os.getloadavg()[0]}
+    result = {"meta": meta, "results": rows}
     cfg.output.parent.mkdir(parents=True, exist_ok=True)
     cfg.output.write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {cfg.output}")
