@@ -117,3 +117,12 @@ def test_versions_force_and_overrides(tmp_path):
         "config.pbtxt",
         "rec.json",
     ]
+
+
+def test_onnx_only(tmp_path, seeded_run):
+    result = export_run(seeded_run, tmp_path / "repo", fmt="onnx", quantize="int4", **quiet)
+    assert sorted(result.models) == ["onnx"]
+    m = json.loads((result.models["onnx"] / "rec.json").read_text())
+    assert m["verification"]["onnx_runtime_vs_source_max_abs_diff"] < 1e-5
+    assert {t["stored_dtype"] for t in m["tables"]} == {"int4"}
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["rec_onnx"]
