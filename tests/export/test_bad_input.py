@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -104,3 +105,17 @@ def test_stale_staging_is_removed_live_one_kept(tmp_path):
     live.mkdir()
     mine = staging_dir(repo)
     assert sorted(p.name for p in repo.iterdir()) == sorted([live.name, mine.name])
+
+
+def test_missing_eval_data_skips_quality_only(run, tmp_path):
+    def edit(data):
+        data["data"]["source"] = "csv"
+        data["data"]["train_paths"] = [str(tmp_path / "gone" / "*.csv")]
+
+    edit_config(run, edit)
+    lines = []
+    result = export_run(run, tmp_path / "repo", log=lines.append)
+    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    assert "skipped" in manifest["verification"]["eval"]
+    assert manifest["verification"]["torchscript_reload_identical"] is True
+    assert any(line.startswith("warning: no held-out data") for line in lines)
