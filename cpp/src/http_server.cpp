@@ -302,7 +302,8 @@ Status HttpServer::Start() {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(options_.port));
-  if (inet_pton(AF_INET, options_.host.c_str(), &addr.sin_addr) != 1) {
+  std::string host = options_.host == "localhost" ? "127.0.0.1" : options_.host;
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     return InvalidArgument("bad --host '" + options_.host + "' (an IPv4 address is expected)");
   }
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||

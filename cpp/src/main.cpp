@@ -36,6 +36,15 @@ std::unique_ptr<grpc::Server> StartGrpc(const rec::ServerOptions& o, rec::GrpcAp
   return builder.BuildAndStart();
 }
 
+// Stops accepting, then lets every accepted request finish: protocol servers first (the batchers
+// still run and answer them), then the batchers.
+void Drain(rec::HttpServer* http, grpc::Server* grpc_server, rec::ModelManager* models) {
+  http->StopAccepting();
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  http->Stop(10000);
+  models->Shutdown();
+}
+
 // Blocks SIGTERM and SIGINT in every thread started after this, so sigwait() in main sees them.
 sigset_t BlockShutdownSignals() {
   sigset_t set;
@@ -102,10 +111,7 @@ int Serve(const rec::ServerOptions& o) {
                ": finishing in-flight requests");
   api.SetShuttingDown();
   grpc_api.SetShuttingDown();
-  http.StopAccepting();
-  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  http.Stop(10000);  // every accepted request answered (the batchers still run)
-  models.Shutdown();
+  Drain(&http, grpc_server.get(), &models);
   metrics_http.Stop(0);
   rec::LogInfo("shutdown complete");
   return 0;

@@ -19,10 +19,10 @@ Status ParseInt(const std::string& flag, const std::string& text, int64_t min, i
   return Status::Ok();
 }
 
-}  // namespace
+using Setter = std::function<Status(const std::string&, const std::string&)>;
 
-Status ParseOptions(int argc, char** argv, ServerOptions* o) {
-  using Setter = std::function<Status(const std::string&, const std::string&)>;
+// Flags that take a value, each with the field it sets.
+std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
   auto str = [](std::string* field) -> Setter {
     return [field](const std::string&, const std::string& v) {
       *field = v;
@@ -41,7 +41,7 @@ Status ParseOptions(int argc, char** argv, ServerOptions* o) {
       return Status::Ok();
     };
   };
-  const std::map<std::string, Setter> with_value = {
+  return {
       {"--model-repository", str(&o->model_repository)},
       {"--model", str(&o->model)},
       {"--model-version", i64(&o->model_version, 0, INT64_MAX)},
@@ -58,6 +58,12 @@ Status ParseOptions(int argc, char** argv, ServerOptions* o) {
       {"--fbgemm-lib-dir", str(&o->fbgemm_lib_dir)},
       {"--poll-repository-s", i32(&o->poll_repository_s, 0, 86400)},
   };
+}
+
+}  // namespace
+
+Status ParseOptions(int argc, char** argv, ServerOptions* o) {
+  const std::map<std::string, Setter> with_value = ValueFlags(o);
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
