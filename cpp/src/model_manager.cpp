@@ -118,9 +118,14 @@ Status ModelManager::Reload(const std::string& name) {
   std::shared_ptr<Runner> runner;
   Status st = LoadTorchModel(path, entry->spec(), version, &runner);
   if (!st.ok()) {
-    LogError("load of model '" + name + "' version " + version + " failed: " + st.message());
+    // Polling retries a broken version every interval; say so once, not every time.
+    std::string line =
+        "load of model '" + name + "' version " + version + " failed: " + st.message();
+    if (last_error_[name] != line) LogError(line);
+    last_error_[name] = line;
     return st;
   }
+  last_error_.erase(name);
   entry->Swap(runner);
   metrics_->SetVersion(name, version);
   if (current) {

@@ -73,6 +73,7 @@ class ModelManager {
   Metrics* metrics_;
   std::map<std::string, std::unique_ptr<ModelEntry>> models_;  // fixed after LoadAll
   std::mutex reload_mu_;
+  std::map<std::string, std::string> last_error_;  // per model, under reload_mu_
   std::mutex poll_mu_;
   std::condition_variable poll_cv_;
   bool stopping_ = false;

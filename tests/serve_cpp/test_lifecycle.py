@@ -188,3 +188,28 @@ def test_unbatched_config_and_pinned_version(tmp_path):
             np.testing.assert_array_equal(result.as_numpy("scores"), Reference(v1)(batch))
     finally:
         assert s.stop() == 0
+
+
+def test_broken_new_version_keeps_the_old_one(tmp_path):
+    write_model(tmp_path, version=1, seed=0)
+    s = Server(tmp_path, "--poll-repository-s", "1")
+    try:
+        (tmp_path / "rec" / "2").mkdir()
+        (tmp_path / "rec" / "2" / "model.pt").write_bytes(b"not a TorchScript archive")
+        time.sleep(3.5)  # at least two polls
+        batch = make_batch(2, seed=3)
+        with httpclient.InferenceServerClient(s.http) as c:
+            result = c.infer("rec", infer_inputs(httpclient, batch))
+            assert result.get_response()["model_version"] == "1"
+            assert s.stderr().count("load of model 'rec' version 2 failed") == 1
+            v3 = write_model(tmp_path, version=3, seed=3)
+            deadline = time.monotonic() + 20
+            version = "1"
+            while version != "3" and time.monotonic() < deadline:
+                time.sleep(0.2)
+                result = c.infer("rec", infer_inputs(httpclient, batch))
+                version = result.get_response()["model_version"]
+            assert version == "3"
+            np.testing.assert_array_equal(result.as_numpy("scores"), Reference(v3)(batch))
+    finally:
+        assert s.stop() == 0
