@@ -8,7 +8,8 @@ namespace rec {
 Batcher::Batcher(const ModelSpec& spec, BatcherOptions options, RunnerSource current_runner,
                  ModelStats* stats)
     : spec_(spec), options_(options), current_runner_(std::move(current_runner)), stats_(stats) {
-  for (int i = 0; i < std::max(1, options_.executor_threads); ++i) {
+  int threads = options_.executor_threads > 0 ? options_.executor_threads : spec_.instance_count;
+  for (int i = 0; i < std::max(1, threads); ++i) {
     threads_.emplace_back([this] { ExecutorLoop(); });
   }
 }

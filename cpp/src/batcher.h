@@ -31,7 +31,7 @@ struct InferResult {
 using InferCallback = std::function<void(InferResult&&)>;
 
 struct BatcherOptions {
-  int executor_threads = 1;
+  int executor_threads = 1;        // 0: spec.instance_count
   size_t max_queue_size = 1024;    // requests waiting; beyond it Enqueue fails at once
   int64_t request_timeout_us = 0;  // a request still queued after this fails; 0 = no limit
 };

@@ -2,6 +2,7 @@
 
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -158,6 +159,9 @@ Status ParseModelSpec(const std::string& config_text, const std::string& model_n
   spec->name = model_name;
   spec->max_batch_size = c.max_batch_size();
   spec->dynamic_batching = c.has_dynamic_batching();
+  int instances = 0;
+  for (const auto& group : c.instance_group()) instances += std::max(1, group.count());
+  spec->instance_count = std::clamp(instances, 1, 64);
   spec->max_queue_delay_us =
       static_cast<int64_t>(c.dynamic_batching().max_queue_delay_microseconds());
   spec->preferred_batch_sizes.assign(c.dynamic_batching().preferred_batch_size().begin(),

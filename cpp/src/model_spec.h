@@ -35,6 +35,7 @@ struct ModelSpec {
   int64_t max_queue_delay_us = 0;
   std::vector<int64_t> preferred_batch_sizes;
   bool dynamic_batching = false;
+  int instance_count = 1;      // sum of instance_group counts
   std::vector<IoSpec> inputs;  // in the order the model's forward takes them
   std::vector<IoSpec> outputs;
   // The jagged pair: per-sample lengths (INT32 [B, F]) and the ids they count (ragged INT64).

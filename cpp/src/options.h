@@ -17,7 +17,7 @@ struct ServerOptions {
   int grpc_port = 8001;
   int metrics_port = 8002;
   int http_threads = 1;
-  int executor_threads = 1;
+  int executor_threads = 0;  // 0: the model's instance_group count
   int intra_op_threads = 1;
   int64_t max_queue_size = 1024;
   int64_t request_timeout_ms = 0;
