@@ -79,6 +79,7 @@ def load_run(
         CheckpointMismatchError: the config's tables or layers differ from the checkpoint's.
     """
     step_dir = run_dir.resolve_checkpoint(run, checkpoint)
+    run_dir.verify_checkpoint(step_dir)
     cfg = cfg if cfg is not None else load_config(Path(run) / run_dir.CONFIG_FILE)
     torch.manual_seed(0)  # only fixes the init that the checkpoint then overwrites
     wrapper = TrainModel(build_model(cfg))

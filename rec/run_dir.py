@@ -14,6 +14,7 @@ model weights are under "model.model.<DLRM key>", e.g.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -100,3 +101,49 @@ def resolve_checkpoint(run: str | Path, checkpoint: str | None = None) -> Path:
 
 def read_meta(step_dir: Path) -> dict[str, Any]:
     return json.loads((Path(step_dir) / META_FILE).read_text())
+
+
+class CorruptCheckpointError(RunDirError):
+    """A shard file of a committed checkpoint is missing, truncated or altered."""
+
+
+def shard_files(step_dir: Path) -> list[Path]:
+    """The files a torch.distributed.checkpoint directory consists of (.metadata and shards)."""
+    step_dir = Path(step_dir)
+    return sorted([*step_dir.glob("*.distcp"), step_dir / ".metadata"])
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"bytes": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def verify_checkpoint(step_dir: Path) -> None:
+    """Checks every shard against the sizes and digests recorded in meta.json at save time.
+
+    torch.distributed.checkpoint stores no checksums, and a truncated shard otherwise fails
+    deep inside torch.load with "failed finding central directory", naming no file.
+    Raises CorruptCheckpointError naming the file.
+    """
+    step_dir = Path(step_dir)
+    recorded = read_meta(step_dir).get("files") if (step_dir / META_FILE).is_file() else None
+    if not recorded:
+        return  # written before digests were recorded: nothing to compare against
+    for name, want in recorded.items():
+        path = step_dir / name
+        if not path.is_file():
+            raise CorruptCheckpointError(f"checkpoint shard {str(path)!r} is missing")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise CorruptCheckpointError(
+                f"checkpoint shard {str(path)!r} has {size} bytes, {want['bytes']} were written "
+                "(truncated or replaced)"
+            )
+        if file_digest(path)["sha256"] != want["sha256"]:
+            raise CorruptCheckpointError(
+                f"checkpoint shard {str(path)!r} does not match the sha256 recorded when it was "
+                "written (corrupted)"
+            )

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from rec import run_dir
 from rec.config import CheckpointConfig
@@ -69,8 +69,10 @@ class Checkpointer:
         t0 = time.perf_counter()
         dcp.save(state, checkpoint_id=str(step_dir))
         _barrier()
+        files = _digests(step_dir)
         if self.rank == 0:
-            meta = {**meta, "step": step, "save_seconds": round(time.perf_counter() - t0, 3)}
+            meta = {**meta, "step": step, "save_seconds": round(time.perf_counter() - t0, 3),
+                    "files": files}  # fmt: skip
             _fsync_write(step_dir / run_dir.META_FILE, json.dumps(meta, indent=2) + "\n")
             _fsync_write(step_dir / run_dir.COMMITTED_FILE, f"{time.time()}\n")
             _fsync_write(self.root / run_dir.LATEST_FILE, step_dir.name + "\n")
@@ -88,12 +90,29 @@ class Checkpointer:
 
     @staticmethod
     def load(step_dir: Path, state: dict[str, Any]) -> None:
-        """Loads `step_dir` into `state` in place, resharding to the current world size."""
+        """Loads `step_dir` into `state` in place, resharding to the current world size.
+
+        Raises rec.run_dir.CorruptCheckpointError naming a damaged shard, CheckpointError else.
+        """
+        run_dir.verify_checkpoint(step_dir)
         try:
             dcp.load(state, checkpoint_id=str(step_dir))
-        except Exception as e:  # DCP wraps per-rank failures; keep the cause, name the dir
-            raise CheckpointError(f"cannot load checkpoint {str(step_dir)!r}: {e}") from e
+        # DCP's CheckpointException derives from BaseException, not Exception.
+        except (Exception, CheckpointException) as e:
+            failures = getattr(e, "failures", None)  # rank -> the exception that rank hit
+            cause = next(iter(failures.values())) if failures else e
+            raise CheckpointError(
+                f"cannot load checkpoint {str(step_dir)!r}: {type(cause).__name__}: {cause}"
+            ) from e
 
 
-def rng_state() -> torch.Tensor:
-    return torch.get_rng_state()
+def _digests(step_dir: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every checkpoint file; the ranks hash a share each, in parallel."""
+    files = run_dir.shard_files(step_dir)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = {p.name: run_dir.file_digest(p) for p in files[rank::world]}
+    if world == 1:
+        return mine
+    gathered: list[dict[str, Any]] = [{} for _ in range(world)]
+    dist.all_gather_object(gathered, mine)
+    return {k: v for part in gathered for k, v in part.items()}

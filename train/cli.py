@@ -44,10 +44,13 @@ import click
 )
 def train_command(config, run_dir, nproc, resume, max_restarts) -> None:
     """Train with TorchRec DistributedModelParallel on NPROC local ranks."""
-    from rec.train.launch import train
+    from rec.train.launch import TrainingFailedError, train
 
-    run = train(config, resume or run_dir, nproc, resume=resume is not None,
-                max_restarts=max_restarts)  # fmt: skip
+    try:
+        run = train(config, resume or run_dir, nproc, resume=resume is not None,
+                    max_restarts=max_restarts)  # fmt: skip
+    except TrainingFailedError as e:
+        raise click.ClickException(str(e)) from None
     click.echo(f"run directory: {run}")
 
 

@@ -34,6 +34,28 @@ def pick_device(cfg: TrainingConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _restart_scoped_store(timeout: timedelta) -> dist.Store | None:
+    """After an elastic restart, a store whose keys belong to this attempt alone.
+
+    With the c10d rendezvous the workers of every attempt share the agent's TCPStore, and gloo
+    found the dead attempt's peer addresses there: the restarted ranks failed with "Gloo
+    connectFullMesh failed ... Connection refused". Prefixing by attempt keeps them apart.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or "MASTER_ADDR" not in os.environ:
+        return None
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        host_name=os.environ["MASTER_ADDR"],
+        port=int(os.environ["MASTER_PORT"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        is_master=not agent_hosts and os.environ["RANK"] == "0",
+        timeout=timeout,
+        multi_tenant=not agent_hosts,
+    )
+    return dist.PrefixStore(f"rec/attempt_{restart}/", store)
+
+
 def init_distributed(cfg: TrainingConfig) -> DistContext:
     """Joins the process group the launcher describes (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
@@ -51,7 +73,18 @@ def init_distributed(cfg: TrainingConfig) -> DistContext:
         cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     )
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=cfg.pg_timeout_s))
+        timeout = timedelta(seconds=cfg.pg_timeout_s)
+        store = _restart_scoped_store(timeout)
+        if store is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend=backend,
+                store=store,
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+                timeout=timeout,
+            )
     return DistContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),

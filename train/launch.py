@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from rec import run_dir
@@ -16,6 +19,10 @@ from rec.config import RecConfig, load_config
 
 class RunDirExistsError(FileExistsError):
     pass
+
+
+class TrainingFailedError(RuntimeError):
+    """A rank failed (after any restarts); the message is that rank's own error."""
 
 
 def _free_port() -> int:
@@ -60,11 +67,23 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0) -> None:
         rdzv_endpoint=f"127.0.0.1:{_free_port()}",
         max_restarts=max_restarts,
         monitor_interval=0.5,
+        # A log dir (not /dev/null) gives each rank an error file, so a failure reports the
+        # rank's exception rather than "exitcode 1". Output still goes to the terminal.
+        logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="rec-train-")),
     )
     args = ["-m", "rec.train.worker", "--run-dir", str(run)]
     if resume:
         args.append("--resume")
-    elastic_launch(config, entrypoint=sys.executable)(*args)
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(*args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        if not message or failure.error_file_data == {}:
+            message = f"exit code {failure.exitcode} (see the rank's output above)"
+        raise TrainingFailedError(f"rank {rank} failed: {message}") from None
 
 
 def train(

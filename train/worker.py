@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from rec import run_dir
 from rec.config import load_config
@@ -26,6 +27,7 @@ def _quiet_known_noise() -> None:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
+@record  # the launcher reports this rank's exception text instead of "exitcode 1"
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rec.train.worker")
     parser.add_argument("--run-dir", required=True, type=Path)

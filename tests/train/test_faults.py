@@ -1,0 +1,107 @@
+"""Training faults with real processes: a killed rank, a torn checkpoint, a damaged shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rec import run_dir
+from tests.helpers import REC, run_rec, write_config
+
+
+def _worker_pids(run: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"rec.train.worker --run-dir {run}"],
+                         capture_output=True, text=True)  # fmt: skip
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_sigkill_of_one_rank_resumes_from_latest_and_finishes(tmp_path, tiny_config):
+    tiny_config["training"].update(steps=120, eval_every=0, log_every=10)
+    tiny_config["checkpoint"]["every_steps"] = 20
+    path = write_config(tmp_path / "cfg.yaml", tiny_config)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [REC, "train", "--config", str(path), "--run-dir", str(run), "--nproc", "2",
+           "--max-restarts", "1"]  # fmt: skip
+    log = tmp_path / "train.log"  # a file, not a pipe: nobody drains a pipe while we wait
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while run_dir.latest_checkpoint(run) is None and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        killed_after = run_dir.latest_checkpoint(run)
+        assert killed_after is not None, "no checkpoint was committed in time"
+        pids = _worker_pids(run)
+        assert len(pids) == 2
+        os.kill(pids[1], signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    out = log.read_text()
+    assert proc.returncode == 0, out
+    assert "resumed from" in out
+    latest = run_dir.latest_checkpoint(run)
+    assert latest.name == "step_120"
+    assert run_dir.read_meta(latest)["step"] == 120
+    train = [json.loads(x) for x in (run / run_dir.METRICS_FILE).read_text().splitlines()]
+    steps = [m["step"] for m in train if m["kind"] == "train"]
+    assert steps[-1] == 120
+    # After the restart the log goes on from a committed step, not from step 0.
+    resumed_at = int(killed_after.name.split("_")[1])
+    restarts = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    assert all(steps[i] > resumed_at for i in restarts), steps
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from tests.helpers import TINY
+
+    tmp = tmp_path_factory.mktemp("faults")
+    cfg = json.loads(json.dumps(TINY))
+    cfg["training"].update(steps=20, eval_every=0)
+    cfg["checkpoint"]["every_steps"] = 10
+    run = tmp / "run"
+    run_rec("train", "--config", str(write_config(tmp / "cfg.yaml", cfg)), "--run-dir", str(run))
+    return run
+
+
+def test_torn_checkpoint_is_ignored_by_resume(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    torn = run_dir.checkpoints_dir(run) / "step_30"
+    shutil.copytree(run_dir.checkpoints_dir(run) / "step_20", torn)
+    (torn / run_dir.COMMITTED_FILE).unlink()  # killed before the commit marker
+    (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_30\n")
+    assert run_dir.latest_checkpoint(run).name == "step_20"
+    cfg = run / run_dir.CONFIG_FILE
+    cfg.write_text(cfg.read_text().replace("steps: 20", "steps: 30"))
+    out = run_rec("train", "--resume", str(run), "--nproc", "1").stdout
+    assert "at step 20" in out
+    assert run_dir.latest_checkpoint(run).name == "step_30"
+    assert run_dir.is_committed(torn)  # rewritten whole by the resumed run
+
+
+def test_truncated_shard_stops_resume_with_the_file_named(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    latest = run_dir.latest_checkpoint(run)
+    shard = latest / "__1_0.distcp"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    before = sorted(p.name for p in latest.iterdir())
+    cfg = run / run_dir.CONFIG_FILE
+    cfg.write_text(cfg.read_text().replace("steps: 20", "steps: 30"))
+    proc = run_rec("train", "--resume", str(run), "--nproc", "1", check=False)
+    assert proc.returncode != 0
+    assert "__1_0.distcp" in proc.stdout
+    assert sorted(p.name for p in latest.iterdir()) == before  # nothing overwritten
+    assert run_dir.latest_checkpoint(run) == latest
