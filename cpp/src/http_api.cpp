@@ -33,11 +33,21 @@ HttpResponse Empty(int status) {
   return r;
 }
 
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decoding; a malformed escape is kept as it is.
 std::string UrlDecode(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size()) {
-      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+    int hi = i + 2 < s.size() && s[i] == '%' ? HexDigit(s[i + 1]) : -1;
+    int lo = hi >= 0 ? HexDigit(s[i + 2]) : -1;
+    if (lo >= 0) {
+      out += static_cast<char>(hi * 16 + lo);
       i += 2;
     } else {
       out += s[i];

@@ -160,6 +160,9 @@ def test_malformed_http(server):
         )
         status, reply = _raw_http(server.http, req + body)
         assert status == 400 and expected in json.loads(reply)["error"]
+    for path, want in [(b"/v2/models/%zz/ready", 404), (b"/v2/models/re%63/ready", 200)]:
+        req = b"GET " + path + b" HTTP/1.1\r\nConnection: close\r\n\r\n"
+        assert _raw_http(server.http, req)[0] == want
     status, reply = _raw_http(server.http, b"GET /v2/nothing HTTP/1.1\r\nConnection: close\r\n\r\n")
     assert status == 404 and "error" in json.loads(reply)
     req = (
