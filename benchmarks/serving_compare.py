@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# cpp/'s closed-loop C++ client: far less client CPU per request than Python, which on a
+# 2-core machine otherwise caps what either server can show at B=1.
+REC_BENCH = Path(__file__).resolve().parent.parent / "build" / "cpp" / "rec-bench"
 
 
 def seeded_default_repository(work: Path) -> Path:
@@ -50,6 +54,40 @@ def seeded_default_repository(work: Path) -> Path:
     return repo
 
 
+def rec_bench_point(repo: Path, grpc_url: str, batch: int, concurrency: int, seconds: float):
+    argv = [str(REC_BENCH), "grpc", "--model-repository", str(repo), "--target", grpc_url]
+    argv += ["--batch", str(batch), "--concurrency", str(concurrency), "--seconds", str(seconds)]
+    out = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    return {
+        "client": "rec-bench",
+        "batch": batch,
+        "concurrency": concurrency,
+        "ok": out["requests"],
+        "errors": out["failures"],
+        "throughput_rps": out["requests_per_s"],
+        "throughput_samples_per_s": out["rows_per_s"],
+        "latency_ms": {"p50": out["p50_us"] / 1e3, "p99": out["p99_us"] / 1e3},
+    }
+
+
+def rec_bench_rows(repo: Path, batches, concurrency, seconds: float) -> list[dict]:
+    """gRPC closed-loop sweep of both servers with rec-bench (its HTTP dialect is rec-server's
+    only: every request fails against Triton), one server at a time. No p95/p99.9."""
+    from rec.serve.launch import ServeConfig, start_server
+
+    rows = []
+    for backend in ("cpp", "triton"):
+        with start_server(ServeConfig(repo, backend, None, "127.0.0.1", 0, 0, 0)) as server:
+            for batch in batches:
+                for c in concurrency:
+                    row = rec_bench_point(repo, server.endpoints.grpc, batch, c, seconds)
+                    rows.append({"target": f"{backend}-grpc", **row})
+                    print(f"rec-bench {backend}-grpc B={batch} c={c}: "
+                          f"{row['throughput_samples_per_s']:,.0f} samples/s "
+                          f"p99 {row['latency_ms']['p99']:.2f} ms", flush=True)  # fmt: skip
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| server | protocol | B | saturation throughput (samples/s) | at concurrency "
@@ -69,6 +107,20 @@ def table(rows: list[dict]) -> str:
             f"| {server} | {protocol} | {batch} | {best['throughput_samples_per_s']:,.0f} "
             f"| {best['concurrency']} | {fixed['offered_rps'] if fixed else '-'} "
             f"| {fmt(lat['p50'])} | {fmt(lat['p99'])} | {sum(r['errors'] for r in mine)} |"
+        )
+    return "\n".join(lines)
+
+
+def client_table(rows: list[dict]) -> str:
+    lines = [
+        "| server | B | concurrency | samples/s | p50 (ms) | p99 (ms) | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['target'].rsplit('-', 1)[0]} | {r['batch']} | {r['concurrency']} "
+            f"| {r['throughput_samples_per_s']:,.0f} | {r['latency_ms']['p50']:.2f} "
+            f"| {r['latency_ms']['p99']:.2f} | {r['errors']} |"
         )
     return "\n".join(lines)
 
@@ -107,15 +159,22 @@ def main() -> None:
             rows += result["results"]
             meta = meta or result["meta"]
             loads.append(result["meta"]["load_average_1m"])
+        cpp_client = []
+        if REC_BENCH.is_file():
+            sweep = tuple(int(c) for c in args.concurrency.split(","))
+            cpp_client = rec_bench_rows(repo, (1, 256), sweep, args.duration)
     meta["repo"] = str(args.repo) if args.repo else "seeded default-config export"
     meta["load_average_1m"] = loads
     meta["script_args"] = {k: str(v) for k, v in vars(args).items()}
     meta["config"]["batch_sizes"] = [1, 256]
     meta["config"]["rates"] = {"1": args.rate_b1, "256": args.rate_b256}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    result = {"meta": meta, "results": rows, "results_rec_bench_client": cpp_client}
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     plot_results(rows, args.out.with_suffix(".png"))
     print(table(rows))
+    if cpp_client:
+        print("\nWith rec-bench (C++ client), gRPC, closed loop:\n" + client_table(cpp_client))
     print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
 
 

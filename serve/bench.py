@@ -132,21 +132,23 @@ def measure(pool, target: Target, sizes, batch, concurrency, rate, cfg: BenchCon
     procs = min(cfg.processes, concurrency)
     shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
     start_at = time.monotonic() + 0.2  # every worker is already running; this aligns their windows
+    per_process = -(-cfg.requests // procs) if cfg.requests else 0  # ceil: at least requests
     jobs = [
         Job(
-            target.url,
-            target.protocol,
-            target.model,
-            *sizes,
-            batch,
-            share,
-            rate * share / concurrency,
-            start_at,
-            cfg.warmup_s,
-            cfg.duration_s,
-            -(-cfg.requests // procs) if cfg.requests else 0,
-            cfg.seed + i,
-        )  # fmt: skip
+            url=target.url,
+            protocol=target.protocol,
+            model=target.model,
+            num_dense=sizes[0],
+            num_sparse=sizes[1],
+            batch=batch,
+            in_flight=share,
+            rate=rate * share / concurrency,
+            start_at=start_at,
+            warmup_s=cfg.warmup_s,
+            duration_s=cfg.duration_s,
+            max_requests=per_process,
+            seed=cfg.seed + i,
+        )
         for i, share in enumerate(shares)
     ]
     outcomes: list[Outcome] = list(pool.map(run_job, jobs))
