@@ -54,6 +54,13 @@ class Trainer:
         self.pos = Position()
         self.train_source = make_source(cfg, "train")
         self.eval_source = make_source(cfg, "eval")
+        if self.eval_source.num_samples() < self.global_batch:
+            # Every rank must run the same number of sharded forwards, so evaluation uses whole
+            # global batches and drops the tail of the held-out split.
+            raise ValueError(
+                f"the held-out split has {self.eval_source.num_samples()} samples, fewer than one "
+                f"global batch ({self.batch_size} x {ctx.world_size} ranks)"
+            )
         self._build_model()
         self.checkpointer = Checkpointer(run, cfg.checkpoint, ctx.rank)
 
@@ -152,8 +159,7 @@ class Trainer:
             batches = itertools.islice(batches, self.cfg.training.eval_batches)
         self.dmp.eval()
         try:
-            while True:
-                _, logits, labels = self.pipeline.progress(batches)
+            for _, logits, labels in self._eval_outputs(batches):
                 per_sample = torch.nn.functional.binary_cross_entropy_with_logits(
                     logits, labels, reduction="none"
                 )
@@ -161,8 +167,6 @@ class Trainer:
                 probs = torch.sigmoid(logits)
                 for t, auc in enumerate(aucs):
                     auc.update(probs[:, t], labels[:, t].long())
-        except StopIteration:
-            pass
         finally:
             self.dmp.train()
         out = {"auc": float(aucs[0].compute())}
@@ -170,6 +174,22 @@ class Trainer:
             out[f"auc_task{t}"] = float(aucs[t].compute())
         out["logloss"] = float(logloss.compute())
         return out
+
+    def _eval_outputs(self, batches: Iterator[Batch]) -> Iterator[tuple[torch.Tensor, ...]]:
+        """(loss, logits, labels) per held-out batch.
+
+        TrainPipelineSparseDist rewrites the sharded modules' forward, so evaluation must go
+        through it (it drains and restarts on a new iterator); the plain pipeline caches the
+        training iterator it was connected to, so there the model is called directly.
+        """
+        if isinstance(self.pipeline, TrainPipelineSparseDist):
+            while True:
+                try:
+                    yield self.pipeline.progress(batches)
+                except StopIteration:
+                    return
+        for batch in batches:
+            yield self.dmp(batch.to(self.ctx.device))[1]
 
     # ---- the loop ---------------------------------------------------------------------------
     def _boundaries(self, total: int) -> list[int]:
