@@ -69,6 +69,7 @@ def finished_run(tmp_path_factory):
     cfg = json.loads(json.dumps(TINY))
     cfg["training"].update(steps=20, eval_every=0)
     cfg["checkpoint"]["every_steps"] = 10
+    cfg["model"].update(arch="dlrm_dcn", dcn_num_layers=2, dcn_low_rank_dim=4)  # DCN trains too
     run = tmp / "run"
     run_rec("train", "--config", str(write_config(tmp / "cfg.yaml", cfg)), "--run-dir", str(run))
     return run
@@ -105,3 +106,15 @@ def test_truncated_shard_stops_resume_with_the_file_named(finished_run, tmp_path
     assert "__1_0.distcp" in proc.stdout
     assert sorted(p.name for p in latest.iterdir()) == before  # nothing overwritten
     assert run_dir.latest_checkpoint(run) == latest
+
+
+def test_dcn_run_checkpoints_its_cross_network(finished_run):
+    import torch.distributed.checkpoint as dcp
+
+    step_dir = run_dir.latest_checkpoint(finished_run)
+    keys = dcp.FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
+    assert any("inter_arch.crossnet.V_kernels.1" in k for k in keys)
+    assert set(run_dir.read_meta(step_dir)["files"]) == {
+        p.name for p in run_dir.shard_files(step_dir)
+    }
+    run_dir.verify_checkpoint(step_dir)  # the recorded digests match what is on disk
