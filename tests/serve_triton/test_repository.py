@@ -96,3 +96,22 @@ def test_default_model_is_the_torchscript_one(tiny_repo, tmp_path):
     assert load_model(repo).name == "rec"
     with pytest.raises(ServeError, match="no version directory with a model.pt"):
         load_model(repo, "rec_onnx")
+
+
+def test_unbatched_form_is_accepted_and_staged_as_is(tiny_repo, tmp_path):
+    """export.triton_batching: none (max_batch_size 0, explicit -1 batch dims) loads too."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    config = load_model(repo).config
+    config.max_batch_size = 0
+    config.ClearField("dynamic_batching")
+    for io in [*config.input, *config.output]:
+        if io.name != "sparse_values":
+            io.dims.insert(0, -1)
+    config.input[2].allow_ragged_batch = False
+    (repo / "rec" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    model = load_model(repo)
+    assert model.max_batch_size == 0
+    staged = python_backend_config(model)
+    assert [list(i.dims) for i in staged.input] == [list(i.dims) for i in config.input]
+    assert staged.parameters["max_rows"].string_value == "0"  # no limit in that form
