@@ -118,8 +118,10 @@ int HttpConnection::RoundTrip(const std::string& request) {
   while (fd_ >= 0) {
     size_t end = buffer_.find("\r\n\r\n");
     if (end != std::string::npos) {
-      size_t cl = buffer_.find("Content-Length: ");
-      size_t length = cl < end ? std::stoul(buffer_.substr(cl + 16)) : 0;
+      // Anchored at a line start: "Inference-Header-Content-Length: " (which Triton sends
+      // first) also contains "Content-Length: ".
+      size_t cl = buffer_.find("\r\nContent-Length: ");
+      size_t length = cl < end ? std::stoul(buffer_.substr(cl + 18)) : 0;
       if (buffer_.size() >= end + 4 + length) {
         int status = std::atoi(buffer_.c_str() + 9);
         buffer_.erase(0, end + 4 + length);
