@@ -75,3 +75,30 @@ class Progress:
 
 def log(msg: str) -> None:
     print(f"[rec train] {msg}", file=sys.stdout, flush=True)
+
+
+def plot_metrics(metrics_path: Path, out: Path) -> Path:
+    """Training loss and held-out AUC against step, from metrics.jsonl, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    fig, (ax_loss, ax_auc) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    ax_loss.plot([r["step"] for r in evals], [r["logloss"] for r in evals], "o-",
+                 label="held-out log loss")  # fmt: skip
+    ax_loss.set_xlabel("step")
+    ax_loss.legend()
+    ax_auc.plot([r["step"] for r in evals], [r["auc"] for r in evals], "o-", color="C2")
+    ax_auc.set_xlabel("step")
+    ax_auc.set_ylabel("held-out AUC")
+    for ax in (ax_loss, ax_auc):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

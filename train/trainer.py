@@ -28,7 +28,7 @@ from rec.train import sharding
 from rec.train.checkpoint import Checkpointer
 from rec.train.distributed import DistContext, all_mean, init_distributed
 from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
-from rec.train.progress import Progress, log
+from rec.train.progress import Progress, log, plot_metrics
 from rec.versions import library_versions
 
 
@@ -274,6 +274,9 @@ def run_training(cfg: RecConfig, run: Path, resume: bool) -> dict[str, float]:
     if latest is not None and (resume or restarted):
         trainer.resume(latest)
     metrics = trainer.fit()
+    if ctx.is_main:
+        curve = plot_metrics(run / run_dir.METRICS_FILE, run / "training_curve.png")
+        log(f"training curve: {curve}")
     dist.barrier()
     dist.destroy_process_group()
     return metrics

@@ -19,3 +19,4 @@ def test_default_run_reaches_auc_above_0_70(tmp_path):
     evals = [e for e in evals if e["kind"] == "eval"]
     # It learned during the run, not only by the end: the first evaluation is below the last.
     assert evals[0]["auc"] < evals[-1]["auc"]
+    assert (run / "training_curve.png").stat().st_size > 10_000
