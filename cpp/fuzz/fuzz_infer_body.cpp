@@ -1,0 +1,35 @@
+// An inference request body alone: the first byte picks the Inference-Header-Content-Length
+// (none, the whole input, or a length read from the next two bytes), the rest is the body.
+// Decodes, validates, batches and encodes a response as HttpApi::Infer does.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fuzz_common.h"
+#include "infer_json.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 3) return 0;
+  long long header_length = -1;
+  if (data[0] % 3 == 1) header_length = static_cast<long long>(size - 3);
+  if (data[0] % 3 == 2) header_length = data[1] | (data[2] << 8);
+  std::string body(reinterpret_cast<const char*>(data) + 3, size - 3);
+  rec::InferRequest request;
+  if (!rec::DecodeInferRequest(body, header_length, &request).ok()) return 0;
+  rec::fuzz::ValidateAndBatch(&request);
+  if (request.batch_size > 0) {
+    std::vector<rec::Tensor> outputs;
+    for (const rec::IoSpec& out : rec::fuzz::Spec().outputs) {
+      rec::Tensor t;
+      t.name = out.name;
+      t.dtype = out.dtype;
+      t.shape = {request.batch_size, 1};
+      t.data.assign(rec::ElementCount(t.shape) * rec::ElementSize(t.dtype), '\0');
+      outputs.push_back(std::move(t));
+    }
+    std::string response;
+    long long response_header_length = 0;
+    rec::EncodeInferResponse(request, "1", outputs, &response, &response_header_length);
+  }
+  return 0;
+}
