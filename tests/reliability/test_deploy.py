@@ -1,0 +1,54 @@
+"""docker-compose.yml validates with Debian's docker-compose (no Docker engine here: nothing is
+built or started), and every file it and the Dockerfile point at exists."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(
+    shutil.which("docker-compose") is None,
+    reason="docker-compose not installed (scripts/setup.sh installs it)",
+)
+def test_compose_file_validates():
+    out = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    services = subprocess.run(
+        [
+            "docker-compose",
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "--profile",
+            "triton",
+            "config",
+            "--services",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
+    assert set(services) == {"train", "export", "server", "triton", "prometheus"}
+
+
+def test_deploy_files_exist():
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert compose.count("/v2/health/ready") == 2
+    assert (ROOT / "deploy/prometheus.yml").exists()
+    for target in ("server:8002", "triton:8002"):
+        assert target in (ROOT / "deploy/prometheus.yml").read_text()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "scripts/setup.sh" in dockerfile
+    for src in re.findall(r"^COPY (\S+)", dockerfile, flags=re.M):
+        assert (ROOT / src).exists(), src
