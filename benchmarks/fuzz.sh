@@ -29,8 +29,11 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$corpus"
   log="$BUILD/$t.log"
   rc=0
+  # Inputs that once crashed a target run first, every time (cpp/fuzz/regressions/<target>/).
+  regressions=()
+  [ -d "cpp/fuzz/regressions/$t" ] && regressions=("cpp/fuzz/regressions/$t")
   # -fork-free run: one process, stops at the first crash (reproducer written to crashes/).
-  "$BUILD/$t" "$corpus" "$BUILD/seeds/$t" -max_total_time="$SECONDS_PER_TARGET" -max_len=8192 \
+  "$BUILD/$t" "$corpus" "$BUILD/seeds/$t" "${regressions[@]}" -max_total_time="$SECONDS_PER_TARGET" -max_len=8192 \
     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$BUILD/crashes/$t-" \
     > "$log" 2>&1 || rc=$?
   execs=$(grep -oP 'stat::number_of_executed_units:\s*\K[0-9]+' "$log" | tail -1 || true)

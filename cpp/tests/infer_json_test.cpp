@@ -68,6 +68,33 @@ TEST(InferJson, RejectsMalformed) {
   }
 }
 
+// Regression (cpp/fuzz/regressions/fuzz_infer_body/): a JSON value that does not fit the tensor's
+// type was converted anyway, which is undefined behaviour for a float beyond the integer range.
+TEST(InferJson, RejectsValuesThatDoNotFitTheDatatype) {
+  for (const char* data :
+       {R"("INT32","shape":[1],"data":[227276876531572103500366])",
+        R"("INT32","shape":[1],"data":[1099511627776])",
+        R"("INT32","shape":[1],"data":[-3000000000.0])",
+        R"("INT64","shape":[1],"data":[10000000000000000000])",
+        R"("INT64","shape":[1],"data":[9.3e18])", R"("INT8","shape":[1],"data":[128])",
+        R"("UINT8","shape":[1],"data":[-1])", R"("FP32","shape":[1],"data":[1e300])"}) {
+    std::string body = std::string(R"({"inputs":[{"name":"x","datatype":)") + data + "}]}";
+    InferRequest r;
+    Status st = DecodeInferRequest(body, -1, &r);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << body;
+    EXPECT_NE(st.message().find("does not fit"), std::string::npos) << st.message();
+  }
+  // Values that fit are kept, integral floats included.
+  InferRequest r;
+  std::string body = R"({"inputs":[{"name":"x","datatype":"INT32","shape":[4],)"
+                     R"("data":[2147483647,-2147483648,3.0,true]}]})";
+  ASSERT_TRUE(DecodeInferRequest(body, -1, &r).ok());
+  EXPECT_EQ(r.inputs[0].As<int32_t>()[0], 2147483647);
+  EXPECT_EQ(r.inputs[0].As<int32_t>()[1], -2147483647 - 1);
+  EXPECT_EQ(r.inputs[0].As<int32_t>()[2], 3);
+  EXPECT_EQ(r.inputs[0].As<int32_t>()[3], 1);
+}
+
 TEST(InferJson, EncodesBinaryAndJsonOutputs) {
   InferRequest meta;
   meta.model_name = "m";
