@@ -15,20 +15,27 @@ inline const ModelSpec& Spec() {
   return spec;
 }
 
-inline void ValidateAndBatch(InferRequest* request) {
-  if (!ValidateRequest(Spec(), request).ok()) return;
-  // Twice: the batcher concatenates several requests.
-  std::vector<const InferRequest*> batch = {request, request};
-  std::vector<Tensor> inputs = ConcatenateInputs(Spec(), batch);
+// Zero-filled outputs of `rows` rows, shaped as the model's outputs: stand-ins for a forward's
+// result, so the response encoders run on every decoded request.
+inline std::vector<Tensor> ZeroOutputs(int64_t rows) {
   std::vector<Tensor> outputs;
   for (const IoSpec& out : Spec().outputs) {
     Tensor t;
     t.name = out.name;
     t.dtype = out.dtype;
-    t.shape = {2 * request->batch_size, out.dims.empty() ? 1 : out.dims[0]};
+    t.shape = {rows, out.dims.empty() ? 1 : out.dims[0]};
     t.data.assign(ElementCount(t.shape) * ElementSize(t.dtype), '\0');
     outputs.push_back(std::move(t));
   }
+  return outputs;
+}
+
+inline void ValidateAndBatch(InferRequest* request) {
+  if (!ValidateRequest(Spec(), request).ok()) return;
+  // Twice: the batcher concatenates several requests.
+  std::vector<const InferRequest*> batch = {request, request};
+  std::vector<Tensor> inputs = ConcatenateInputs(Spec(), batch);
+  std::vector<Tensor> outputs = ZeroOutputs(2 * request->batch_size);
   if (!CheckOutputs(Spec(), 2 * request->batch_size, outputs).ok()) __builtin_trap();
   SliceOutputs(outputs, request->batch_size, request->batch_size);
 }

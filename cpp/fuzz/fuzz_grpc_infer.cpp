@@ -14,15 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!rec::DecodeGrpcRequest(in, &request).ok()) return 0;
   rec::fuzz::ValidateAndBatch(&request);
   if (request.batch_size > 0) {
-    std::vector<rec::Tensor> outputs;
-    for (const rec::IoSpec& out : rec::fuzz::Spec().outputs) {
-      rec::Tensor t;
-      t.name = out.name;
-      t.dtype = out.dtype;
-      t.shape = {request.batch_size, 1};
-      t.data.assign(rec::ElementCount(t.shape) * rec::ElementSize(t.dtype), '\0');
-      outputs.push_back(std::move(t));
-    }
+    std::vector<rec::Tensor> outputs = rec::fuzz::ZeroOutputs(request.batch_size);
     inference::ModelInferResponse response;
     rec::EncodeGrpcResponse(request, "1", outputs, &response);
   }
