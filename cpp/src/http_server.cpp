@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -24,8 +25,17 @@ namespace {
 constexpr uint64_t kListenId = 0;
 constexpr uint64_t kWakeId = 1;
 
+using Clock = std::chrono::steady_clock;
+
 struct Conn {
   int fd = -1;
+  // Idle timeout: counts from the last byte moved either way, or the last response queued (a
+  // slow execution must not make its connection look idle the moment it is answered).
+  Clock::time_point last_activity = Clock::now();
+  // Request timeout: counts from the first byte of a request the server is waiting to complete;
+  // not moved by later bytes, so dribbling cannot extend it.
+  Clock::time_point request_started;
+  bool receiving = false;  // a partial request is buffered and nothing is with the handler
   std::string in;
   size_t in_off = 0;
   std::string out;
@@ -48,18 +58,28 @@ thread_local HttpServer::Loop* current_loop = nullptr;
 
 class HttpServer::Loop {
  public:
-  Loop(const HttpServerOptions& options, const HttpHandler& handler, int listen_fd, int index)
-      : options_(options), handler_(handler), listen_fd_(listen_fd), next_id_(2 + index) {}
+  Loop(const HttpServerOptions& options, const HttpHandler& handler, int listen_fd, int index,
+       std::atomic<int>* connections)
+      : options_(options),
+        handler_(handler),
+        listen_fd_(listen_fd),
+        next_id_(2 + index),
+        connections_(connections) {}
 
   ~Loop() {
-    for (auto& [id, c] : conns_) ::close(c->fd);
+    for (auto& [id, c] : conns_) {
+      ::close(c->fd);
+      connections_->fetch_sub(1);
+    }
     if (epfd_ >= 0) ::close(epfd_);
     if (wakefd_ >= 0) ::close(wakefd_);
+    if (spare_fd_ >= 0) ::close(spare_fd_);
   }
 
   Status Start() {
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (epfd_ < 0 || wakefd_ < 0) return Internal("epoll/eventfd: " + std::string(strerror(errno)));
     Add(wakefd_, kWakeId, EPOLLIN);
     Add(listen_fd_, kListenId, EPOLLIN | EPOLLEXCLUSIVE);
@@ -104,11 +124,67 @@ class HttpServer::Loop {
   void Run() {
     current_loop = this;
     epoll_event events[64];
+    // Timeouts are checked by one sweep a second rather than per-connection timers: they may fire
+    // up to a second late, which costs nothing on the request path.
+    const bool sweep = options_.idle_timeout_s > 0 || options_.request_timeout_s > 0;
+    Clock::time_point next_sweep = Clock::now() + std::chrono::seconds(1);
     while (!stop_) {
-      int n = epoll_wait(epfd_, events, 64, -1);
+      int timeout_ms = -1;
+      if (sweep) {
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(next_sweep - Clock::now());
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+      }
+      int n = epoll_wait(epfd_, events, 64, timeout_ms);
       for (int i = 0; i < n; ++i) Dispatch(events[i]);
       ProcessDone();
+      if (sweep && Clock::now() >= next_sweep) {
+        Sweep();
+        next_sweep = Clock::now() + std::chrono::seconds(1);
+      }
     }
+  }
+
+  void Sweep() {
+    const Clock::time_point now = Clock::now();
+    const auto idle_limit = std::chrono::seconds(options_.idle_timeout_s);
+    const auto request_limit = std::chrono::seconds(options_.request_timeout_s);
+    std::vector<uint64_t> idle, late;
+    for (const auto& [id, c] : conns_) {
+      if (c->busy) continue;  // with the handler: --request-timeout-ms bounds that, not this
+      if (c->receiving) {
+        if (options_.request_timeout_s > 0 && now - c->request_started >= request_limit) {
+          late.push_back(id);
+        }
+      } else if (options_.idle_timeout_s > 0 && now - c->last_activity >= idle_limit) {
+        idle.push_back(id);
+      }
+    }
+    for (uint64_t id : late) TimeOutRequest(id);
+    for (uint64_t id : idle) {
+      CloseConn(id);
+      Count(HttpCloseReason::kIdleTimeout);
+    }
+  }
+
+  void TimeOutRequest(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Conn* c = it->second.get();
+    HttpResponse resp;
+    resp.status = 408;
+    resp.body = "{\"error\":\"request not received within " +
+                std::to_string(options_.request_timeout_s) + " s\"}";
+    c->out += SerializeHttpResponse(resp, false);
+    c->close_after = true;
+    c->receiving = false;
+    Count(HttpCloseReason::kRequestTimeout);
+    // A client that stalls its request may not read either: one attempt to write, then close
+    // rather than wait on it again.
+    if (Flush(id, c)) CloseConn(id);
+  }
+
+  void Count(HttpCloseReason reason) {
+    if (options_.on_close) options_.on_close(reason);
   }
 
   void Dispatch(const epoll_event& ev) {
@@ -132,7 +208,22 @@ class HttpServer::Loop {
   void AcceptAll() {
     while (true) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+        // Out of descriptors, the pending connection would keep the listening socket readable
+        // and spin this loop: the spare descriptor makes room to accept it and turn it away.
+        ::close(spare_fd_);
+        fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) Reject(fd, "too many connections (out of file descriptors)");
+        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return;  // nothing was pending: accept4 checks descriptors before the queue
+        continue;
+      }
       if (fd < 0) return;  // EAGAIN, or another loop took it
+      if (connections_->fetch_add(1) >= options_.max_connections && options_.max_connections > 0) {
+        connections_->fetch_sub(1);
+        Reject(fd, "too many connections (limit " + std::to_string(options_.max_connections) + ")");
+        continue;
+      }
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       uint64_t id = next_id_;
@@ -144,11 +235,29 @@ class HttpServer::Loop {
     }
   }
 
+  // A connection turned away (over the limit, out of descriptors): no Conn and no buffer is spent
+  // on it, and the answer is written only if the socket takes it at once.
+  void Reject(int fd, const std::string& error) {
+    // Reading what already arrived lets close() send FIN, not RST (which could discard the 503).
+    char buf[4096];
+    ssize_t r = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    (void)r;
+    HttpResponse resp;
+    resp.status = 503;
+    resp.body = "{\"error\":\"" + error + "\"}";
+    std::string bytes = SerializeHttpResponse(resp, false);
+    ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;
+    ::close(fd);
+    Count(HttpCloseReason::kConnectionLimit);
+  }
+
   void CloseConn(uint64_t id) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
     ::close(it->second->fd);
     conns_.erase(it);
+    connections_->fetch_sub(1);
   }
 
   // Returns false if the connection was closed.
@@ -158,6 +267,7 @@ class HttpServer::Loop {
       ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
       if (n > 0) {
         c->in.append(buf, static_cast<size_t>(n));
+        c->last_activity = Clock::now();
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
@@ -182,6 +292,7 @@ class HttpServer::Loop {
         break;
       }
       if (r == ParseResult::kError) {
+        c->receiving = false;
         HttpResponse resp;
         resp.status = error_status;
         resp.body = "{\"error\":\"" + error + "\"}";
@@ -191,6 +302,7 @@ class HttpServer::Loop {
       }
       c->in_off += consumed;
       c->continue_sent = false;
+      c->receiving = false;
       c->busy = true;
       in_flight_.fetch_add(1);
       bool keep_alive = req.keep_alive;
@@ -198,6 +310,11 @@ class HttpServer::Loop {
         Complete(id, std::move(resp), keep_alive);
       });
     }
+    // Bytes waiting behind a request with the handler are not the client's delay: the clock of the
+    // next request starts when the server is ready to parse it.
+    bool waiting = !c->busy && !c->close_after && c->in_off < c->in.size();
+    if (waiting && !c->receiving) c->request_started = Clock::now();
+    c->receiving = waiting;
     if (c->in_off == c->in.size()) {
       c->in.clear();
       c->in_off = 0;
@@ -230,6 +347,7 @@ class HttpServer::Loop {
           ::send(c->fd, c->out.data() + c->out_off, c->out.size() - c->out_off, MSG_NOSIGNAL);
       if (n > 0) {
         c->out_off += static_cast<size_t>(n);
+        c->last_activity = Clock::now();
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -271,6 +389,7 @@ class HttpServer::Loop {
       Conn* c = it->second.get();
       c->out += d.bytes;
       c->busy = false;
+      c->last_activity = Clock::now();
       c->close_after = c->close_after || d.close;
       if (Flush(d.conn_id, c)) TryParse(d.conn_id, c);
     }
@@ -281,10 +400,12 @@ class HttpServer::Loop {
   int listen_fd_;
   int epfd_ = -1;
   int wakefd_ = -1;
+  int spare_fd_ = -1;  // released to accept-and-reject when the process is out of descriptors
   uint64_t next_id_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<int> in_flight_{0};
+  std::atomic<int>* connections_;  // shared by the loops of one HttpServer
   std::mutex mu_;
   std::vector<Done> done_;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
@@ -315,7 +436,7 @@ Status HttpServer::Start() {
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   port_ = ntohs(addr.sin_port);
   for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
-    loops_.push_back(std::make_unique<Loop>(options_, handler_, listen_fd_, i));
+    loops_.push_back(std::make_unique<Loop>(options_, handler_, listen_fd_, i, &connections_));
     REC_RETURN_IF_ERROR(loops_.back()->Start());
   }
   accepting_ = true;

@@ -50,11 +50,21 @@ ParseResult ParseHttpRequest(const char* data, size_t size, size_t max_body_byte
 // Serializes a response, adding Content-Length and, when !keep_alive, Connection: close.
 std::string SerializeHttpResponse(const HttpResponse& response, bool keep_alive);
 
+// Why the server closed a connection on its own (see HttpServerOptions).
+enum class HttpCloseReason { kIdleTimeout, kRequestTimeout, kConnectionLimit };
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port; see port()
   int io_threads = 1;
   size_t max_body_bytes = 64 << 20;
+  // Without these limits a client that connects and never finishes (or never starts) a request
+  // holds a connection and its buffer forever. 0 disables each.
+  int idle_timeout_s = 60;     // close a connection with nothing received or sent for this long
+  int request_timeout_s = 30;  // 408 if a request is not complete this long after its first byte
+  int max_connections = 1024;  // across all I/O threads; beyond it: 503 and close
+  // Called on an I/O thread for each such close (metrics); may be empty.
+  std::function<void(HttpCloseReason)> on_close;
 };
 
 class HttpServer {
@@ -81,6 +91,7 @@ class HttpServer {
   int port_ = 0;
   std::vector<std::unique_ptr<Loop>> loops_;
   std::atomic<bool> accepting_{false};
+  std::atomic<int> connections_{0};  // open connections of all loops, for max_connections
 };
 
 }  // namespace rec

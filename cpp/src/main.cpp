@@ -45,6 +45,20 @@ void Drain(rec::HttpServer* http, grpc::Server* grpc_server, rec::ModelManager* 
   models->Shutdown();
 }
 
+void CountClose(rec::HttpCloseCounts* closes, rec::HttpCloseReason reason) {
+  switch (reason) {
+    case rec::HttpCloseReason::kIdleTimeout:
+      closes->idle_timeout.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case rec::HttpCloseReason::kRequestTimeout:
+      closes->request_timeout.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case rec::HttpCloseReason::kConnectionLimit:
+      closes->connection_limit.fetch_add(1, std::memory_order_relaxed);
+      break;
+  }
+}
+
 // Blocks SIGTERM and SIGINT in every thread started after this, so sigwait() in main sees them.
 sigset_t BlockShutdownSignals() {
   sigset_t set;
@@ -80,14 +94,27 @@ int Serve(const rec::ServerOptions& o) {
 
   rec::ApiOptions ao{o.enable_model_control, static_cast<size_t>(o.max_body_bytes)};
   rec::HttpApi api(&models, &metrics, ao);
-  rec::HttpServer http({o.host, o.http_port, o.http_threads, ao.max_body_bytes},
-                       [&api](rec::HttpRequest&& r, rec::HttpResponder d) {
-                         api.Handle(std::move(r), std::move(d));
-                       });
-  rec::HttpServer metrics_http({o.host, o.metrics_port, 1, 1 << 16},
-                               [&api](rec::HttpRequest&& r, rec::HttpResponder d) {
-                                 api.HandleMetrics(std::move(r), std::move(d));
-                               });
+  rec::HttpServerOptions ho;
+  ho.host = o.host;
+  ho.port = o.http_port;
+  ho.io_threads = o.http_threads;
+  ho.max_body_bytes = ao.max_body_bytes;
+  ho.idle_timeout_s = o.http_idle_timeout_s;
+  ho.request_timeout_s = o.http_request_timeout_s;
+  ho.max_connections = o.http_max_connections;
+  ho.on_close = [closes = metrics.http_closes()](rec::HttpCloseReason reason) {
+    CountClose(closes, reason);
+  };
+  rec::HttpServerOptions metrics_ho = ho;  // the metrics port gets the same connection limits
+  metrics_ho.port = o.metrics_port;
+  metrics_ho.io_threads = 1;
+  metrics_ho.max_body_bytes = 1 << 16;
+  rec::HttpServer http(ho, [&api](rec::HttpRequest&& r, rec::HttpResponder d) {
+    api.Handle(std::move(r), std::move(d));
+  });
+  rec::HttpServer metrics_http(metrics_ho, [&api](rec::HttpRequest&& r, rec::HttpResponder d) {
+    api.HandleMetrics(std::move(r), std::move(d));
+  });
   if (!(st = http.Start()).ok() || !(st = metrics_http.Start()).ok()) return Fail(st);
   rec::GrpcApi grpc_api(&models, o.enable_model_control);
   int grpc_port = 0;

@@ -122,6 +122,19 @@ std::string Metrics::Prometheus() const {
   for (const auto& [model, stats] : models_) {
     stats->batch_size.AppendPrometheus("rec_batch_size", labels(model), &out);
   }
+  out +=
+      "# HELP rec_http_connections_closed_total HTTP connections closed by the server: idle, "
+      "request not received in time, over the connection limit\n"
+      "# TYPE rec_http_connections_closed_total counter\n";
+  const std::pair<const char*, const std::atomic<uint64_t>*> closes[] = {
+      {"idle_timeout", &http_closes_.idle_timeout},
+      {"request_timeout", &http_closes_.request_timeout},
+      {"connection_limit", &http_closes_.connection_limit},
+  };
+  for (const auto& [reason, count] : closes) {
+    out += std::string("rec_http_connections_closed_total{reason=\"") + reason + "\"} " +
+           std::to_string(count->load()) + "\n";
+  }
   return out;
 }
 

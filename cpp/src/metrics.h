@@ -43,14 +43,23 @@ struct ModelStats {
   void RecordFailure(uint64_t request_ns);
 };
 
+// HTTP connections the server closed on its own, by reason (HTTP/REST and metrics ports).
+struct HttpCloseCounts {
+  std::atomic<uint64_t> idle_timeout{0};
+  std::atomic<uint64_t> request_timeout{0};
+  std::atomic<uint64_t> connection_limit{0};
+};
+
 class Metrics {
  public:
   // Creates the stats of `model` on first use; the pointer stays valid for the server's life.
   ModelStats* ForModel(const std::string& model);
   void SetVersion(const std::string& model, const std::string& version);
+  HttpCloseCounts* http_closes() { return &http_closes_; }
   std::string Prometheus() const;
 
  private:
+  HttpCloseCounts http_closes_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<ModelStats>> models_;
   std::map<std::string, std::string> versions_;

@@ -55,6 +55,9 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--max-queue-size", i64(&o->max_queue_size, 1, INT64_MAX)},
       {"--request-timeout-ms", i64(&o->request_timeout_ms, 0, INT64_MAX / 1000)},
       {"--max-body-bytes", i64(&o->max_body_bytes, 1, INT64_MAX)},
+      {"--http-idle-timeout-s", i32(&o->http_idle_timeout_s, 0, 86400)},
+      {"--http-request-timeout-s", i32(&o->http_request_timeout_s, 0, 86400)},
+      {"--http-max-connections", i32(&o->http_max_connections, 0, 1 << 20)},
       {"--fbgemm-lib-dir", str(&o->fbgemm_lib_dir)},
       {"--poll-repository-s", i32(&o->poll_repository_s, 0, 86400)},
   };
@@ -119,6 +122,13 @@ std::string UsageText(const std::string& default_fbgemm_dir) {
          "1024)\n"
          "  --request-timeout-ms N   fail requests queued longer than this (default 0 = never)\n"
          "  --max-body-bytes N       largest request body, after decompression (default 64 MiB)\n"
+         "  --http-idle-timeout-s N  close an HTTP connection idle this long (default 60; 0 = "
+         "never)\n"
+         "  --http-request-timeout-s N\n"
+         "                           408 and close if a request is not fully received N s after\n"
+         "                           its first byte (default 30; 0 = never)\n"
+         "  --http-max-connections N open HTTP connections before new ones get 503 and close\n"
+         "                           (default 1024; 0 = unlimited)\n"
          "  --fbgemm-lib-dir DIR     directory of the fbgemm_gpu .so files\n"
          "                           (default: " +
          (default_fbgemm_dir.empty() ? std::string("none found at build time")

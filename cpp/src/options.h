@@ -22,7 +22,10 @@ struct ServerOptions {
   int64_t max_queue_size = 1024;
   int64_t request_timeout_ms = 0;
   int64_t max_body_bytes = 64 << 20;
-  std::string fbgemm_lib_dir;  // empty: the fbgemm_gpu package found at build time
+  int http_idle_timeout_s = 60;     // 0: never
+  int http_request_timeout_s = 30;  // 0: never
+  int http_max_connections = 1024;  // 0: unlimited
+  std::string fbgemm_lib_dir;       // empty: the fbgemm_gpu package found at build time
   bool enable_model_control = false;
   int poll_repository_s = 0;
   bool help = false;

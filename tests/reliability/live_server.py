@@ -8,11 +8,20 @@ SERVE_CPP = Path(__file__).resolve().parents[1] / "serve_cpp"
 # pytest runs with --import-mode=importlib, which does not put test folders on sys.path.
 sys.path.insert(0, str(SERVE_CPP))
 
-from server import BINARY, Server  # noqa: E402
+from server import BINARY, Server, run_to_exit  # noqa: E402
 from test_real_export import CONFIG, _batch, _rec  # noqa: E402
 from tiny_model import DATATYPES, INPUT_NAMES  # noqa: E402
 
-__all__ = ["BINARY", "CONFIG", "DATATYPES", "INPUT_NAMES", "Server", "batch", "export_model"]
+__all__ = [
+    "BINARY",
+    "CONFIG",
+    "DATATYPES",
+    "INPUT_NAMES",
+    "Server",
+    "batch",
+    "export_model",
+    "run_to_exit",
+]
 
 
 def export_model(root: Path) -> Path:
