@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test test-sanitized lint format bench clean
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,11 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	bash scripts/test_sanitized.sh
+
+# The server suites again, against an ASan/UBSan build of rec-server (build/asan).
+test-sanitized: setup
+	bash scripts/test_sanitized.sh
 
 lint: setup
 	$(BIN)/ruff check .

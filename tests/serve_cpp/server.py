@@ -1,4 +1,7 @@
-"""Starts build/cpp/rec-server on free ports and stops it; the tests' only way to run it."""
+"""Starts rec-server on free ports and stops it; the tests' only way to run it.
+
+The binary is $REC_SERVER when set (the sanitized build: scripts/test_sanitized.sh), else
+build/cpp/rec-server."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BINARY = REPO_ROOT / "build" / "cpp" / "rec-server"
+BINARY = Path(os.environ.get("REC_SERVER") or REPO_ROOT / "build" / "cpp" / "rec-server")
 _READY = re.compile(r"^rec-server ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 
 
