@@ -28,8 +28,9 @@ import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.http._utils as http_utils
 
+from rec.serve.cpp import find_cpp_server
+
 ROOT = Path(__file__).resolve().parents[1]
-BINARY = ROOT / "build" / "cpp" / "rec-server"
 READY = re.compile(r"^rec-server ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 MAX_BODY = 1 << 20  # --max-body-bytes of the soaked server; "oversize" requests claim twice this
 DATATYPES = {"dense_features": "FP32", "sparse_lengths": "INT32", "sparse_values": "INT64"}
@@ -185,7 +186,8 @@ async def _worker(k, addr, shape, deadline, budget, stats, kinds, weights):
 
 
 def start_server(repo: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    argv = [str(BINARY), "--model-repository", str(repo), "--host", "127.0.0.1"]
+    # $REC_SERVER (the sanitized build under scripts/test_sanitized.sh), else build/cpp.
+    argv = [str(find_cpp_server()), "--model-repository", str(repo), "--host", "127.0.0.1"]
     argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     argv += ["--max-body-bytes", str(MAX_BODY), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -276,7 +278,10 @@ async def soak(args) -> dict:
         "rss_kib_after_warmup": rss_start,
         "rss_kib_end": rss_end,
         "rss_kib_max": max(rss_samples + [rss_end]),
-        "rss_growth_pct": round(100.0 * (rss_end - rss_start) / rss_start, 2),
+        # A server that died (a crash, a sanitizer abort) has no RSS; alive/exit code say so.
+        "rss_growth_pct": round(100.0 * (rss_end - rss_start) / rss_start, 2)
+        if rss_start
+        else None,
         "server_alive_at_end": alive,
         "server_exit_code": exit_code,
         "cpu_count": os.cpu_count(),
