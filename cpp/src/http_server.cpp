@@ -43,6 +43,7 @@ struct Conn {
   bool busy = false;         // a request is with the handler; later ones wait in `in`
   bool close_after = false;  // close once `out` is written
   bool want_out = false;     // EPOLLOUT registered
+  bool paused = false;       // EPOLLIN dropped: enough read ahead while nothing can be parsed
   bool continue_sent = false;
 };
 
@@ -53,6 +54,11 @@ struct Done {
 };
 
 thread_local HttpServer::Loop* current_loop = nullptr;
+
+// While a request is with the handler (or an error answer is pending) nothing more is parsed, so
+// a client pipelining or flooding bytes would grow `in` without bound. Past this much read-ahead
+// the connection stops being read and the kernel's socket buffers push back on the client.
+constexpr size_t kMaxReadAhead = 64 << 10;
 
 }  // namespace
 
@@ -268,6 +274,11 @@ class HttpServer::Loop {
       if (n > 0) {
         c->in.append(buf, static_cast<size_t>(n));
         c->last_activity = Clock::now();
+        if ((c->busy || c->close_after) && c->in.size() - c->in_off >= kMaxReadAhead) {
+          c->paused = true;
+          UpdateInterest(id, c);
+          break;
+        }
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
@@ -352,7 +363,10 @@ class HttpServer::Loop {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (!c->want_out) SetWantOut(id, c, true);
+        if (!c->want_out) {
+          c->want_out = true;
+          UpdateInterest(id, c);
+        }
         return true;
       }
       CloseConn(id);
@@ -360,7 +374,10 @@ class HttpServer::Loop {
     }
     c->out.clear();
     c->out_off = 0;
-    if (c->want_out) SetWantOut(id, c, false);
+    if (c->want_out) {
+      c->want_out = false;
+      UpdateInterest(id, c);
+    }
     if (c->close_after) {
       CloseConn(id);
       return false;
@@ -368,12 +385,11 @@ class HttpServer::Loop {
     return true;
   }
 
-  void SetWantOut(uint64_t id, Conn* c, bool on) {
+  void UpdateInterest(uint64_t id, Conn* c) {
     epoll_event ev{};
-    ev.events = on ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+    ev.events = (c->paused ? 0u : EPOLLIN) | (c->want_out ? EPOLLOUT : 0u);
     ev.data.u64 = id;
     epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
-    c->want_out = on;
   }
 
   void ProcessDone() {
@@ -391,7 +407,12 @@ class HttpServer::Loop {
       c->busy = false;
       c->last_activity = Clock::now();
       c->close_after = c->close_after || d.close;
-      if (Flush(d.conn_id, c)) TryParse(d.conn_id, c);
+      if (!Flush(d.conn_id, c)) continue;
+      if (c->paused && !c->close_after) {
+        c->paused = false;
+        UpdateInterest(d.conn_id, c);
+      }
+      TryParse(d.conn_id, c);
     }
   }
 

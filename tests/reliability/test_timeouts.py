@@ -139,28 +139,31 @@ def test_idle_keep_alive_connection_is_closed_but_a_busy_one_is_not(server):
         assert _one_response(busy)[0] == 200
 
 
+def _json_infer_request(rows: int = 2, seed: int = 0) -> bytes:
+    """One keep-alive HTTP inference request for the tiny model, JSON tensors."""
+    b = make_batch(rows, seed=seed)
+    inputs = [
+        {
+            "name": n,
+            "shape": list(b[n].shape),
+            "datatype": DATATYPES[n],
+            "data": b[n].ravel().tolist(),
+        }
+        for n in INPUT_NAMES
+    ]
+    body = json.dumps({"inputs": inputs}).encode()
+    head = f"POST /v2/models/rec/infer HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
 def test_a_request_with_the_handler_is_not_timed_out(tmp_path):
     # A 1.5 s batching window keeps each request with the handler longer than the 1 s request
     # timeout; pipelined behind it, the second request waits unparsed just as long.
     write_model(tmp_path, delay_us=1_500_000)
     s = Server(tmp_path, "--http-request-timeout-s", "1", "--http-idle-timeout-s", "1")
     try:
-        b = make_batch(2, seed=0)
-        inputs = [
-            {
-                "name": n,
-                "shape": list(b[n].shape),
-                "datatype": DATATYPES[n],
-                "data": b[n].ravel().tolist(),
-            }
-            for n in INPUT_NAMES
-        ]
-        body = json.dumps({"inputs": inputs}).encode()
-        head = (
-            f"POST /v2/models/rec/infer HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
         with _connect(s.http, timeout=30) as sock:
-            sock.sendall((head.encode() + body) * 2)
+            sock.sendall(_json_infer_request() * 2)
             for _ in range(2):
                 status, answer = _one_response(sock)
                 assert status == 200 and b'"scores"' in answer, (status, answer)
@@ -269,3 +272,32 @@ def test_negative_values_are_refused_naming_the_flag(exported_repo, flag):
     out = run_to_exit("--model-repository", str(exported_repo), flag, "-1")
     assert out.returncode != 0
     assert f"{flag} expects an integer in [0, " in out.stderr, out.stderr
+
+
+def test_bytes_flooded_behind_a_busy_request_are_pushed_back(tmp_path):
+    # The 1.5 s batching window keeps the first request with the handler while the client floods
+    # a huge second request behind it. The server reads only a bounded read-ahead meanwhile and the
+    # rest backs up in the sockets (it used to buffer all of it), then answers the first request.
+    write_model(tmp_path, delay_us=1_500_000)
+    s = Server(tmp_path)
+    try:
+        with _connect(s.http, timeout=30) as sock:
+            sock.sendall(_json_infer_request())
+            sock.sendall(b"POST /v2/models/rec/infer HTTP/1.1\r\nContent-Length: 60000000\r\n\r\n")
+            sock.setblocking(False)
+            chunk, sent = b"x" * 65536, 0
+            deadline = time.monotonic() + 1.0  # inside the batching window
+            while time.monotonic() < deadline and sent < 60_000_000:
+                try:
+                    sent += sock.send(chunk)
+                except BlockingIOError:
+                    time.sleep(0.01)
+            # The read-ahead (64 KiB) plus what the loopback socket buffers hold, far below what
+            # an unbounded reader takes in a second.
+            assert sent < 16 << 20, f"the server took {sent} bytes while busy"
+            sock.setblocking(True)
+            sock.settimeout(30)
+            status, answer = _one_response(sock)
+            assert status == 200 and b'"scores"' in answer, (status, answer)
+    finally:
+        assert s.stop() == 0, s.stderr()
