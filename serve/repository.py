@@ -3,7 +3,8 @@
     <repo>/<model>/config.pbtxt           Triton ModelConfig (platform pytorch_libtorch)
     <repo>/<model>/<version>/model.pt     TorchScript: (dense f32 [B, D], lengths i32 [B, F],
                                           values i64 [N]) -> scores f32 [B, T]
-    <repo>/<model>/rec.json               manifest: features {dense: [..], sparse: [..]}, num_tasks
+    <repo>/<model>/rec.json               manifest: features {dense: [..], sparse: [..]}, num_tasks,
+                                          serving {max_batch_size, ...} (optional)
 
 `config.pbtxt` is parsed with the `model_config_pb2` that tritonclient ships, i.e. Triton's real
 schema, so a repository that loads here has a config Triton itself accepts. Errors say which file
@@ -40,6 +41,8 @@ class ServedModel:
     dense_names: tuple[str, ...]
     sparse_names: tuple[str, ...]
     num_tasks: int
+    serving_max_batch_size: int = 0
+    """rec.json's serving.max_batch_size (0 when absent): the limit of a max_batch_size 0 config."""
 
     @property
     def model_path(self) -> Path:
@@ -47,8 +50,12 @@ class ServedModel:
 
     @property
     def max_batch_size(self) -> int:
-        """Largest request in samples; 0 means the config sets no limit (max_batch_size 0)."""
-        return int(self.config.max_batch_size)
+        """Largest request in samples, as rec-server enforces it: the config's max_batch_size;
+        for the `none` form (max_batch_size 0) rec.json's serving.max_batch_size, and 0 (no
+        limit) when the manifest has none."""
+        if self.config.max_batch_size > 0:
+            return int(self.config.max_batch_size)
+        return self.serving_max_batch_size
 
 
 def parse_config(text: str, source: str = "config.pbtxt") -> model_config_pb2.ModelConfig:
@@ -100,9 +107,12 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
         )
     config = parse_config((model_dir / "config.pbtxt").read_text(), f"{model_dir}/config.pbtxt")
     version = _newest_version(model_dir)
-    dense, sparse, num_tasks = _read_manifest(model_dir)
+    dense, sparse, num_tasks, manifest = _read_manifest(model_dir)
     _check_io(config, model_dir, len(dense), len(sparse), num_tasks)
-    return ServedModel(model, model_dir, version, config, dense, sparse, num_tasks)
+    serving_max = 0
+    if config.max_batch_size == 0:  # the `none` form: rec.json says how rec-server batches it
+        serving_max = _serving_max_batch_size(manifest, model_dir / "rec.json")
+    return ServedModel(model, model_dir, version, config, dense, sparse, num_tasks, serving_max)
 
 
 def _maybe_torchscript(model_dir: Path) -> bool:
@@ -126,7 +136,7 @@ def _newest_version(model_dir: Path) -> int:
     return max(versions)
 
 
-def _read_manifest(model_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+def _read_manifest(model_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...], int, dict]:
     path = model_dir / "rec.json"
     if not path.is_file():
         raise ServeError(f"{path} is missing (rec's manifest: feature names, num_tasks)")
@@ -141,7 +151,22 @@ def _read_manifest(model_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...], i
             f"{path} must be JSON with features.dense, features.sparse (name lists) and "
             f"num_tasks: {type(e).__name__}: {e}"
         ) from e
-    return dense, sparse, num_tasks
+    return dense, sparse, num_tasks, manifest
+
+
+def _serving_max_batch_size(manifest: dict, path: Path) -> int:
+    """serving.max_batch_size of rec.json, 0 when there is no "serving"; rec-server batches a
+    max_batch_size 0 config up to it (cpp/src/model_spec.cpp, ApplyServing) and rejects a
+    malformed one the same way."""
+    if "serving" not in manifest:
+        return 0
+    serving = manifest["serving"]
+    value = serving.get("max_batch_size") if isinstance(serving, dict) else None
+    if type(value) is not int or not 1 <= value <= 1 << 30:
+        raise ServeError(
+            f'{path}: "serving.max_batch_size" must be an integer in [1, 2^30], got {value!r}'
+        )
+    return value
 
 
 def _check_io(config, model_dir: Path, num_dense: int, num_sparse: int, num_tasks: int) -> None:

@@ -98,7 +98,63 @@ Status CheckServable(const ModelSpec& spec) {
   return Status::Ok();
 }
 
-Status ApplyManifest(const nlohmann::json& manifest, ModelSpec* spec) {
+// A config with max_batch_size 0 (export.triton_batching: none) says nothing about batching:
+// Triton cannot batch it. rec.json's "serving" (written by `rec export` whatever the form)
+// gives the limit and the batching window, and rec.json's presence vouches that the model's
+// I/O concatenates along dim 0 (DESIGN.md), so the server batches it like the ragged form.
+// Without "serving" (an older manifest) the model stays one request per forward.
+Status ApplyServing(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
+  if (!spec->config || spec->config->max_batch_size() > 0 || !manifest.contains("serving")) {
+    return Status::Ok();
+  }
+  const nlohmann::json& serving = manifest["serving"];
+  auto bad = [&](const std::string& key, const std::string& want) {
+    std::string got = serving.is_object() && serving.contains(key) ? serving[key].dump() : "none";
+    return InvalidArgument("model '" + spec->name + "': " + source + ": \"serving." + key +
+                           "\" must be " + want + ", got " + got);
+  };
+  if (!serving.is_object()) {
+    return InvalidArgument("model '" + spec->name + "': " + source +
+                           ": \"serving\" must be an object, got " + serving.dump());
+  }
+  auto integer = [](const nlohmann::json& v) {
+    return v.is_number_integer() && v.get<int64_t>() <= (int64_t{1} << 30);
+  };
+  const auto max_batch = serving.find("max_batch_size");
+  if (max_batch == serving.end() || !integer(*max_batch) || max_batch->get<int64_t>() < 1) {
+    return bad("max_batch_size", "an integer in [1, 2^30]");
+  }
+  int64_t max_batch_size = max_batch->get<int64_t>();
+  int64_t delay_us = 0;
+  const auto delay = serving.find("max_queue_delay_us");
+  if (delay != serving.end()) {
+    if (!integer(*delay) || delay->get<int64_t>() < 0) {
+      return bad("max_queue_delay_us", "an integer in [0, 2^30]");
+    }
+    delay_us = delay->get<int64_t>();
+  }
+  std::vector<int64_t> preferred;
+  const auto sizes = serving.find("preferred_batch_sizes");
+  if (sizes != serving.end()) {
+    std::string want =
+        "a list of integers in [1, max_batch_size=" + std::to_string(max_batch_size) + "]";
+    if (!sizes->is_array()) return bad("preferred_batch_sizes", want);
+    for (const auto& size : *sizes) {
+      if (!integer(size) || size.get<int64_t>() < 1 || size.get<int64_t>() > max_batch_size) {
+        return bad("preferred_batch_sizes", want);
+      }
+      preferred.push_back(size.get<int64_t>());
+    }
+  }
+  spec->max_batch_size = max_batch_size;
+  spec->max_queue_delay_us = delay_us;
+  spec->preferred_batch_sizes = std::move(preferred);
+  spec->dynamic_batching = true;
+  return Status::Ok();
+}
+
+Status ApplyManifest(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
+  REC_RETURN_IF_ERROR(ApplyServing(manifest, source, spec));
   if (manifest.contains("features")) {
     const auto& f = manifest["features"];
     if (f.contains("dense")) spec->dense_feature_names = f["dense"].get<std::vector<std::string>>();
@@ -182,21 +238,27 @@ Status ParseModelSpec(const std::string& config_text, const std::string& model_n
   return CheckServable(*spec);
 }
 
+Status ApplyManifestText(const std::string& manifest_text, const std::string& source,
+                         ModelSpec* spec) {
+  nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object()) {
+    return InvalidArgument("model '" + spec->name + "': " + source + " is not a JSON object");
+  }
+  try {
+    return ApplyManifest(manifest, source, spec);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("model '" + spec->name + "': " + source + ": " + e.what());
+  }
+}
+
 Status LoadModelSpec(const std::string& model_dir, const std::string& model_name, ModelSpec* spec) {
   std::string text;
   REC_RETURN_IF_ERROR(ReadFile(model_dir + "/config.pbtxt", &text));
   REC_RETURN_IF_ERROR(ParseModelSpec(text, model_name, spec));
   std::string manifest_text;
-  if (!ReadFile(model_dir + "/rec.json", &manifest_text).ok()) return Status::Ok();
-  nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
-  if (manifest.is_discarded() || !manifest.is_object()) {
-    return InvalidArgument("model '" + model_name + "': rec.json is not a JSON object");
-  }
-  try {
-    return ApplyManifest(manifest, spec);
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument("model '" + model_name + "': rec.json: " + e.what());
-  }
+  const std::string manifest_path = model_dir + "/rec.json";
+  if (!ReadFile(manifest_path, &manifest_text).ok()) return Status::Ok();
+  return ApplyManifestText(manifest_text, manifest_path, spec);
 }
 
 }  // namespace rec

@@ -31,7 +31,9 @@ struct ModelSpec {
   std::string platform;
   std::string backend;
   std::string default_model_filename;
-  int64_t max_batch_size = 0;  // 0 in the config (dims include the batch): served unbatched
+  // 0 in the config (dims include the batch): taken from rec.json "serving" when it has one
+  // (batched like any other model), else 2^30 and one request per forward.
+  int64_t max_batch_size = 0;
   int64_t max_queue_delay_us = 0;
   std::vector<int64_t> preferred_batch_sizes;
   bool dynamic_batching = false;
@@ -55,6 +57,12 @@ Status LoadModelSpec(const std::string& model_dir, const std::string& model_name
 // Parses config text into a spec (no rec.json); exposed for tests.
 Status ParseModelSpec(const std::string& config_text, const std::string& model_name,
                       ModelSpec* spec);
+
+// Applies rec.json's text (read from `source`, named in errors) to a parsed spec: feature names,
+// num_tasks, and for a max_batch_size 0 config the batching settings of "serving". Exposed for
+// tests.
+Status ApplyManifestText(const std::string& manifest_text, const std::string& source,
+                         ModelSpec* spec);
 
 // Returns the index of the input named `name`, or -1.
 int FindInput(const ModelSpec& spec, const std::string& name);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -41,6 +42,7 @@ def test_help_and_bad_flags():
         ("manifest disagrees", "rec.json lists"),
         ("no fbgemm", "cannot load"),
         ("no version", "no version directory"),
+        ("malformed serving", 'rec.json: "serving.max_batch_size" must be an integer'),
     ],
 )
 def test_startup_refuses_with_a_clear_message(repo, tmp_path, breakage, expected):
@@ -61,6 +63,13 @@ def test_startup_refuses_with_a_clear_message(repo, tmp_path, breakage, expected
         args += ["--fbgemm-lib-dir", str(tmp_path)]
     elif breakage == "no version":
         shutil.rmtree(bad / "rec" / "1")
+    elif breakage == "malformed serving":
+        # Read only for a max_batch_size 0 config, the `none` form export writes by default.
+        _make_unbatched(bad / "rec")
+        manifest = bad / "rec" / "rec.json"
+        data = json.loads(manifest.read_text())
+        data["serving"] = {"max_batch_size": "lots", "max_queue_delay_us": 500}
+        manifest.write_text(json.dumps(data))
     out = run_to_exit(*args, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
     assert out.returncode == 1, out.stderr
     assert expected in out.stderr, out.stderr
@@ -164,13 +173,11 @@ def test_load_endpoint_needs_model_control(tmp_path):
         assert s.stop() == 0
 
 
-def test_unbatched_config_and_pinned_version(tmp_path):
-    """max_batch_size 0 (dims carry the batch dimension), as `rec export` writes without ragged
-    batching; and --model-version pins an older version."""
-    v1 = write_model(tmp_path, version=1, seed=0)
-    write_model(tmp_path, version=2, seed=1)
+def _make_unbatched(model_dir: Path) -> None:
+    """Rewrites the tiny model's config in the `none` form: max_batch_size 0, dims carry the
+    batch dimension, no dynamic_batching."""
     n = len(DENSE)
-    config = Path(tmp_path / "rec" / "config.pbtxt")
+    config = model_dir / "config.pbtxt"
     text = config.read_text()
     text = text.replace("max_batch_size: 512", "max_batch_size: 0")
     text = text.replace(f"dims: [ {n} ]", f"dims: [ -1, {n} ]").replace(
@@ -179,6 +186,15 @@ def test_unbatched_config_and_pinned_version(tmp_path):
     text = text.replace("dims: [ 2 ]", "dims: [ -1, 2 ]").replace("allow_ragged_batch: true", "")
     text = text.split("dynamic_batching")[0]
     config.write_text(text)
+
+
+def test_unbatched_config_and_pinned_version(tmp_path):
+    """max_batch_size 0 (dims carry the batch dimension) with a rec.json that has no "serving"
+    (a foreign model): one request per forward, no limit but the body size; and
+    --model-version pins an older version."""
+    v1 = write_model(tmp_path, version=1, seed=0)
+    write_model(tmp_path, version=2, seed=1)
+    _make_unbatched(tmp_path / "rec")
     s = Server(tmp_path, "--model-version", "1")
     try:
         batch = make_batch(700, seed=4)
