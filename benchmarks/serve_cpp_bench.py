@@ -35,7 +35,16 @@ def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: in
     config = dst / model / "config.pbtxt"
     text = re.sub(r"dynamic_batching\s*\{[^}]*\}", "", config.read_text())
     if "max_batch_size: 0" in text:
-        raise SystemExit("the model was exported with triton_batching: none; batching needs ragged")
+        # The `none` form: rec-server batches it with rec.json's "serving" settings, and serves
+        # it one request per forward without them.
+        manifest_path = dst / model / "rec.json"
+        manifest = json.loads(manifest_path.read_text())
+        if batching:
+            manifest["serving"]["max_queue_delay_us"] = delay_us
+        else:
+            manifest.pop("serving", None)
+        manifest_path.write_text(json.dumps(manifest, indent=2))
+        return dst
     if batching:
         text += f"\ndynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
     config.write_text(text)

@@ -390,11 +390,12 @@ class ExportConfig:
     """Model instances (executor threads) per server."""
     format: str = "torchscript"
     """What `rec export` writes: torchscript, onnx or both (each its own model directory)."""
-    triton_batching: str = "ragged"
-    """config.pbtxt form. ragged: max_batch_size, dynamic batching, `sparse_values` with
-    allow_ragged_batch (what rec's servers read; stock Triton then takes one sample per
-    request). none: max_batch_size 0 with explicit -1 batch dims (stock Triton takes requests
-    of any size but never merges them). See rec.export.repository."""
+    triton_batching: str = "none"
+    """config.pbtxt form. none: max_batch_size 0 with explicit -1 batch dims (stock Triton takes
+    requests of any size but never merges them; rec-server batches them with rec.json's
+    "serving" settings). ragged: max_batch_size, dynamic batching, `sparse_values` with
+    allow_ragged_batch (stock Triton then takes one sample per request; rec-server batches it
+    from the config). See rec.export.repository."""
     batch_invariant: bool = True
     """Compute dense layers sample by sample (one bmm) so a score does not depend on the batch
     the server formed; CPU GEMM otherwise differs in the last bits for batches under 16."""

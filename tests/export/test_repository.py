@@ -38,18 +38,28 @@ def test_layout(exported):
 def test_triton_config_follows_the_io_table(exported, model, platform):
     config = parse(exported.repo / model / "config.pbtxt")  # Triton's own schema
     assert config.name == model and config.platform == platform
-    assert config.max_batch_size == 256  # export.max_batch_size of the tiny config
+    # The default form, `none`: no Triton batching, the batch dimension spelled out; rec-server
+    # batches it with rec.json's "serving" settings.
+    assert config.max_batch_size == 0
     dtype = model_config_pb2.DataType.Name
     got = [(i.name, dtype(i.data_type), list(i.dims), i.allow_ragged_batch) for i in config.input]
     assert got == [
-        ("dense_features", "TYPE_FP32", [NUM_DENSE], False),
-        ("sparse_lengths", "TYPE_INT32", [NUM_SPARSE], False),
-        ("sparse_values", "TYPE_INT64", [-1], True),
+        ("dense_features", "TYPE_FP32", [-1, NUM_DENSE], False),
+        ("sparse_lengths", "TYPE_INT32", [-1, NUM_SPARSE], False),
+        ("sparse_values", "TYPE_INT64", [-1], False),
     ]
     out = config.output[0]
-    assert (out.name, dtype(out.data_type), list(out.dims)) == ("scores", "TYPE_FP32", [1])
-    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert (out.name, dtype(out.data_type), list(out.dims)) == ("scores", "TYPE_FP32", [-1, 1])
+    assert not config.HasField("dynamic_batching")
     assert config.instance_group[0].count == 1
+    serving = json.loads((exported.repo / model / "rec.json").read_text())["serving"]
+    assert serving == {
+        "max_batch_size": 256,  # export.max_batch_size of the tiny config
+        "max_queue_delay_us": 500,
+        "preferred_batch_sizes": [],
+        "instances": 1,
+        "triton_batching": "none",
+    }
 
 
 def test_manifest(exported, seeded_run):
@@ -89,7 +99,8 @@ def test_versions_force_and_overrides(tmp_path):
     overrides = write_config(
         tmp_path / "export.yaml",
         {"export": {"table_dtypes": {"t0": "int4", "t1": "fp16", "t2": "fp32"},
-                    "triton_batching": "none", "instances": 2}},
+                    "triton_batching": "ragged", "instances": 2,
+                    "preferred_batch_sizes": [64, 128]}},
     )  # fmt: skip
     second = export_run(run, repo, config=overrides, **quiet)
     assert second.models["torchscript"] == repo / "rec" / "2"
@@ -98,7 +109,11 @@ def test_versions_force_and_overrides(tmp_path):
     stored = {t["name"]: t["stored_dtype"] for t in m["tables"]}
     assert stored == {"t0": "int4", "t1": "fp16", "t2": "fp32", "t3": "int8"}
     config = parse(repo / "rec" / "config.pbtxt")
-    assert config.max_batch_size == 0 and list(config.input[0].dims) == [-1, NUM_DENSE]
+    assert config.max_batch_size == 256 and list(config.input[0].dims) == [NUM_DENSE]
+    assert [i.name for i in config.input if i.allow_ragged_batch] == ["sparse_values"]
+    assert list(config.output[0].dims) == [1]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert list(config.dynamic_batching.preferred_batch_size) == [64, 128]
     assert config.instance_group[0].count == 2
     with pytest.raises(VersionExistsError, match="rec/1"):
         export_run(run, repo, version=1, **quiet)

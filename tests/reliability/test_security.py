@@ -124,8 +124,11 @@ def test_body_size_limit(default_server, manifest):
 
 
 def test_batch_limit(default_server, manifest, exported_repo):
-    config = (exported_repo / "rec" / "config.pbtxt").read_text()
-    max_batch = int(config.split("max_batch_size:")[1].split()[0])
+    # The exported config is the `none` form (max_batch_size 0): rec-server takes the limit
+    # from rec.json's "serving".
+    max_batch = json.loads((exported_repo / "rec" / "rec.json").read_text())["serving"][
+        "max_batch_size"
+    ]
     with httpclient.InferenceServerClient(default_server.http) as c:
         ok = c.infer("rec", infer_inputs(httpclient, batch(manifest, 4, seed=1)))
         assert ok.as_numpy("scores").shape[0] == 4

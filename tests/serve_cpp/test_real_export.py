@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import tritonclient.http as httpclient
 import yaml
 from server import Server
 from tiny_model import DATATYPES, INPUT_NAMES
+from tritonclient.utils import InferenceServerException
 
 REC = str(Path(sys.executable).parent / "rec")
 
@@ -45,12 +47,18 @@ def _rec(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
+def trained(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("real_export")
     (root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     _rec("train", "-c", str(root / "config.yaml"), "--run-dir", str(root / "run"), "--nproc", "1")
-    _rec("export", str(root / "run"), "--repo", str(root / "repo"), "--format", "torchscript")
-    return root / "repo"
+    return root
+
+
+@pytest.fixture(scope="module")
+def exported(trained) -> Path:
+    """The default export (export.triton_batching: none)."""
+    _rec("export", str(trained / "run"), "--repo", str(trained / "repo"), "--format", "torchscript")
+    return trained / "repo"
 
 
 def _batch(manifest: dict, rows: int, seed: int) -> dict[str, np.ndarray]:
@@ -76,6 +84,7 @@ def _inputs(module, batch):
 def test_exported_model_served_equals_in_process(exported):
     model_dir = exported / "rec"
     manifest = json.loads((model_dir / "rec.json").read_text())
+    assert "max_batch_size: 0" in (model_dir / "config.pbtxt").read_text()  # the default form
     torch.set_num_threads(1)
     module = torch.jit.load(str(model_dir / "1" / "model.pt"))
     server = Server(exported, "--model", "rec")
@@ -90,5 +99,53 @@ def test_exported_model_served_equals_in_process(exported):
             with grpcclient.InferenceServerClient(server.grpc) as c:
                 got = c.infer("rec", _inputs(grpcclient, batch)).as_numpy("scores")
                 np.testing.assert_array_equal(got, want)
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize("form", ["none", "ragged"])
+def test_both_export_forms_are_batched(trained, form):
+    """Either config.pbtxt form export writes, rec-server merges concurrent multi-sample
+    requests (fewer forwards than requests) and each gets the scores it gets alone: `ragged`
+    from the config's dynamic_batching, `none` (max_batch_size 0) from rec.json's "serving"."""
+    repo = trained / f"repo_{form}"
+    overrides = trained / f"export_{form}.yaml"
+    # A wide batching window, so the merge does not depend on scheduling luck.
+    export = {"triton_batching": form, "max_batch_size": 128, "max_queue_delay_us": 50_000}
+    overrides.write_text(yaml.safe_dump({"export": export}))
+    _rec("export", str(trained / "run"), "--repo", str(repo), "--format", "torchscript",
+         "-c", str(overrides))  # fmt: skip
+    model_dir = repo / "rec"
+    config = (model_dir / "config.pbtxt").read_text()
+    assert ("max_batch_size: 0" in config) == (form == "none")
+    manifest = json.loads((model_dir / "rec.json").read_text())
+    torch.set_num_threads(1)
+    module = torch.jit.load(str(model_dir / "1" / "model.pt"))
+    sizes = [1, 7, 30, 2, 64, 5, 16, 3] * 2
+    batches = [_batch(manifest, rows, seed=100 + i) for i, rows in enumerate(sizes)]
+    with torch.inference_mode():
+        alone = [module(*(torch.from_numpy(b[k]) for k in INPUT_NAMES)).numpy() for b in batches]
+    server = Server(repo, "--model", "rec", "--executor-threads", "1")
+    try:
+
+        def one(i: int) -> np.ndarray:
+            if i % 2:
+                with grpcclient.InferenceServerClient(server.grpc) as c:
+                    return c.infer("rec", _inputs(grpcclient, batches[i])).as_numpy("scores")
+            with httpclient.InferenceServerClient(server.http) as c:
+                return c.infer("rec", _inputs(httpclient, batches[i])).as_numpy("scores")
+
+        with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+            results = list(pool.map(one, range(len(batches))))
+        for got, want in zip(results, alone, strict=True):
+            np.testing.assert_array_equal(got, want)  # export.batch_invariant: bit for bit
+        with httpclient.InferenceServerClient(server.http) as c:
+            stats = c.get_inference_statistics("rec")["model_stats"][0]
+            big = _batch(manifest, 129, seed=1)
+            with pytest.raises(InferenceServerException, match="exceeds max_batch_size 128"):
+                c.infer("rec", _inputs(httpclient, big))
+        assert stats["inference_stats"]["success"]["count"] == len(batches)
+        assert stats["inference_count"] == sum(sizes)
+        assert stats["execution_count"] < len(batches), "no two requests were batched together"
     finally:
         assert server.stop() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -11,23 +12,24 @@ from tritonclient.grpc import model_config_pb2
 
 from rec.serve.repository import ServeError, load_model
 from rec.serve.triton import python_backend_config, stage_repository
-from tests.serve_triton.tiny_repo import NUM_DENSE, NUM_SPARSE
+from tests.serve_triton.tiny_repo import MAX_BATCH_SIZE, NUM_DENSE, NUM_SPARSE
 
 
 def test_config_parses_with_tritons_schema(tiny_repo):
+    """The default export form (`none`): max_batch_size 0, the batch dimension spelled out."""
     text = (tiny_repo / "rec" / "config.pbtxt").read_text()
     config = text_format.Parse(text, model_config_pb2.ModelConfig())  # raises on unknown fields
     assert config.platform == "pytorch_libtorch"
-    assert config.max_batch_size > 0
-    assert config.HasField("dynamic_batching")
+    assert config.max_batch_size == 0
+    assert not config.HasField("dynamic_batching")
     types = {i.name: model_config_pb2.DataType.Name(i.data_type) for i in config.input}
     assert types == {
         "dense_features": "TYPE_FP32",
         "sparse_lengths": "TYPE_INT32",
         "sparse_values": "TYPE_INT64",
     }
-    ragged = [i.name for i in config.input if i.allow_ragged_batch]
-    assert ragged == ["sparse_values"]
+    assert [list(i.dims) for i in config.input] == [[-1, NUM_DENSE], [-1, NUM_SPARSE], [-1]]
+    assert not any(i.allow_ragged_batch for i in config.input)
     assert [(o.name, model_config_pb2.DataType.Name(o.data_type)) for o in config.output] == [
         ("scores", "TYPE_FP32")
     ]
@@ -67,10 +69,14 @@ def test_staged_config_is_valid_python_backend_config(tiny_repo, tmp_path):
         (lambda d: (d / "rec.json").unlink(), "rec.json is missing"),
         (lambda d: shutil.rmtree(d / "1"), "no version directory"),
         (
+            lambda d: _edit_manifest(d, lambda m: m["serving"].update(max_batch_size="512")),
+            "rec.json: \"serving.max_batch_size\" must be an integer in [1, 2^30], got '512'",
+        ),
+        (
             lambda d: (d / "rec.json").write_text(
                 json.dumps({"features": {"dense": ["a"], "sparse": []}, "num_tasks": 2})
             ),
-            f"'dense_features' is TYPE_FP32 dims [{NUM_DENSE}], expected TYPE_FP32 [1]",
+            f"'dense_features' is TYPE_FP32 dims [-1, {NUM_DENSE}], expected TYPE_FP32 [-1, 1]",
         ),
     ],
 )
@@ -78,7 +84,7 @@ def test_invalid_repository_is_a_clear_error(tiny_repo, tmp_path, breakage, mess
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
     breakage(repo / "rec")
-    with pytest.raises(ServeError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ServeError, match=re.escape(message)):
         load_model(repo)
 
 
@@ -98,20 +104,48 @@ def test_default_model_is_the_torchscript_one(tiny_repo, tmp_path):
         load_model(repo, "rec_onnx")
 
 
-def test_unbatched_form_is_accepted_and_staged_as_is(tiny_repo, tmp_path):
-    """export.triton_batching: none (max_batch_size 0, explicit -1 batch dims) loads too."""
+def _edit_manifest(model_dir, edit) -> None:
+    manifest = json.loads((model_dir / "rec.json").read_text())
+    edit(manifest)
+    (model_dir / "rec.json").write_text(json.dumps(manifest))
+
+
+def test_unbatched_form_takes_its_limit_from_the_manifest(tiny_repo, tmp_path):
+    """export.triton_batching: none (the default): the limit is rec.json's serving one, as
+    rec-server enforces it, and the staged Python-backend model enforces the same."""
+    model = load_model(tiny_repo)
+    assert model.config.max_batch_size == 0
+    assert model.max_batch_size == MAX_BATCH_SIZE
+    staged = python_backend_config(model)
+    assert [list(i.dims) for i in staged.input] == [list(i.dims) for i in model.config.input]
+    assert staged.parameters["max_rows"].string_value == str(MAX_BATCH_SIZE)
+    # A manifest without "serving" (an older export): no limit, as rec-server then serves it.
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
-    config = load_model(repo).config
-    config.max_batch_size = 0
-    config.ClearField("dynamic_batching")
-    for io in [*config.input, *config.output]:
-        if io.name != "sparse_values":
-            io.dims.insert(0, -1)
-    config.input[2].allow_ragged_batch = False
-    (repo / "rec" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    _edit_manifest(repo / "rec", lambda m: m.pop("serving"))
     model = load_model(repo)
     assert model.max_batch_size == 0
+    assert python_backend_config(model).parameters["max_rows"].string_value == "0"
+
+
+def test_ragged_form_is_accepted_and_staged_unbatched(tiny_repo, tmp_path):
+    """export.triton_batching: ragged (max_batch_size > 0, no batch dims) loads too; staging
+    turns it into the max_batch_size 0 form for Triton."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    none_form = load_model(repo).config
+    config = model_config_pb2.ModelConfig()
+    config.CopyFrom(none_form)
+    config.max_batch_size = 64  # the config's limit wins over rec.json's in this form
+    config.dynamic_batching.max_queue_delay_microseconds = 500
+    for io in [*config.input, *config.output]:
+        if io.name != "sparse_values":
+            del io.dims[0]
+    config.input[2].allow_ragged_batch = True
+    (repo / "rec" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    model = load_model(repo)
+    assert model.max_batch_size == 64
     staged = python_backend_config(model)
-    assert [list(i.dims) for i in staged.input] == [list(i.dims) for i in config.input]
-    assert staged.parameters["max_rows"].string_value == "0"  # no limit in that form
+    assert staged.max_batch_size == 0 and not staged.HasField("dynamic_batching")
+    assert [list(i.dims) for i in staged.input] == [list(i.dims) for i in none_form.input]
+    assert staged.parameters["max_rows"].string_value == "64"
