@@ -18,19 +18,22 @@ across requests only with `allow_ragged_batch`, and then only requests of batch 
 ranking request carries many candidates (B in the hundreds) in one call. Two forms, chosen by
 `export.triton_batching`:
 
-* `ragged` (default): `max_batch_size: export.max_batch_size`, dims without the batch
-  dimension, `allow_ragged_batch: true` on `sparse_values`, `dynamic_batching` from the config.
-  This is the form rec's servers read (serve/repository.py, cpp/src/model_spec.cpp): the C++
-  server merges multi-sample requests itself, by concatenation (DESIGN.md), which is valid for
-  this I/O whatever Triton's rule; `rec serve --backend triton` stages its own copy of the
-  config for Triton's Python backend. Stock Triton with the libtorch backend serves this config
-  only with single-sample requests.
-* `none`: `max_batch_size: 0`, explicit `-1` batch dimensions, no dynamic batching. Stock
-  Triton then accepts requests of any size and runs each as its own batch (no merging), which
-  is right for ranking traffic whose requests are already batches of candidates. rec's servers
-  refuse this form (they need max_batch_size > 0 to size their batches).
+* `none` (default): `max_batch_size: 0`, explicit `-1` batch dimensions, no dynamic batching.
+  Stock Triton accepts requests of any size and runs each as its own batch (no merging), which
+  is right for ranking traffic whose requests are already batches of candidates. rec-server
+  reads its batching from rec.json's "serving" instead (max_batch_size, max_queue_delay_us,
+  preferred_batch_sizes; cpp/src/model_spec.cpp) and merges concurrent requests by
+  concatenation (DESIGN.md), which is valid for this I/O whatever Triton's rule; rec.json's
+  presence vouches for that I/O (a foreign `max_batch_size: 0` model without one is served one
+  request per forward). So one repository serves multi-sample requests from both servers.
+* `ragged`: `max_batch_size: export.max_batch_size`, dims without the batch dimension,
+  `allow_ragged_batch: true` on `sparse_values`, `dynamic_batching` from the config. rec-server
+  batches it from the config; stock Triton with the libtorch backend serves it only with
+  single-sample requests (and merges those).
 
-The serving settings are also written to rec.json ("serving"), whatever the form.
+`rec serve --backend triton` stages its own copy of the config for Triton's Python backend in
+the `none` form whatever the exported form. The serving settings are written to rec.json
+("serving") whatever the form.
 
 Input names are the TorchScript forward() argument names, which Triton's libtorch backend maps by
 name (its FORWARD_ARGUMENT convention); the single output `scores` is mapped by position (the

@@ -88,13 +88,14 @@ def python_backend_config(model: ServedModel, intra_op_threads: int = 1):
     """The user's config, rewritten for rec's Python-backend model and multi-sample requests.
 
     Triton requires every input of a batching model (max_batch_size > 0) to carry the same
-    batch dimension, ragged ones included, so with the exported `ragged` config a request can
+    batch dimension, ragged ones included, so with a `ragged`-form config a request can
     hold only one sample (sparse_values [1, N]); a request with B candidates is rejected
     ("batch size does not match other inputs"). The staged model therefore has the `none`
     form: max_batch_size 0 with the batch dimension spelled out ([-1, D], [-1, F], [-1] ->
     [-1, T]), so any B per request works and model.py enforces the exported max_batch_size
-    itself. Triton's dynamic batcher needs max_batch_size > 0, so each request runs as its
-    own batch. A config already in the `none` form is kept as it is.
+    itself (`model.max_batch_size`: rec.json's serving one for the `none` form). Triton's
+    dynamic batcher needs max_batch_size > 0, so each request runs as its own batch. A config
+    already in the `none` form (the export's default) is kept as it is.
     """
     config = type(model.config)()
     config.CopyFrom(model.config)
