@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -30,6 +32,19 @@ def http_scores(url: str, inputs: dict[str, np.ndarray], **kwargs) -> np.ndarray
 def grpc_scores(url: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     with grpcclient.InferenceServerClient(url) as c:
         return c.infer("rec", infer_inputs(grpcclient, inputs)).as_numpy("scores")
+
+
+def scores_concurrently(server, batches: list[dict[str, np.ndarray]], workers: int = 16) -> list:
+    """Scores each batch from its own thread and client (tritonclient clients are not shared),
+    alternating HTTP and gRPC, so the server sees concurrent requests of both protocols."""
+
+    def one(i: int) -> np.ndarray:
+        if i % 2:
+            return grpc_scores(server.grpc, batches[i])
+        return http_scores(server.http, batches[i])
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, range(len(batches))))
 
 
 def assert_same_rows(got: np.ndarray, want: np.ndarray) -> None:

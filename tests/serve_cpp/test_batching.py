@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from clients import assert_same_rows, infer_inputs
+from clients import assert_same_rows, infer_inputs, scores_concurrently
 from tiny_model import make_batch
 
 
@@ -22,16 +19,7 @@ def test_many_concurrent_clients_get_their_own_rows(server, reference):
     expected = [reference(b) for b in batches]
     before = stats(server.http)
 
-    def one(i: int) -> np.ndarray:
-        # Alternate protocols; each thread its own client (tritonclient clients are not shared).
-        if i % 2:
-            with grpcclient.InferenceServerClient(server.grpc) as c:
-                return c.infer("rec", infer_inputs(grpcclient, batches[i])).as_numpy("scores")
-        with httpclient.InferenceServerClient(server.http) as c:
-            return c.infer("rec", infer_inputs(httpclient, batches[i])).as_numpy("scores")
-
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        results = list(pool.map(one, range(len(batches))))
+    results = scores_concurrently(server, batches)
     for got, want in zip(results, expected, strict=True):
         assert_same_rows(got, want)
 

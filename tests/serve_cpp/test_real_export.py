@@ -6,17 +6,16 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
+from clients import grpc_scores, http_scores, infer_inputs, scores_concurrently
 from server import Server
-from tiny_model import DATATYPES, INPUT_NAMES
+from tiny_model import INPUT_NAMES
 from tritonclient.utils import InferenceServerException
 
 REC = str(Path(sys.executable).parent / "rec")
@@ -72,15 +71,6 @@ def _batch(manifest: dict, rows: int, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def _inputs(module, batch):
-    out = []
-    for name in INPUT_NAMES:
-        i = module.InferInput(name, list(batch[name].shape), DATATYPES[name])
-        i.set_data_from_numpy(batch[name])
-        out.append(i)
-    return out
-
-
 def test_exported_model_served_equals_in_process(exported):
     model_dir = exported / "rec"
     manifest = json.loads((model_dir / "rec.json").read_text())
@@ -93,12 +83,8 @@ def test_exported_model_served_equals_in_process(exported):
             batch = _batch(manifest, rows, seed=rows)
             with torch.inference_mode():
                 want = module(*(torch.from_numpy(batch[k]) for k in INPUT_NAMES)).numpy()
-            with httpclient.InferenceServerClient(server.http) as c:
-                got = c.infer("rec", _inputs(httpclient, batch)).as_numpy("scores")
-                np.testing.assert_array_equal(got, want)
-            with grpcclient.InferenceServerClient(server.grpc) as c:
-                got = c.infer("rec", _inputs(grpcclient, batch)).as_numpy("scores")
-                np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(http_scores(server.http, batch), want)
+            np.testing.assert_array_equal(grpc_scores(server.grpc, batch), want)
     finally:
         assert server.stop() == 0
 
@@ -127,23 +113,14 @@ def test_both_export_forms_are_batched(trained, form):
         alone = [module(*(torch.from_numpy(b[k]) for k in INPUT_NAMES)).numpy() for b in batches]
     server = Server(repo, "--model", "rec", "--executor-threads", "1")
     try:
-
-        def one(i: int) -> np.ndarray:
-            if i % 2:
-                with grpcclient.InferenceServerClient(server.grpc) as c:
-                    return c.infer("rec", _inputs(grpcclient, batches[i])).as_numpy("scores")
-            with httpclient.InferenceServerClient(server.http) as c:
-                return c.infer("rec", _inputs(httpclient, batches[i])).as_numpy("scores")
-
-        with ThreadPoolExecutor(max_workers=len(batches)) as pool:
-            results = list(pool.map(one, range(len(batches))))
+        results = scores_concurrently(server, batches, workers=len(batches))
         for got, want in zip(results, alone, strict=True):
             np.testing.assert_array_equal(got, want)  # export.batch_invariant: bit for bit
         with httpclient.InferenceServerClient(server.http) as c:
             stats = c.get_inference_statistics("rec")["model_stats"][0]
             big = _batch(manifest, 129, seed=1)
             with pytest.raises(InferenceServerException, match="exceeds max_batch_size 128"):
-                c.infer("rec", _inputs(httpclient, big))
+                c.infer("rec", infer_inputs(httpclient, big))
         assert stats["inference_stats"]["success"]["count"] == len(batches)
         assert stats["inference_count"] == sum(sizes)
         assert stats["execution_count"] < len(batches), "no two requests were batched together"
