@@ -13,6 +13,7 @@ import click
 
 from rec import __version__
 from rec.config import ConfigError
+from rec.resources import ResourceError
 
 # Stage modules that define click commands in a `COMMANDS` list.
 _STAGE_CLI_MODULES = ("rec.train.cli", "rec.export.cli", "rec.serve.cli")
@@ -24,7 +25,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (ConfigError, FileNotFoundError, FileExistsError) as e:
+        except (ConfigError, ResourceError, FileNotFoundError, FileExistsError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
 

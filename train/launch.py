@@ -13,7 +13,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from rec import run_dir
+from rec import resources, run_dir
 from rec.config import RecConfig, load_config
 
 
@@ -98,6 +98,10 @@ def train(
         raise run_dir.RunDirError("--resume needs the run directory to continue")
     run = run or default_run_dir()
     cfg = None if resume else load_config(config)
-    prepare_run_dir(cfg, run, resume)
+    if cfg is not None:  # before the run directory is made: a refused run leaves nothing
+        resources.check_training(cfg, nproc, run)
+    cfg = prepare_run_dir(cfg, run, resume)
+    if resume:
+        resources.check_training(cfg, nproc, run)
     launch(run, nproc, resume, max_restarts)
     return run
