@@ -65,6 +65,15 @@ def check_matches(state: dict[str, torch.Tensor], step_dir: Path) -> None:
             )
 
 
+def load_dense(
+    run: str | Path, checkpoint: str | None = None, cfg: RecConfig | None = None
+) -> LoadedRun:
+    """Like `load_run`, but the tables stay on the meta device: only the dense layers (a few
+    MB even for a model with GBs of tables) are read. The tables are streamed later
+    (rec.export.stream); their shapes are checked against the checkpoint here all the same."""
+    return _load(run, checkpoint, cfg, with_tables=False)
+
+
 def load_run(
     run: str | Path, checkpoint: str | None = None, cfg: RecConfig | None = None
 ) -> LoadedRun:
@@ -78,15 +87,20 @@ def load_run(
         rec.run_dir.RunDirError: missing run dir, no committed checkpoint, torn step dir.
         CheckpointMismatchError: the config's tables or layers differ from the checkpoint's.
     """
+    return _load(run, checkpoint, cfg, with_tables=True)
+
+
+def _load(run, checkpoint: str | None, cfg: RecConfig | None, with_tables: bool) -> LoadedRun:
     step_dir = run_dir.resolve_checkpoint(run, checkpoint)
     run_dir.verify_checkpoint(step_dir)
     cfg = cfg if cfg is not None else load_config(Path(run) / run_dir.CONFIG_FILE)
     torch.manual_seed(0)  # only fixes the init that the checkpoint then overwrites
-    wrapper = TrainModel(build_model(cfg))
+    wrapper = TrainModel(build_model(cfg, "cpu" if with_tables else "meta"))
     state = wrapper.state_dict()
     check_matches(state, step_dir)
-    dcp.load({_STATE_KEY: state}, checkpoint_id=str(step_dir))
-    wrapper.load_state_dict(state)  # DCP fills tensors in place; this is a no-op safety net
+    # DCP fills the tensors in place; they are the model's own (state_dict shares storage).
+    wanted = state if with_tables else {k: v for k, v in state.items() if not v.is_meta}
+    dcp.load({_STATE_KEY: wanted}, checkpoint_id=str(step_dir))
     model = wrapper.model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -1,7 +1,8 @@
 """ONNX format: the same I/O, with the embedding lookup written in standard ops.
 
-ONNX Runtime has no FBGEMM TBE, so the sparse part is rebuilt from the float weights with the
-same rowwise quantization FBGEMM uses (`FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf`):
+ONNX Runtime has no FBGEMM TBE, so the sparse part is stored in plain tensors, filled from the
+streamed checkpoint rows with the same rowwise quantization FBGEMM uses
+(`FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf`):
 int8/int4 codes stored as uint8 (int4 two codes per byte, low nibble first) with an fp16
 scale and bias per row, fp16 tables as fp16, fp32 as fp32. In the graph: gather rows,
 dequantize (`code * scale + bias`), sum (or average) each bag with index_add. The dense part
@@ -22,32 +23,41 @@ import torch
 from torch import nn
 
 from rec.config import RecConfig
+from rec.export.stream import quantize_rows
 from rec.model import table_rows
 
 _BITS = {"int8": 8, "int4": 4}
 
 
-def rowwise_quantize(weight: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-    """FBGEMM's storage of one table: {"codes", "scale_bias" (int8/int4)} or {"weight"}."""
-    weight = weight.detach().float().contiguous()
-    if dtype == "fp32":
-        return {"weight": weight}
-    if dtype == "fp16":
-        return {"weight": weight.half()}
-    fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(weight, _BITS[dtype])
-    scale_bias = fused[:, -4:].contiguous().view(torch.float16)  # [rows, 2]: scale, bias
-    return {"codes": fused[:, :-4].contiguous(), "scale_bias": scale_bias}
-
-
 class _TableGroup(nn.Module):
-    """Tables of one stored dtype, concatenated row-wise; dequantizes gathered rows."""
+    """Tables of one stored dtype, concatenated row-wise; dequantizes gathered rows.
 
-    def __init__(self, dtype: str, parts: list[dict[str, torch.Tensor]], dim: int) -> None:
+    Allocated empty for `total_rows` and filled by OnnxSink as the tables stream past."""
+
+    def __init__(self, dtype: str, total_rows: int, dim: int) -> None:
         super().__init__()
         self.dtype = dtype
         self.dim = dim
-        for key in parts[0]:
-            self.register_buffer(key, torch.cat([p[key] for p in parts]))
+        if dtype in _BITS:
+            row_bytes = dim * _BITS[dtype] // 8
+            self.register_buffer("codes", torch.empty(total_rows, row_bytes, dtype=torch.uint8))
+            self.register_buffer("scale_bias", torch.empty(total_rows, 2, dtype=torch.float16))
+        else:
+            weight_dtype = torch.float16 if dtype == "fp16" else torch.float32
+            self.register_buffer("weight", torch.empty(total_rows, dim, dtype=weight_dtype))
+
+    def write(self, start: int, rows: torch.Tensor) -> None:
+        """Quantizes fp32 `rows` into rows [start, start + n) of the group."""
+        codes, scale_bias = quantize_rows(rows, self.dtype)
+        stop = start + rows.shape[0]
+        if scale_bias is None:
+            self.weight[start:stop] = codes.view(self.weight.dtype)
+        else:
+            self.codes[start:stop] = codes
+            self.scale_bias[start:stop] = scale_bias.contiguous().view(torch.float16)
+
+    def bytes_of(self, rows: int) -> int:
+        return sum(rows * b[0].numel() * b.element_size() for b in self.buffers())
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         if self.dtype in ("fp32", "fp16"):
@@ -62,35 +72,39 @@ class _TableGroup(nn.Module):
 
 
 class OnnxServingModule(nn.Module):
-    """ServingModule's I/O over plain-op embeddings; exportable with dynamic B and N."""
+    """ServingModule's I/O over plain-op embeddings; exportable with dynamic B and N.
+
+    Args:
+        model: the DLRM with the checkpoint's dense weights; its tables are not read (they may
+            be on the meta device): OnnxSink fills this module's own storage.
+        cfg: the run's config. table_dtypes: stored dtype of every table.
+    """
 
     def __init__(self, model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]) -> None:
         super().__init__()
         feats = list(cfg.features.sparse)
         owner = cfg.feature_to_table()
-        ebc = model.sparse_arch.embedding_bag_collection
-        weights = {name: bag.weight for name, bag in ebc.embedding_bags.items()}
         tables = {t.name: t for t in cfg.tables}
         groups = sorted({table_dtypes[t] for t in owner.values()})
         self.num_features = len(feats)
         self.dim = cfg.embedding_dim
         self.groups = nn.ModuleList()
         self.table_bytes: dict[str, int] = {}
+        self.placement: dict[str, tuple[int, int]] = {}  # table -> (group, first row)
         group_of, offset_of = [0] * len(feats), [0] * len(feats)
         for g, dtype in enumerate(groups):
             names = [t.name for t in cfg.tables if table_dtypes[t.name] == dtype]
-            start = {}
             total = 0
             for name in names:
-                start[name] = total
+                self.placement[name] = (g, total)
                 total += tables[name].rows
             for f, feat in enumerate(feats):
-                if owner[feat] in start:
-                    group_of[f], offset_of[f] = g, start[owner[feat]]
-            parts = [rowwise_quantize(weights[n], dtype) for n in names]
-            for name, part in zip(names, parts, strict=True):
-                self.table_bytes[name] = sum(t.numel() * t.element_size() for t in part.values())
-            self.groups.append(_TableGroup(dtype, parts, self.dim))
+                if owner[feat] in names:
+                    group_of[f], offset_of[f] = g, self.placement[owner[feat]][1]
+            group = _TableGroup(dtype, total, self.dim)
+            for name in names:
+                self.table_bytes[name] = group.bytes_of(tables[name].rows)
+            self.groups.append(group)
         mean = [tables[owner[f]].pooling == "mean" for f in feats]
         self.register_buffer("rows", table_rows(cfg))
         self.register_buffer("row_offset", torch.tensor(offset_of, dtype=torch.int64))
@@ -139,6 +153,17 @@ class OnnxServingModule(nn.Module):
             dense_features=embedded_dense, sparse_features=embedded_sparse
         )
         return torch.sigmoid(self.over_arch(concatenated))
+
+
+class OnnxSink:
+    """Writes streamed fp32 rows, quantized, into an OnnxServingModule (stream.TableSink)."""
+
+    def __init__(self, module: OnnxServingModule) -> None:
+        self.module = module
+
+    def write(self, table: str, start: int, rows: torch.Tensor) -> None:
+        group, first = self.module.placement[table]
+        self.module.groups[group].write(first + start, rows)
 
 
 def export_onnx(module: OnnxServingModule, sample: tuple[torch.Tensor, ...], path: Path) -> None:

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import gc
 import importlib.metadata
 import itertools
 import platform
@@ -26,13 +27,15 @@ from typing import Any
 import torch
 import yaml
 
-from rec import run_dir
+from rec import resources, run_dir
 from rec import versions as rec_versions
 from rec.batch import RecBatch
 from rec.config import ConfigError, RecConfig, load_config
+from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
-from rec.export import verify
-from rec.export.load import LoadedRun, load_run
+from rec.export import stream, verify
+from rec.export.dcp_reader import CheckpointReader
+from rec.export.load import LoadedRun, load_dense
 from rec.export.module import (
     INPUT_NAMES,
     OUTPUT_NAME,
@@ -52,11 +55,36 @@ _LOAD_REQUIRES = {
 
 
 @dataclass
-class Built:
-    """One format's staged model: its scorer for verification and its manifest entries."""
+class Source:
+    """What every format's builder reads: the dense layers, the checkpoint's tables (streamed),
+    and the batches it is verified on."""
 
-    scorer: verify.Scorer
-    reloaded: verify.Scorer
+    cfg: RecConfig
+    loaded: LoadedRun
+    """The float model with its dense weights; its tables stay on the meta device."""
+    reader: CheckpointReader
+    sample: tuple[torch.Tensor, ...]
+    batches: list[RecBatch]
+    """The verification batches (held-out, or random requests when there is no held-out data)."""
+    log: Log
+    extra_sinks: list[stream.TableSink] = field(default_factory=list)
+    """Also fed by the next streaming pass (the reference rows, on the first one)."""
+
+    def stream_into(self, *sinks: stream.TableSink) -> None:
+        extra, self.extra_sinks = self.extra_sinks, []
+        stream.stream_tables(self.reader, self.cfg, [*sinks, *extra],
+                             self.cfg.export.chunk_rows, self.log)  # fmt: skip
+
+
+@dataclass
+class Built:
+    """One format's staged model, scored on the verification batches, then released."""
+
+    scores: torch.Tensor
+    """Of the model as built in memory (for ONNX: the torch module it was exported from)."""
+    reloaded: torch.Tensor
+    """Of the file read back from disk (ONNX: through ONNX Runtime)."""
+    batched_vs_single_max_diff: float
     tables: dict[str, dict[str, Any]]
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -97,36 +125,92 @@ def table_dtypes(cfg: RecConfig) -> dict[str, str]:
     return {t.name: cfg.export.table_dtypes.get(t.name, cfg.export.quantize) for t in cfg.tables}
 
 
-def build_torchscript(float_module: ServingModule, cfg: RecConfig, sample, out: Path) -> Built:
+_BYTES_PER_VALUE = {"int8": 1.0, "int4": 0.5, "fp16": 2.0, "fp32": 4.0}
+
+
+def stored_bytes(cfg: RecConfig) -> int:
+    """The quantized tables' size: values plus the fp16 scale and bias of int8/int4 rows."""
+    dtypes = table_dtypes(cfg)
+    return sum(
+        int(
+            t.rows
+            * (
+                t.dim * _BYTES_PER_VALUE[dtypes[t.name]]
+                + (4 if dtypes[t.name] in ("int8", "int4") else 0)
+            )
+        )
+        for t in cfg.tables
+    )
+
+
+def _score(scorer: verify.Scorer, batches: list[RecBatch]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([scorer(b.dense, b.lengths, b.values).float() for b in batches])
+
+
+def _batching_request(cfg: RecConfig):
+    # 37 samples: past the sizes where CPU kernels switch paths (GEMM at 16, SIMD tails).
+    return sample_batch(cfg.features.dense, len(cfg.features.sparse), 37, seed=7)
+
+
+def build_torchscript(src: Source, out: Path) -> Built:
+    """Quantized TBE filled from the streamed tables -> FX trace -> script -> model.pt; scored in
+    memory, released, reloaded from disk and scored again."""
     from rec.export import torchscript
 
-    module = copy.deepcopy(float_module)  # the float module stays the reference scorer
+    cfg = src.cfg
+    model = copy.deepcopy(src.loaded.model)  # dense layers only: the tables are on meta
+    module = ServingModule(model, cfg.features.sparse, table_rows(cfg)).eval()
+    # Swapped in after eval(), as quantize_inference_model does, so even the modules' training
+    # flags (saved in model.pt) are those of the in-memory path's file.
+    qebc = torchscript.empty_quantized_ebc(
+        model.sparse_arch.embedding_bag_collection, table_dtypes(cfg)
+    )
+    model.sparse_arch.embedding_bag_collection = qebc
     if cfg.export.batch_invariant:
         make_batch_invariant(module)
-    quantized = torchscript.quantize(module, table_dtypes(cfg))
-    scripted = torchscript.to_torchscript(quantized, sample)
+    src.stream_into(torchscript.TbeSink(qebc))
+    scripted = torchscript.to_torchscript(module, src.sample)
     torch.jit.save(scripted, str(out))
+    tables = torchscript.table_storage(module)
+    scores = _score(scripted, src.batches)
+    del scripted, module, model, qebc  # the TBE storage: make room for the reloaded copy
+    gc.collect()
     reloaded = torch.jit.load(str(out))
-    return Built(scripted, reloaded, torchscript.table_storage(quantized))
+    request = _batching_request(cfg)
+    batching = check_batching("torchscript", reloaded, request, cfg.export.batch_invariant)
+    return Built(scores, _score(reloaded, src.batches), batching, tables)
 
 
-def build_onnx(float_module: ServingModule, cfg: RecConfig, sample, out: Path) -> Built:
+def build_onnx(src: Source, out: Path) -> Built:
+    """Plain-op tables filled from the streamed tables -> ONNX (external data past 2 GB);
+    the torch module scored and released, then ONNX Runtime scored."""
     from rec.export import onnx
 
-    module = onnx.OnnxServingModule(float_module.model, cfg, table_dtypes(cfg)).eval()
-    onnx.export_onnx(module, sample, out)
-    session = onnx.onnx_session(out)
-    verify.check_close(
-        "ONNX Runtime vs the module it was exported from (sample)",
-        onnx.run_onnx(session, *sample),
-        module(*sample),
-        verify.ONNX_TOLERANCE,
-    )
+    cfg = src.cfg
+    module = onnx.OnnxServingModule(src.loaded.model, cfg, table_dtypes(cfg)).eval()
+    src.stream_into(onnx.OnnxSink(module))
+    onnx.export_onnx(module, src.sample, out)
+    with torch.no_grad():
+        sample_scores = module(*src.sample)
+    scores = _score(module, src.batches)
     tables = {
         name: {"stored_dtype": table_dtypes(cfg)[name], "bytes_stored": n, "bytes_unpadded": n}
         for name, n in module.table_bytes.items()
     }
-    return Built(module, lambda *b: onnx.run_onnx(session, *b), tables)
+    del module  # its tables: make room for ONNX Runtime's copy
+    gc.collect()
+    session = onnx.onnx_session(out)
+
+    def run(*b):
+        return onnx.run_onnx(session, *b)
+
+    verify.check_close(
+        "ONNX Runtime vs the module it was exported from (sample)",
+        run(*src.sample), sample_scores, verify.ONNX_TOLERANCE,
+    )  # fmt: skip
+    batching = check_batching("onnx", run, _batching_request(cfg), False)
+    return Built(scores, _score(run, src.batches), batching, tables)
 
 
 BUILDERS = {"torchscript": build_torchscript, "onnx": build_onnx}
@@ -246,48 +330,39 @@ def _synthetic_batches(cfg: RecConfig, count: int = 4, size: int = 256) -> list[
 
 
 def run_checks(
-    cfg: RecConfig,
-    float_module: ServingModule,
-    built: dict[str, Built],
-    batches: Iterable[RecBatch] | None,
+    cfg: RecConfig, reference: torch.Tensor, labels: torch.Tensor | None, built: dict[str, Built]
 ) -> dict[str, Any]:
-    """Every verification of the staged models; raises VerificationError on a correctness one."""
-    checks: dict[str, Any] = {"batched_vs_single_max_diff": {}}
-    # 37 samples: past the sizes where CPU kernels switch paths (GEMM at 16, SIMD tails).
-    request = sample_batch(cfg.features.dense, len(cfg.features.sparse), 37, seed=7)
-    for fmt, b in built.items():
-        exact = fmt == "torchscript" and cfg.export.batch_invariant
-        checks["batched_vs_single_max_diff"][fmt] = check_batching(fmt, b.reloaded, request, exact)
-    scorers: dict[str, verify.Scorer] = {"float": float_module}
-    for fmt, b in built.items():
-        scorers[fmt] = b.scorer
-        scorers[f"{fmt}_reloaded"] = b.reloaded
-    labelled = batches is not None
-    scores, labels = verify.score_all(scorers, batches if labelled else _synthetic_batches(cfg))
+    """Every verification of the staged models from their scores; raises VerificationError on
+    a correctness check. `reference` is the float model's scores on the same batches, `labels`
+    their labels (None: random requests, no quality to measure)."""
+    checks: dict[str, Any] = {
+        "batched_vs_single_max_diff": {
+            fmt: b.batched_vs_single_max_diff for fmt, b in built.items()
+        }
+    }
     if "torchscript" in built:
-        verify.check_identical(
-            "TorchScript reloaded from disk", scores["torchscript_reloaded"], scores["torchscript"]
-        )
+        b = built["torchscript"]
+        verify.check_identical("TorchScript reloaded from disk", b.reloaded, b.scores)
         checks["torchscript_reload_identical"] = True
-    if "onnx" in built:  # "onnx" is the torch module the file was exported from
+    if "onnx" in built:  # its `scores` are the torch module the file was exported from
         checks["onnx_runtime_vs_source_max_abs_diff"] = verify.check_close(
             "ONNX Runtime vs the module it was exported from",
-            scores["onnx_reloaded"], scores["onnx"], verify.ONNX_TOLERANCE,
+            built["onnx"].reloaded, built["onnx"].scores, verify.ONNX_TOLERANCE,
         )  # fmt: skip
     if "onnx" in built and "torchscript" in built:
         checks["onnx_vs_torchscript_max_abs_diff"] = verify.check_close(
             "ONNX Runtime vs TorchScript",
-            scores["onnx_reloaded"], scores["torchscript"], verify.ONNX_TOLERANCE,
+            built["onnx"].reloaded, built["torchscript"].scores, verify.ONNX_TOLERANCE,
         )  # fmt: skip
-    exported = {fmt: scores[f"{fmt}_reloaded"] for fmt in built}
-    if labelled:
+    exported = {fmt: b.reloaded for fmt, b in built.items()}
+    if labels is not None:
         checks["eval"] = verify.summarize(
-            {"float": scores["float"], **exported}, labels, set(table_dtypes(cfg).values())
+            {"float": reference, **exported}, labels, set(table_dtypes(cfg).values())
         )
     else:
         checks["eval"] = {"skipped": "the held-out split could not be read where export ran"}
         for fmt, s in exported.items():
-            checks["eval"][f"{fmt}_max_abs_diff_vs_float"] = verify.max_diff(s, scores["float"])
+            checks["eval"][f"{fmt}_max_abs_diff_vs_float"] = verify.max_diff(s, reference)
     return checks
 
 
@@ -334,13 +409,20 @@ def export_run(
     """
     run, repo = Path(run), Path(repo)
     cfg = resolve_config(run, quantize, fmt, config)
-    loaded = load_run(run, checkpoint, cfg)
+    loaded = load_dense(run, checkpoint, cfg)
     log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
     formats = ["torchscript", "onnx"] if cfg.export.format == "both" else [cfg.export.format]
     targets = repo_lib.plan_targets(repo, cfg.export.model_name, formats, version, force)
+    labelled = eval_data if eval_data is not None else eval_batches(cfg, log)
+    batches = list(labelled) if labelled is not None else _synthetic_batches(cfg)
+    touched = reference_lib.touched_rows(cfg, batches)
+    reference_rows = sum(r.numel() for r in touched.values())
+    resources.check_export(
+        cfg, formats, stored_bytes(cfg), reference_rows, stream.CHUNK_BYTES, repo
+    )
+    ref_sink = reference_lib.ReferenceSink(cfg, touched)
     sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
-    float_module = ServingModule(loaded.model, cfg.features.sparse, table_rows(cfg)).eval()
-    float_module(*sample)
+    src = Source(cfg, loaded, CheckpointReader(loaded.step_dir), sample, batches, log, [ref_sink])
     repo_existed = repo.exists()
     staging = repo_lib.staging_dir(repo)
     try:
@@ -348,10 +430,11 @@ def export_run(
         for t in targets:
             vdir = staging / t.model_dir.name / str(t.version)
             vdir.mkdir(parents=True)
-            built[t.fmt] = BUILDERS[t.fmt](float_module, cfg, sample, vdir / repo_lib.FILES[t.fmt])
-            log(f"{t.fmt}: built and reloaded {t.model_dir.name}/{t.version}")
-        batches = eval_data if eval_data is not None else eval_batches(cfg, log)
-        checks = run_checks(cfg, float_module, built, batches)
+            built[t.fmt] = BUILDERS[t.fmt](src, vdir / repo_lib.FILES[t.fmt])
+            log(f"{t.fmt}: built, scored and reloaded {t.model_dir.name}/{t.version}")
+        reference = _score(reference_lib.ReferenceModule(loaded.model, cfg, ref_sink), batches)
+        labels = torch.cat([b.labels for b in batches]).float() if labelled is not None else None
+        checks = run_checks(cfg, reference, labels, built)
         manifests = {}
         for t in targets:
             staged = staging / t.model_dir.name

@@ -401,8 +401,15 @@ class ExportConfig:
     the server formed; CPU GEMM otherwise differs in the last bits for batches under 16."""
     eval_batches: int = 0
     """Held-out batches (of max_batch_size) that export's verification scores; 0: all of them."""
+    chunk_rows: int = 0
+    """Rows per chunk as export streams each table out of the checkpoint (never a whole float
+    table in memory); 0: as many as fit in 32 MiB of fp32."""
 
     def __post_init__(self) -> None:
+        _check(
+            isinstance(self.chunk_rows, int) and self.chunk_rows >= 0,
+            f"export.chunk_rows={self.chunk_rows!r} must be an integer >= 0",
+        )
         _one_of("export.quantize", self.quantize, QUANT_DTYPES)
         _one_of("export.format", self.format, EXPORT_FORMATS)
         _one_of("export.triton_batching", self.triton_batching, ("ragged", "none"))

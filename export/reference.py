@@ -1,0 +1,131 @@
+"""The float model's own scores on the verification batches, without the float tables.
+
+Verification compares the exported model with the float model on the held-out batches. Those
+batches read only some rows of each table, and the float model's score of a sample depends only
+on the rows it reads. So the reference keeps, per table, just the rows the batches touch
+(gathered while the tables stream past, rec.export.stream), in a float EmbeddingBagCollection
+of that many rows, and maps each id to its position there after the usual modulo. The pooled
+sums add the same vectors in the same order as the full float model: the reference's scores
+are the float model's, bit for bit (tested), at a fraction of its memory.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from rec.batch import RecBatch, feature_major, map_ids
+from rec.config import RecConfig
+from rec.model import table_rows
+
+
+def touched_rows(cfg: RecConfig, batches: Iterable[RecBatch]) -> dict[str, torch.Tensor]:
+    """Per table, the sorted distinct rows (after the id mapping) that `batches` read."""
+    rows = table_rows(cfg)
+    owner = cfg.feature_to_table()
+    features = list(cfg.features.sparse)
+    found: dict[str, list[torch.Tensor]] = {t.name: [] for t in cfg.tables}
+    for b in batches:
+        lengths_fm, values_fm = feature_major(b.lengths, b.values)
+        ids = map_ids(lengths_fm, values_fm, rows)
+        per_feature = lengths_fm.reshape(len(features), -1).sum(1).tolist()
+        for f, part in zip(features, torch.split(ids, per_feature), strict=True):
+            found[owner[f]].append(part)
+    return {t: torch.unique(torch.cat(p)) if p else torch.zeros(0, dtype=torch.int64)
+            for t, p in found.items()}  # fmt: skip
+
+
+class ReferenceSink:
+    """Gathers the touched rows of each table as they stream past (stream.TableSink)."""
+
+    def __init__(self, cfg: RecConfig, touched: dict[str, torch.Tensor]) -> None:
+        self.touched = touched
+        dims = {t.name: t.dim for t in cfg.tables}
+        # At least one row per table, so an untouched table still makes a valid EmbeddingBag.
+        self.weights = {
+            name: torch.zeros(max(1, rows.numel()), dims[name]) for name, rows in touched.items()
+        }
+        self.filled = {name: 0 for name in touched}
+
+    def write(self, table: str, start: int, rows: torch.Tensor) -> None:
+        wanted = self.touched[table]
+        lo = int(torch.searchsorted(wanted, start))
+        hi = int(torch.searchsorted(wanted, start + rows.shape[0]))
+        if hi > lo:
+            self.weights[table][lo:hi] = rows[wanted[lo:hi] - start]
+            self.filled[table] += hi - lo
+
+    def complete(self) -> bool:
+        return all(self.filled[t] == r.numel() for t, r in self.touched.items())
+
+
+class ReferenceModule(nn.Module):
+    """The float ServingModule's scores from the gathered rows only (eager; never exported).
+
+    Args:
+        dense_model: the DLRM with the checkpoint's dense weights (its tables may be on meta).
+        cfg: the run's config.
+        sink: a complete ReferenceSink.
+    """
+
+    def __init__(self, dense_model: nn.Module, cfg: RecConfig, sink: ReferenceSink) -> None:
+        super().__init__()
+        if not sink.complete():
+            raise RuntimeError("the reference rows were not all gathered from the checkpoint")
+        float_ebc = dense_model.sparse_arch.embedding_bag_collection
+        configs = []
+        for c in float_ebc.embedding_bag_configs():
+            c = copy.deepcopy(c)
+            c.num_embeddings = sink.weights[c.name].shape[0]
+            configs.append(EmbeddingBagConfig(
+                name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
+                feature_names=list(c.feature_names), pooling=c.pooling,
+            ))  # fmt: skip
+        ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+        with torch.no_grad():
+            for name, bag in ebc.embedding_bags.items():
+                bag.weight.copy_(sink.weights[name])
+        self.model = _without_tables(dense_model)
+        self.model.sparse_arch.embedding_bag_collection = ebc
+        self.features = list(cfg.features.sparse)
+        owner = cfg.feature_to_table()
+        self.touched = [sink.touched[owner[f]] for f in self.features]
+        self.register_buffer("rows", table_rows(cfg))
+
+    @torch.no_grad()
+    def forward(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
+        lengths_fm, values_fm = feature_major(lengths, values)
+        ids = map_ids(lengths_fm, values_fm, self.rows)
+        per_feature = lengths_fm.reshape(len(self.features), -1).sum(1).tolist()
+        compact = []
+        for f, part in enumerate(torch.split(ids, per_feature)):
+            table = self.touched[f]
+            pos = torch.searchsorted(table, part)
+            inside = bool((pos < table.numel()).all())
+            if not inside or not torch.equal(table[pos], part):
+                raise RuntimeError(
+                    f"feature {self.features[f]!r} reads a row the reference did not gather"
+                )
+            compact.append(pos)
+        kjt = KeyedJaggedTensor(
+            keys=self.features, values=torch.cat(compact), lengths=lengths_fm.to(torch.int32)
+        )
+        return torch.sigmoid(self.model(dense, kjt))
+
+
+def _without_tables(model: nn.Module) -> nn.Module:
+    """`model` for copying: its (meta or full) float EBC is not copied along."""
+    sparse_arch = model.sparse_arch
+    ebc = sparse_arch.embedding_bag_collection
+    sparse_arch.embedding_bag_collection = nn.Module()
+    try:
+        clone = copy.deepcopy(model)
+    finally:
+        sparse_arch.embedding_bag_collection = ebc
+    return clone
