@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from rec import run_dir
 from rec.config import CheckpointConfig
@@ -47,6 +49,33 @@ def _barrier() -> None:
         dist.barrier()
 
 
+class NoCopySavePlanner(DefaultSavePlanner):
+    """DCP's default save plan, without a second copy of the tables in memory while saving.
+
+    A rank's tables are views into one flat FBGEMM TBE buffer. DCP's file writer clones every
+    tensor whose storage is larger than the tensor itself (so torch.save writes only its bytes)
+    and keeps all the clones until the rank's file is complete: a second copy of the rank's
+    whole share of the tables (measured at Criteo Kaggle size: 8.9 GB peak for a 4.4 GB share).
+    Handed instead a tensor over the same memory whose storage is exactly its bytes (through
+    numpy, which shares it), the writer copies nothing. The files are the same.
+    """
+
+    def resolve_data(self, write_item):
+        data = super().resolve_data(write_item)
+        if isinstance(data, torch.Tensor):
+            data = _own_storage(data.detach())
+        return data
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "cpu" or not t.is_contiguous() or t.untyped_storage().nbytes() == t.nbytes:
+        return t
+    try:
+        return torch.from_numpy(t.numpy())
+    except TypeError:  # a dtype numpy lacks (bfloat16): DCP clones it, as before
+        return t
+
+
 class Checkpointer:
     """Saves and loads the whole training state of one run directory."""
 
@@ -67,7 +96,7 @@ class Checkpointer:
                 shutil.rmtree(step_dir)
         _barrier()
         t0 = time.perf_counter()
-        dcp.save(state, checkpoint_id=str(step_dir))
+        dcp.save(state, checkpoint_id=str(step_dir), planner=NoCopySavePlanner())
         _barrier()
         files = _digests(step_dir)
         if self.rank == 0:
