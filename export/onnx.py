@@ -166,8 +166,15 @@ class OnnxSink:
         self.module.groups[group].write(first + start, rows)
 
 
+# Tables past this size go to `model.onnx.data` beside the graph. The ONNX exporter switches on
+# its own only past protobuf's 2 GB limit, and below it serializes the tables inline, which
+# held 5.5x the model in memory at half the Criteo Kaggle size (benchmarks/scale.py).
+EXTERNAL_DATA_BYTES = 64 << 20
+
+
 def export_onnx(module: OnnxServingModule, sample: tuple[torch.Tensor, ...], path: Path) -> None:
-    """Writes `module` to `path` with dynamic batch size and id count (dynamo exporter)."""
+    """Writes `module` to `path` with dynamic batch size and id count (dynamo exporter); tables
+    over EXTERNAL_DATA_BYTES go to `<path>.data` (ONNX external data)."""
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     ids = torch.export.Dim("ids", min=0, max=1 << 30)
     dynamic_shapes = {
@@ -186,7 +193,8 @@ def export_onnx(module: OnnxServingModule, sample: tuple[torch.Tensor, ...], pat
             optimize=True,
             verbose=False,
         )
-    program.save(str(path))
+    stored = sum(b.numel() * b.element_size() for b in module.buffers())
+    program.save(str(path), external_data=stored > EXTERNAL_DATA_BYTES)
 
 
 def onnx_session(path: Path, threads: int = 1):
