@@ -1,8 +1,14 @@
 """`rec export` as one straight line: load, wrap, quantize, trace, script, save, verify, commit.
 
+At any model size: the dense layers are loaded, the tables stream out of the checkpoint a row
+chunk at a time straight into each format's quantized storage (rec.export.stream), and each
+format's model is scored, released, reloaded from disk and scored again before the next one is
+built, so memory holds one quantized model at a time. Verification's float scores come from
+the rows the verification batches touch (rec.export.reference).
+
 Each format (TorchScript now; ONNX; a torch.export / AOTInductor format later) is one `build_*`
-function that takes the float model and writes one file into a staged version directory, and one
-scorer that verification runs; adding a format means adding one of each.
+function that streams the tables into its model, writes one file into a staged version
+directory and returns its scores; adding a format means adding one of those.
 
 Example:
     >>> result = export_run("runs/demo", "model_repository")  # doctest: +SKIP
@@ -17,6 +23,7 @@ import gc
 import importlib.metadata
 import itertools
 import platform
+import resource
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -314,6 +321,11 @@ def manifest(
         },
         "library_versions": library_versions(),
         "verification": checks,
+        "export_process": {
+            # Tables streamed from the checkpoint; this is the export's own high-water mark.
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "chunk_rows": cfg.export.chunk_rows or "auto (32 MiB of fp32)",
+        },
         "config": cfg.to_dict(),
     }
 
