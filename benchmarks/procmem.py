@@ -2,7 +2,8 @@
 
 Every `interval` seconds the process tree under the command is walked and each process's
 VmHWM (the kernel's own high-water mark of its resident set) is recorded, so a short spike
-between two polls is still counted; a process that exits between polls keeps its last value.
+between two polls is still counted, as long as the process is alive at the next poll (a spike
+in a process's last 0.2 s before it exits is missed).
 
     .venv/bin/python benchmarks/procmem.py -- rec train -c examples/criteo_kaggle.yaml
 """

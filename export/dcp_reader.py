@@ -8,8 +8,10 @@ offset; its tensor storage is stored uncompressed. This module reads the zip's d
 the pickled tensor header (never the storage), so a row range is one `pread` per overlapping
 chunk, whatever the sharding type (table-, row-, column-wise, grid, data-parallel).
 
-Anything it does not recognise (a storage transform such as compression, a pickle it cannot
-follow) falls back to `torch.load` of that one chunk: correct, only heavier.
+A chunk whose header it does not recognise (a non-contiguous layout, a dtype numpy lacks, a
+pickle it cannot follow) falls back to `torch.load` of that one chunk, kept until the reads move
+to another chunk: correct, only heavier. A chunk stored through a DCP storage transform
+(compression) is refused with a clear error; `rec train` writes none.
 
 Example:
     >>> reader = CheckpointReader("runs/x/checkpoints/step_40")  # doctest: +SKIP
@@ -74,8 +76,9 @@ class _FileView(io.RawIOBase):
 
 
 class _TensorHeader(pickle.Unpickler):
-    """Unpickles torch.save's data.pkl into (storage key, storage offset, size, stride, dtype)
-    without touching storage bytes."""
+    """Unpickles torch.save's data.pkl into (storage, storage offset, size, stride), where
+    storage is {"type": storage class name, "key": its file in the zip}, without touching
+    storage bytes."""
 
     def find_class(self, module: str, name: str):
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
@@ -104,11 +107,11 @@ def _parse_chunk(path: Path, start: int, length: int) -> _Layout | None:
             z = zipfile.ZipFile(_FileView(f, start, length))
             pkl = next(n for n in z.namelist() if n.endswith("/data.pkl"))
             storage, offset, size, stride = _TensorHeader(io.BytesIO(z.read(pkl))).load()
-        except (zipfile.BadZipFile, StopIteration, pickle.UnpicklingError, TypeError, ValueError):
+            dtype = _STORAGE_DTYPES.get(storage["type"])
+            info = z.getinfo(f"{pkl[: -len('data.pkl')]}data/{storage['key']}")
+        except (zipfile.BadZipFile, StopIteration, pickle.UnpicklingError, TypeError, ValueError,
+                KeyError):  # fmt: skip
             return None
-        dtype = _STORAGE_DTYPES.get(storage["type"]) if isinstance(storage["type"], str) else None
-        prefix = pkl[: -len("data.pkl")]
-        info = z.getinfo(f"{prefix}data/{storage['key']}")
         if dtype is None or info.compress_type != zipfile.ZIP_STORED:
             return None
         # Local file header: 30 fixed bytes, then the name and the extra field.
@@ -127,6 +130,7 @@ class CheckpointReader:
         self.step_dir = Path(step_dir)
         self.metadata = dcp.FileSystemReader(str(self.step_dir)).read_metadata()
         self._layouts: dict[tuple[str, tuple[int, ...]], _Layout | None] = {}
+        self._loaded: tuple[tuple[str, tuple[int, ...]], torch.Tensor] | None = None
 
     def _tensor_md(self, fqn: str) -> TensorStorageMetadata:
         md = self.metadata.state_dict_metadata.get(fqn)
@@ -141,20 +145,29 @@ class CheckpointReader:
         key = (fqn, offsets)
         if key not in self._layouts:
             info = self.metadata.storage_data[MetadataIndex(fqn, torch.Size(offsets))]
-            layout = None
-            if not getattr(info, "transform_descriptors", None):
-                path = self.step_dir / info.relative_path
-                layout = _parse_chunk(path, info.offset, info.length)
-            self._layouts[key] = layout
+            if getattr(info, "transform_descriptors", None):
+                raise ValueError(
+                    f"checkpoint {str(self.step_dir)!r} stores {fqn!r} through DCP storage "
+                    f"transforms {list(info.transform_descriptors)}; rec export reads plain "
+                    "FileSystemWriter checkpoints (what rec train writes)"
+                )
+            path = self.step_dir / info.relative_path
+            self._layouts[key] = _parse_chunk(path, info.offset, info.length)
         return self._layouts[key]
 
     def _load_chunk(self, fqn: str, offsets: tuple[int, ...]) -> torch.Tensor:
-        """The fallback: DCP's own way, the whole stored chunk."""
-        info = self.metadata.storage_data[MetadataIndex(fqn, torch.Size(offsets))]
-        with open(self.step_dir / info.relative_path, "rb") as f:
-            f.seek(info.offset)
-            blob = io.BytesIO(f.read(info.length))
-        return torch.load(blob, map_location="cpu", weights_only=True)
+        """The fallback: DCP's own way, the whole stored chunk (the last one is kept, since a
+        table's row chunks read the same stored chunk one after the other)."""
+        key = (fqn, offsets)
+        if self._loaded is None or self._loaded[0] != key:
+            self._loaded = None  # release the previous chunk before reading the next
+            info = self.metadata.storage_data[MetadataIndex(fqn, torch.Size(offsets))]
+            with open(self.step_dir / info.relative_path, "rb") as f:
+                f.seek(info.offset)
+                blob = io.BytesIO(f.read(info.length))
+            self._loaded = (key, torch.load(blob, map_location="cpu", weights_only=True))
+            del blob
+        return self._loaded[1]
 
     def read_rows(self, fqn: str, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of a 2-D tensor as a new fp32 tensor [stop - start, cols]."""
@@ -163,6 +176,7 @@ class CheckpointReader:
         if not 0 <= start <= stop <= rows:
             raise IndexError(f"rows [{start}, {stop}) outside {fqn!r} with {rows} rows")
         out = torch.empty(stop - start, cols, dtype=torch.float32)
+        covered = 0
         for chunk in md.chunks:
             (r0, c0), (nr, nc) = chunk.offsets, chunk.sizes
             lo, hi = max(start, r0), min(stop, r0 + nr)
@@ -170,6 +184,12 @@ class CheckpointReader:
                 continue
             part = self._read_chunk_rows(fqn, tuple(chunk.offsets), (nr, nc), lo - r0, hi - r0)
             out[lo - start : hi - start, c0 : c0 + nc] = part
+            covered += part.numel()
+        if covered != out.numel():  # shards overlap or leave holes: not a checkpoint DCP writes
+            raise ValueError(
+                f"the shards of {fqn!r} in {str(self.step_dir)!r} cover {covered} of the "
+                f"{out.numel()} values of rows [{start}, {stop})"
+            )
         return out
 
     def _read_chunk_rows(self, fqn, offsets, sizes, lo: int, hi: int) -> torch.Tensor:

@@ -23,10 +23,8 @@ import torch
 from torch import nn
 
 from rec.config import RecConfig
-from rec.export.stream import quantize_rows
+from rec.export.stream import BITS, quantize_rows
 from rec.model import table_rows
-
-_BITS = {"int8": 8, "int4": 4}
 
 
 class _TableGroup(nn.Module):
@@ -38,8 +36,8 @@ class _TableGroup(nn.Module):
         super().__init__()
         self.dtype = dtype
         self.dim = dim
-        if dtype in _BITS:
-            row_bytes = dim * _BITS[dtype] // 8
+        if dtype in BITS:
+            row_bytes = dim * BITS[dtype] // 8
             self.register_buffer("codes", torch.empty(total_rows, row_bytes, dtype=torch.uint8))
             self.register_buffer("scale_bias", torch.empty(total_rows, 2, dtype=torch.float16))
         else:
@@ -57,6 +55,7 @@ class _TableGroup(nn.Module):
             self.scale_bias[start:stop] = scale_bias.contiguous().view(torch.float16)
 
     def bytes_of(self, rows: int) -> int:
+        """Bytes that `rows` rows take in this group's storage."""
         return sum(rows * b[0].numel() * b.element_size() for b in self.buffers())
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
@@ -166,15 +165,15 @@ class OnnxSink:
         self.module.groups[group].write(first + start, rows)
 
 
-# Tables past this size go to `model.onnx.data` beside the graph. The ONNX exporter switches on
-# its own only past protobuf's 2 GB limit, and below it serializes the tables inline, which
-# held 5.5x the model in memory at half the Criteo Kaggle size (benchmarks/scale.py).
+# Models whose tables take more than this keep them in `model.onnx.data` beside the graph. The
+# ONNX exporter switches on its own only past protobuf's 2 GB limit, and below it serializes the
+# tables inline, which held 5.5x the model in memory at half Criteo Kaggle (benchmarks/scale.py).
 EXTERNAL_DATA_BYTES = 64 << 20
 
 
 def export_onnx(module: OnnxServingModule, sample: tuple[torch.Tensor, ...], path: Path) -> None:
-    """Writes `module` to `path` with dynamic batch size and id count (dynamo exporter); tables
-    over EXTERNAL_DATA_BYTES go to `<path>.data` (ONNX external data)."""
+    """Writes `module` to `path` with dynamic batch size and id count (dynamo exporter); when its
+    tables take over EXTERNAL_DATA_BYTES, they go to `<path>.data` (ONNX external data)."""
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     ids = torch.export.Dim("ids", min=0, max=1 << 30)
     dynamic_shapes = {

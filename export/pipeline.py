@@ -26,7 +26,7 @@ import platform
 import resource
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +71,9 @@ class Source:
     """The float model with its dense weights; its tables stay on the meta device."""
     reader: CheckpointReader
     sample: tuple[torch.Tensor, ...]
-    batches: list[RecBatch]
-    """The verification batches (held-out, or random requests when there is no held-out data)."""
+    batches: Iterable[RecBatch]
+    """The verification batches (held-out, or random requests when there is no held-out data),
+    re-iterable: every scoring pass reads them again."""
     log: Log
     extra_sinks: list[stream.TableSink] = field(default_factory=list)
     """Also fed by the next streaming pass (the reference rows, on the first one)."""
@@ -150,9 +151,12 @@ def stored_bytes(cfg: RecConfig) -> int:
     )
 
 
-def _score(scorer: verify.Scorer, batches: list[RecBatch]) -> torch.Tensor:
+def _score(scorer: verify.Scorer, batches: Iterable[RecBatch]) -> torch.Tensor:
     with torch.no_grad():
-        return torch.cat([scorer(b.dense, b.lengths, b.values).float() for b in batches])
+        scores = [scorer(b.dense, b.lengths, b.values).float() for b in batches]
+    if not scores:
+        raise verify.VerificationError("the held-out split yielded no batches to verify with")
+    return torch.cat(scores)
 
 
 def _batching_request(cfg: RecConfig):
@@ -190,7 +194,7 @@ def build_torchscript(src: Source, out: Path) -> Built:
 
 
 def build_onnx(src: Source, out: Path) -> Built:
-    """Plain-op tables filled from the streamed tables -> ONNX (external data past 2 GB);
+    """Plain-op tables filled from the streamed tables -> ONNX (tables in external data);
     the torch module scored and released, then ONNX Runtime scored."""
     from rec.export import onnx
 
@@ -223,26 +227,38 @@ def build_onnx(src: Source, out: Path) -> Built:
 BUILDERS = {"torchscript": build_torchscript, "onnx": build_onnx}
 
 
-def eval_batches(cfg: RecConfig, log: Log) -> Iterable[RecBatch] | None:
+class Reiterable:
+    """Batches that can be read again from the start: each pass re-reads the source, so
+    verification (several scoring passes) never holds the held-out split in memory."""
+
+    def __init__(self, make: Callable[[], Iterator[RecBatch]]) -> None:
+        self._make = make
+
+    def __iter__(self) -> Iterator[RecBatch]:
+        return self._make()
+
+
+def eval_batches(cfg: RecConfig, log: Log) -> Reiterable | None:
     """The held-out split (`export.eval_batches` of them), or None where it cannot be read here
     (e.g. a run carried to a machine without its data files): the export then goes on with the
     agreement checks on random requests, and rec.json says the quality checks were skipped."""
     from rec.data import make_source
     from rec.data.errors import DataError
 
-    limit = cfg.export.eval_batches
-    try:
-        source = iter(
-            make_source(cfg, "eval").batches(
-                cfg.export.max_batch_size, rank=0, world_size=1, drop_last=False
-            )
+    limit = cfg.export.eval_batches or None
+
+    def read() -> Iterator[RecBatch]:
+        source = make_source(cfg, "eval").batches(
+            cfg.export.max_batch_size, rank=0, world_size=1, drop_last=False
         )
-        first = next(source)
+        return itertools.islice(source, limit)
+
+    try:
+        next(read())
     except (DataError, FileNotFoundError, StopIteration) as e:
         log(f"warning: no held-out data ({e or 'empty split'}); quality checks skipped")
         return None
-    rest = source if limit == 0 else itertools.islice(source, limit - 1)
-    return itertools.chain([first], rest)
+    return Reiterable(read)
 
 
 def check_batching(name: str, scorer: verify.Scorer, sample, exact: bool) -> float:
@@ -425,13 +441,13 @@ def export_run(
     log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
     formats = ["torchscript", "onnx"] if cfg.export.format == "both" else [cfg.export.format]
     targets = repo_lib.plan_targets(repo, cfg.export.model_name, formats, version, force)
-    labelled = eval_data if eval_data is not None else eval_batches(cfg, log)
-    batches = list(labelled) if labelled is not None else _synthetic_batches(cfg)
+    labelled = list(eval_data) if eval_data is not None else eval_batches(cfg, log)
+    batches = labelled if labelled is not None else _synthetic_batches(cfg)
     touched = reference_lib.touched_rows(cfg, batches)
-    reference_rows = sum(r.numel() for r in touched.values())
-    resources.check_export(
-        cfg, formats, stored_bytes(cfg), reference_rows, stream.CHUNK_BYTES, repo
-    )
+    dim = max(t.dim for t in cfg.tables)
+    chunk = stream.chunk_rows_for(dim, cfg.export.chunk_rows) * dim * 4
+    ref_rows = sum(r.numel() for r in touched.values())
+    resources.check_export(cfg, formats, stored_bytes(cfg), ref_rows, chunk, repo)
     ref_sink = reference_lib.ReferenceSink(cfg, touched)
     sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
     src = Source(cfg, loaded, CheckpointReader(loaded.step_dir), sample, batches, log, [ref_sink])
@@ -445,7 +461,7 @@ def export_run(
             built[t.fmt] = BUILDERS[t.fmt](src, vdir / repo_lib.FILES[t.fmt])
             log(f"{t.fmt}: built, scored and reloaded {t.model_dir.name}/{t.version}")
         reference = _score(reference_lib.ReferenceModule(loaded.model, cfg, ref_sink), batches)
-        labels = torch.cat([b.labels for b in batches]).float() if labelled is not None else None
+        labels = torch.cat([b.labels.float() for b in batches]) if labelled is not None else None
         checks = run_checks(cfg, reference, labels, built)
         manifests = {}
         for t in targets:

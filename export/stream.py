@@ -27,7 +27,8 @@ TABLE_KEY = "model.model.sparse_arch.embedding_bag_collection.embedding_bags.{}.
 # Rows per chunk when export.chunk_rows is 0: 32 MiB of fp32, small against any table worth
 # streaming and large enough that the per-chunk overhead does not show.
 CHUNK_BYTES = 32 << 20
-_BITS = {"int8": 8, "int4": 4}
+BITS = {"int8": 8, "int4": 4}
+"""Bits per value of the rowwise-quantized dtypes."""
 
 Log = Callable[[str], None]
 
@@ -48,11 +49,12 @@ def quantize_rows(rows: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.T
         return rows.view(torch.uint8), None
     if dtype == "fp16":
         return rows.half().view(torch.uint8), None
-    fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(rows, _BITS[dtype])
+    fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(rows, BITS[dtype])
     return fused[:, :-4], fused[:, -4:]
 
 
 def chunk_rows_for(dim: int, configured: int) -> int:
+    """Rows per streamed chunk: `configured`, or CHUNK_BYTES worth of fp32 rows when it is 0."""
     return configured if configured > 0 else max(1, CHUNK_BYTES // (4 * dim))
 
 

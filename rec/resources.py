@@ -46,8 +46,13 @@ def memory_available() -> int:
     if avail is None:
         return 1 << 62  # not Linux: nothing to check against
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        used = int((cgroup / "memory.current").read_text())
+        # memory.current counts page cache too (a checkpoint just written); the kernel drops
+        # the inactive part under pressure, so it is not in use.
+        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+        used -= int(stat.get("inactive_file", 0))
         if limit != "max":
             avail = min(avail, int(limit) - used)
     except (OSError, ValueError):
@@ -93,11 +98,14 @@ def require(what: str, ram: int, disk: int, disk_path: Path, counted: str,
         )
 
 
-def check_training(cfg: RecConfig, nproc: int, run: Path, **machine) -> None:
-    """Refuses a training run whose ranks together would not fit this machine (all local)."""
+def check_training(cfg: RecConfig, nproc: int, run: Path, resume: bool = False, **machine) -> None:
+    """Refuses a training run whose ranks together would not fit this machine (all local).
+
+    On disk a new run needs its kept checkpoints plus the one being written; a resumed run has
+    the kept ones already, and needs room for one more."""
     tables, state = table_bytes(cfg), optimizer_state_bytes(cfg)
     ram = int(TRAIN_OVERHEAD * (tables + state)) + nproc * PROCESS_BASE
-    copies = 1 if cfg.checkpoint.every_steps == 0 else cfg.checkpoint.keep_last + 1
+    copies = 1 if resume or cfg.checkpoint.every_steps == 0 else cfg.checkpoint.keep_last + 1
     counted = (f"{gb(tables)} fp32 tables + {gb(state)} {cfg.training.embedding_optimizer} "
                f"state, x{TRAIN_OVERHEAD}, + {nproc} ranks x {gb(PROCESS_BASE)}")  # fmt: skip
     require("training", ram, copies * (tables + state), run, counted, **machine)

@@ -57,7 +57,9 @@ class NoCopySavePlanner(DefaultSavePlanner):
     and keeps all the clones until the rank's file is complete: a second copy of the rank's
     whole share of the tables (measured at Criteo Kaggle size: 8.9 GB peak for a 4.4 GB share).
     Handed instead a tensor over the same memory whose storage is exactly its bytes (through
-    numpy, which shares it), the writer copies nothing. The files are the same.
+    numpy, which shares it), the writer copies nothing. The files are the same. This relies on
+    the save being synchronous (dcp.save): an async save would write while training changes
+    the tables, which is what DCP's clone protects against.
     """
 
     def resolve_data(self, write_item):
@@ -68,6 +70,7 @@ class NoCopySavePlanner(DefaultSavePlanner):
 
 
 def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself, or a tensor over the same memory whose storage is exactly `t`'s bytes."""
     if t.device.type != "cpu" or not t.is_contiguous() or t.untyped_storage().nbytes() == t.nbytes:
         return t
     try:

@@ -102,6 +102,6 @@ def train(
         resources.check_training(cfg, nproc, run)
     cfg = prepare_run_dir(cfg, run, resume)
     if resume:
-        resources.check_training(cfg, nproc, run)
+        resources.check_training(cfg, nproc, run, resume=True)
     launch(run, nproc, resume, max_restarts)
     return run
