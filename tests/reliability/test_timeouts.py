@@ -274,10 +274,23 @@ def test_negative_values_are_refused_naming_the_flag(exported_repo, flag):
     assert f"{flag} expects an integer in [0, " in out.stderr, out.stderr
 
 
+def _socket_buffer_bound() -> int:
+    """Bytes a connection's kernel buffers can take without the server reading: the receive
+    and send buffers at their autotuned maximum, plus the server's read-ahead and slack."""
+    most = [
+        int(Path(f"/proc/sys/net/ipv4/tcp_{k}").read_text().split()[2]) for k in ("rmem", "wmem")
+    ]
+    bound = sum(most) + (1 << 20)
+    if bound >= 60_000_000:
+        pytest.skip(f"socket buffers up to {bound} bytes hide the 60 MB flood on this machine")
+    return bound
+
+
 def test_bytes_flooded_behind_a_busy_request_are_pushed_back(tmp_path):
     # The 1.5 s batching window keeps the first request with the handler while the client floods
     # a huge second request behind it. The server reads only a bounded read-ahead meanwhile and the
     # rest backs up in the sockets (it used to buffer all of it), then answers the first request.
+    bound = _socket_buffer_bound()
     write_model(tmp_path, delay_us=1_500_000)
     s = Server(tmp_path)
     try:
@@ -292,9 +305,10 @@ def test_bytes_flooded_behind_a_busy_request_are_pushed_back(tmp_path):
                     sent += sock.send(chunk)
                 except BlockingIOError:
                     time.sleep(0.01)
-            # The read-ahead (64 KiB) plus what the loopback socket buffers hold, far below what
-            # an unbounded reader takes in a second.
-            assert sent < 16 << 20, f"the server took {sent} bytes while busy"
+            # The read-ahead (64 KiB) plus what the loopback socket buffers may hold (the kernel
+            # grows them up to tcp_rmem / tcp_wmem's maximum: 36 MiB on these machines), below
+            # the whole flood an unbounded reader takes in a second.
+            assert sent < bound, f"the server took {sent} bytes while busy (bound {bound})"
             sock.setblocking(True)
             sock.settimeout(30)
             status, answer = _one_response(sock)
