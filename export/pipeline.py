@@ -75,6 +75,8 @@ class Source:
     """The verification batches (held-out, or random requests when there is no held-out data),
     re-iterable: every scoring pass reads them again."""
     log: Log
+    reference: reference_lib.ReferenceSink
+    """Gathers the rows verification's float reference needs, on the first streaming pass."""
     extra_sinks: list[stream.TableSink] = field(default_factory=list)
     """Also fed by the next streaming pass (the reference rows, on the first one)."""
 
@@ -413,6 +415,35 @@ def _report(checks: dict[str, Any], manifests: dict[str, dict], log: Log) -> Non
         log(f"quality: {ev['skipped']}")
 
 
+def _source(cfg: RecConfig, loaded: LoadedRun, labelled: Iterable[RecBatch] | None,
+            formats: list[str], repo: Path, log: Log) -> Source:  # fmt: skip
+    """The builders' input; refuses an export this machine cannot hold before any work."""
+    batches = labelled if labelled is not None else _synthetic_batches(cfg)
+    touched = reference_lib.touched_rows(cfg, batches)
+    dim = max(t.dim for t in cfg.tables)
+    chunk = stream.chunk_rows_for(dim, cfg.export.chunk_rows) * dim * 4
+    ref_rows = sum(r.numel() for r in touched.values())
+    resources.check_export(cfg, formats, stored_bytes(cfg), ref_rows, chunk, repo)
+    ref_sink = reference_lib.ReferenceSink(cfg, touched)
+    sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
+    reader = CheckpointReader(loaded.step_dir)
+    return Source(cfg, loaded, reader, sample, batches, log, ref_sink, [ref_sink])
+
+
+def _stage_manifest(cfg: RecConfig, loaded: LoadedRun, t: repo_lib.Target, built: Built,
+                    checks: dict[str, Any], staging: Path) -> dict[str, Any]:  # fmt: skip
+    """Writes rec.json (model dir and version dir) and config.pbtxt into the staged model."""
+    staged = staging / t.model_dir.name
+    m = manifest(cfg, loaded, t, built, checks)
+    repo_lib.write_manifest(staged / repo_lib.MANIFEST, m)
+    repo_lib.write_manifest(staged / str(t.version) / repo_lib.MANIFEST, m)
+    (staged / repo_lib.TRITON_CONFIG).write_text(
+        repo_lib.triton_config(t.model_dir.name, t.fmt, cfg.features.dense,
+                               len(cfg.features.sparse), cfg.model.num_tasks, cfg.export)
+    )  # fmt: skip
+    return m
+
+
 def export_run(
     run: str | Path,
     repo: str | Path = "model_repository",
@@ -442,15 +473,7 @@ def export_run(
     formats = ["torchscript", "onnx"] if cfg.export.format == "both" else [cfg.export.format]
     targets = repo_lib.plan_targets(repo, cfg.export.model_name, formats, version, force)
     labelled = list(eval_data) if eval_data is not None else eval_batches(cfg, log)
-    batches = labelled if labelled is not None else _synthetic_batches(cfg)
-    touched = reference_lib.touched_rows(cfg, batches)
-    dim = max(t.dim for t in cfg.tables)
-    chunk = stream.chunk_rows_for(dim, cfg.export.chunk_rows) * dim * 4
-    ref_rows = sum(r.numel() for r in touched.values())
-    resources.check_export(cfg, formats, stored_bytes(cfg), ref_rows, chunk, repo)
-    ref_sink = reference_lib.ReferenceSink(cfg, touched)
-    sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
-    src = Source(cfg, loaded, CheckpointReader(loaded.step_dir), sample, batches, log, [ref_sink])
+    src = _source(cfg, loaded, labelled, formats, repo, log)
     repo_existed = repo.exists()
     staging = repo_lib.staging_dir(repo)
     try:
@@ -460,19 +483,15 @@ def export_run(
             vdir.mkdir(parents=True)
             built[t.fmt] = BUILDERS[t.fmt](src, vdir / repo_lib.FILES[t.fmt])
             log(f"{t.fmt}: built, scored and reloaded {t.model_dir.name}/{t.version}")
-        reference = _score(reference_lib.ReferenceModule(loaded.model, cfg, ref_sink), batches)
-        labels = torch.cat([b.labels.float() for b in batches]) if labelled is not None else None
+        reference = _score(
+            reference_lib.ReferenceModule(loaded.model, cfg, src.reference), src.batches
+        )
+        labels = (
+            torch.cat([b.labels.float() for b in src.batches]) if labelled is not None else None
+        )
         checks = run_checks(cfg, reference, labels, built)
-        manifests = {}
-        for t in targets:
-            staged = staging / t.model_dir.name
-            manifests[t.fmt] = m = manifest(cfg, loaded, t, built[t.fmt], checks)
-            repo_lib.write_manifest(staged / repo_lib.MANIFEST, m)
-            repo_lib.write_manifest(staged / str(t.version) / repo_lib.MANIFEST, m)
-            (staged / repo_lib.TRITON_CONFIG).write_text(
-                repo_lib.triton_config(t.model_dir.name, t.fmt, cfg.features.dense,
-                                       len(cfg.features.sparse), cfg.model.num_tasks, cfg.export)
-            )  # fmt: skip
+        manifests = {t.fmt: _stage_manifest(cfg, loaded, t, built[t.fmt], checks, staging)
+                     for t in targets}  # fmt: skip
         _report(checks, manifests, log)
         for t in targets:
             repo_lib.commit(staging / t.model_dir.name, t)
