@@ -16,7 +16,6 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -79,14 +78,9 @@ class ReferenceModule(nn.Module):
         if not sink.complete():
             raise RuntimeError("the reference rows were not all gathered from the checkpoint")
         float_ebc = dense_model.sparse_arch.embedding_bag_collection
-        configs = []
-        for c in float_ebc.embedding_bag_configs():
-            c = copy.deepcopy(c)
+        configs = copy.deepcopy(float_ebc.embedding_bag_configs())
+        for c in configs:
             c.num_embeddings = sink.weights[c.name].shape[0]
-            configs.append(EmbeddingBagConfig(
-                name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
-                feature_names=list(c.feature_names), pooling=c.pooling,
-            ))  # fmt: skip
         ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
         with torch.no_grad():
             for name, bag in ebc.embedding_bags.items():
