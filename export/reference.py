@@ -31,10 +31,7 @@ def touched_rows(cfg: RecConfig, batches: Iterable[RecBatch]) -> dict[str, torch
     features = list(cfg.features.sparse)
     found: dict[str, list[torch.Tensor]] = {t.name: [] for t in cfg.tables}
     for b in batches:
-        lengths_fm, values_fm = feature_major(b.lengths, b.values)
-        ids = map_ids(lengths_fm, values_fm, rows)
-        per_feature = lengths_fm.reshape(len(features), -1).sum(1).tolist()
-        for f, part in zip(features, torch.split(ids, per_feature), strict=True):
+        for f, part in zip(features, _rows_per_feature(b.lengths, b.values, rows), strict=True):
             found[owner[f]].append(part)
     return {t: torch.unique(torch.cat(p)) if p else torch.zeros(0, dtype=torch.int64)
             for t, p in found.items()}  # fmt: skip
@@ -94,11 +91,8 @@ class ReferenceModule(nn.Module):
 
     @torch.no_grad()
     def forward(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
-        lengths_fm, values_fm = feature_major(lengths, values)
-        ids = map_ids(lengths_fm, values_fm, self.rows)
-        per_feature = lengths_fm.reshape(len(self.features), -1).sum(1).tolist()
         compact = []
-        for f, part in enumerate(torch.split(ids, per_feature)):
+        for f, part in enumerate(_rows_per_feature(lengths, values, self.rows)):
             table = self.touched[f]
             pos = torch.searchsorted(table, part)
             inside = bool((pos < table.numel()).all())
@@ -107,10 +101,16 @@ class ReferenceModule(nn.Module):
                     f"feature {self.features[f]!r} reads a row the reference did not gather"
                 )
             compact.append(pos)
-        kjt = KeyedJaggedTensor(
-            keys=self.features, values=torch.cat(compact), lengths=lengths_fm.to(torch.int32)
-        )
+        lengths_fm = lengths.t().reshape(-1).to(torch.int32)  # feature-major bag lengths
+        kjt = KeyedJaggedTensor(keys=self.features, values=torch.cat(compact), lengths=lengths_fm)
         return torch.sigmoid(self.model(dense, kjt))
+
+
+def _rows_per_feature(lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
+    """The table rows a batch-major request reads, split by feature (feature-major order)."""
+    lengths_fm, values_fm = feature_major(lengths, values)
+    ids = map_ids(lengths_fm, values_fm, rows)
+    return torch.split(ids, lengths_fm.reshape(rows.numel(), -1).sum(1).tolist())
 
 
 def _without_tables(model: nn.Module) -> nn.Module:
