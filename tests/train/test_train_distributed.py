@@ -90,11 +90,12 @@ def test_load_then_save_at_another_world_size_is_exact(mixed_run, tmp_path, npro
     dest = tmp_path / f"resaved{nproc}"
     worker = Path(__file__).with_name("reshard_worker.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
          "--standalone", str(worker), str(run), str(dest)],
-        check=True, env=env, timeout=300, capture_output=True,
+        env=env, timeout=300, capture_output=True, text=True,
     )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     before = _flat_checkpoint(run_dir.latest_checkpoint(run), tmp_path)
     after = _flat_checkpoint(run_dir.latest_checkpoint(dest), tmp_path)
     tensors = [k for k, v in before.items() if isinstance(v, torch.Tensor)]
