@@ -49,6 +49,16 @@ def test_feature_in_two_tables_is_rejected():
         config_from_dict({"tables": tables})
 
 
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [("items", "is taken by torch.nn.ModuleDict"), ("train", "is taken by"), ("a.b", "identifier")],
+)
+def test_table_names_that_would_break_the_model_are_refused(name, needle):
+    tables = [{"name": name, "rows": 10, "dim": 16, "features": ["f"]}]
+    with pytest.raises(ConfigError, match=needle):
+        config_from_dict({"tables": tables, "features": {"sparse": ["f"]}})
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "absent.yaml")
