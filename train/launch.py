@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from rec import resources, run_dir
 from rec.config import RecConfig, load_config
+from rec.features import SPEC_FILE, feature_spec
 
 
 class RunDirExistsError(FileExistsError):
@@ -53,6 +55,9 @@ def prepare_run_dir(cfg: RecConfig | None, run: Path, resume: bool) -> RecConfig
     assert cfg is not None
     run.mkdir(parents=True, exist_ok=True)
     saved.write_text(cfg.to_yaml())
+    # The feature spec beside the config: what a raw row means to this model (rec.features).
+    spec = feature_spec(cfg).to_dict()
+    (run / SPEC_FILE).write_text(json.dumps(spec, indent=1) + "\n")
     return cfg
 
 

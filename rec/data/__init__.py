@@ -33,8 +33,12 @@ __all__ = [
 ]
 
 
-def make_source(cfg: RecConfig, split: str) -> DataSource:
+def make_source(cfg: RecConfig, split: str, raw_dense: bool = False) -> DataSource:
     """The `split` ("train" or "eval") of the data set that `cfg.data` describes.
+
+    Dense values come transformed by the feature spec (rec.features), as the model trains on
+    them; `raw_dense=True` leaves them as read, as a client sends them to the served model
+    (which applies the transform itself).
 
     Raises ConfigError if the config does not fit the source (e.g. Criteo needs 13 dense and
     26 sparse features), DataError if a file is missing or lacks a configured column.
@@ -46,13 +50,13 @@ def make_source(cfg: RecConfig, split: str) -> DataSource:
     if source == "criteo_tsv":
         from rec.data.criteo import CriteoSource
 
-        return CriteoSource(cfg, split)
+        return CriteoSource(cfg, split, raw_dense)
     if source == "csv":
         from rec.data.tabular import CsvSource
 
-        return CsvSource(cfg, split)
+        return CsvSource(cfg, split, raw_dense)
     if source == "parquet":
         from rec.data.tabular import ParquetSource
 
-        return ParquetSource(cfg, split)
-    return SyntheticSource(cfg, split)
+        return ParquetSource(cfg, split, raw_dense)
+    return SyntheticSource(cfg, split, raw_dense)

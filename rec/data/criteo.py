@@ -15,10 +15,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rec.config import ConfigError, RecConfig
+from rec.config import RecConfig
 from rec.data.errors import where
 from rec.data.files import FileSource, build_rows
-from rec.data.parse import log1p_dense
 from rec.data.source import Rows
 from rec.data.text import (
     TextBlock,
@@ -28,35 +27,25 @@ from rec.data.text import (
     read_lines,
     split_fields,
 )
+from rec.features import check_criteo_shape
+from rec.features import criteo_columns as _criteo_columns
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
 
 
-def check_criteo_shape(cfg: RecConfig) -> None:
-    """Criteo lines carry 13 dense and 26 sparse features; the config must match."""
-    dense, sparse = cfg.features.dense, len(cfg.features.sparse)
-    if dense != NUM_DENSE or sparse != NUM_SPARSE:
-        raise ConfigError(
-            f"data.source='criteo_tsv' needs features.dense=13 and 26 sparse features "
-            f"(Criteo's 13 integer and 26 categorical columns); the config has "
-            f"features.dense={dense} and {sparse} sparse features"
-        )
-
-
 def criteo_columns(num_tasks: int) -> list[str]:
     """Column names used in messages: label (or label_0, ...), I1..I13, C1..C26."""
-    labels = ["label"] if num_tasks == 1 else [f"label_{t}" for t in range(num_tasks)]
-    dense = [f"I{i + 1}" for i in range(NUM_DENSE)]
-    return labels + dense + [f"C{i + 1}" for i in range(NUM_SPARSE)]
+    labels, dense, sparse = _criteo_columns(num_tasks)
+    return labels + dense + sparse
 
 
 class CriteoSource(FileSource):
     """A split of Criteo TSV files (data.source: criteo_tsv)."""
 
-    def __init__(self, cfg: RecConfig, split: str) -> None:
+    def __init__(self, cfg: RecConfig, split: str, raw_dense: bool = False) -> None:
         check_criteo_shape(cfg)
-        super().__init__(cfg, split)
+        super().__init__(cfg, split, raw_dense)
         self.columns = criteo_columns(self.num_tasks)
 
     def _check_file(self, path: str) -> None:
@@ -102,4 +91,4 @@ class CriteoSource(FileSource):
             )
         good = ~bad_cell.any(axis=1)
         # ids[present] in row-major order is already batch-major: sample, then feature.
-        return build_rows(labels, log1p_dense(dense), present, ids[present], good), bad
+        return build_rows(labels, dense, present, ids[present], good), bad

@@ -5,6 +5,10 @@ Rows of the split's files, in file order, are numbered 0, 1, ... (global row ind
 is a multiple of `eval_every_nth_row` form the eval split and the others the train split.
 Split positions number a split's rows in order; `batches` semantics follow (rec.data.source).
 
+Dense values are parsed raw and then transformed by the feature spec (rec.features), the same
+code the exported model runs on a request's raw values; `raw_dense=True` skips that step, for
+export's verification, which feeds the served model raw values as a client would.
+
 A rank scans every block of rows it needs (counting lines is cheap) but parses only the rows
 it owns. A bad row skipped (on_bad_row: skip) leaves a hole: the batch it belonged to is one
 sample shorter, so the ranks never need each other's parses to agree on positions.
@@ -24,6 +28,7 @@ from rec.batch import RecBatch
 from rec.config import RecConfig
 from rec.data.errors import DataError
 from rec.data.source import DataSource, Plan, Rows, assemble, empty_rows
+from rec.features import feature_spec
 
 _COUNTS: dict[tuple[str, int, int], int] = {}  # (path, size, mtime_ns) -> rows
 
@@ -50,11 +55,13 @@ class FileSource(DataSource):
     unit = "line"
     """How a bad-row message counts: 'line' (text files, header included) or 'row'."""
 
-    def __init__(self, cfg: RecConfig, split: str) -> None:
+    def __init__(self, cfg: RecConfig, split: str, raw_dense: bool = False) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split={split!r} must be 'train' or 'eval'")
         data = cfg.data
         self.split = split
+        self.spec = feature_spec(cfg)
+        self.raw_dense = raw_dense
         self.on_bad_row = data.on_bad_row
         self.num_dense = cfg.features.dense
         self.num_sparse = len(cfg.features.sparse)
@@ -163,6 +170,8 @@ class FileSource(DataSource):
                 if idx.size:
                     rows, bad = self._parse(path, block, idx, row0)
                     self.reject(bad)
+                    if not self.raw_dense:
+                        rows.dense = self.spec.transform_dense(rows.dense)
                     good = np.ones(idx.size, dtype=bool)
                     good[list(bad)] = False
                     rows.pos = pos[idx[good]]

@@ -1,20 +1,31 @@
-"""Vectorised cell parsing shared by the file readers: numbers, hex ids, string ids, bags."""
+"""Vectorised cell parsing shared by the file readers: numbers and bags of ids.
+
+How a token becomes an id, and a raw dense value a model input, is rec.features' job."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+
+from rec.features import DenseTransform, encode_tokens
 
 
-def log1p_dense(x: np.ndarray) -> np.ndarray:
-    """Criteo's dense preprocessing, log1p(max(x, 0)), computed in f64 and stored as f32.
+def log1p_dense(counts: np.ndarray) -> np.ndarray:
+    """Criteo's dense preprocessing of integer counts: rec.features' log1p transform.
 
-    The synthetic generator and the TSV reader both use this, so a round trip through a
-    TSV file of integer counts reproduces the synthetic dense values bit for bit.
+    The synthetic generator uses this; the TSV reader applies the same transform (the feature
+    spec's), so a round trip through a TSV file of the counts reproduces the synthetic dense
+    values bit for bit.
     """
-    return np.log1p(np.maximum(x, 0).astype(np.float64)).astype(np.float32)
+    return (
+        DenseTransform(["log1p"] * counts.shape[-1])(
+            torch.from_numpy(counts.astype(np.float32).reshape(-1, counts.shape[-1]))
+        )
+        .numpy()
+        .reshape(counts.shape)
+    )
 
 
 def parse_floats(cells: np.ndarray, empty: float | None = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -44,40 +55,22 @@ def parse_floats(cells: np.ndarray, empty: float | None = 0.0) -> tuple[np.ndarr
     return values, bad
 
 
-def string_id(token: str) -> int:
-    """An id for one token: the integer it spells, else a stable 64-bit hash of its text.
-
-    blake2b, not Python's hash(), so the same string maps to the same id in every process
-    and every run.
-    """
-    try:
-        value = int(token)
-        if -(2**63) <= value < 2**63:
-            return value
-    except ValueError:
-        pass
-    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-def token_ids(tokens: Sequence[str]) -> np.ndarray:
-    """int64 [n] ids of string tokens: integers as themselves, other strings hashed."""
-    if not tokens:
-        return np.zeros(0, dtype=np.int64)
-    try:  # fast path: every token is an integer
-        return np.array(tokens, dtype=str).astype(np.int64)
-    except (ValueError, OverflowError):
-        return np.array([string_id(t) for t in tokens], dtype=np.int64)
-
-
-def split_bags(cells: Sequence[str], separator: str) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-valued cells ("12|7|3", "" for none) -> (lengths [n] i32, ids [sum] i64)."""
+def split_tokens(cells: Sequence[str], separator: str) -> tuple[np.ndarray, list[str]]:
+    """Multi-valued cells ("12|7|3", "" for none) -> (lengths [n] i32, tokens [sum])."""
     if not any(separator in c for c in cells):
         lengths = np.array([c != "" for c in cells], dtype=np.int32)
-        return lengths, token_ids([c for c in cells if c != ""])
+        return lengths, [c for c in cells if c != ""]
     bags = [[t for t in c.split(separator) if t != ""] for c in cells]
     lengths = np.array([len(b) for b in bags], dtype=np.int32)
-    return lengths, token_ids([t for b in bags for t in b])
+    return lengths, [t for b in bags for t in b]
+
+
+def split_bags(
+    cells: Sequence[str], separator: str, encoding: str = "int_or_hash"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-valued cells -> (lengths [n] i32, ids [sum] i64), tokens mapped by `encoding`."""
+    lengths, tokens = split_tokens(cells, separator)
+    return lengths, encode_tokens(tokens, encoding)
 
 
 def to_batch_major(lengths: np.ndarray, per_feature: list[np.ndarray]) -> np.ndarray:

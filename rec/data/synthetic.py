@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from rec.batch import RecBatch
 from rec.config import RecConfig
 from rec.data.parse import log1p_dense
 from rec.data.source import DataSource, Plan, Rows
+from rec.features import feature_spec
 
 CHUNK = 4096
 """Positions per generated chunk. Changing it changes every sample: it is part of the format."""
@@ -265,11 +267,15 @@ def _world_and_teacher(cfg: RecConfig) -> tuple[World, Teacher]:
 class SyntheticSource(DataSource):
     """The `train` or `eval` stream of the synthetic data set (see the module docstring)."""
 
-    def __init__(self, cfg: RecConfig, split: str) -> None:
+    def __init__(self, cfg: RecConfig, split: str, raw_dense: bool = False) -> None:
         if split not in _STREAM:
             raise ValueError(f"split={split!r} must be 'train' or 'eval'")
         syn = cfg.data.synthetic
         self.split = split
+        # The generated dense values are the raw ones; features.transforms (none by default)
+        # apply on top, as for files, so the exported model sees what training saw.
+        spec = feature_spec(cfg)
+        self.transform = None if raw_dense or "log1p" not in spec.transforms else spec
         self.world, self.teacher = _world_and_teacher(cfg)
         self.num_tasks = cfg.model.num_tasks
         self._num = syn.train_samples if split == "train" else syn.eval_samples
@@ -311,7 +317,10 @@ class SyntheticSource(DataSource):
 
     def _batches(self, plan: Plan) -> Iterator[RecBatch]:
         for lo, hi in plan.ranges():
-            yield self.take(lo, hi).rows.to_batch()
+            rows = self.take(lo, hi).rows
+            if self.transform is not None:
+                rows = dataclasses.replace(rows, dense=self.transform.transform_dense(rows.dense))
+            yield rows.to_batch()
 
 
 def teacher_auc(cfg: RecConfig, split: str = "eval", num_samples: int | None = None) -> list[float]:

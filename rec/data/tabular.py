@@ -9,11 +9,11 @@
         sparse: {user: user_id, items: recent_items}   # feature -> column; default: same name
         separator: "|"       # between the ids of a multi-valued cell, e.g. "12|7|3"
 
-Labels are numbers in [0, 1]. Dense cells are numbers, taken as they are (an empty cell or a
-Parquet null is 0). Sparse cells hold one id or several joined by the separator (empty: an
-empty bag); an id that is an integer is used as it is, any other string is hashed to a stable
-int64 (rec.data.parse.string_id). Parquet sparse columns may also be integers or lists of
-integers or strings.
+Labels are numbers in [0, 1]. Dense cells are numbers (an empty cell or a Parquet null is 0),
+transformed as features.transforms says (default identity). Sparse cells hold one token or
+several joined by the separator (empty: an empty bag); a token that is a decimal integer is
+its own id, any other string is hashed to a stable int64 (rec.features, encoding
+int_or_hash). Parquet sparse columns may also be integers or lists of integers or strings.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ import pyarrow.parquet as pq
 from rec.config import ConfigError, RecConfig
 from rec.data.errors import DataError, where
 from rec.data.files import FileSource, build_rows
-from rec.data.parse import parse_floats, split_bags, to_batch_major, token_ids
+from rec.data.parse import parse_floats, split_bags, to_batch_major
 from rec.data.source import Rows
 from rec.data.text import TextBlock, count_lines, read_lines
+from rec.features import encode_tokens
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,11 @@ class CsvSource(TabularColumns, FileSource):
     fields. Messages count lines from 1 at the header.
     """
 
-    def __init__(self, cfg: RecConfig, split: str) -> None:
+    def __init__(self, cfg: RecConfig, split: str, raw_dense: bool = False) -> None:
         self.cols = resolve_columns(cfg)
         self.delimiter = cfg.data.delimiter
         self._headers: dict[str, list[str]] = {}
-        super().__init__(cfg, split)
+        super().__init__(cfg, split, raw_dense)
 
     def _check_file(self, path: str) -> None:
         with open(path, newline="", encoding="utf-8", errors="replace") as f:
@@ -209,7 +210,7 @@ def _bags(col: pa.Array, separator: str) -> tuple[np.ndarray, np.ndarray]:
         flat = flat.filter(pa.array(valid))
         if pa.types.is_integer(flat.type):
             return lengths, flat.to_numpy(zero_copy_only=False).astype(np.int64)
-        return lengths, token_ids([str(x) for x in flat.to_pylist()])
+        return lengths, encode_tokens([str(x) for x in flat.to_pylist()], "int_or_hash")
     if pa.types.is_integer(kind):
         valid = col.is_valid().to_numpy(zero_copy_only=False)
         ids = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -251,9 +252,9 @@ class ParquetSource(TabularColumns, FileSource):
     read_rows = 65_536
     """Rows per record batch read; memory stays bounded whatever the row-group size."""
 
-    def __init__(self, cfg: RecConfig, split: str) -> None:
+    def __init__(self, cfg: RecConfig, split: str, raw_dense: bool = False) -> None:
         self.cols = resolve_columns(cfg)
-        super().__init__(cfg, split)
+        super().__init__(cfg, split, raw_dense)
 
     def _check_file(self, path: str) -> None:
         try:

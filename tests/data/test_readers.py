@@ -20,8 +20,8 @@ from rec.data import (
     write_parquet,
 )
 from rec.data import text as text_mod
-from rec.data.parse import string_id
 from rec.data.tabular import ParquetSource
+from rec.features import string_id
 
 WRITERS = {"criteo_tsv": write_criteo_tsv, "csv": write_csv, "parquet": write_parquet}
 EXT = {"criteo_tsv": "tsv", "csv": "csv", "parquet": "parquet"}

@@ -1,0 +1,303 @@
+"""The feature spec: how one raw row of the training data becomes the model's inputs.
+
+Written once, from the config, and carried everywhere the model goes: the run directory
+(`feature_spec.json`), the model repository (rec.json's `feature_spec`), and every reader of
+raw rows: the training readers, `rec predict`, export's verification and Triton's Python model.
+rec-server reads the same spec from rec.json and has the one C++ port of `encode_tokens`
+(cpp/src/feature_encoding.cpp); golden values in tests/data/hash_golden.json pin both.
+
+For each dense feature: its source column and its transform, applied *inside the exported
+model* (`DenseTransform`), so a request carries the raw number:
+
+    identity   x
+    log1p      log1p(max(x, 0)), computed in float64 from the float32 input, rounded to float32
+
+For each sparse feature: its source column, the separator of multi-valued cells, and how a
+token (one value, as text) becomes an int64 id:
+
+    int_or_hash  a decimal integer (-?[0-9]+) in int64 range is its own id; any other string
+                 (including "+5", " 7", "1_000") is hashed with HASH
+    hex          1 to 16 hex digits, either case, read as uint64 and viewed as int64 (Criteo)
+
+HASH is BLAKE2b with an 8-byte digest (no key, salt or personalisation) over the token's UTF-8
+bytes, read as a little-endian signed int64. It is versioned: a model records the version it
+was trained with, and a server refuses a spec whose version it does not implement.
+
+Example:
+    >>> encode_tokens(["12", "apple", "-3"], "int_or_hash").tolist()[::2]
+    [12, -3]
+    >>> encode_tokens(["68fd1e64"], "hex").tolist()
+    [1761418852]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rec.config import DENSE_TRANSFORMS, ConfigError
+
+SPEC_FILE = "feature_spec.json"
+"""The spec's file in a run directory."""
+
+HASH = {
+    "algorithm": "blake2b",
+    "digest_bytes": 8,
+    "byte_order": "little",
+    "signed": True,
+    "input": "utf-8 bytes of the token",
+    "version": 1,
+}
+TRANSFORMS = DENSE_TRANSFORMS
+ENCODINGS = ("int_or_hash", "hex")
+
+_DECIMAL = re.compile(r"-?[0-9]+\Z")
+_HEX = re.compile(r"[0-9a-fA-F]{1,16}\Z")
+
+
+class TokenError(ValueError):
+    """A token that its feature's encoding cannot map (only `hex` has such tokens).
+
+    From `FeatureSpec.encode_values`, `sample` and `feature` say where it was."""
+
+    def __init__(self, message: str, sample: int = -1, feature: int = -1) -> None:
+        super().__init__(message)
+        self.sample, self.feature = sample, feature
+
+
+# ---- sparse: tokens -> ids ------------------------------------------------------------------
+def hash_id(token: str) -> int:
+    """HASH of one token."""
+    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def string_id(token: str) -> int:
+    """`int_or_hash` of one token: a decimal integer in int64 range as itself, else its hash."""
+    if _DECIMAL.match(token):
+        value = int(token)
+        if -(2**63) <= value < 2**63:
+            return value
+    return hash_id(token)
+
+
+def hex_id(token: str) -> int:
+    """`hex` of one token; TokenError if it is not 1 to 16 hex digits."""
+    if not _HEX.match(token):
+        raise TokenError(f"{token!r} is not hex (1 to 16 hex digits)")
+    return int.from_bytes(int(token, 16).to_bytes(8, "little"), "little", signed=True)
+
+
+def encode_tokens(tokens: Sequence[str], encoding: str) -> np.ndarray:
+    """int64 [n] ids of text tokens under `encoding` (see the module docstring).
+
+    Raises TokenError for a token `hex` cannot read; `int_or_hash` accepts every string.
+    """
+    if not len(tokens):
+        return np.zeros(0, dtype=np.int64)
+    if encoding == "hex":
+        return np.array([hex_id(t) for t in tokens], dtype=np.int64)
+    if encoding != "int_or_hash":
+        raise ValueError(f"unknown encoding {encoding!r}; known: {ENCODINGS}")
+    arr = np.asarray(tokens, dtype=str)
+    try:  # fast path: every token is a plain decimal integer
+        ids = arr.astype(np.int64)
+        # astype also reads " 7", "+5" and "1_000", which the encoding hashes: check the text.
+        if (np.char.strip(arr, "-0123456789") == "").all() and not (
+            np.char.find(arr, "-", 1) >= 0
+        ).any():
+            return ids
+    except (ValueError, OverflowError):
+        pass
+    return np.array([string_id(t) for t in arr.tolist()], dtype=np.int64)
+
+
+def _shorten(token: str, limit: int = 40) -> str:
+    return token if len(token) <= limit else token[:limit] + "..."
+
+
+# ---- dense: raw values -> model inputs ------------------------------------------------------
+class DenseTransform(nn.Module):
+    """The dense transforms, as the first op of the served model (TorchScript and ONNX).
+
+    Training readers call the same module (`FeatureSpec.transform_dense`) on the raw values
+    they parse, rounded to float32 first as a request would carry them, so training and
+    serving compute the inputs with one piece of code.
+    """
+
+    def __init__(self, transforms: Sequence[str]) -> None:
+        super().__init__()
+        unknown = sorted(set(transforms) - set(TRANSFORMS))
+        if unknown:
+            raise ValueError(f"unknown dense transform(s) {unknown}; known: {TRANSFORMS}")
+        mask = torch.tensor([t == "log1p" for t in transforms], dtype=torch.bool)
+        self.register_buffer("log1p_mask", mask.reshape(1, -1), persistent=False)
+        self.active = bool(mask.any())
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return dense
+        wide = dense.to(torch.float64)
+        logged = torch.log1p(torch.clamp(wide, min=0.0))
+        return torch.where(self.log1p_mask, logged, wide).to(torch.float32)
+
+
+# ---- the spec -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DenseFeature:
+    name: str
+    column: str
+    transform: str
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    name: str
+    column: str
+    encoding: str
+    separator: str | None
+    """Between the tokens of a multi-valued text cell; None where a cell holds one token."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    format: str
+    """The training data's format: synthetic, criteo_tsv, csv or parquet."""
+    labels: list[str]
+    dense: list[DenseFeature]
+    sparse: list[SparseFeature]
+    hash: dict[str, Any]
+    delimiter: str = ","
+    """Between the fields of a CSV line (data.delimiter)."""
+
+    @property
+    def transforms(self) -> list[str]:
+        return [d.transform for d in self.dense]
+
+    def dense_transform(self) -> DenseTransform:
+        return DenseTransform(self.transforms)
+
+    def transform_dense(self, raw: np.ndarray) -> np.ndarray:
+        """Raw dense values [n, D] (any float dtype) -> the model's inputs [n, D] float32."""
+        x = torch.from_numpy(np.ascontiguousarray(raw, dtype=np.float32))
+        with torch.no_grad():
+            return self.dense_transform()(x).numpy()
+
+    def encode(self, feature: int, tokens: Sequence[str]) -> np.ndarray:
+        """Ids of sparse feature `feature`'s tokens."""
+        return encode_tokens(tokens, self.sparse[feature].encoding)
+
+    def encode_values(self, lengths: np.ndarray, tokens: Sequence[str]) -> np.ndarray:
+        """A request's `sparse_strings` -> its `sparse_values`: int64 ids [N].
+
+        Args:
+            lengths: [B, F] values per sample per feature (the request's sparse_lengths).
+            tokens: N tokens, batch-major like sparse_values: sample 0's feature 0, feature 1,
+                ..., then sample 1.
+        Raises TokenError naming the feature, the value's flat index and the token.
+        """
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, len(self.sparse))
+        feature = np.repeat(np.tile(np.arange(len(self.sparse)), len(lengths)), lengths.ravel())
+        if feature.size != len(tokens):
+            raise TokenError(f"{len(tokens)} tokens for {feature.size} values (sum of lengths)")
+        ids = np.zeros(len(tokens), dtype=np.int64)
+        ends = np.cumsum(lengths.sum(axis=1))  # value k belongs to the first sample ending past k
+        for f in np.unique(feature).tolist():
+            at = np.flatnonzero(feature == f)
+            part = [tokens[i] for i in at.tolist()]
+            try:
+                ids[at] = self.encode(f, part)
+            except TokenError:
+                i = next(k for k, t in enumerate(part) if not _HEX.match(t))
+                sample = int(np.searchsorted(ends, at[i], side="right"))
+                raise TokenError(
+                    f"sample {sample}, feature {self.sparse[f].name!r}, value at flat index "
+                    f"{int(at[i])}: {_shorten(part[i])!r} is not hex (1 to 16 hex digits)",
+                    sample,
+                    f,
+                ) from None
+        return ids
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> FeatureSpec:
+        version = data.get("hash", {}).get("version")
+        if version != HASH["version"]:
+            raise ValueError(
+                f"feature spec hash version {version!r}; this rec implements {HASH['version']}"
+            )
+        return FeatureSpec(
+            format=data["format"],
+            labels=list(data["labels"]),
+            dense=[DenseFeature(**d) for d in data["dense"]],
+            sparse=[SparseFeature(**s) for s in data["sparse"]],
+            hash=dict(data["hash"]),
+            delimiter=data.get("delimiter", ","),
+        )
+
+
+def criteo_columns(num_tasks: int) -> tuple[list[str], list[str], list[str]]:
+    """Criteo TSV's column names (labels, I1..I13, C1..C26), as messages name them."""
+    labels = ["label"] if num_tasks == 1 else [f"label_{t}" for t in range(num_tasks)]
+    return labels, [f"I{i + 1}" for i in range(13)], [f"C{i + 1}" for i in range(26)]
+
+
+def check_criteo_shape(cfg) -> None:
+    """Criteo lines carry 13 dense and 26 sparse features; the config must match."""
+    dense, sparse = cfg.features.dense, len(cfg.features.sparse)
+    if dense != 13 or sparse != 26:
+        raise ConfigError(
+            f"data.source='criteo_tsv' needs features.dense=13 and 26 sparse features "
+            f"(Criteo's 13 integer and 26 categorical columns); the config has "
+            f"features.dense={dense} and {sparse} sparse features"
+        )
+
+
+def feature_spec(cfg) -> FeatureSpec:
+    """The spec `cfg` (a RecConfig) trains with: its data source's columns, the transforms of
+    `features.transforms` (default log1p for Criteo TSV, identity otherwise)."""
+    source = cfg.data.source
+    default = "log1p" if source == "criteo_tsv" else "identity"
+    names = list(cfg.features.dense_names)
+    transforms = [cfg.features.transforms.get(n, default) for n in names]
+    if source == "criteo_tsv":
+        check_criteo_shape(cfg)
+        labels, dense_cols, sparse_cols = criteo_columns(cfg.model.num_tasks)
+        encoding, separator = "hex", None
+    elif source in ("csv", "parquet"):
+        cols = cfg.data.columns
+        labels = cols.label_columns
+        dense_cols = list(cols.dense) or names
+        sparse_cols = [cols.sparse.get(f, f) for f in cfg.features.sparse]
+        encoding, separator = "int_or_hash", cols.separator
+    else:  # synthetic rows are model inputs already; a file of them uses the names as columns
+        labels = criteo_columns(cfg.model.num_tasks)[0]
+        dense_cols, sparse_cols = names, list(cfg.features.sparse)
+        encoding, separator = "int_or_hash", cfg.data.columns.separator
+    if len(dense_cols) != len(names):
+        raise ConfigError(
+            f"data.columns.dense lists {len(dense_cols)} columns {dense_cols} for "
+            f"features.dense={len(names)}"
+        )
+    return FeatureSpec(
+        format=source,
+        labels=list(labels),
+        dense=[
+            DenseFeature(n, c, t) for n, c, t in zip(names, dense_cols, transforms, strict=True)
+        ],
+        sparse=[
+            SparseFeature(f, c, encoding, separator)
+            for f, c in zip(cfg.features.sparse, sparse_cols, strict=True)
+        ],
+        hash=dict(HASH),
+        delimiter=cfg.data.delimiter,
+    )
