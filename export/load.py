@@ -9,6 +9,7 @@ table (or layer) and both shapes instead of failing deep inside DCP.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,3 +108,15 @@ def _load(run, checkpoint: str | None, cfg: RecConfig | None, with_tables: bool)
     meta_path = step_dir / run_dir.META_FILE
     meta = run_dir.read_meta(step_dir) if meta_path.is_file() else {}
     return LoadedRun(cfg=cfg, model=model, step_dir=step_dir, meta=meta)
+
+
+def dense_copy(model: nn.Module) -> nn.Module:
+    """A copy of the DLRM `model` without its embedding tables, which are never copied (they
+    may be 8 GB, or on the meta device): the copy's EBC is an empty module."""
+    sparse_arch = model.sparse_arch
+    ebc = sparse_arch.embedding_bag_collection
+    sparse_arch.embedding_bag_collection = nn.Module()
+    try:
+        return copy.deepcopy(model)
+    finally:
+        sparse_arch.embedding_bag_collection = ebc

@@ -1,12 +1,13 @@
-"""ONNX format: the same I/O, with the embedding lookup written in standard ops.
+"""ONNX format: the served module (rec.export.served) with its lookup written in standard ops.
 
 ONNX Runtime has no FBGEMM TBE, so the sparse part is stored in plain tensors, filled from the
 streamed checkpoint rows with the same rowwise quantization FBGEMM uses
 (`FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf`):
 int8/int4 codes stored as uint8 (int4 two codes per byte, low nibble first) with an fp16
 scale and bias per row, fp16 tables as fp16, fp32 as fp32. In the graph: gather rows,
-dequantize (`code * scale + bias`), sum (or average) each bag with index_add. The dense part
-is the float model's own DenseArch / InteractionArch / OverArch.
+dequantize (`code * scale + bias`), sum (or average) each bag with index_add. The head is the
+float model's own DenseArch / InteractionArch / OverArch, plain fp32 (ONNX Runtime is not batch
+invariant whatever the layers are).
 
 Bags are found without repeat_interleave (its output size is data-dependent): `ends` =
 cumsum of the lengths; counting, for every value position j, how many bags end at or before j
@@ -23,7 +24,9 @@ import torch
 from torch import nn
 
 from rec.config import RecConfig
+from rec.export.served import INPUT_NAMES, OUTPUT_NAME, DlrmHead, ServedModule
 from rec.export.stream import BITS, quantize_rows
+from rec.features import feature_spec
 from rec.model import table_rows
 
 
@@ -70,16 +73,17 @@ class _TableGroup(nn.Module):
         return codes * scale_bias[:, 0:1] + scale_bias[:, 1:2]
 
 
-class OnnxServingModule(nn.Module):
-    """ServingModule's I/O over plain-op embeddings; exportable with dynamic B and N.
+class GatherLookup(nn.Module):
+    """Pooled embeddings [B, F, D] of batch-major jagged ids in plain ONNX ops; the ONNX
+    format's lookup in the served module (rec.export.served.ServedModule).
 
     Args:
-        model: the DLRM with the checkpoint's dense weights; its tables are not read (they may
-            be on the meta device): OnnxSink fills this module's own storage.
         cfg: the run's config. table_dtypes: stored dtype of every table.
+        feature_order: feature names in the order the head wants them (the DLRM's SparseArch
+            order). Storage is allocated here and filled by OnnxSink as the tables stream past.
     """
 
-    def __init__(self, model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]) -> None:
+    def __init__(self, cfg: RecConfig, table_dtypes: dict[str, str], feature_order: list[str]):
         super().__init__()
         feats = list(cfg.features.sparse)
         owner = cfg.feature_to_table()
@@ -109,15 +113,10 @@ class OnnxServingModule(nn.Module):
         self.register_buffer("row_offset", torch.tensor(offset_of, dtype=torch.int64))
         self.register_buffer("group_of", torch.tensor(group_of, dtype=torch.int64))
         self.register_buffer("is_mean", torch.tensor(mean, dtype=torch.bool))
-        # The DLRM's SparseArch emits features in EBC (table) order, not input column order.
-        ebc_order = [feats.index(f) for f in model.sparse_arch.sparse_feature_names]
-        self.register_buffer("ebc_order", torch.tensor(ebc_order, dtype=torch.int64))
-        self.dense_arch = model.dense_arch
-        self.inter_arch = model.inter_arch
-        self.over_arch = model.over_arch
+        order = [feats.index(f) for f in feature_order]
+        self.register_buffer("order", torch.tensor(order, dtype=torch.int64))
 
-    def pooled(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """[B, F, D] pooled embeddings of batch-major jagged ids."""
+    def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         batch = lengths.shape[0]
         flat = lengths.reshape(-1).to(torch.int64)  # bag k = b * F + f
         n = values.shape[0]
@@ -138,31 +137,28 @@ class OnnxServingModule(nn.Module):
         count = torch.clamp(flat, min=1).float()
         mean = self.is_mean.repeat(batch)
         out = torch.where(mean.unsqueeze(1), out / count.unsqueeze(1), out)
-        return out.reshape(batch, self.num_features, self.dim)[:, self.ebc_order, :]
+        return out.reshape(batch, self.num_features, self.dim)[:, self.order, :]
 
-    def forward(
-        self,
-        dense_features: torch.Tensor,
-        sparse_lengths: torch.Tensor,
-        sparse_values: torch.Tensor,
-    ) -> torch.Tensor:
-        embedded_dense = self.dense_arch(dense_features)
-        embedded_sparse = self.pooled(sparse_lengths, sparse_values)
-        concatenated = self.inter_arch(
-            dense_features=embedded_dense, sparse_features=embedded_sparse
-        )
-        return torch.sigmoid(self.over_arch(concatenated))
+
+def onnx_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]) -> ServedModule:
+    """The served module over plain-op tables (allocated, to be filled by OnnxSink) and
+    `model`'s own dense modules (shared, not copied; its tables are not read): exportable to
+    ONNX with dynamic B and N. Dense layers stay plain fp32 for ONNX Runtime."""
+    order = list(model.sparse_arch.sparse_feature_names)
+    lookup = GatherLookup(cfg, table_dtypes, order)
+    transform = feature_spec(cfg).dense_transform()
+    return ServedModule(transform, lookup, DlrmHead(model), batch_invariant=False).eval()
 
 
 class OnnxSink:
-    """Writes streamed fp32 rows, quantized, into an OnnxServingModule (stream.TableSink)."""
+    """Writes streamed fp32 rows, quantized, into a GatherLookup (stream.TableSink)."""
 
-    def __init__(self, module: OnnxServingModule) -> None:
-        self.module = module
+    def __init__(self, lookup: GatherLookup) -> None:
+        self.lookup = lookup
 
     def write(self, table: str, start: int, rows: torch.Tensor) -> None:
-        group, first = self.module.placement[table]
-        self.module.groups[group].write(first + start, rows)
+        group, first = self.lookup.placement[table]
+        self.lookup.groups[group].write(first + start, rows)
 
 
 # Models whose tables take more than this keep them in `model.onnx.data` beside the graph. The
@@ -171,7 +167,7 @@ class OnnxSink:
 EXTERNAL_DATA_BYTES = 64 << 20
 
 
-def export_onnx(module: OnnxServingModule, sample: tuple[torch.Tensor, ...], path: Path) -> None:
+def export_onnx(module: ServedModule, sample: tuple[torch.Tensor, ...], path: Path) -> None:
     """Writes `module` to `path` with dynamic batch size and id count (dynamo exporter); when its
     tables take over EXTERNAL_DATA_BYTES, they go to `<path>.data` (ONNX external data)."""
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
@@ -187,8 +183,8 @@ def export_onnx(module: OnnxServingModule, sample: tuple[torch.Tensor, ...], pat
             sample,
             dynamo=True,
             dynamic_shapes=dynamic_shapes,
-            input_names=["dense_features", "sparse_lengths", "sparse_values"],
-            output_names=["scores"],
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
             optimize=True,
             verbose=False,
         )

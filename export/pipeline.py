@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import gc
 import importlib.metadata
 import itertools
@@ -38,20 +37,14 @@ from rec import resources, run_dir
 from rec import versions as rec_versions
 from rec.batch import RecBatch
 from rec.config import ConfigError, RecConfig, load_config
+from rec.export import raw_rows, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
-from rec.export import stream, verify
 from rec.export.dcp_reader import CheckpointReader
 from rec.export.load import LoadedRun, load_dense
-from rec.export.module import (
-    INPUT_NAMES,
-    OUTPUT_NAME,
-    ServingModule,
-    make_batch_invariant,
-    sample_batch,
-    split_requests,
-)
-from rec.model import table_rows
+from rec.export.module import sample_batch, split_requests
+from rec.export.served import INPUT_NAMES, OUTPUT_NAME
+from rec.features import feature_spec
 
 Log = Callable[[str], None]
 _LOAD_REQUIRES = {
@@ -167,32 +160,28 @@ def _batching_request(cfg: RecConfig):
 
 
 def build_torchscript(src: Source, out: Path) -> Built:
-    """Quantized TBE filled from the streamed tables -> FX trace -> script -> model.pt; scored in
-    memory, released, reloaded from disk and scored again."""
-    from rec.export import torchscript
+    """The served module's TBE storage filled from the streamed tables -> script -> model.pt;
+    scored in memory, released, reloaded from disk and scored again."""
+    from rec.export import served, torchscript
 
     cfg = src.cfg
-    model = copy.deepcopy(src.loaded.model)  # dense layers only: the tables are on meta
-    module = ServingModule(model, cfg.features.sparse, table_rows(cfg)).eval()
-    # Swapped in after eval(), as quantize_inference_model does, so even the modules' training
-    # flags (saved in model.pt) are those of the in-memory path's file.
-    qebc = torchscript.empty_quantized_ebc(
-        model.sparse_arch.embedding_bag_collection, table_dtypes(cfg)
-    )
-    model.sparse_arch.embedding_bag_collection = qebc
-    if cfg.export.batch_invariant:
-        make_batch_invariant(module)
-    src.stream_into(torchscript.TbeSink(qebc))
+    module, tbe = torchscript.served_module(src.loaded.model, cfg, table_dtypes(cfg))
+    src.stream_into(served.TbeSink(tbe))
+    tables = served.table_storage(tbe)
     scripted = torchscript.to_torchscript(module, src.sample)
     torch.jit.save(scripted, str(out))
-    tables = torchscript.table_storage(module)
     scores = _score(scripted, src.batches)
-    del scripted, module, model, qebc  # the TBE storage: make room for the reloaded copy
+    del scripted, module, tbe  # the TBE storage: make room for the reloaded copy
     gc.collect()
     reloaded = torch.jit.load(str(out))
     request = _batching_request(cfg)
-    batching = check_batching("torchscript", reloaded, request, cfg.export.batch_invariant)
-    return Built(scores, _score(reloaded, src.batches), batching, tables)
+    invariant = cfg.export.batch_invariant
+    batching = check_batching("torchscript", reloaded, request, invariant)
+    extra = {
+        "dense": {"dtype": cfg.export.dense_dtype, "batch_invariant": invariant},
+        "raw_rows": raw_rows.round_trip(cfg, reloaded),
+    }
+    return Built(scores, _score(reloaded, src.batches), batching, tables, extra)
 
 
 def build_onnx(src: Source, out: Path) -> Built:
@@ -201,15 +190,15 @@ def build_onnx(src: Source, out: Path) -> Built:
     from rec.export import onnx
 
     cfg = src.cfg
-    module = onnx.OnnxServingModule(src.loaded.model, cfg, table_dtypes(cfg)).eval()
-    src.stream_into(onnx.OnnxSink(module))
+    module = onnx.onnx_module(src.loaded.model, cfg, table_dtypes(cfg))
+    src.stream_into(onnx.OnnxSink(module.lookup))
     onnx.export_onnx(module, src.sample, out)
     with torch.no_grad():
         sample_scores = module(*src.sample)
     scores = _score(module, src.batches)
     tables = {
         name: {"stored_dtype": table_dtypes(cfg)[name], "bytes_stored": n, "bytes_unpadded": n}
-        for name, n in module.table_bytes.items()
+        for name, n in module.lookup.table_bytes.items()
     }
     del module  # its tables: make room for ONNX Runtime's copy
     gc.collect()
@@ -250,7 +239,8 @@ def eval_batches(cfg: RecConfig, log: Log) -> Reiterable | None:
     limit = cfg.export.eval_batches or None
 
     def read() -> Iterator[RecBatch]:
-        source = make_source(cfg, "eval").batches(
+        # Raw dense values, as a client sends them: the exported model applies the transforms.
+        source = make_source(cfg, "eval", raw_dense=True).batches(
             cfg.export.max_batch_size, rank=0, world_size=1, drop_last=False
         )
         return itertools.islice(source, limit)
@@ -313,6 +303,7 @@ def manifest(
             "sparse": list(cfg.features.sparse),
             "sparse_table": cfg.feature_to_table(),
         },
+        "feature_spec": feature_spec(cfg).to_dict(),
         "num_tasks": num_tasks,
         "id_mapping": "row = raw_id mod rows (non-negative), inside the model",
         "load_requires": _LOAD_REQUIRES[target.fmt],
@@ -322,7 +313,7 @@ def manifest(
             "stored": stored_total,
             "ratio": round(stored_total / fp32_total, 4),
         },  # fmt: skip
-        "dense": {"dtype": "fp32", "batch_invariant": cfg.export.batch_invariant},
+        "dense": built.extra.get("dense", {"dtype": "fp32", "batch_invariant": False}),
         "serving": {
             "max_batch_size": cfg.export.max_batch_size,
             "max_queue_delay_us": cfg.export.max_queue_delay_us,
@@ -374,6 +365,7 @@ def run_checks(
         b = built["torchscript"]
         verify.check_identical("TorchScript reloaded from disk", b.reloaded, b.scores)
         checks["torchscript_reload_identical"] = True
+        checks["raw_rows"] = b.extra["raw_rows"]
     if "onnx" in built:  # its `scores` are the torch module the file was exported from
         checks["onnx_runtime_vs_source_max_abs_diff"] = verify.check_close(
             "ONNX Runtime vs the module it was exported from",
@@ -393,7 +385,27 @@ def run_checks(
         checks["eval"] = {"skipped": "the held-out split could not be read where export ran"}
         for fmt, s in exported.items():
             checks["eval"][f"{fmt}_max_abs_diff_vs_float"] = verify.max_diff(s, reference)
+    if "torchscript" in built and cfg.export.dense_dtype != "fp32":
+        check_reduced_precision(cfg, checks["eval"])
     return checks
+
+
+def check_reduced_precision(cfg: RecConfig, ev: dict[str, Any]) -> None:
+    """Refuses a model whose dense layers lost precision (dense_dtype) and held-out AUC with
+    it, or whose AUC could not be measured, unless export.accept_quality_loss says otherwise."""
+    bar = verify.AUC_RATIO_BAR["fp32"]
+    q = ev.get("torchscript")
+    if q is not None and q["auc_ratio"] >= bar:
+        return
+    what = (f"its held-out AUC ratio is {q['auc_ratio']:.5f}" if q is not None
+            else "its AUC could not be measured (no held-out data)")  # fmt: skip
+    message = (
+        f"dense layers in {cfg.export.dense_dtype}: {what}, against a bar of {bar} of the "
+        "float model's; set export.accept_quality_loss: true to write it anyway"
+    )
+    if not cfg.export.accept_quality_loss:
+        raise verify.VerificationError(message)
+    ev["accepted_quality_loss"] = message
 
 
 def _report(checks: dict[str, Any], manifests: dict[str, dict], log: Log) -> None:

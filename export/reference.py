@@ -21,6 +21,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.batch import RecBatch, feature_major, map_ids
 from rec.config import RecConfig
+from rec.export.load import dense_copy
+from rec.features import feature_spec
 from rec.model import table_rows
 
 
@@ -82,12 +84,13 @@ class ReferenceModule(nn.Module):
         with torch.no_grad():
             for name, bag in ebc.embedding_bags.items():
                 bag.weight.copy_(sink.weights[name])
-        self.model = _without_tables(dense_model)
+        self.model = dense_copy(dense_model)
         self.model.sparse_arch.embedding_bag_collection = ebc
         self.features = list(cfg.features.sparse)
         owner = cfg.feature_to_table()
         self.touched = [sink.touched[owner[f]] for f in self.features]
         self.register_buffer("rows", table_rows(cfg))
+        self.transform = feature_spec(cfg).dense_transform()
 
     @torch.no_grad()
     def forward(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
@@ -103,7 +106,7 @@ class ReferenceModule(nn.Module):
             compact.append(pos)
         lengths_fm = lengths.t().reshape(-1).to(torch.int32)  # feature-major bag lengths
         kjt = KeyedJaggedTensor(keys=self.features, values=torch.cat(compact), lengths=lengths_fm)
-        return torch.sigmoid(self.model(dense, kjt))
+        return torch.sigmoid(self.model(self.transform(dense), kjt))
 
 
 def _rows_per_feature(lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
@@ -111,15 +114,3 @@ def _rows_per_feature(lengths: torch.Tensor, values: torch.Tensor, rows: torch.T
     lengths_fm, values_fm = feature_major(lengths, values)
     ids = map_ids(lengths_fm, values_fm, rows)
     return torch.split(ids, lengths_fm.reshape(rows.numel(), -1).sum(1).tolist())
-
-
-def _without_tables(model: nn.Module) -> nn.Module:
-    """`model` for copying: its (meta or full) float EBC is not copied along."""
-    sparse_arch = model.sparse_arch
-    ebc = sparse_arch.embedding_bag_collection
-    sparse_arch.embedding_bag_collection = nn.Module()
-    try:
-        clone = copy.deepcopy(model)
-    finally:
-        sparse_arch.embedding_bag_collection = ebc
-    return clone

@@ -72,19 +72,15 @@ def test_int8_close_to_float_and_reload_identical(scripted, float_module, export
 
 def test_int8_bytes_at_dim_64():
     """The quality bar's storage half: int8 <= 0.35x fp32 at dim 64 (FBGEMM's padded rows)."""
-    from rec.export import torchscript
+    from rec.export.served import make_tbe, table_storage
 
     data = tiny_dict()
     for t in data["tables"]:
         t["dim"] = 64
     data["model"]["dense_arch"] = [16, 64]
     cfg = config_from_dict(data)
-    from rec.model import build_model
-
-    module = ServingModule(build_model(cfg), cfg.features.sparse, table_rows(cfg))
-    storage = torchscript.table_storage(
-        torchscript.quantize(module, {t.name: "int8" for t in cfg.tables})
-    )
+    tbe = make_tbe(cfg, {t.name: "int8" for t in cfg.tables}, list(cfg.features.sparse))
+    storage = table_storage(tbe)
     for t in cfg.tables:
         assert storage[t.name]["bytes_stored"] <= 0.35 * t.rows * t.dim * 4
 
@@ -99,15 +95,84 @@ def test_dlrm_dcn_exports_batch_invariant(tmp_path):
     result = export_run(run, tmp_path / "repo", log=lambda _: None)
     checks = json.loads((result.models["torchscript"] / "rec.json").read_text())["verification"]
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
-    # The per-sample cross net computes what TorchRec's LowRankCrossNet computes.
-    import copy
 
-    from rec.export.module import make_batch_invariant
 
-    loaded = load_run(run)
-    module = ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
-    request = random_request(NUM_DENSE, NUM_SPARSE, 50, seed=8)
+def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path):
+    from rec.export.pipeline import export_run
+    from tests.export.conftest import write_seeded_run
+
+    data = tiny_dict(dense_dtype="bf16", accept_quality_loss=True)
+    # Cross and top layers of 40 x 96 weights: big enough for oneDNN, so bf16 applies.
+    data["model"] = {"arch": "dlrm_dcn", "dense_arch": [16, 8], "over_arch": [96, 1],
+                     "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
+    run = write_seeded_run(tmp_path / "run", data)
+    result = export_run(run, tmp_path / "repo", log=lambda _: None)
+    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    assert manifest["dense"] == {"dtype": "bf16", "batch_invariant": True}
+    checks = manifest["verification"]
+    assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
+    ratio = checks["eval"]["torchscript"]["auc_ratio"]
+    assert 0.5 < ratio < 1.5
+    assert ("accepted_quality_loss" in checks["eval"]) == (ratio < 0.999)
+
+
+@pytest.mark.parametrize("ratio", [0.9985, None])
+def test_reduced_precision_under_the_bar_is_refused(ratio):
+    """A bf16 model whose AUC ratio is under 0.999, or cannot be measured, is not written unless
+    export.accept_quality_loss says so; then the reason is kept in rec.json."""
+    from rec.export import verify
+    from rec.export.pipeline import check_reduced_precision
+
+    def eval_checks():
+        return {} if ratio is None else {"torchscript": {"auc_ratio": ratio}}
+
+    cfg = config_from_dict(tiny_dict(dense_dtype="bf16"))
+    with pytest.raises(verify.VerificationError, match="bf16.*accept_quality_loss"):
+        check_reduced_precision(cfg, eval_checks())
+    cfg = config_from_dict(tiny_dict(dense_dtype="bf16", accept_quality_loss=True))
+    ev = eval_checks()
+    check_reduced_precision(cfg, ev)
+    assert "bf16" in ev["accepted_quality_loss"]
+    ev = {"torchscript": {"auc_ratio": 0.9995}}
+    check_reduced_precision(config_from_dict(tiny_dict(dense_dtype="bf16")), ev)
+    assert "accepted_quality_loss" not in ev
+
+
+def test_dense_transforms_run_inside_both_formats(tmp_path):
+    """features.transforms: log1p(max(x, 0)) is part of model.pt and model.onnx, so a request
+    carries raw values: a negative raw value reads as 0 where the feature is log1p'd, and the
+    transform is what the training side computes (rec.features, one implementation)."""
+    import numpy as np
+
+    from rec.export import onnx as onnx_lib
+    from rec.export.pipeline import export_run
+    from rec.features import feature_spec
+    from tests.export.conftest import write_seeded_run
+
+    data = tiny_dict(format="both")
+    data["features"]["transforms"] = {"dense_0": "log1p", "dense_2": "log1p"}
+    run = write_seeded_run(tmp_path / "run", data)
+    result = export_run(run, tmp_path / "repo", log=lambda _: None)
+    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    assert [d["transform"] for d in manifest["feature_spec"]["dense"]] == [
+        "log1p", "identity", "log1p", "identity"
+    ]  # fmt: skip
+    scripted = torch.jit.load(str(result.models["torchscript"] / "model.pt"))
+    session = onnx_lib.onnx_session(result.models["onnx"] / "model.onnx")
+    dense, lengths, values = random_request(NUM_DENSE, NUM_SPARSE, 9, seed=11)
+    dense = dense * 50
+    logged_zero = dense.clone()
+    logged_zero[:, [0, 2]] = torch.where(dense[:, [0, 2]] < 0, 0.0, dense[:, [0, 2]])
+    identity_zero = dense.clone()
+    identity_zero[:, 1] = torch.where(dense[:, 1] < 0, 0.0, dense[:, 1])
     with torch.no_grad():
-        want = module(*request)
-        got = make_batch_invariant(copy.deepcopy(module))(*request)
-    assert (got - want).abs().max().item() < 1e-5
+        raw = scripted(dense, lengths, values)
+        assert torch.equal(raw, scripted(logged_zero, lengths, values))  # clamped inside
+        assert not torch.equal(raw, scripted(identity_zero, lengths, values))
+    onnx_scores = onnx_lib.run_onnx(session, dense, lengths, values)
+    assert float((onnx_scores - raw).abs().max()) <= 1e-5
+    # The training readers' transform is the model's: the same values, bit for bit.
+    cfg = config_from_dict(data)
+    spec = feature_spec(cfg)
+    expected = np.log1p(np.maximum(dense[:, 0].double().numpy(), 0)).astype(np.float32)
+    assert np.array_equal(spec.transform_dense(dense.numpy())[:, 0], expected)

@@ -1,0 +1,293 @@
+"""The served module: DESIGN.md's I/O table in the fewest ops per call.
+
+    dense_features f32 [B, num_dense], sparse_lengths i32 [B, F], sparse_values i64 [N]
+        -> scores f32 [B, T] (sigmoid)
+
+`ServedModule` is a lookup (the three request tensors -> pooled embeddings [B, F, D]) and a
+head (the DLRM's dense, interaction and over arches -> logits), then a sigmoid. Each format
+brings its lookup: `TbeLookup` here for TorchScript (one FBGEMM TBE call), the plain-op
+`GatherLookup` in rec.export.onnx for ONNX; the head is the same DLRM modules in both, with
+their dense layers packed for oneDNN in TorchScript (rec.export.dense).
+
+What TbeLookup does per call, and nothing more: the batch-major ids reordered feature-major
+(into the order the DLRM's SparseArch emits features) with their offsets, every raw id mapped
+into its table by a non-negative modulo, one FBGEMM IntNBit TBE call over all tables (any mix
+of int8 / int4 / fp16 / fp32) returning [B, F * D]. TorchRec's quantized EBC, which the export
+used before, builds and permutes a KeyedJaggedTensor and a KeyedTensor per call (~150 us here).
+The TBE's bounds check is off: the modulo already guarantees every row it reads is inside its
+table (tests/export/test_served.py holds that guarantee on extreme ids).
+"""
+
+import torch
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    BoundsCheckMode,
+    EmbeddingLocation,
+    PoolingMode,
+)
+from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
+    IntNBitTableBatchedEmbeddingBagsCodegen,
+    rounded_row_size_in_bytes,
+    unpadded_row_size_in_bytes,
+)
+from torch import nn
+
+from rec.config import RecConfig
+from rec.export.dense import MIN_ROWS, PackedLinear
+from rec.export.stream import quantize_rows
+
+# No `from __future__ import annotations` here: TorchScript reads the annotations at runtime.
+
+INPUT_NAMES = ("dense_features", "sparse_lengths", "sparse_values")
+OUTPUT_NAME = "scores"
+_SPARSE_TYPES = {
+    "int8": SparseType.INT8,
+    "int4": SparseType.INT4,
+    "fp16": SparseType.FP16,
+    "fp32": SparseType.FP32,
+}
+# FBGEMM's own default alignment for a host TBE (TorchRec pads rows to 16 bytes, for GPUs).
+CPU_ROW_ALIGNMENT = 1
+
+
+class DlrmHead(nn.Module):
+    """A DLRM's dense arch, interaction arch and over arch: (dense, pooled [B, F, D]) -> logits.
+
+    Takes the modules themselves (no copy): pass a copy when the model is still needed."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.dense_arch = model.dense_arch
+        self.inter_arch = model.inter_arch
+        self.over_arch = model.over_arch
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        embedded_dense = self.dense_arch(dense)
+        concatenated = self.inter_arch(dense_features=embedded_dense, sparse_features=pooled)
+        return self.over_arch(concatenated)
+
+
+class ServedModule(nn.Module):
+    """transform(dense) and lookup(sparse_lengths, sparse_values) -> head -> sigmoid.
+
+    transform: the feature spec's dense transforms (rec.features.DenseTransform), so a request
+    carries raw values and every server computes the model's inputs the same way.
+
+    batch_invariant: batches under rec.export.dense.MIN_ROWS are zero-padded to it when the
+    head has oneDNN layers (which give every row the same result only from there on), and the
+    sigmoid reads its input so that a score's result does not depend on its position."""
+
+    def __init__(
+        self, transform: nn.Module, lookup: nn.Module, head: nn.Module, batch_invariant: bool
+    ) -> None:
+        super().__init__()
+        self.transform = transform
+        self.lookup = lookup
+        self.head = head
+        self.batch_invariant = batch_invariant
+        packed = any(isinstance(m, PackedLinear) for m in head.modules())
+        self.min_rows = MIN_ROWS if batch_invariant and packed else 1
+
+    def forward(
+        self,
+        dense_features: torch.Tensor,
+        sparse_lengths: torch.Tensor,
+        sparse_values: torch.Tensor,
+    ) -> torch.Tensor:
+        dense_features = self.transform(dense_features)
+        batch = dense_features.shape[0]
+        if batch < self.min_rows:  # empty bags and zero features: rows that are dropped below
+            pad = self.min_rows - batch
+            dense_features = torch.cat(
+                [dense_features, dense_features.new_zeros(pad, dense_features.shape[1])]
+            )
+            sparse_lengths = torch.cat(
+                [sparse_lengths, sparse_lengths.new_zeros(pad, sparse_lengths.shape[1])]
+            )
+        logits = self.head(dense_features, self.lookup(sparse_lengths, sparse_values))[:batch]
+        if not self.batch_invariant:
+            return torch.sigmoid(logits)
+        # ATen's vectorized sigmoid and its scalar tail loop differ in the last bit, and which
+        # scores fall in the tail of a contiguous [B, T] depends on B. Read through a view
+        # whose rows are not adjacent, every row is its own loop: score (b, t) takes the same
+        # path for every B.
+        tasks = logits.shape[1]
+        return torch.sigmoid(torch.cat([logits, logits], 1)[:, :tasks])
+
+
+def table_indices(
+    lengths: torch.Tensor,
+    values: torch.Tensor,
+    rows: torch.Tensor,
+    column_of: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request's ids as the TBE reads them: (indices, offsets) of F * B feature-major bags.
+
+    Args:
+        lengths: [B, C] int32 ids per sample per request column. values: [N] int64 raw ids,
+            batch-major.
+        rows: [F] rows of the table each TBE feature reads.
+        column_of: [F] request column of each TBE feature; None when feature k is column k.
+    Returns:
+        indices [N]: every id mapped into its table, `id mod rows` (non-negative), so each is
+        in [0, rows) whatever the request holds: the TBE runs without bounds checks on this.
+        offsets [F * B + 1] int64: bag k * B + b (feature k, sample b) is
+        indices[offsets[k * B + b] : offsets[k * B + b + 1]].
+    """
+    batch, columns = lengths.shape[0], lengths.shape[1]
+    # Request bag b * columns + c; TBE bag k * B + b is request bag b * columns + column_of[k].
+    order = torch.arange(batch * columns, dtype=torch.int32).view(batch, columns).t()
+    if column_of is not None:
+        order = order.index_select(0, column_of)
+    lengths_fm, ids, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+        order.reshape(-1), lengths.reshape(-1), values, None, None
+    )
+    offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths_fm.to(torch.int64))
+    # Feature k's ids end at offsets[(k + 1) * B]: each id's feature by binary search
+    # (repeat_interleave costs ~12 us a call here, this ~3).
+    feature_ends = offsets[batch::batch].contiguous()
+    feature = torch.bucketize(torch.arange(ids.shape[0]), feature_ends, right=True)
+    return torch.remainder(ids, rows[feature]), offsets
+
+
+def make_tbe(
+    cfg: RecConfig, table_dtypes: dict[str, str], feature_order: list[str]
+) -> IntNBitTableBatchedEmbeddingBagsCodegen:
+    """FBGEMM's IntNBit TBE over every table of `cfg` (stored as `table_dtypes`), one feature
+    per entry of `feature_order`, SUM pooling, fp32 output; storage allocated and zeroed."""
+    owner = cfg.feature_to_table()
+    table_index = {t.name: i for i, t in enumerate(cfg.tables)}
+    specs = [
+        (t.name, t.rows, t.dim, _SPARSE_TYPES[table_dtypes[t.name]], EmbeddingLocation.HOST)
+        for t in cfg.tables
+    ]
+    tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=specs,
+        feature_table_map=[table_index[owner[f]] for f in feature_order],
+        pooling_mode=PoolingMode.SUM,
+        device="cpu",
+        bounds_check_mode=BoundsCheckMode.NONE,
+        output_dtype=SparseType.FP32,
+        row_alignment=CPU_ROW_ALIGNMENT,
+        indices_dtype=torch.int64,
+    )
+    tbe.initialize_weights()
+    return tbe
+
+
+class TbeLookup(nn.Module):
+    """Pooled embeddings [B, F, D] of batch-major jagged ids, by one FBGEMM lookup op.
+
+    Args:
+        tbe: `make_tbe`'s TBE; its storage is shared, not copied (TbeSink fills it).
+        cfg: the run's config (sparse feature columns, tables, pooling).
+        feature_order: the TBE's features, in the order the head wants them (the DLRM's
+            SparseArch order); every name is a column of `cfg.features.sparse`.
+
+    The op is called with the TBE's buffers directly rather than through the TBE module, whose
+    TorchScript forward runs ~20 checks for caches, pruning and devices a host TBE never uses
+    (and whose random uuid made every model.pt different). Bounds checks are off: the modulo
+    keeps every id inside its table.
+    """
+
+    # Plain attributes, not torch.jit.Final constants: TorchScript writes constants in set
+    # order, which changes with Python's hash seed, so model.pt would differ between exports.
+
+    def __init__(
+        self,
+        tbe: IntNBitTableBatchedEmbeddingBagsCodegen,
+        cfg: RecConfig,
+        feature_order: list[str],
+    ) -> None:
+        super().__init__()
+        columns = list(cfg.features.sparse)
+        owner = cfg.feature_to_table()
+        by_name = {t.name: t for t in cfg.tables}
+        self.num_features = len(feature_order)
+        self.dim = cfg.embedding_dim
+        self.total_dim = tbe.total_D
+        self.max_dims = (tbe.max_int2_D, tbe.max_int4_D, tbe.max_int8_D, tbe.max_float16_D,
+                         tbe.max_float32_D, tbe.max_float8_D)  # fmt: skip
+        self.output_dtype = tbe.output_dtype
+        self.row_alignment = tbe.row_alignment
+        for name in ("weights_host", "weights_placements", "weights_offsets", "weights_tys",
+                     "D_offsets"):  # fmt: skip
+            self.register_buffer(name, getattr(tbe, name))
+        self.register_buffer("no_weights", torch.empty(0, dtype=torch.uint8))
+        self.register_buffer("no_cache", torch.empty(0, dtype=torch.int32))
+        column_of = [columns.index(f) for f in feature_order]
+        self.columns_in_order = column_of == list(range(len(columns)))
+        self.register_buffer("column_of", torch.tensor(column_of, dtype=torch.int64))
+        rows = [by_name[owner[f]].rows for f in feature_order]
+        self.register_buffer("rows", torch.tensor(rows, dtype=torch.int64))
+        mean = [by_name[owner[f]].pooling == "mean" for f in feature_order]
+        self.has_mean = any(mean)
+        self.register_buffer("is_mean", torch.tensor(mean, dtype=torch.bool))
+
+    def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        batch = lengths.shape[0]
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        pooled = torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
+            dev_weights=self.weights_host,
+            uvm_weights=self.no_weights,
+            weights_placements=self.weights_placements,
+            weights_offsets=self.weights_offsets,
+            weights_tys=self.weights_tys,
+            D_offsets=self.D_offsets,
+            total_D=self.total_dim,
+            max_int2_D=self.max_dims[0],
+            max_int4_D=self.max_dims[1],
+            max_int8_D=self.max_dims[2],
+            max_float16_D=self.max_dims[3],
+            max_float32_D=self.max_dims[4],
+            indices=indices,
+            offsets=offsets,
+            pooling_mode=0,  # SUM; MEAN features are divided below
+            indice_weights=None,
+            output_dtype=self.output_dtype,
+            lxu_cache_weights=self.no_weights,
+            lxu_cache_locations=self.no_cache,
+            row_alignment=self.row_alignment,
+            max_float8_D=self.max_dims[5],
+            fp8_exponent_bits=-1,
+            fp8_exponent_bias=-1,
+        )
+        pooled = pooled.view(batch, self.num_features, self.dim)
+        if self.has_mean:
+            lengths_fm = offsets[1:] - offsets[:-1]
+            count = torch.clamp(lengths_fm.view(self.num_features, batch).t(), min=1)
+            mean = pooled / count.unsqueeze(2).to(pooled.dtype)
+            pooled = torch.where(self.is_mean.view(1, -1, 1), mean, pooled)
+        return pooled
+
+
+class TbeSink:
+    """Writes streamed fp32 rows, quantized, into a TBE's storage (stream.TableSink)."""
+
+    def __init__(self, tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> None:
+        self._dest: dict[str, tuple[torch.Tensor, torch.Tensor | None, str]] = {}
+        for (name, _, _, weight_ty, _), (weight, scale_bias) in zip(
+            tbe.embedding_specs, tbe.split_embedding_weights(), strict=True
+        ):
+            self._dest[name] = (weight, scale_bias, weight_ty.name.lower())
+
+    def write(self, table: str, start: int, rows: torch.Tensor) -> None:
+        weight, scale_bias, dtype = self._dest[table]
+        codes, sb = quantize_rows(rows, dtype)
+        stop = start + rows.shape[0]
+        weight[start:stop].copy_(codes)
+        if scale_bias is not None:
+            scale_bias[start:stop].copy_(sb)
+
+
+def table_storage(tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> dict[str, dict]:
+    """Per table: stored dtype and bytes as the TBE holds them (rows padded to its alignment)."""
+    out: dict[str, dict] = {}
+    for name, rows, dim, weight_ty, _ in tbe.embedding_specs:
+        out[name] = {
+            "stored_dtype": weight_ty.name.lower(),
+            "bytes_stored": rows * rounded_row_size_in_bytes(dim, weight_ty, tbe.row_alignment),
+            "bytes_unpadded": rows * unpadded_row_size_in_bytes(dim, weight_ty),
+        }
+    return out

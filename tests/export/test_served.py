@@ -1,0 +1,155 @@
+"""The served module (rec.export.served, rec.export.dense): the TBE lookup's ids, the
+batch-invariant dense layers, and the whole module against the float model it was made from."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from rec.config import config_from_dict
+from rec.export import served, torchscript
+from rec.export.dense import PackedLinear, PerSampleLinear, swap_dense
+from rec.export.module import ServingModule, sample_batch, split_requests
+from rec.export.stream import BITS, quantize_rows
+from rec.model import build_model, table_rows
+from tests.export.conftest import tiny_dict
+
+I64 = torch.iinfo(torch.int64)
+# Ids that break a naive modulo: int64's extremes, -1, around 2^31, and table sizes' multiples.
+EXTREME = [I64.min, I64.min + 1, -(2**31) - 1, -300, -1, 0, 1, 49, 50, 2**31, I64.max - 1, I64.max]
+
+
+def _config(arch: str, dense_dtype: str = "fp32"):
+    data = tiny_dict(dense_dtype=dense_dtype)
+    # DCN: cross layers of 48 x 96 and a top layer of 48 x 96 weights take oneDNN, the rest
+    # per-sample products (rec.export.dense.SMALL_LAYER), so both kinds are in the model.
+    data["model"] = {"arch": arch, "dense_arch": [80, 8], "over_arch": [96, 1],
+                     "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
+    return config_from_dict(data)
+
+
+def _served(cfg, dtypes: dict[str, str] | None = None, seed: int = 0):
+    """(served module with the float model's tables quantized in, the float reference)."""
+    torch.manual_seed(seed)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    dtypes = dtypes or {t.name: "fp32" for t in cfg.tables}
+    module, tbe = torchscript.served_module(model, cfg, dtypes)
+    sink = served.TbeSink(tbe)
+    for name, bag in model.sparse_arch.embedding_bag_collection.embedding_bags.items():
+        sink.write(name, 0, bag.weight.detach())
+    return module, ServingModule(model, cfg.features.sparse, table_rows(cfg)).eval()
+
+
+@pytest.mark.parametrize("batch", [1, 3, 37])
+@pytest.mark.parametrize("reordered", [False, True])
+def test_table_indices_stay_inside_their_tables(batch, reordered):
+    """What the TBE's disabled bounds check rests on: every index is id mod rows in [0, rows),
+    for int64's extremes too, in feature-major bags (checked against Python's own modulo)."""
+    cfg = config_from_dict(tiny_dict())
+    columns = len(cfg.features.sparse)
+    column_of = torch.tensor([4, 0, 2, 1, 3]) if reordered else None
+    cols = column_of.tolist() if reordered else list(range(columns))
+    rows = table_rows(cfg)[cols]
+    g = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(0, 5, (batch, columns), dtype=torch.int32, generator=g)
+    pick = torch.randint(0, len(EXTREME), (int(lengths.sum()),), generator=g)
+    values = torch.tensor(EXTREME, dtype=torch.int64)[pick]
+
+    indices, offsets = served.table_indices(lengths, values, rows, column_of)
+
+    starts = [0]
+    for n in lengths.reshape(-1).tolist():
+        starts.append(starts[-1] + n)
+    want, want_offsets = [], [0]
+    for k, c in enumerate(cols):
+        for b in range(batch):
+            bag = values[starts[b * columns + c] : starts[b * columns + c + 1]].tolist()
+            want += [v % int(rows[k]) for v in bag]  # Python's % is non-negative here
+            want_offsets.append(len(want))
+    assert indices.tolist() == want
+    assert offsets.tolist() == want_offsets
+    ends = offsets[batch::batch].contiguous()
+    feature = torch.bucketize(torch.arange(len(want)), ends, right=True)
+    assert bool(((indices >= 0) & (indices < rows[feature])).all())
+
+
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])
+def test_served_module_computes_the_float_model(arch):
+    """fp32 tables: the lean module (one TBE op, oneDNN / per-sample dense layers) scores what
+    the float DLRM behind a KeyedJaggedTensor scores; a shared table, a mean-pooled one and
+    request columns out of table order included (EXPORT_TINY)."""
+    module, reference = _served(_config(arch))
+    request = sample_batch(4, 5, 64, seed=3)
+    with torch.no_grad():
+        got, want = module(*request), reference(*request)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+def _dequantized(rows: torch.Tensor, dtype: str) -> torch.Tensor:
+    """What a table stored as `dtype` holds, as fp32."""
+    codes, scale_bias = quantize_rows(rows, dtype)
+    if scale_bias is None:
+        return codes.view(torch.float16 if dtype == "fp16" else torch.float32).float()
+    fused = torch.cat([codes, scale_bias], dim=1)
+    return torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfToFloat(fused, BITS[dtype])
+
+
+def test_mixed_table_dtypes_read_what_was_stored():
+    """int4, fp16, int8 and fp32 tables in one TBE: scores are the float model's with each
+    table replaced by its stored (dequantized) values."""
+    dtypes = {"t0": "int4", "t1": "fp16", "t2": "int8", "t3": "fp32"}
+    module, reference = _served(_config("dlrm_dcn"), dtypes)
+    bags = reference.model.sparse_arch.embedding_bag_collection.embedding_bags
+    with torch.no_grad():
+        for name, bag in bags.items():
+            bag.weight.copy_(_dequantized(bag.weight, dtypes[name]))
+    request = sample_batch(4, 5, 64, seed=4)
+    with torch.no_grad():
+        assert (module(*request) - reference(*request)).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("dense_dtype", ["fp32", "bf16"])
+def test_scripted_reloaded_and_batch_invariant(tmp_path, dense_dtype):
+    """Saved and loaded (the oneDNN weights are repacked on load), the module scores a batch
+    exactly as its samples one by one, at every batch size around oneDNN's 4-row minimum."""
+    module, reference = _served(_config("dlrm_dcn", dense_dtype))
+    kinds = {type(m) for m in module.modules()}
+    assert PackedLinear in kinds and PerSampleLinear in kinds
+    sample = sample_batch(4, 5)
+    path = tmp_path / "model.pt"
+    torch.jit.save(torchscript.to_torchscript(module, sample), str(path))
+    loaded = torch.jit.load(str(path))
+    request = sample_batch(4, 5, 37, seed=5)
+    with torch.no_grad():
+        batched = loaded(*request)
+        singles = torch.cat([loaded(*r) for r in split_requests(*request)])
+        assert torch.equal(batched, singles)
+        for n in (2, 3, 4, 5, 17):
+            head = torch.cat([loaded(*r) for r in split_requests(*request)[:n]])
+            first = [torch.cat([r[i] for r in split_requests(*request)[:n]]) for i in range(3)]
+            assert torch.equal(loaded(*first), head)
+        assert torch.equal(batched, module(*request))
+        tolerance = 1e-5 if dense_dtype == "fp32" else 2e-2
+        assert (batched - reference(*request)).abs().max().item() < tolerance
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_cross_net_is_torchrecs(batch_invariant):
+    cfg = _config("dlrm_dcn")
+    torch.manual_seed(1)
+    net = build_model(cfg).inter_arch.crossnet
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.3)
+    holder = nn.Module()
+    holder.net = copy.deepcopy(net)
+    swap_dense(holder, batch_invariant)
+    x = torch.randn(33, net.V_kernels[0].shape[1])
+    with torch.no_grad():
+        assert (holder.net(x) - net(x)).abs().max().item() < 1e-5
