@@ -3,10 +3,15 @@
 // answer, and sends the next, over one keep-alive connection (HTTP) or channel (gRPC).
 //
 //   rec-bench forward --model-repository DIR --batch B [--concurrency C] [--seconds S]
+//                     [--intra-op-threads N]
 //   rec-bench http    --model-repository DIR --target H:P --batch B [--concurrency C] [--seconds S]
+//                     [--call infer|live]
 //   rec-bench grpc    --model-repository DIR --target H:P --batch B [--concurrency C] [--seconds S]
+//                     [--call infer|live] [--grpc-client generic|stub] [--grpc-arg NAME=INT]...
 //
+// --call live: a bare liveness round trip (GET /v2/health/live, ServerLive), no model involved.
 // Prints one JSON object: requests/s, rows/s and latency percentiles in microseconds.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -35,21 +40,27 @@ using ClientFactory = std::function<RequestFn(int thread)>;
 
 struct Options {
   std::string mode, repository, model = "rec", target;
+  std::vector<std::pair<std::string, int>> grpc_args;  // --grpc-arg NAME=INT, repeatable
+  std::string call = "infer";           // or "live": a bare liveness round trip, no model involved
+  std::string grpc_client = "generic";  // or "stub"
   int64_t batch = 1;
   int concurrency = 1;
+  int intra_op_threads = 1;  // forward only
   double seconds = 5;
 };
 
 nlohmann::json RunClosedLoop(const Options& o, const ClientFactory& factory) {
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop{false}, go{false};
+  std::atomic<int> warm{0};
   std::vector<std::vector<double>> latencies(static_cast<size_t>(o.concurrency));
   std::atomic<int64_t> failures{0};
   std::vector<std::thread> threads;
-  Clock::time_point start = Clock::now();
   for (int t = 0; t < o.concurrency; ++t) {
     threads.emplace_back([&, t] {
       RequestFn send = factory(t);
       for (int i = 0; i < 3; ++i) send();  // connect and warm up; not measured
+      warm++;
+      while (!go.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
       while (!stop.load(std::memory_order_relaxed)) {
         Clock::time_point t0 = Clock::now();
         bool ok = send();
@@ -62,6 +73,11 @@ nlohmann::json RunClosedLoop(const Options& o, const ClientFactory& factory) {
       }
     });
   }
+  // The clock starts once every thread has warmed up: a slow model's warm-up (3 calls of B = 512
+  // at 0.25 s each) must not count as measured time.
+  while (warm.load() < o.concurrency) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Clock::time_point start = Clock::now();
+  go = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
   stop = true;
   for (auto& th : threads) th.join();
@@ -101,27 +117,69 @@ ClientFactory ForwardClients(const ModelSpec& spec, std::shared_ptr<Runner> runn
   };
 }
 
+std::shared_ptr<grpc::Channel> GrpcChannel(const Options& o) {
+  grpc::ChannelArguments args;
+  args.SetInt("grpc.use_local_subchannel_pool", 1);  // one connection per thread
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);           // no retry filter holding on to each request
+  args.SetMaxReceiveMessageSize(-1);
+  for (const auto& [name, value] : o.grpc_args) args.SetInt(name, value);
+  return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+}
+
+inference::ModelInferRequest GrpcInferRequest(const Options& o, const std::vector<Tensor>& inputs) {
+  inference::ModelInferRequest request;
+  request.set_model_name(o.model);
+  for (const Tensor& tensor : inputs) {
+    auto* in = request.add_inputs();
+    in->set_name(tensor.name);
+    in->set_datatype(DataTypeName(tensor.dtype));
+    for (int64_t d : tensor.shape) in->add_shape(d);
+    request.add_raw_input_contents(tensor.data);
+  }
+  return request;
+}
+
+// --grpc-client generic (default): like the HTTP client, the request is serialized once and
+// sent as bytes, and the answer's status is all that is read (a generic stub on a completion
+// queue of the thread's own). --grpc-client stub: the generated sync stub, which serializes the
+// request and parses the response on every call.
 ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
   return [&o, &spec](int t) -> RequestFn {
-    grpc::ChannelArguments args;
-    args.SetInt("grpc.use_local_subchannel_pool", 1);  // one connection per thread
-    args.SetMaxReceiveMessageSize(-1);
-    auto channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
-    auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
-        inference::GRPCInferenceService::NewStub(channel));
-    auto request = std::make_shared<inference::ModelInferRequest>();
-    request->set_model_name(o.model);
-    for (const Tensor& tensor : RandomBatch(spec, o.batch, 1000 + t)) {
-      auto* in = request->add_inputs();
-      in->set_name(tensor.name);
-      in->set_datatype(DataTypeName(tensor.dtype));
-      for (int64_t d : tensor.shape) in->add_shape(d);
-      request->add_raw_input_contents(tensor.data);
+    auto channel = GrpcChannel(o);
+    auto request = std::make_shared<inference::ModelInferRequest>(
+        GrpcInferRequest(o, RandomBatch(spec, o.batch, 1000 + t)));
+    if (o.grpc_client == "stub" || o.call == "live") {
+      auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
+          inference::GRPCInferenceService::NewStub(channel));
+      if (o.call == "live") {
+        return [stub] {
+          grpc::ClientContext ctx;
+          inference::ServerLiveResponse response;
+          return stub->ServerLive(&ctx, inference::ServerLiveRequest(), &response).ok();
+        };
+      }
+      return [stub, request] {
+        grpc::ClientContext ctx;
+        inference::ModelInferResponse response;
+        return stub->ModelInfer(&ctx, *request, &response).ok();
+      };
     }
-    return [stub, request] {
+    std::string bytes = request->SerializeAsString();
+    grpc::Slice slice(bytes);
+    auto payload = std::make_shared<grpc::ByteBuffer>(&slice, 1);
+    auto stub = std::make_shared<grpc::GenericStub>(channel);
+    auto cq = std::make_shared<grpc::CompletionQueue>();
+    return [stub, cq, payload] {
       grpc::ClientContext ctx;
-      inference::ModelInferResponse response;
-      return stub->ModelInfer(&ctx, *request, &response).ok();
+      grpc::ByteBuffer response;
+      grpc::Status status;
+      auto call = stub->PrepareUnaryCall(&ctx, "/inference.GRPCInferenceService/ModelInfer",
+                                         *payload, cq.get());
+      call->StartCall();
+      call->Finish(&response, &status, nullptr);
+      void* tag = nullptr;
+      bool ok = false;
+      return cq->Next(&tag, &ok) && ok && status.ok();
     };
   };
 }
@@ -130,7 +188,9 @@ ClientFactory HttpClients(const Options& o, const ModelSpec& spec) {
   return [&o, &spec](int t) -> RequestFn {
     auto conn = std::make_shared<HttpConnection>(o.target);
     auto request = std::make_shared<std::string>(
-        HttpInferRequest(o.target, o.model, RandomBatch(spec, o.batch, 1000 + t)));
+        o.call == "live"
+            ? "GET /v2/health/live HTTP/1.1\r\nHost: " + o.target + "\r\n\r\n"
+            : HttpInferRequest(o.target, o.model, RandomBatch(spec, o.batch, 1000 + t)));
     return [conn, request] { return conn->RoundTrip(*request) == 200; };
   };
 }
@@ -139,7 +199,9 @@ int Main(int argc, char** argv) {
   Options o;
   if (argc < 2) {
     std::cerr << "usage: rec-bench forward|http|grpc --model-repository DIR [--target H:P]"
-                 " [--model NAME] [--batch B] [--concurrency C] [--seconds S]\n";
+                 " [--model NAME] [--batch B] [--concurrency C] [--seconds S]"
+                 " [--intra-op-threads N] [--call infer|live] [--grpc-client generic|stub]"
+                 " [--grpc-arg NAME=INT]\n";
     return 2;
   }
   o.mode = argv[1];
@@ -148,6 +210,13 @@ int Main(int argc, char** argv) {
     if (flag == "--model-repository") o.repository = value;
     if (flag == "--model") o.model = value;
     if (flag == "--target") o.target = value;
+    if (flag == "--call") o.call = value;
+    if (flag == "--grpc-client") o.grpc_client = value;
+    if (flag == "--intra-op-threads") o.intra_op_threads = std::stoi(value);
+    if (flag == "--grpc-arg") {
+      size_t eq = value.find('=');
+      o.grpc_args.emplace_back(value.substr(0, eq), std::stoi(value.substr(eq + 1)));
+    }
     if (flag == "--batch") o.batch = std::stoll(value);
     if (flag == "--concurrency") o.concurrency = std::stoi(value);
     if (flag == "--seconds") o.seconds = std::stod(value);
@@ -163,7 +232,7 @@ int Main(int argc, char** argv) {
   if (o.mode == "forward") {
     int loaded = 0;
     st = LoadFbgemmLibraries(DefaultFbgemmDir(), &loaded);
-    ConfigureTorchThreads(1);
+    ConfigureTorchThreads(o.intra_op_threads);
     std::string version = NewestVersion(o.repository + "/" + o.model);
     if (st.ok()) {
       st = LoadTorchModel(o.repository + "/" + o.model + "/" + version + "/model.pt", spec, version,

@@ -1,8 +1,5 @@
 #include "grpc_api.h"
 
-#include <condition_variable>
-#include <mutex>
-
 #include "version.h"
 
 namespace rec {
@@ -55,13 +52,13 @@ Status GrpcApi::FindModel(const std::string& name, const std::string& version, M
   return Status::Ok();
 }
 
-grpc::Status GrpcApi::ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
+grpc::Status GrpcApi::ServerLive(const inference::ServerLiveRequest&,
                                  inference::ServerLiveResponse* response) {
   response->set_live(true);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::ServerReady(grpc::ServerContext*, const inference::ServerReadyRequest*,
+grpc::Status GrpcApi::ServerReady(const inference::ServerReadyRequest&,
                                   inference::ServerReadyResponse* response) {
   bool ready = !shutting_down_;
   for (ModelEntry* e : models_->All()) ready = ready && e->Current() != nullptr;
@@ -69,15 +66,15 @@ grpc::Status GrpcApi::ServerReady(grpc::ServerContext*, const inference::ServerR
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::ModelReady(grpc::ServerContext*, const inference::ModelReadyRequest* request,
+grpc::Status GrpcApi::ModelReady(const inference::ModelReadyRequest& request,
                                  inference::ModelReadyResponse* response) {
   ModelEntry* e = nullptr;
-  Status st = FindModel(request->name(), request->version(), &e);
+  Status st = FindModel(request.name(), request.version(), &e);
   response->set_ready(st.ok() && e->Current() != nullptr && !shutting_down_);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::ServerMetadata(grpc::ServerContext*, const inference::ServerMetadataRequest*,
+grpc::Status GrpcApi::ServerMetadata(const inference::ServerMetadataRequest&,
                                      inference::ServerMetadataResponse* response) {
   response->set_name(kServerName);
   response->set_version(kServerVersion);
@@ -87,46 +84,42 @@ grpc::Status GrpcApi::ServerMetadata(grpc::ServerContext*, const inference::Serv
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::ModelMetadata(grpc::ServerContext*,
-                                    const inference::ModelMetadataRequest* request,
+grpc::Status GrpcApi::ModelMetadata(const inference::ModelMetadataRequest& request,
                                     inference::ModelMetadataResponse* response) {
   ModelEntry* e = nullptr;
-  Status st = FindModel(request->name(), request->version(), &e);
+  Status st = FindModel(request.name(), request.version(), &e);
   if (!st.ok()) return ToGrpc(st);
   response->set_name(e->spec().name);
   if (auto runner = e->Current()) response->add_versions(runner->version());
   response->set_platform(e->spec().platform);
-  for (const IoSpec& io : e->spec().inputs) FillTensorMetadata(io, response->add_inputs());
+  for (const IoSpec& io : RequestInputs(e->spec())) FillTensorMetadata(io, response->add_inputs());
   for (const IoSpec& io : e->spec().outputs) FillTensorMetadata(io, response->add_outputs());
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::ModelConfig(grpc::ServerContext*,
-                                  const inference::ModelConfigRequest* request,
+grpc::Status GrpcApi::ModelConfig(const inference::ModelConfigRequest& request,
                                   inference::ModelConfigResponse* response) {
   ModelEntry* e = nullptr;
-  Status st = FindModel(request->name(), request->version(), &e);
+  Status st = FindModel(request.name(), request.version(), &e);
   if (!st.ok()) return ToGrpc(st);
   *response->mutable_config() = *e->spec().config;
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::ModelStatistics(grpc::ServerContext*,
-                                      const inference::ModelStatisticsRequest* request,
+grpc::Status GrpcApi::ModelStatistics(const inference::ModelStatisticsRequest& request,
                                       inference::ModelStatisticsResponse* response) {
-  if (request->name().empty()) {
+  if (request.name().empty()) {
     for (ModelEntry* e : models_->All()) FillStats(e, response->add_model_stats());
     return grpc::Status::OK;
   }
   ModelEntry* e = nullptr;
-  Status st = FindModel(request->name(), request->version(), &e);
+  Status st = FindModel(request.name(), request.version(), &e);
   if (!st.ok()) return ToGrpc(st);
   FillStats(e, response->add_model_stats());
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::RepositoryIndex(grpc::ServerContext*,
-                                      const inference::RepositoryIndexRequest*,
+grpc::Status GrpcApi::RepositoryIndex(const inference::RepositoryIndexRequest&,
                                       inference::RepositoryIndexResponse* response) {
   for (ModelEntry* e : models_->All()) {
     auto* m = response->add_models();
@@ -138,24 +131,25 @@ grpc::Status GrpcApi::RepositoryIndex(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcApi::RepositoryModelLoad(grpc::ServerContext*,
-                                          const inference::RepositoryModelLoadRequest* request,
+grpc::Status GrpcApi::RepositoryModelLoad(const inference::RepositoryModelLoadRequest& request,
                                           inference::RepositoryModelLoadResponse*) {
   if (!enable_model_control_) {
     return ToGrpc(InvalidArgument(
         "explicit model load / unload is not allowed; start with --enable-model-control"));
   }
-  return ToGrpc(models_->Reload(request->model_name()));
+  return ToGrpc(models_->Reload(request.model_name()));
 }
 
-void GrpcApi::StartInfer(const inference::ModelInferRequest& request,
+void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
                          inference::ModelInferResponse* response,
                          std::function<void(const Status&)> done) {
   ModelEntry* e = nullptr;
-  Status st = FindModel(request.model_name(), request.model_version(), &e);
+  Status st = FindModel(request->model_name(), request->model_version(), &e);
   if (!st.ok()) return done(st);
+  // The tensors take the request's raw bytes instead of copying them (a B = 512 request is
+  // hundreds of KB); the request is not read again.
   InferRequest r;
-  st = DecodeGrpcRequest(request, &r);
+  st = DecodeGrpcRequest(*request, &r, request->mutable_raw_input_contents());
   if (st.ok()) st = ValidateRequest(e->spec(), &r);
   if (!st.ok()) {
     e->stats()->RecordFailure(0);
@@ -176,46 +170,6 @@ void GrpcApi::StartInfer(const inference::ModelInferRequest& request,
     e->stats()->RecordFailure(0);
     done(st);
   }
-}
-
-grpc::ServerUnaryReactor* GrpcApi::ModelInfer(grpc::CallbackServerContext* context,
-                                              const inference::ModelInferRequest* request,
-                                              inference::ModelInferResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  StartInfer(*request, response, [reactor](const Status& st) { reactor->Finish(ToGrpc(st)); });
-  return reactor;
-}
-
-grpc::Status GrpcApi::ModelStreamInfer(
-    grpc::ServerContext*,
-    grpc::ServerReaderWriter<inference::ModelStreamInferResponse, inference::ModelInferRequest>*
-        stream) {
-  // Responses are written as their batches finish, one Write at a time; the handler returns
-  // only after every request it read has been answered.
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    int pending = 0;
-  };
-  auto state = std::make_shared<State>();
-  inference::ModelInferRequest request;
-  while (stream->Read(&request)) {
-    auto out = std::make_shared<inference::ModelStreamInferResponse>();
-    {
-      std::lock_guard<std::mutex> lock(state->mu);
-      ++state->pending;
-    }
-    StartInfer(request, out->mutable_infer_response(), [state, out, stream](const Status& st) {
-      if (!st.ok()) out->set_error_message(st.message());
-      std::lock_guard<std::mutex> lock(state->mu);
-      stream->Write(*out);
-      --state->pending;
-      state->cv.notify_all();
-    });
-  }
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->pending == 0; });
-  return grpc::Status::OK;
 }
 
 }  // namespace rec

@@ -1,5 +1,4 @@
 // rec-server: wires the units together. Startup fails with one clear line; SIGTERM/SIGINT drain.
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <chrono>
@@ -7,6 +6,7 @@
 #include <iostream>
 
 #include "grpc_api.h"
+#include "grpc_server.h"
 #include "http_api.h"
 #include "http_server.h"
 #include "log.h"
@@ -24,25 +24,14 @@ int Fail(const Status& st) {
   return 1;
 }
 
-std::unique_ptr<grpc::Server> StartGrpc(const rec::ServerOptions& o, rec::GrpcApi* service,
-                                        int* port) {
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.host + ":" + std::to_string(o.grpc_port),
-                           grpc::InsecureServerCredentials(), port);
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(std::min<int64_t>(o.max_body_bytes, INT32_MAX)));
-  builder.SetMaxSendMessageSize(INT32_MAX);
-  builder.RegisterService(service);
-  return builder.BuildAndStart();
-}
-
 // Stops accepting, then lets every accepted request finish: protocol servers first (the batchers
 // still run and answer them), then the batchers.
-void Drain(rec::HttpServer* http, grpc::Server* grpc_server, rec::ModelManager* models) {
+void Drain(rec::HttpServer* http, rec::GrpcServer* grpc_server, rec::ModelManager* models) {
   http->StopAccepting();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   http->Stop(10000);
   models->Shutdown();
+  grpc_server->Join();  // no batcher is left to answer a gRPC call
 }
 
 void CountClose(rec::HttpCloseCounts* closes, rec::HttpCloseReason reason) {
@@ -117,12 +106,13 @@ int Serve(const rec::ServerOptions& o) {
   });
   if (!(st = http.Start()).ok() || !(st = metrics_http.Start()).ok()) return Fail(st);
   rec::GrpcApi grpc_api(&models, o.enable_model_control);
+  rec::GrpcServerOptions go;
+  go.address = o.host + ":" + std::to_string(o.grpc_port);
+  go.threads = o.grpc_threads;
+  go.max_receive_bytes = static_cast<int>(std::min<int64_t>(o.max_body_bytes, INT32_MAX));
+  rec::GrpcServer grpc_server(&grpc_api, go);
   int grpc_port = 0;
-  std::unique_ptr<grpc::Server> grpc_server = StartGrpc(o, &grpc_api, &grpc_port);
-  if (!grpc_server || grpc_port == 0) {
-    return Fail(rec::Unavailable("cannot listen for gRPC on " + o.host + ":" +
-                                 std::to_string(o.grpc_port)));
-  }
+  if (!(st = grpc_server.Start(&grpc_port)).ok()) return Fail(st);
   models.StartPolling(o.poll_repository_s);
 
   std::string where = "http=" + o.host + ":" + std::to_string(http.port()) + " grpc=" + o.host +
@@ -138,7 +128,7 @@ int Serve(const rec::ServerOptions& o) {
                ": finishing in-flight requests");
   api.SetShuttingDown();
   grpc_api.SetShuttingDown();
-  Drain(&http, grpc_server.get(), &models);
+  Drain(&http, &grpc_server, &models);
   metrics_http.Stop(0);
   rec::LogInfo("shutdown complete");
   return 0;

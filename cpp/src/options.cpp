@@ -50,6 +50,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--grpc-port", i32(&o->grpc_port, 0, 65535)},
       {"--metrics-port", i32(&o->metrics_port, 0, 65535)},
       {"--http-threads", i32(&o->http_threads, 1, 64)},
+      {"--grpc-threads", i32(&o->grpc_threads, 1, 64)},
       {"--executor-threads", i32(&o->executor_threads, 0, 256)},
       {"--intra-op-threads", i32(&o->intra_op_threads, 1, 256)},
       {"--max-queue-size", i64(&o->max_queue_size, 1, INT64_MAX)},
@@ -115,6 +116,7 @@ std::string UsageText(const std::string& default_fbgemm_dir) {
          "  --grpc-port N            gRPC port (default 8001; 0 = any free port)\n"
          "  --metrics-port N         Prometheus /metrics port (default 8002; 0 = any free port)\n"
          "  --http-threads N         HTTP I/O (epoll) threads (default 1)\n"
+         "  --grpc-threads N         gRPC completion queues, one polling thread each (default 1)\n"
          "  --executor-threads N     threads running batches per model (default: the config's\n"
          "                           instance_group count, else 1)\n"
          "  --intra-op-threads N     LibTorch intra-op threads per forward (default 1)\n"

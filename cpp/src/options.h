@@ -17,6 +17,7 @@ struct ServerOptions {
   int grpc_port = 8001;
   int metrics_port = 8002;
   int http_threads = 1;
+  int grpc_threads = 1;
   int executor_threads = 0;  // 0: the model's instance_group count
   int intra_op_threads = 1;
   int64_t max_queue_size = 1024;
