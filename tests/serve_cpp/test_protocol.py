@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -11,8 +12,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
-from clients import infer_inputs
+from clients import assert_same_rows, infer_inputs
+from server import Server
 from tiny_model import DENSE, MAX_BATCH_SIZE, NUM_TASKS, SPARSE, make_batch
+from tritonclient.utils import InferenceServerException
 
 
 def test_health_and_metadata_http(server):
@@ -126,3 +129,52 @@ def test_grpc_streaming(server, reference):
         if error is None:
             request_id = result.get_response().id
             np.testing.assert_array_equal(result.as_numpy("scores"), reference(batches[request_id]))
+
+
+def test_grpc_unimplemented_methods_answer_unimplemented(server):
+    with grpcclient.InferenceServerClient(server.grpc) as c:
+        for call in (c.get_system_shared_memory_status, c.get_cuda_shared_memory_status):
+            with pytest.raises(InferenceServerException) as e:
+                call()
+            assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert c.is_server_live()  # and the server goes on
+
+
+def test_grpc_concurrent_streams(server, reference):
+    """Four streams at once, each with 25 requests in flight: every answer reaches its stream."""
+
+    def one_stream(k: int) -> None:
+        batches = {f"s{k}r{i}": make_batch(1 + i % 3, seed=1000 * k + i) for i in range(25)}
+        answers: queue.Queue = queue.Queue()
+        with grpcclient.InferenceServerClient(server.grpc) as c:
+            c.start_stream(callback=lambda result, error: answers.put((result, error)))
+            for request_id, b in batches.items():
+                c.async_stream_infer("rec", infer_inputs(grpcclient, b), request_id=request_id)
+            got = [answers.get(timeout=30) for _ in batches]
+            c.stop_stream()
+        for result, error in got:
+            assert error is None, error
+            request_id = result.get_response().id
+            assert_same_rows(result.as_numpy("scores"), reference(batches[request_id]))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one_stream, range(4)))
+
+
+def test_grpc_stream_dropped_with_requests_in_flight(repo, reference):
+    """A client that goes away mid-stream costs the server nothing: it keeps answering and
+    shuts down cleanly."""
+    s = Server(repo)
+    try:
+        for _ in range(3):
+            c = grpcclient.InferenceServerClient(s.grpc)
+            c.start_stream(callback=lambda result, error: None)
+            for i in range(20):
+                c.async_stream_infer("rec", infer_inputs(grpcclient, make_batch(4, seed=i)))
+            c.close()  # cancels the stream with answers still to come
+        batch = make_batch(3, seed=7)
+        with grpcclient.InferenceServerClient(s.grpc) as c:
+            result = c.infer("rec", infer_inputs(grpcclient, batch))
+        np.testing.assert_array_equal(result.as_numpy("scores"), reference(batch))
+    finally:
+        assert s.stop() == 0, s.stderr()
