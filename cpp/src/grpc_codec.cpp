@@ -39,6 +39,9 @@ Status DecodeTypedContents(const inference::InferTensorContents& c, Tensor* t) {
     case DataType::kBool:
       AppendTyped<bool>(c.bool_contents(), &t->data);
       break;
+    case DataType::kBytes:
+      for (const std::string& element : c.bytes_contents()) AppendBytesElement(element, &t->data);
+      break;
     default:
       return InvalidArgument("input '" + t->name + "': datatype " + DataTypeName(t->dtype) +
                              " is not accepted in typed contents");
@@ -68,7 +71,8 @@ grpc::Status ToGrpc(const Status& status) {
   return grpc::Status(grpc::StatusCode::UNKNOWN, status.message());
 }
 
-Status DecodeGrpcRequest(const inference::ModelInferRequest& in, InferRequest* out) {
+Status DecodeGrpcRequest(const inference::ModelInferRequest& in, InferRequest* out,
+                         google::protobuf::RepeatedPtrField<std::string>* take_raw) {
   out->model_name = in.model_name();
   out->model_version = in.model_version();
   out->id = in.id();
@@ -87,7 +91,9 @@ Status DecodeGrpcRequest(const inference::ModelInferRequest& in, InferRequest* o
       return InvalidArgument("input '" + t.name + "': unsupported datatype " + input.datatype());
     }
     t.shape.assign(input.shape().begin(), input.shape().end());
-    if (raw) {
+    if (raw && take_raw != nullptr) {
+      t.data.swap(*take_raw->Mutable(i));
+    } else if (raw) {
       t.data = in.raw_input_contents(i);
     } else {
       REC_RETURN_IF_ERROR(DecodeTypedContents(input.contents(), &t));

@@ -212,7 +212,7 @@ HttpResponse HttpApi::ModelRoute(ModelEntry* entry, const std::string& version,
   }
   if (!verb.empty()) return ErrorResponse(NotFound("unknown route '" + verb + "'"));
   json inputs = json::array(), outputs = json::array();
-  for (const IoSpec& io : entry->spec().inputs) inputs.push_back(IoJson(io));
+  for (const IoSpec& io : RequestInputs(entry->spec())) inputs.push_back(IoJson(io));
   for (const IoSpec& io : entry->spec().outputs) outputs.push_back(IoJson(io));
   json meta = {{"name", entry->spec().name},
                {"versions", runner ? json::array({runner->version()}) : json::array()},

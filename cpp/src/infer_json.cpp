@@ -68,10 +68,19 @@ Status AppendAs(const json& v, const std::string& name, DataType dtype, std::str
   return Status::Ok();
 }
 
-// Appends the flattened JSON data (numbers, possibly nested lists) as raw bytes of `dtype`.
+// Appends the flattened JSON data (numbers, possibly nested lists) as raw bytes of `dtype`;
+// BYTES data (JSON strings, already unescaped to UTF-8 by the parser) as length-prefixed
+// elements, the form binary data and gRPC bring them in.
 Status AppendJsonData(const json& v, DataType dtype, const std::string& name, std::string* out) {
   if (v.is_array()) {
     for (const json& e : v) REC_RETURN_IF_ERROR(AppendJsonData(e, dtype, name, out));
+    return Status::Ok();
+  }
+  if (dtype == DataType::kBytes) {
+    if (!v.is_string()) {
+      return InvalidArgument("input '" + name + "': BYTES data must hold strings");
+    }
+    AppendBytesElement(v.get_ref<const std::string&>(), out);
     return Status::Ok();
   }
   if (!v.is_number() && !v.is_boolean()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -153,6 +154,76 @@ Status ApplyServing(const nlohmann::json& manifest, const std::string& source, M
   return Status::Ok();
 }
 
+// feature_spec.hash must be the hash this server implements: ids computed with another would
+// differ from training's without any error, so such a model does not load.
+Status CheckHash(const nlohmann::json& hash, const std::function<Status(std::string)>& bad) {
+  auto field = [&](const char* key) {
+    return hash.is_object() && hash.contains(key) ? hash[key] : nlohmann::json();
+  };
+  const std::string implemented = std::string("rec-server implements hash version ") +
+                                  std::to_string(kHashVersion) + " (" + kHashAlgorithm + ", " +
+                                  std::to_string(kHashDigestBytes) + "-byte digest)";
+  if (field("version") != kHashVersion) {
+    return bad(".hash.version is " + field("version").dump() + ", not implemented: " + implemented);
+  }
+  if (field("algorithm") != kHashAlgorithm || field("digest_bytes") != kHashDigestBytes) {
+    return bad(".hash is " + hash.dump() + ", not implemented: " + implemented);
+  }
+  // Optional in the manifest, but if given they must describe the same digest reading.
+  if ((hash.contains("byte_order") && hash["byte_order"] != "little") ||
+      (hash.contains("signed") && hash["signed"] != true)) {
+    return bad(".hash is " + hash.dump() + ", not implemented: " + implemented +
+               ", read as a little-endian signed int64");
+  }
+  return Status::Ok();
+}
+
+// rec.json's "feature_spec" (rec/features.py): the server needs only each sparse feature's
+// encoding, in sparse_lengths' column order, and the hash. Dense transforms are inside the model.
+Status ApplyFeatureSpec(const nlohmann::json& manifest, const std::string& source,
+                        ModelSpec* spec) {
+  auto it = manifest.find("feature_spec");
+  if (it == manifest.end() || it->is_null()) return Status::Ok();
+  auto bad = [&](const std::string& problem) {
+    return InvalidArgument("model '" + spec->name + "': " + source + ": feature_spec" + problem);
+  };
+  const nlohmann::json& fs = *it;
+  if (!fs.is_object()) return bad(" must be an object, got " + fs.dump());
+  REC_RETURN_IF_ERROR(CheckHash(fs.contains("hash") ? fs["hash"] : nlohmann::json(), bad));
+  if (!fs.contains("sparse") || !fs["sparse"].is_array()) return bad(".sparse must be a list");
+  const nlohmann::json& sparse = fs["sparse"];
+  std::vector<SparseEncoding> encodings;
+  for (size_t i = 0; i < sparse.size(); ++i) {
+    const nlohmann::json& f = sparse[i];
+    const std::string where = ".sparse[" + std::to_string(i) + "]";
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() ||
+        !f.contains("encoding") || !f["encoding"].is_string()) {
+      return bad(where + " needs a string \"name\" and \"encoding\", got " + f.dump());
+    }
+    SparseEncoding e;
+    e.feature = f["name"].get<std::string>();
+    Status st = ParseEncoding(f["encoding"].get<std::string>(), &e.encoding);
+    if (!st.ok()) return bad(where + " (feature '" + e.feature + "'): " + st.message());
+    if (i < spec->sparse_feature_names.size() && spec->sparse_feature_names[i] != e.feature) {
+      return bad(where + " is feature '" + e.feature + "' but features.sparse[" +
+                 std::to_string(i) + "] is '" + spec->sparse_feature_names[i] + "'");
+    }
+    encodings.push_back(std::move(e));
+  }
+  if (spec->lengths_input < 0) {
+    return bad(" is given but config.pbtxt has no sparse lengths / ragged values pair of inputs");
+  }
+  const IoSpec& lengths = spec->inputs[spec->lengths_input];
+  if (lengths.dims.size() != 1 || lengths.dims[0] != static_cast<int64_t>(encodings.size())) {
+    return bad(" lists " + std::to_string(encodings.size()) +
+               " sparse features but config.pbtxt gives input '" + lengths.name + "' dims " +
+               ShapeString(lengths.dims));
+  }
+  spec->has_feature_spec = true;
+  spec->sparse_encodings = std::move(encodings);
+  return Status::Ok();
+}
+
 Status ApplyManifest(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
   REC_RETURN_IF_ERROR(ApplyServing(manifest, source, spec));
   if (manifest.contains("features")) {
@@ -181,7 +252,7 @@ Status ApplyManifest(const nlohmann::json& manifest, const std::string& source, 
                            std::to_string(spec->num_tasks) + " but config.pbtxt output dims " +
                            ShapeString(spec->outputs[0].dims));
   }
-  return Status::Ok();
+  return ApplyFeatureSpec(manifest, source, spec);
 }
 
 }  // namespace

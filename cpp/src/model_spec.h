@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "feature_encoding.h"
 #include "status.h"
 #include "tensor.h"
 
@@ -48,6 +49,10 @@ struct ModelSpec {
   std::vector<std::string> dense_feature_names;
   std::vector<std::string> sparse_feature_names;
   int64_t num_tasks = -1;
+  // rec.json's feature_spec: how each sparse feature's tokens become ids, in sparse_lengths'
+  // column order. Without one (a foreign model, an older export) requests must send ids.
+  bool has_feature_spec = false;
+  std::vector<SparseEncoding> sparse_encodings;
 };
 
 // Parses <model_dir>/config.pbtxt (protobuf text format) and <model_dir>/rec.json if present,
@@ -59,8 +64,9 @@ Status ParseModelSpec(const std::string& config_text, const std::string& model_n
                       ModelSpec* spec);
 
 // Applies rec.json's text (read from `source`, named in errors) to a parsed spec: feature names,
-// num_tasks, and for a max_batch_size 0 config the batching settings of "serving". Exposed for
-// tests.
+// num_tasks, the sparse encodings of "feature_spec" (a hash other than the one this server
+// implements fails), and for a max_batch_size 0 config the batching settings of "serving".
+// Exposed for tests.
 Status ApplyManifestText(const std::string& manifest_text, const std::string& source,
                          ModelSpec* spec);
 

@@ -1,6 +1,8 @@
 #include "request.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 
 namespace rec {
 namespace {
@@ -59,10 +61,8 @@ Status CheckInput(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64_t* b
   return Status::Ok();
 }
 
-Status CheckJagged(const ModelSpec& spec, const InferRequest& r) {
-  if (spec.lengths_input < 0) return Status::Ok();
-  const Tensor& lengths = r.inputs[spec.lengths_input];
-  const Tensor& values = r.inputs[spec.values_input];
+// lengths >= 0 and sum(lengths) == the number of values (`values_count`, named `values_name`).
+Status CheckJagged(const Tensor& lengths, const std::string& values_name, int64_t values_count) {
   const int32_t* l = lengths.As<int32_t>();
   int64_t n = ElementCount(lengths.shape);
   int64_t sum = 0;
@@ -73,17 +73,84 @@ Status CheckJagged(const ModelSpec& spec, const InferRequest& r) {
     }
     sum += l[i];
   }
-  if (sum != values.shape[0]) {
-    return InvalidArgument(InputError(values.name, "has " + std::to_string(values.shape[0]) +
+  if (sum != values_count) {
+    return InvalidArgument(InputError(values_name, "has " + std::to_string(values_count) +
                                                        " values but sum of '" + lengths.name +
                                                        "' is " + std::to_string(sum)));
   }
   return Status::Ok();
 }
 
+bool HasInput(const InferRequest& r, const std::string& name) {
+  for (const Tensor& t : r.inputs) {
+    if (t.name == name) return true;
+  }
+  return false;
+}
+
+// Takes `sparse_strings` out of the request's inputs into *strings (*has_strings says whether
+// there was one) after checking that the request carries exactly one of it and the values.
+Status TakeStrings(const ModelSpec& spec, InferRequest* r, Tensor* strings, bool* has_strings) {
+  *has_strings = false;
+  const bool given = HasInput(*r, kSparseStringsInput);
+  const bool has_values =
+      spec.values_input >= 0 && HasInput(*r, spec.inputs[spec.values_input].name);
+  if (!given && (!spec.has_feature_spec || has_values)) return Status::Ok();
+  const std::string values_name =
+      spec.values_input >= 0 ? spec.inputs[spec.values_input].name : "sparse_values";
+  if (given && !spec.has_feature_spec) {
+    return InvalidArgument(InputError(
+        kSparseStringsInput, "model '" + spec.name +
+                                 "' has no feature spec (its rec.json has no \"feature_spec\"), "
+                                 "so it cannot map strings to ids: send '" +
+                                 values_name + "' as INT64 ids"));
+  }
+  if (given == has_values) {
+    return InvalidArgument("a request carries either '" + values_name + "' (INT64 ids) or '" +
+                           kSparseStringsInput + "' (BYTES tokens); this one has " +
+                           (given ? "both" : "neither"));
+  }
+  auto is_strings = [](const Tensor& t) { return t.name == kSparseStringsInput; };
+  auto it = std::find_if(r->inputs.begin(), r->inputs.end(), is_strings);
+  if (std::find_if(std::next(it), r->inputs.end(), is_strings) != r->inputs.end()) {
+    return InvalidArgument(InputError(kSparseStringsInput, "given more than once"));
+  }
+  *strings = std::move(*it);
+  r->inputs.erase(it);
+  *has_strings = true;
+  return Status::Ok();
+}
+
+// Maps a request's `sparse_strings` to ids in the values input's place: checked like the values
+// (datatype, shape, count against the lengths), then each token with its feature's encoding.
+Status StringsToValues(const ModelSpec& spec, Tensor* strings, InferRequest* r) {
+  if (strings->dtype != DataType::kBytes) {
+    return InvalidArgument(InputError(strings->name, std::string("expected datatype BYTES, got ") +
+                                                         DataTypeName(strings->dtype)));
+  }
+  // Ragged like the values: [n], or [1, n] from Triton-style clients.
+  if (strings->shape.size() == 2 && strings->shape[0] == 1) strings->shape = {strings->shape[1]};
+  if (strings->shape.size() != 1 || strings->shape[0] < 0) {
+    return InvalidArgument(
+        InputError(strings->name, "expected shape [n], got " + ShapeString(strings->shape)));
+  }
+  const Tensor& lengths = r->inputs[spec.lengths_input];
+  REC_RETURN_IF_ERROR(CheckJagged(lengths, strings->name, strings->shape[0]));
+  Tensor& values = r->inputs[spec.values_input];
+  REC_RETURN_IF_ERROR(EncodeSparseStrings(spec.sparse_encodings, *strings, lengths, &values));
+  values.name = spec.inputs[spec.values_input].name;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
+  Tensor strings;
+  bool has_strings = false;
+  REC_RETURN_IF_ERROR(TakeStrings(spec, request, &strings, &has_strings));
+  // With strings, the values' slot stays empty until they are mapped, once the lengths are
+  // known to be good.
+  auto pending = [&](size_t i) { return has_strings && static_cast<int>(i) == spec.values_input; };
   std::vector<Tensor> ordered(spec.inputs.size());
   std::vector<bool> seen(spec.inputs.size(), false);
   for (Tensor& t : request->inputs) {
@@ -94,11 +161,12 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     ordered[i] = std::move(t);
   }
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    if (!seen[i]) return InvalidArgument(InputError(spec.inputs[i].name, "missing"));
+    if (!seen[i] && !pending(i)) return InvalidArgument(InputError(spec.inputs[i].name, "missing"));
   }
   request->inputs = std::move(ordered);
   int64_t batch = -1;
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if (pending(i)) continue;
     REC_RETURN_IF_ERROR(CheckInput(spec, spec.inputs[i], &request->inputs[i], &batch));
   }
   if (batch < 1) return InvalidArgument("request has no batched input");
@@ -108,7 +176,23 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
       return InvalidArgument("output '" + o.name + "': unexpected output name");
     }
   }
-  return CheckJagged(spec, *request);
+  if (has_strings) return StringsToValues(spec, &strings, request);
+  if (spec.lengths_input < 0) return Status::Ok();
+  const Tensor& values = request->inputs[spec.values_input];
+  return CheckJagged(request->inputs[spec.lengths_input], values.name, values.shape[0]);
+}
+
+std::vector<IoSpec> RequestInputs(const ModelSpec& spec) {
+  std::vector<IoSpec> inputs = spec.inputs;
+  if (spec.has_feature_spec) {
+    IoSpec strings;
+    strings.name = kSparseStringsInput;
+    strings.dtype = DataType::kBytes;
+    strings.dims = {-1};
+    strings.ragged = true;
+    inputs.push_back(std::move(strings));
+  }
+  return inputs;
 }
 
 std::vector<Tensor> ConcatenateInputs(const ModelSpec& spec,

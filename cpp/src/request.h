@@ -29,10 +29,20 @@ struct InferRequest {
   int64_t batch_size = 0;                // set by ValidateRequest
 };
 
+// The input that carries a request's sparse ids as text (BYTES [N], ragged like the values) in
+// place of the INT64 values, for a model whose rec.json has a feature_spec.
+inline constexpr char kSparseStringsInput[] = "sparse_strings";
+
 // Checks names, dtypes, shapes, byte sizes, batch size and the jagged invariants (lengths >= 0,
-// sum(lengths) == number of values). On success, inputs are reordered to the spec's order,
-// ragged inputs are flattened to 1-D and batch_size is set. Messages name the tensor.
+// sum(lengths) == number of values). A request may send `sparse_strings` instead of the values:
+// they are mapped to ids here (spec.sparse_encodings), so the batcher and the model only ever
+// see INT64 ids. On success, inputs are reordered to the spec's order, ragged inputs are
+// flattened to 1-D and batch_size is set. Messages name the tensor.
 Status ValidateRequest(const ModelSpec& spec, InferRequest* request);
+
+// The inputs a request may carry, for model metadata: the model's, and `sparse_strings` (BYTES
+// [-1], ragged) when the model has a feature spec.
+std::vector<IoSpec> RequestInputs(const ModelSpec& spec);
 
 // Concatenates validated requests (inputs in spec order) into one batch of inputs.
 std::vector<Tensor> ConcatenateInputs(const ModelSpec& spec,

@@ -4,13 +4,30 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "status.h"
 
 namespace rec {
 
-enum class DataType { kInvalid, kBool, kUint8, kInt8, kInt16, kInt32, kInt64, kFp16, kFp32, kFp64 };
+// kBytes (protocol "BYTES") is only ever a request input (`sparse_strings`): no model config can
+// declare it (TYPE_STRING stays unsupported), so it never reaches the model.
+enum class DataType {
+  kInvalid,
+  kBool,
+  kUint8,
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kFp16,
+  kFp32,
+  kFp64,
+  kBytes
+};
 
-// Size of one element in bytes; 0 for kInvalid.
+// Size of one element in bytes; 0 for kInvalid and for kBytes (elements of any size).
 size_t ElementSize(DataType dtype);
 // Protocol name: "FP32", "INT64", ...
 const char* DataTypeName(DataType dtype);
@@ -24,7 +41,10 @@ struct Tensor {
   std::string name;
   DataType dtype = DataType::kInvalid;
   std::vector<int64_t> shape;
-  std::string data;  // ElementCount(shape) * ElementSize(dtype) bytes
+  // ElementCount(shape) * ElementSize(dtype) bytes. BYTES: each element as a 4-byte
+  // little-endian length and its bytes, the protocol's own serialization (HTTP binary data and
+  // gRPC raw contents arrive so, and stay unparsed until the request is validated).
+  std::string data;
 
   template <typename T>
   const T* As() const {
@@ -35,5 +55,13 @@ struct Tensor {
     return reinterpret_cast<T*>(data.data());
   }
 };
+
+// Appends one BYTES element to a tensor's data (its 4-byte little-endian length, then it).
+void AppendBytesElement(std::string_view element, std::string* data);
+
+// Reads element `index` of a BYTES tensor's data at *offset into *element (a view into t.data)
+// and moves *offset past it. InvalidArgument naming the tensor when the data ends before the
+// element or its length prefix runs past the end: the client controls every prefix.
+Status NextBytesElement(const Tensor& t, size_t index, size_t* offset, std::string_view* element);
 
 }  // namespace rec

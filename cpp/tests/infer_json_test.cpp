@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "feature_encoding.h"
 #include "http_server.h"
 #include "test_util.h"
 
@@ -93,6 +94,68 @@ TEST(InferJson, RejectsValuesThatDoNotFitTheDatatype) {
   EXPECT_EQ(r.inputs[0].As<int32_t>()[1], -2147483647 - 1);
   EXPECT_EQ(r.inputs[0].As<int32_t>()[2], 3);
   EXPECT_EQ(r.inputs[0].As<int32_t>()[3], 1);
+}
+
+TEST(InferJson, DecodesBytesAsJsonStrings) {
+  // Escapes, \u escapes (a surrogate pair too), raw UTF-8 and the empty string, in the nested
+  // form as well as the flat one tritonclient sends.
+  std::string body = R"({"inputs":[
+    {"name":"sparse_strings","datatype":"BYTES","shape":[5],
+     "data":[["a\"b", "caf\u00e9"], ["\ud83d\ude00", "日本"], [""]]}]})";
+  InferRequest r;
+  Status st = DecodeInferRequest(body, -1, &r);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(r.inputs.size(), 1u);
+  EXPECT_EQ(r.inputs[0].dtype, DataType::kBytes);
+  Tensor want = testing::MakeBytesTensor("sparse_strings", {5},
+                                         {"a\"b", "caf\xc3\xa9", "\xf0\x9f\x98\x80", "日本", ""});
+  EXPECT_EQ(r.inputs[0].data, want.data);
+  InferRequest numbers;
+  st = DecodeInferRequest(
+      R"({"inputs":[{"name":"sparse_strings","datatype":"BYTES","shape":[1],"data":[7]}]})", -1,
+      &numbers);
+  EXPECT_EQ(st.message(), "input 'sparse_strings': BYTES data must hold strings");
+}
+
+TEST(InferJson, BytesThroughValidationInEveryHttpForm) {
+  ModelSpec spec = testing::MakeSpecWithFeatureSpec();
+  const std::string lengths = R"({"name":"sparse_lengths","datatype":"INT32","shape":[1,3],
+      "data":[1,1,1]},{"name":"dense_features","datatype":"FP32","shape":[1,2],"data":[1,2]})";
+  // JSON strings.
+  InferRequest r;
+  ASSERT_TRUE(DecodeInferRequest(R"({"inputs":[)" + lengths + R"(,
+      {"name":"sparse_strings","datatype":"BYTES","shape":[3],"data":["-5","ff","x"]}]})",
+                                 -1, &r)
+                  .ok());
+  Status st = ValidateRequest(spec, &r);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const int64_t* ids = r.inputs[2].As<int64_t>();
+  EXPECT_EQ(ids[0], -5);
+  EXPECT_EQ(ids[1], 255);
+  EXPECT_EQ(ids[2], HashId("x"));
+  // Binary data: the elements length-prefixed, as tritonclient serializes them.
+  Tensor strings = testing::MakeBytesTensor("sparse_strings", {3}, {"-5", "ff", "x"});
+  std::string header = R"({"inputs":[)" + lengths +
+                       R"(,{"name":"sparse_strings","datatype":"BYTES","shape":[3],
+      "parameters":{"binary_data_size":)" +
+                       std::to_string(strings.data.size()) + "}}]}";
+  InferRequest b;
+  ASSERT_TRUE(
+      DecodeInferRequest(header + strings.data, static_cast<long long>(header.size()), &b).ok());
+  ASSERT_TRUE(ValidateRequest(spec, &b).ok());
+  EXPECT_EQ(b.inputs[2].data, r.inputs[2].data);
+  // A length prefix running past the end of the binary data.
+  InferRequest bad;
+  std::string cut = strings.data.substr(0, strings.data.size() - 1);
+  header = R"({"inputs":[)" + lengths + R"(,{"name":"sparse_strings","datatype":"BYTES",
+      "shape":[3],"parameters":{"binary_data_size":)" +
+           std::to_string(cut.size()) + "}}]}";
+  ASSERT_TRUE(DecodeInferRequest(header + cut, static_cast<long long>(header.size()), &bad).ok());
+  st = ValidateRequest(spec, &bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "input 'sparse_strings': BYTES element 2 has length 1 but only 0 bytes of data "
+            "follow its prefix");
 }
 
 TEST(InferJson, EncodesBinaryAndJsonOutputs) {

@@ -123,5 +123,85 @@ TEST(ModelSpecServing, BadJsonNamesTheFile) {
   EXPECT_NE(st.message().find("/r/m/rec.json is not a JSON object"), std::string::npos);
 }
 
+// rec.json's feature_spec, with `hash` and `sparse` replaceable.
+std::string FeatureSpecManifest(const std::string& hash, const std::string& sparse) {
+  return std::string("{") + kFeatures + R"(, "feature_spec": {"format": "csv", "labels": ["y"],
+      "dense": [], "sparse": )" +
+         sparse + R"(, "hash": )" + hash + "}}";
+}
+
+const char* kHash = R"({"algorithm": "blake2b", "digest_bytes": 8, "byte_order": "little",
+                        "signed": true, "input": "utf-8 bytes of the token", "version": 1})";
+const char* kSparse = R"([{"name": "x", "column": "x", "encoding": "int_or_hash", "separator": "|"},
+                          {"name": "y", "column": "c", "encoding": "hex", "separator": null},
+                          {"name": "z", "column": "z", "encoding": "int_or_hash"}])";
+
+TEST(ModelSpecFeatureSpec, ReadsEachSparseFeaturesEncoding) {
+  for (ModelSpec spec : {Unbatched(), testing::MakeSpec()}) {
+    Status st = ApplyManifestText(FeatureSpecManifest(kHash, kSparse), "/r/m/rec.json", &spec);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_TRUE(spec.has_feature_spec);
+    ASSERT_EQ(spec.sparse_encodings.size(), 3u);
+    EXPECT_EQ(spec.sparse_encodings[1].feature, "y");
+    EXPECT_EQ(spec.sparse_encodings[1].encoding, Encoding::kHex);
+    EXPECT_EQ(spec.sparse_encodings[2].encoding, Encoding::kIntOrHash);
+  }
+}
+
+TEST(ModelSpecFeatureSpec, MissingOrNullMeansNone) {
+  for (const std::string& text :
+       {Manifest(""), std::string("{") + kFeatures + R"(, "feature_spec": null})"}) {
+    ModelSpec spec = testing::MakeSpec();
+    ASSERT_TRUE(ApplyManifestText(text, "/r/m/rec.json", &spec).ok()) << text;
+    EXPECT_FALSE(spec.has_feature_spec);
+    EXPECT_TRUE(spec.sparse_encodings.empty());
+  }
+}
+
+TEST(ModelSpecFeatureSpec, AnotherHashOrABadSpecFailsTheLoad) {
+  struct Case {
+    std::string hash, sparse;
+    const char* expected;
+  };
+  const std::string hash2 =
+      R"({"algorithm": "blake2b", "digest_bytes": 8, "byte_order": "little", "version": 2})";
+  const Case cases[] = {
+      {hash2, kSparse,
+       "feature_spec.hash.version is 2, not implemented: rec-server implements hash version 1 "
+       "(blake2b, 8-byte digest)"},
+      {R"({"algorithm": "blake2b", "digest_bytes": 8})", kSparse,
+       "feature_spec.hash.version is null, not implemented"},
+      {R"({"algorithm": "sha256", "digest_bytes": 8, "version": 1})", kSparse,
+       "feature_spec.hash is {\"algorithm\":\"sha256\""},
+      {R"({"algorithm": "blake2b", "digest_bytes": 16, "version": 1})", kSparse,
+       "not implemented: rec-server implements hash version 1"},
+      {R"({"algorithm": "blake2b", "digest_bytes": 8, "byte_order": "big", "version": 1})", kSparse,
+       "read as a little-endian signed int64"},
+      {"null", kSparse, "feature_spec.hash.version is null"},
+      {kHash, R"({"x": "hex"})", "feature_spec.sparse must be a list"},
+      {kHash, R"([{"name": "x"}, {"name": "y"}, {"name": "z"}])",
+       "feature_spec.sparse[0] needs a string \"name\" and \"encoding\""},
+      {kHash,
+       R"([{"name": "x", "encoding": "int_or_hash"}, {"name": "y", "encoding": "murmur3"},
+           {"name": "z", "encoding": "hex"}])",
+       "feature_spec.sparse[1] (feature 'y'): unknown encoding 'murmur3' (rec-server knows "
+       "int_or_hash, hex)"},
+      {kHash, R"([{"name": "x", "encoding": "hex"}, {"name": "y", "encoding": "hex"}])",
+       "feature_spec lists 2 sparse features but config.pbtxt gives input 'sparse_lengths' dims "
+       "[3]"},
+      {kHash,
+       R"([{"name": "x", "encoding": "hex"}, {"name": "z", "encoding": "hex"},
+           {"name": "y", "encoding": "hex"}])",
+       "feature_spec.sparse[1] is feature 'z' but features.sparse[1] is 'y'"},
+  };
+  for (const Case& c : cases) {
+    ModelSpec spec = Unbatched();
+    Status st = ApplyManifestText(FeatureSpecManifest(c.hash, c.sparse), "/r/m/rec.json", &spec);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_NE(st.message().find("model 'm': /r/m/rec.json: "), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(c.expected), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace rec

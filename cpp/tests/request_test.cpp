@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "test_util.h"
 
 namespace rec {
@@ -91,6 +93,149 @@ TEST(Validate, EachProblemNamesTheTensor) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.what;
     EXPECT_NE(st.message().find(c.expected), std::string::npos) << c.what << ": " << st.message();
   }
+}
+
+// MakeRequest's request with its ids sent as text in `sparse_strings`: hex for feature y (its
+// encoding in the feature spec), decimal for x and z. *ids gets the ids it must map to.
+InferRequest StringsRequest(int64_t rows, float base, std::vector<int64_t>* ids) {
+  InferRequest r = MakeRequest(rows, base);
+  const Tensor& values = r.inputs[0];
+  const int32_t* lengths = r.inputs[2].As<int32_t>();
+  std::vector<std::string> tokens;
+  int64_t k = 0;
+  for (int64_t i = 0; i < rows * 3; ++i) {
+    for (int32_t j = 0; j < lengths[i]; ++j, ++k) {
+      int64_t id = values.As<int64_t>()[k];
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%llx", static_cast<unsigned long long>(id));
+      tokens.push_back(i % 3 == 1 ? hex : std::to_string(id));
+    }
+  }
+  ids->assign(values.As<int64_t>(), values.As<int64_t>() + k);
+  r.inputs[0] = testing::MakeBytesTensor("sparse_strings", {k}, tokens);
+  return r;
+}
+
+std::vector<int64_t> Ids(const Tensor& t) {
+  return std::vector<int64_t>(t.As<int64_t>(), t.As<int64_t>() + ElementCount(t.shape));
+}
+
+TEST(Strings, BecomeTheValuesBeforeBatching) {
+  ModelSpec spec = testing::MakeSpecWithFeatureSpec();
+  std::vector<int64_t> ids;
+  InferRequest a = StringsRequest(3, 1, &ids);
+  Status st = ValidateRequest(spec, &a);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(a.batch_size, 3);
+  ASSERT_EQ(a.inputs.size(), 3u);
+  EXPECT_EQ(a.inputs[2].name, "sparse_values");
+  EXPECT_EQ(a.inputs[2].dtype, DataType::kInt64);
+  EXPECT_EQ(Ids(a.inputs[2]), ids);
+  // The batcher sees ordinary ids: a strings request batches with an ids request.
+  InferRequest b = MakeRequest(2, 5), a_ids = MakeRequest(3, 1), b2 = MakeRequest(2, 5);
+  ASSERT_TRUE(ValidateRequest(spec, &b).ok());
+  ASSERT_TRUE(ValidateRequest(spec, &a_ids).ok());
+  ASSERT_TRUE(ValidateRequest(spec, &b2).ok());
+  std::vector<Tensor> got = ConcatenateInputs(spec, {&a, &b});
+  std::vector<Tensor> want = ConcatenateInputs(spec, {&a_ids, &b2});
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].shape, want[i].shape);
+    EXPECT_EQ(got[i].data, want[i].data);
+  }
+}
+
+TEST(Strings, AcceptLeadingOneShape) {
+  ModelSpec spec = testing::MakeSpecWithFeatureSpec();
+  std::vector<int64_t> ids;
+  InferRequest r = StringsRequest(2, 3, &ids);
+  r.inputs[0].shape = {1, r.inputs[0].shape[0]};
+  ASSERT_TRUE(ValidateRequest(spec, &r).ok());
+  EXPECT_EQ(Ids(r.inputs[2]), ids);
+}
+
+TEST(Strings, ExactlyOneOfValuesAndStrings) {
+  ModelSpec spec = testing::MakeSpecWithFeatureSpec();
+  std::vector<int64_t> ids;
+  InferRequest both = StringsRequest(2, 1, &ids);
+  both.inputs.push_back(MakeRequest(2, 1).inputs[0]);
+  Status st = ValidateRequest(spec, &both);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "a request carries either 'sparse_values' (INT64 ids) or 'sparse_strings' (BYTES "
+            "tokens); this one has both");
+  InferRequest neither = MakeRequest(2, 1);
+  neither.inputs.erase(neither.inputs.begin());
+  st = ValidateRequest(spec, &neither);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("this one has neither"), std::string::npos) << st.message();
+  // Without a feature spec, a request without ids is just missing them.
+  neither = MakeRequest(2, 1);
+  neither.inputs.erase(neither.inputs.begin());
+  EXPECT_EQ(ValidateRequest(MakeSpec(), &neither).message(), "input 'sparse_values': missing");
+}
+
+TEST(Strings, RefusedWithoutAFeatureSpec) {
+  std::vector<int64_t> ids;
+  InferRequest r = StringsRequest(2, 1, &ids);
+  Status st = ValidateRequest(MakeSpec(), &r);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "input 'sparse_strings': model 'm' has no feature spec (its rec.json has no "
+            "\"feature_spec\"), so it cannot map strings to ids: send 'sparse_values' as INT64 "
+            "ids");
+}
+
+TEST(Strings, EachProblemNamesTheInput) {
+  ModelSpec spec = testing::MakeSpecWithFeatureSpec();
+  std::vector<BadCase> cases = {
+      {"dtype",
+       [](InferRequest* r) {
+         r->inputs[0] = MakeTensor<int64_t>("sparse_strings", DataType::kInt64, {3}, {1, 2, 3});
+       },
+       "input 'sparse_strings': expected datatype BYTES, got INT64"},
+      {"shape",
+       [](InferRequest* r) {
+         r->inputs[0].shape = {2, 2};
+       },
+       "input 'sparse_strings': expected shape [n], got [2, 2]"},
+      {"count",
+       [](InferRequest* r) {
+         r->inputs[0] = testing::MakeBytesTensor("sparse_strings", {2}, {"1", "2"});
+       },
+       "input 'sparse_strings': has 2 values but sum of 'sparse_lengths' is 3"},
+      {"negative length", [](InferRequest* r) { r->inputs[2].MutableAs<int32_t>()[1] = -1; },
+       "input 'sparse_lengths': negative length -1 at flat index 1"},
+      {"bad hex",
+       [](InferRequest* r) {
+         // Row 0's lengths are 0, 1, 2: its one y value is the first token.
+         r->inputs[0] = testing::MakeBytesTensor("sparse_strings", {3}, {"xyz", "1", "2"});
+       },
+       "input 'sparse_strings': feature 'y', value at flat index 0: 'xyz' is not hex"},
+      {"bad prefix", [](InferRequest* r) { r->inputs[0].data[0] = '\x7f'; },
+       "input 'sparse_strings': BYTES element 0 has length 127"},
+      {"duplicate", [](InferRequest* r) { r->inputs.push_back(r->inputs[0]); },
+       "input 'sparse_strings': given more than once"},
+      {"lengths still checked", [](InferRequest* r) { r->inputs[2].dtype = DataType::kInt64; },
+       "input 'sparse_lengths': expected datatype INT32"},
+  };
+  for (const BadCase& c : cases) {
+    std::vector<int64_t> ids;
+    InferRequest r = StringsRequest(1, 1, &ids);
+    ASSERT_EQ(r.inputs[0].shape, std::vector<int64_t>{3});
+    c.mutate(&r);
+    Status st = ValidateRequest(spec, &r);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(st.message().find(c.expected), std::string::npos) << c.what << ": " << st.message();
+  }
+}
+
+TEST(Strings, ListedAsAnInputOnlyWithAFeatureSpec) {
+  EXPECT_EQ(RequestInputs(MakeSpec()).size(), 3u);
+  std::vector<IoSpec> inputs = RequestInputs(testing::MakeSpecWithFeatureSpec());
+  ASSERT_EQ(inputs.size(), 4u);
+  EXPECT_EQ(inputs[3].name, "sparse_strings");
+  EXPECT_EQ(inputs[3].dtype, DataType::kBytes);
+  EXPECT_TRUE(inputs[3].ragged);
 }
 
 TEST(Batch, ConcatenatesAlongRowsAndValuesEndToEnd) {

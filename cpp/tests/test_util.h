@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,35 @@ inline ModelSpec MakeSpec() {
   Status st = ParseModelSpec(kConfig, "m", &spec);
   if (!st.ok()) throw std::runtime_error(st.message());
   return spec;
+}
+
+// The spec's features x, y, z with a feature spec as `rec export` writes it; y is hex (Criteo's
+// encoding), the others int_or_hash.
+inline const char* kFeatureSpecManifest = R"({
+  "features": {"dense": ["a", "b"], "sparse": ["x", "y", "z"]},
+  "feature_spec": {"format": "csv", "labels": ["label"], "dense": [],
+    "sparse": [{"name": "x", "column": "x", "encoding": "int_or_hash", "separator": "|"},
+               {"name": "y", "column": "y", "encoding": "hex", "separator": null},
+               {"name": "z", "column": "z", "encoding": "int_or_hash", "separator": "|"}],
+    "hash": {"algorithm": "blake2b", "digest_bytes": 8, "byte_order": "little", "signed": true,
+             "input": "utf-8 bytes of the token", "version": 1}}})";
+
+inline ModelSpec MakeSpecWithFeatureSpec() {
+  ModelSpec spec = MakeSpec();
+  Status st = ApplyManifestText(kFeatureSpecManifest, "rec.json", &spec);
+  if (!st.ok()) throw std::runtime_error(st.message());
+  return spec;
+}
+
+// A BYTES tensor of `elements` (each length-prefixed, as the protocol serializes them).
+inline Tensor MakeBytesTensor(const std::string& name, std::vector<int64_t> shape,
+                              const std::vector<std::string>& elements) {
+  Tensor t;
+  t.name = name;
+  t.dtype = DataType::kBytes;
+  t.shape = std::move(shape);
+  for (const std::string& e : elements) AppendBytesElement(e, &t.data);
+  return t;
 }
 
 template <typename T>

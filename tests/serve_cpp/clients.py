@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tiny_model import DATATYPES, INPUT_NAMES
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+STRINGS = "sparse_strings"
 
 
-def infer_inputs(module, inputs: dict[str, np.ndarray], binary: bool = True) -> list:
+def infer_inputs(
+    module, inputs: dict[str, np.ndarray], binary: bool = True, names=INPUT_NAMES
+) -> list:
     """tritonclient InferInput objects (module: tritonclient.http or tritonclient.grpc)."""
     out = []
-    for name in INPUT_NAMES:
+    for name in names:
         arr = inputs[name]
         i = module.InferInput(name, list(arr.shape), DATATYPES[name])
         if module is httpclient:
@@ -22,6 +28,44 @@ def infer_inputs(module, inputs: dict[str, np.ndarray], binary: bool = True) -> 
             i.set_data_from_numpy(arr)
         out.append(i)
     return out
+
+
+def string_inputs(module, inputs: dict[str, np.ndarray], tokens: list, binary: bool = True) -> list:
+    """InferInputs carrying `tokens` (str or bytes) as sparse_strings (BYTES) in place of
+    sparse_values: HTTP JSON strings (binary=False) or binary data, gRPC raw contents."""
+    out = infer_inputs(module, inputs, binary, names=("dense_features", "sparse_lengths"))
+    arr = np.array([t.encode() if isinstance(t, str) else t for t in tokens], dtype=np.object_)
+    i = module.InferInput(STRINGS, [len(tokens)], "BYTES")
+    if module is httpclient:
+        i.set_data_from_numpy(arr, binary_data=binary)
+    else:
+        i.set_data_from_numpy(arr)
+    return [*out, i]
+
+
+def grpc_typed_strings_request(
+    model: str, inputs: dict[str, np.ndarray], tokens: list
+) -> service_pb2.ModelInferRequest:
+    """A ModelInferRequest with every input in typed contents, the tokens in bytes_contents
+    (tritonclient always sends raw_input_contents, so this form is built by hand)."""
+    request = service_pb2.ModelInferRequest(model_name=model)
+    for name, datatype, field in (
+        ("dense_features", "FP32", "fp32_contents"),
+        ("sparse_lengths", "INT32", "int_contents"),
+    ):
+        t = request.inputs.add(name=name, datatype=datatype, shape=list(inputs[name].shape))
+        getattr(t.contents, field).extend(inputs[name].ravel().tolist())
+    t = request.inputs.add(name=STRINGS, datatype="BYTES", shape=[len(tokens)])
+    t.contents.bytes_contents.extend(x.encode() if isinstance(x, str) else x for x in tokens)
+    return request
+
+
+def grpc_call(url: str, request: service_pb2.ModelInferRequest) -> np.ndarray:
+    """Sends a hand-built request on a plain gRPC stub; the FP32 scores it answers."""
+    with grpc.insecure_channel(url) as channel:
+        reply = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+    shape = list(reply.outputs[0].shape)
+    return np.frombuffer(reply.raw_output_contents[0], dtype=np.float32).reshape(shape)
 
 
 def http_scores(url: str, inputs: dict[str, np.ndarray], **kwargs) -> np.ndarray:

@@ -11,23 +11,42 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
-from clients import grpc_scores, http_scores, infer_inputs, scores_concurrently
+from clients import (
+    grpc_call,
+    grpc_scores,
+    grpc_typed_strings_request,
+    http_scores,
+    infer_inputs,
+    scores_concurrently,
+    string_inputs,
+)
 from server import Server
 from tiny_model import INPUT_NAMES
 from tritonclient.utils import InferenceServerException
 
+from rec.features import FeatureSpec
+
 REC = str(Path(sys.executable).parent / "rec")
 
-# Small enough that training and export take seconds; the export still quantizes to int8 TBE.
+# Small enough that training and export take seconds; the export still quantizes to int8 TBE,
+# and the DCN's cross and top layers (40 x 128 weights) are big enough for oneDNN's packed
+# layers (rec.export.dense), whose weights LibTorch repacks as it loads the model.
 CONFIG = {
     "tables": [
         {"name": f"t{i}", "rows": rows, "dim": 8, "features": [f"cat_{i}"]}
         for i, rows in enumerate([300, 500, 200, 400])
     ],
     "features": {"dense": 5},
-    "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+    "model": {
+        "arch": "dlrm_dcn",
+        "dense_arch": [16, 8],
+        "over_arch": [128, 1],
+        "dcn_num_layers": 2,
+        "dcn_low_rank_dim": 128,
+    },  # fmt: skip
     "data": {"synthetic": {"train_samples": 2048, "eval_samples": 512}},
     "training": {"batch_size": 64, "steps": 4, "eval_every": 4, "log_every": 2},
     "checkpoint": {"every_steps": 4, "keep_last": 1},
@@ -124,5 +143,74 @@ def test_both_export_forms_are_batched(trained, form):
         assert stats["inference_stats"]["success"]["count"] == len(batches)
         assert stats["inference_count"] == sum(sizes)
         assert stats["execution_count"] < len(batches), "no two requests were batched together"
+    finally:
+        assert server.stop() == 0
+
+
+# Text that `int_or_hash` hashes: words, the decimal look-alikes it must not read as integers,
+# an integer past int64, escapes and non-ASCII for JSON, and a token of several BLAKE2b blocks.
+_WORDS = ["apple", "café", "日本語", "", " 7", "+5", "1_000", "9223372036854775808", 'a"b\tc\\']
+_WORDS += ["x" * 300]
+
+
+def _tokens(rng: np.random.Generator, n: int) -> list[str]:
+    """n tokens: a third decimal ids (their own ids, "-0" and "007" among them), a third
+    user-like names, a third the words above."""
+    tokens = []
+    for k in range(n):
+        kind = k % 3
+        if kind == 0:
+            tokens.append(str(int(rng.integers(-(2**62), 2**62))) if k % 7 else "007")
+        elif kind == 1:
+            tokens.append(f"user_{int(rng.integers(10**6))}")
+        else:
+            tokens.append(_WORDS[int(rng.integers(len(_WORDS)))])
+    return tokens
+
+
+def test_string_ids_score_like_int_ids(exported):
+    """The export's rec.json carries the feature spec, so rec-server takes the ids as text too
+    (sparse_strings, BYTES) and maps them as training does: every protocol form of the strings
+    scores exactly what the ids that rec.features computes from them score."""
+    model_dir = exported / "rec"
+    manifest = json.loads((model_dir / "rec.json").read_text())
+    spec = FeatureSpec.from_dict(manifest["feature_spec"])
+    torch.set_num_threads(1)
+    module = torch.jit.load(str(model_dir / "1" / "model.pt"))
+    server = Server(exported, "--model", "rec")
+    try:
+        strings_meta = {"name": "sparse_strings", "datatype": "BYTES", "shape": [-1]}
+        with httpclient.InferenceServerClient(server.http) as c:
+            assert strings_meta in c.get_model_metadata("rec")["inputs"]
+        with grpcclient.InferenceServerClient(server.grpc) as c:
+            inputs = c.get_model_metadata("rec", as_json=True)["inputs"]
+            assert {"name": "sparse_strings", "datatype": "BYTES", "shape": ["-1"]} in inputs
+        for rows in (1, 5, 64):
+            rng = np.random.default_rng(1000 + rows)
+            batch = _batch(manifest, rows, seed=rows)
+            tokens = _tokens(rng, len(batch["sparse_values"]))
+            batch["sparse_values"] = spec.encode_values(batch["sparse_lengths"], tokens)
+            if rows == 64:  # both kinds of token are there: own ids and hashes
+                own = [t.lstrip("-").isdigit() and abs(int(t)) < 2**63 for t in tokens]
+                assert any(own) and not all(own)
+                ids = batch["sparse_values"][np.array(own)]
+                assert ids.tolist() == [int(t) for t, o in zip(tokens, own, strict=True) if o]
+            with torch.inference_mode():
+                want = module(*(torch.from_numpy(batch[k]) for k in INPUT_NAMES)).numpy()
+            got = {"http ids": http_scores(server.http, batch)}
+            got["grpc ids"] = grpc_scores(server.grpc, batch)
+            with httpclient.InferenceServerClient(server.http) as c:
+                for binary in (False, True):
+                    inputs = string_inputs(httpclient, batch, tokens, binary=binary)
+                    got[f"http strings, binary={binary}"] = c.infer("rec", inputs).as_numpy(
+                        "scores"
+                    )
+            with grpcclient.InferenceServerClient(server.grpc) as c:
+                inputs = string_inputs(grpcclient, batch, tokens)
+                got["grpc strings, raw contents"] = c.infer("rec", inputs).as_numpy("scores")
+            request = grpc_typed_strings_request("rec", batch, tokens)
+            got["grpc strings, bytes_contents"] = grpc_call(server.grpc, request)
+            for how, scores in got.items():
+                np.testing.assert_array_equal(scores, want, err_msg=f"{rows} rows, {how}")
     finally:
         assert server.stop() == 0
