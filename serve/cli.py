@@ -59,20 +59,45 @@ def serve(repo, backend, model, host, http_port, grpc_port, metrics_port, verbos
 @click.option("--url", required=True, help="Server host:port (the HTTP or gRPC port).")
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
 @click.option("--model", default="rec", show_default=True)
-@click.option("--input", "input_path", type=_PATH, help="CSV, TSV or JSON-lines rows.")
+@click.option(
+    "--input", "input_path", type=_PATH,
+    help="Rows to score: CSV, Parquet, Criteo TSV, TSV with a header or JSON lines.",
+)  # fmt: skip
+@click.option(
+    "--format", "input_format", type=click.Choice(["csv", "tsv", "criteo_tsv", "parquet", "jsonl"]),
+    help="Format of --input (default: from its suffix; .tsv is Criteo's for a Criteo model).",
+)  # fmt: skip
+@click.option(
+    "--send", type=click.Choice(["ids", "strings"]), default="ids", show_default=True,
+    help="Sparse values as INT64 ids mapped here, or as BYTES strings mapped by the server.",
+)  # fmt: skip
 @click.option("--synthetic", type=click.IntRange(0), default=0, help="Score N random rows.")
-@click.option("--repo", type=_PATH, help="Read feature names from this repository's rec.json.")
+@click.option("--repo", type=_PATH, help="Read the feature spec from this repository's rec.json.")
 @click.option("--output", type=_PATH, help="Write scores as CSV here (default: stdout).")
 @click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic rows.")
 @_user_errors
-def predict(url, protocol, model, input_path, synthetic, repo, output, batch_size, seed):
-    """Score rows on a running server (rec-server or Triton)."""
+def predict(
+    url, protocol, model, input_path, input_format, send, synthetic, repo, output, batch_size, seed
+):
+    """Score rows on a running server (rec-server or Triton); AUC too when the file has labels."""
     from rec.serve.predict import PredictConfig
     from rec.serve.predict import predict as run_predict
 
     run_predict(
-        PredictConfig(url, protocol, model, input_path, synthetic, repo, output, batch_size, seed)
+        PredictConfig(
+            url,
+            protocol,
+            model,
+            input_path,
+            synthetic,
+            repo,
+            output,
+            batch_size,
+            seed,
+            input_format,
+            send,
+        )  # fmt: skip
     )
 
 

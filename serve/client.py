@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from rec.serve.repository import DENSE, LENGTHS, SCORES, VALUES, ServeError
+from rec.serve.repository import DENSE, LENGTHS, SCORES, STRINGS, VALUES, ServeError
 
 PROTOCOLS = ("http", "grpc")
 # Parameter of a served config carrying rec.json's feature names (set on the staged Triton
@@ -30,15 +30,22 @@ class Features:
 
     dense: tuple[str, ...]
     sparse: tuple[str, ...]
+    spec: dict | None = None
+    """The model's feature spec (rec.features), when published."""
 
 
 @dataclass
 class Rows:
-    """B samples in the wire layout: dense [B, D] f32, lengths [B, F] i32, values [N] i64."""
+    """B samples in the wire layout: dense [B, D] f32, lengths [B, F] i32, values [N] i64.
+
+    With `tokens` (N strings) instead of `values`, the request carries them as sparse_strings
+    (BYTES) and the server maps them to ids with the model's feature spec.
+    """
 
     dense: np.ndarray
     lengths: np.ndarray
-    values: np.ndarray
+    values: np.ndarray | None
+    tokens: list[str] | None = None
 
     def __len__(self) -> int:
         return int(self.dense.shape[0])
@@ -50,7 +57,9 @@ class Rows:
         for lo in range(0, len(self), size):
             hi = min(lo + size, len(self))
             stop = int(ends[hi - 1]) if hi > 0 else 0
-            chunks.append(Rows(self.dense[lo:hi], self.lengths[lo:hi], self.values[start:stop]))
+            values = None if self.values is None else self.values[start:stop]
+            tokens = None if self.tokens is None else self.tokens[start:stop]
+            chunks.append(Rows(self.dense[lo:hi], self.lengths[lo:hi], values, tokens))
             start = stop
         return chunks
 
@@ -92,11 +101,15 @@ class ScoreClient:
 
     def prepare(self, rows: Rows) -> tuple[list, list]:
         """InferInputs with the data serialized, and the requested output; reusable."""
+        if rows.tokens is not None:
+            sparse = (STRINGS, np.array([t.encode() for t in rows.tokens], dtype=object), "BYTES")
+        else:
+            sparse = (VALUES, rows.values, "INT64")
         inputs = []
         for name, array, dtype in (
             (DENSE, rows.dense, "FP32"),
             (LENGTHS, rows.lengths, "INT32"),
-            (VALUES, rows.values, "INT64"),
+            sparse,
         ):
             tensor = self._mod.InferInput(name, list(array.shape), dtype)
             tensor.set_data_from_numpy(np.ascontiguousarray(array))
@@ -141,4 +154,4 @@ class ScoreClient:
         if not text:
             return None
         spec = json.loads(text)
-        return Features(tuple(spec["dense"]), tuple(spec["sparse"]))
+        return Features(tuple(spec["dense"]), tuple(spec["sparse"]), spec.get("feature_spec"))

@@ -1,19 +1,22 @@
-"""`rec predict`: score rows from a file (or synthetic rows) on a running server.
+"""`rec predict`: score the rows of a file (or synthetic rows) on a running server.
 
-Files: CSV (`.csv`), TSV (`.tsv`) with a header row, or JSON lines (`.jsonl`, `.ndjson`, `.json`),
-one object per sample. Columns/keys are the model's feature names from rec.json: every dense
-feature (a number) and every sparse feature (ids as "12|7|3", or in JSON also a list or a single
-int; empty means no ids). Other columns (labels, ids) are ignored. The feature names come from
-`--repo` (its rec.json) or else from the server, when its model config publishes them (Triton
-started by `rec serve` does); synthetic rows need only the input sizes, which every server
-publishes.
+The file is read as the model was trained on it, through the feature spec in its rec.json
+(rec.features, rec.data.raw): CSV and Parquet by the run's column mapping, Criteo TSV day files
+(no header, hex ids, empty fields; with or without the label column), tab-separated files with
+a header, and JSON lines (one object per row, keyed by column). Dense values are sent raw (the
+model applies its transforms); sparse values are sent as ids mapped here with the spec
+(`--send ids`, INT64 sparse_values) or as the file's text (`--send strings`, BYTES
+sparse_strings, mapped by the server). When the file has the label column(s), AUC and log loss
+are printed too, computed as export's verification computes them.
+
+The spec comes from `--repo` (its rec.json) or else from the server, when its model config
+publishes it (Triton started by `rec serve` does); synthetic rows need only the input sizes.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +24,13 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from rec.serve.client import Features, Rows, ScoreClient, synthetic_rows
+from rec.data.errors import DataError
+from rec.data.raw import FORMATS, RawRows, read_raw
+from rec.features import FeatureSpec, TokenError
+from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.repository import ServeError, load_model
 
-_SEPARATOR = "|"  # between ids of a multi-valued sparse cell, as in rec's CSV data source
+SEND = ("ids", "strings")
 
 
 class InputError(ServeError):
@@ -38,135 +44,75 @@ class PredictConfig:
     protocol: str = "http"
     model: str = "rec"
     input: Path | None = None
-    """CSV/TSV/JSON-lines file of rows; None means `synthetic` random rows."""
+    """File of rows; None means `synthetic` random rows."""
     synthetic: int = 0
     repo: Path | None = None
-    """Repository to read feature names from (rec.json) instead of asking the server."""
+    """Repository to read the feature spec from (rec.json) instead of asking the server."""
     output: Path | None = None
-    """Write scores here as CSV; None prints them."""
+    """Write scores as CSV here; None prints them."""
     batch_size: int = 64
     """Rows per request."""
     seed: int = 0
+    input_format: str | None = None
+    """One of rec.data.raw.FORMATS; None guesses from the file's suffix."""
+    send: str = "ids"
+    """ids: sparse_values mapped here; strings: sparse_strings mapped by the server."""
 
 
-def read_rows(path: Path, features: Features) -> Rows:
-    """Parses `path` into Rows; an InputError names the file, row and field of any mismatch."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"input file {str(path)!r} does not exist")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        records = _json_records(path)
-    elif suffix in (".csv", ".tsv"):
-        records = _delimited_records(path, "\t" if suffix == ".tsv" else ",", features)
-    else:
-        raise InputError(f"{path}: unknown input format {suffix!r} (use .csv, .tsv or .jsonl)")
-    dense, lengths, values = [], [], []
-    for row, record in records:
-        where = f"{path}: row {row}"
-        dense.append([_number(record, name, where) for name in features.dense])
-        ids = [_ids(record, name, where) for name in features.sparse]
-        lengths.append([len(x) for x in ids])
-        values.extend(v for x in ids for v in x)
-    if not dense:
-        raise InputError(f"{path}: no rows")
-    return Rows(
-        np.asarray(dense, dtype=np.float32).reshape(len(dense), len(features.dense)),
-        np.asarray(lengths, dtype=np.int32).reshape(len(dense), len(features.sparse)),
-        np.asarray(values, dtype=np.int64),
-    )
+@dataclass
+class Prediction:
+    scores: np.ndarray
+    """[n, T]"""
+    quality: dict[str, float] | None
+    """AUC and log loss when the file has labels."""
 
 
-def _json_records(path: Path):
-    with open(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}: row {line_no}: not valid JSON ({e.msg})") from e
-            if not isinstance(record, dict):
-                raise InputError(f"{path}: row {line_no}: expected a JSON object")
-            yield line_no, record
-
-
-def _delimited_records(path: Path, delimiter: str, features: Features):
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f, delimiter=delimiter)
-        missing = [
-            n for n in (*features.dense, *features.sparse) if n not in (reader.fieldnames or [])
-        ]
-        if missing:
-            raise InputError(
-                f"{path}: header lacks feature column(s) {missing}; the model's features are "
-                f"dense {list(features.dense)} and sparse {list(features.sparse)}"
-            )
-        # Rows are numbered from 1 after the header; line = row + 1.
-        yield from enumerate(reader, start=1)
-
-
-def _field(record: dict, name: str, where: str):
-    if name not in record or record[name] is None:
-        raise InputError(f"{where}: field {name!r} is missing")
-    return record[name]
-
-
-def _number(record: dict, name: str, where: str) -> float:
-    value = _field(record, name, where)
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: field {name!r}: {value!r} is not a number") from None
-    if not np.isfinite(number):
-        raise InputError(f"{where}: field {name!r}: {value!r} is not finite")
-    return number
-
-
-def _ids(record: dict, name: str, where: str) -> list[int]:
-    value = _field(record, name, where)
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(_SEPARATOR)] if value.strip() else []
-    elif isinstance(value, list):
-        parts = value
-    else:
-        parts = [value]
-    ids = []
-    for p in parts:
-        try:
-            if isinstance(p, (bool, float)):
-                raise ValueError
-            ids.append(int(p))
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: field {name!r}: id {p!r} is not an integer") from None
-        if not -(2**63) <= ids[-1] < 2**63:
-            raise InputError(f"{where}: field {name!r}: id {p!r} does not fit in int64")
-    return ids
-
-
-def resolve_features(client: ScoreClient, repo: Path | None) -> Features:
+def resolve_spec(client: ScoreClient, repo: Path | None) -> FeatureSpec:
     if repo is not None:
-        served = load_model(repo, client.model)
-        return Features(served.dense_names, served.sparse_names)
-    features = client.features()
-    if features is None:
+        spec = load_model(repo, client.model).feature_spec
+        where = f"{repo}/{client.model}'s rec.json"
+    else:
+        features = client.features()
+        if features is None:
+            raise ServeError(
+                f"the server at {client.url} does not publish model {client.model!r}'s feature "
+                "spec; pass --repo <model repository> to read it from its rec.json"
+            )
+        spec, where = features.spec, f"the server's config of {client.model!r}"
+    if spec is None:
         raise ServeError(
-            f"the server at {client.url} does not publish model {client.model!r}'s feature "
-            "names; pass --repo <model repository> to read them from its rec.json"
+            f"{where} has no feature_spec (exported by an older rec): export the run again"
         )
-    return features
+    return FeatureSpec.from_dict(spec)
 
 
-def predict(cfg: PredictConfig) -> np.ndarray:
+def request_rows(raw: RawRows, spec: FeatureSpec, send: str, path: Path | None = None) -> Rows:
+    if send == "strings":
+        return Rows(raw.dense, raw.lengths, None, raw.tokens)
+    try:
+        return Rows(raw.dense, raw.lengths, spec.encode_values(raw.lengths, raw.tokens))
+    except TokenError as e:
+        column = spec.sparse[e.feature].column
+        where = f"{path}: {raw.unit} {raw.numbers[e.sample]}, column {column}"
+        raise InputError(f"{where}: {str(e).split(': ', 1)[1]}") from None
+
+
+def predict(cfg: PredictConfig) -> Prediction:
     """Scores the rows of cfg.input (or cfg.synthetic random rows); writes or prints them."""
     if (cfg.input is None) == (cfg.synthetic <= 0):
         raise ServeError("give exactly one of --input FILE or --synthetic N")
+    if cfg.send not in SEND:
+        raise ServeError(f"--send {cfg.send!r} is not one of {SEND}")
     client = ScoreClient(cfg.url, cfg.protocol, cfg.model)
+    labels = None
     try:
         if cfg.input is not None:
-            rows = read_rows(cfg.input, resolve_features(client, cfg.repo))
+            spec = resolve_spec(client, cfg.repo)
+            try:
+                raw = read_raw(cfg.input, spec, cfg.input_format)
+            except DataError as e:
+                raise InputError(str(e)) from None
+            rows, labels = request_rows(raw, spec, cfg.send, cfg.input), raw.labels
         else:
             rows = synthetic_rows(*client.input_sizes(), batch=cfg.synthetic, seed=cfg.seed)
         scores = np.concatenate([client.score(chunk) for chunk in rows.split(cfg.batch_size)])
@@ -179,7 +125,18 @@ def predict(cfg: PredictConfig) -> np.ndarray:
         sys.stdout.write(text)
     else:
         Path(cfg.output).write_text(text)
-    return scores
+    quality = None
+    if labels is not None:
+        import torch
+
+        from rec.export.verify import quality as measure
+
+        quality = measure(torch.from_numpy(scores), torch.from_numpy(labels))
+        print(
+            f"{len(scores)} rows: AUC {quality['auc']:.6f}, log loss {quality['log_loss']:.6f}",
+            file=sys.stderr,
+        )
+    return Prediction(scores, quality)
 
 
 def format_scores(scores: np.ndarray) -> str:
@@ -189,3 +146,6 @@ def format_scores(scores: np.ndarray) -> str:
     for i, row in enumerate(scores):
         writer.writerow([i, *(f"{s:.7g}" for s in row)])
     return out.getvalue()
+
+
+__all__ = ["FORMATS", "PredictConfig", "Prediction", "predict"]

@@ -22,6 +22,10 @@ from tritonclient.grpc import model_config_pb2
 
 # Input and output names of the served model (DESIGN.md I/O table).
 DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
+STRINGS = "sparse_strings"
+"""The string form of VALUES (BYTES tokens, mapped to ids by the server with the model's feature
+spec); a request carries one of the two. Served by rec-server and rec's Triton model; not an
+input of the exported model itself."""
 
 
 class ServeError(Exception):
@@ -43,6 +47,8 @@ class ServedModel:
     num_tasks: int
     serving_max_batch_size: int = 0
     """rec.json's serving.max_batch_size (0 when absent): the limit of a max_batch_size 0 config."""
+    feature_spec: dict | None = None
+    """rec.json's feature_spec (rec.features), None for a model exported before it existed."""
 
     @property
     def model_path(self) -> Path:
@@ -112,7 +118,10 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
     serving_max = 0
     if config.max_batch_size == 0:  # the `none` form: rec.json says how rec-server batches it
         serving_max = _serving_max_batch_size(manifest, model_dir / "rec.json")
-    return ServedModel(model, model_dir, version, config, dense, sparse, num_tasks, serving_max)
+    spec = manifest.get("feature_spec")
+    return ServedModel(
+        model, model_dir, version, config, dense, sparse, num_tasks, serving_max, spec
+    )
 
 
 def _maybe_torchscript(model_dir: Path) -> bool:

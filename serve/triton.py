@@ -31,9 +31,18 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2
+
 from rec.serve.client import FEATURES_PARAMETER
 from rec.serve.process import Endpoints, ServerProcess, http_ok, launch, pick_ports, wait_until
-from rec.serve.repository import VALUES, ServedModel, ServeError, config_text, load_model
+from rec.serve.repository import (
+    STRINGS,
+    VALUES,
+    ServedModel,
+    ServeError,
+    config_text,
+    load_model,
+)
 
 _MODEL_PY = Path(__file__).with_name("triton_python_model.py")
 
@@ -114,8 +123,24 @@ def python_backend_config(model: ServedModel, intra_op_threads: int = 1):
     config.parameters["max_rows"].string_value = str(model.max_batch_size)
     config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
     # Published so `rec predict --url` can map file columns without the repository at hand.
-    features = {"dense": list(model.dense_names), "sparse": list(model.sparse_names)}
+    features = {
+        "dense": list(model.dense_names),
+        "sparse": list(model.sparse_names),
+        "feature_spec": model.feature_spec,
+    }
     config.parameters[FEATURES_PARAMETER].string_value = json.dumps(features)
+    if model.feature_spec is not None:
+        # The string form: Triton checks every input's type against the config, so the
+        # tokens get their own input, and each of the pair becomes optional (model.py
+        # requires exactly one).
+        for io in config.input:
+            if io.name == VALUES:
+                io.optional = True
+        strings = config.input.add(name=STRINGS, data_type=model_config_pb2.TYPE_STRING)
+        strings.dims.append(-1)
+        strings.optional = True
+        spec = json.dumps(model.feature_spec)
+        config.parameters["feature_spec"].string_value = spec
     for group in config.instance_group:
         group.kind = group.KIND_CPU  # this Triton has no GPU support; the model is CPU-only
         group.ClearField("gpus")

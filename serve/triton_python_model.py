@@ -9,6 +9,9 @@ inputs and outputs (DESIGN.md I/O table). The path of model.pt comes from the co
 Like the recommended Triton backend: requests that Triton's dynamic batcher hands over together
 are validated one by one (an error goes to its own request), concatenated into one batch (valid
 because the input is batch-major jagged), run once, and the scores sliced back per request.
+
+A request may carry its ids as strings (`sparse_strings`, BYTES) instead of `sparse_values`; they
+are mapped with the model's feature spec by rec.features, the code the training readers use.
 """
 
 import json
@@ -18,7 +21,10 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from rec.features import FeatureSpec, TokenError
+
 DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
+STRINGS = "sparse_strings"
 
 
 def _invalid(message):
@@ -27,7 +33,7 @@ def _invalid(message):
     )
 
 
-def _check(dense, lengths, values, max_rows):
+def _check(dense, lengths, values, max_rows, values_name=VALUES):
     """Message for what Triton's own shape checks cannot see (the jagged pair), or None.
 
     Messages match the C++ server's (cpp/src/request.cpp), so clients see one wording.
@@ -48,7 +54,7 @@ def _check(dense, lengths, values, max_rows):
         return f"input '{LENGTHS}': negative length {int(lengths.reshape(-1)[i])} at flat index {i}"
     total = int(lengths.sum(dtype=np.int64))
     if values.size != total:
-        return f"input '{VALUES}': has {values.size} values but sum of '{LENGTHS}' is {total}"
+        return f"input '{values_name}': has {values.size} values but sum of '{LENGTHS}' is {total}"
     return None
 
 
@@ -62,6 +68,8 @@ class TritonPythonModel:
         if threads > 0:
             torch.set_num_threads(threads)
         self.model = torch.jit.load(path, map_location="cpu").eval()
+        spec = params.get("feature_spec", {}).get("string_value")
+        self.spec = FeatureSpec.from_dict(json.loads(spec)) if spec else None
         self.num_tasks = int(config["output"][0]["dims"][0])
 
     def execute(self, requests):
@@ -70,9 +78,9 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             dense = pb_utils.get_input_tensor_by_name(request, DENSE).as_numpy()
             lengths = pb_utils.get_input_tensor_by_name(request, LENGTHS).as_numpy()
-            # Ragged ids arrive as [1, N] from batching clients or [N]; the model wants [N].
-            values = pb_utils.get_input_tensor_by_name(request, VALUES).as_numpy().reshape(-1)
-            problem = _check(dense, lengths, values, self.max_rows)
+            values, problem = self._values(request, dense, lengths)
+            if problem is None:
+                problem = _check(dense, lengths, values, self.max_rows)
             if problem is not None:
                 responses[i] = _invalid(problem)
                 continue
@@ -93,6 +101,30 @@ class TritonPythonModel:
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[out])
                 start += n
         return responses
+
+    def _values(self, request, dense, lengths):
+        """(sparse_values [N] int64, None), or (None, message) for the request's error."""
+        ids = pb_utils.get_input_tensor_by_name(request, VALUES)
+        strings = pb_utils.get_input_tensor_by_name(request, STRINGS)
+        if (ids is None) == (strings is None):
+            both = "both" if ids is not None else "neither"
+            return None, (
+                f"a request carries either '{VALUES}' (INT64 ids) or '{STRINGS}' "
+                f"(BYTES tokens); this one has {both}"
+            )
+        if ids is not None:
+            # Ragged ids arrive as [1, N] from batching clients or [N]; the model wants [N].
+            return ids.as_numpy().reshape(-1), None
+        tokens = [t.decode("utf-8", errors="surrogateescape") for t in
+                  strings.as_numpy().reshape(-1).tolist()]  # fmt: skip
+        # Shapes and counts first, with the messages sparse_values gets, naming this input.
+        problem = _check(dense, lengths, np.empty(len(tokens)), self.max_rows, STRINGS)
+        if problem is not None:
+            return None, problem
+        try:
+            return self.spec.encode_values(lengths, tokens), None
+        except TokenError as e:
+            return None, f"input '{STRINGS}': {e}"
 
     def _run(self, batch):
         def cat(k):

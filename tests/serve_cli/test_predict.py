@@ -12,14 +12,17 @@ import pytest
 from click.testing import CliRunner
 
 from rec.cli import main
-from rec.serve.client import Features, ScoreClient
-from rec.serve.predict import read_rows
+from rec.data.raw import read_raw
+from rec.features import FeatureSpec, hash_id
+from rec.serve.client import ScoreClient
+from rec.serve.predict import request_rows
 from rec.serve.repository import load_model
 
 
 def run(*args: str):
+    """Exit code, and stdout (the scores) on success or everything printed (the error) if not."""
     result = CliRunner().invoke(main, ["predict", *args])
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout if result.exit_code == 0 else result.output
 
 
 def parse_scores(text: str) -> np.ndarray:
@@ -36,7 +39,8 @@ def sample_records(repo, n: int = 6) -> list[dict]:
         record = {name: float(rng.standard_normal()) for name in model.dense_names}
         for name in model.sparse_names:
             record[name] = [int(x) for x in rng.integers(0, 10**6, size=i % 3)]  # 0..2 ids
-        record["label"] = i % 2  # extra columns are ignored
+        record["label_0"], record["label_1"] = i % 2, (i // 2) % 2
+        record["row_id"] = i  # extra columns are ignored
         records.append(record)
     return records
 
@@ -73,20 +77,20 @@ def test_file_rows_match_direct_scoring(triton, tiny_repo, tmp_path, suffix):
     code, out = run("--url", triton.endpoints.http, "--input", str(path),
                     "--output", str(out_path), "--batch-size", "4")  # fmt: skip
     assert code == 0, out
-    model = load_model(tiny_repo)
-    rows = read_rows(path, Features(model.dense_names, model.sparse_names))
+    spec = FeatureSpec.from_dict(load_model(tiny_repo).feature_spec)
+    rows = request_rows(read_raw(path, spec), spec, "ids")
     direct = ScoreClient(triton.endpoints.grpc, "grpc").score(rows)
     np.testing.assert_allclose(parse_scores(out_path.read_text()), direct, rtol=0, atol=1e-6)
 
 
-def test_bad_row_names_row_and_field(triton, tiny_repo, tmp_path):
+def test_bad_row_names_row_and_column(triton, tiny_repo, tmp_path):
     records = sample_records(tiny_repo)
-    records[3]["user"] = "12|x7"
+    records[3]["dense_1"] = "x1"
     path = tmp_path / "bad.csv"
     write_csv(path, records)
     code, out = run("--url", triton.endpoints.http, "--input", str(path))
     assert code == 2
-    assert f"error: {path}: row 4: field 'user': id 'x7' is not an integer" in out
+    assert f"error: {path}: line 5, column dense_1: 'x1' is not a number" in out  # header: line 1
 
 
 def test_missing_column_is_named(triton, tiny_repo, tmp_path):
@@ -94,7 +98,7 @@ def test_missing_column_is_named(triton, tiny_repo, tmp_path):
     path = tmp_path / "short.csv"
     write_csv(path, records)
     code, out = run("--url", triton.endpoints.http, "--input", str(path))
-    assert code == 2 and "header lacks feature column(s) ['dense_2']" in out
+    assert code == 2 and f"{path}: no column 'dense_2'" in out
 
 
 def test_jsonl_missing_field(triton, tiny_repo, tmp_path):
@@ -103,7 +107,43 @@ def test_jsonl_missing_field(triton, tiny_repo, tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     code, out = run("--url", triton.endpoints.grpc, "--protocol", "grpc", "--input", str(path))
-    assert code == 2 and f"{path}: row 2: field 'city' is missing" in out
+    assert code == 2 and f"{path}: line 2, column city: the column is missing" in out
+
+
+def test_a_list_where_one_value_is_expected(triton, tiny_repo, tmp_path):
+    records = sample_records(tiny_repo)
+    records[2]["dense_0"] = [1.0, 2.0]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, out = run("--url", triton.endpoints.http, "--input", str(path))
+    assert code == 2 and f"{path}: line 3, column dense_0: [1.0, 2.0] is not a number" in out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_string_categories_score_like_their_ids(cpp, triton, tiny_repo, tmp_path, protocol):
+    """Unknown strings are no error: they hash like any other; both request forms, both
+    servers, one set of scores; and labels in the file give AUC and log loss."""
+    records = sample_records(tiny_repo)
+    for i, r in enumerate(records):
+        r["user"] = ["alice", "bob", "x y", "Zoë"][: i % 4]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    outs = []
+    for server in (cpp, triton):
+        for send in ("ids", "strings"):
+            result = CliRunner().invoke(main, [
+                "predict", "--url", getattr(server.endpoints, protocol), "--protocol", protocol,
+                "--input", str(path), "--repo", str(tiny_repo), "--send", send,
+            ])  # fmt: skip
+            assert result.exit_code == 0, result.output + result.stderr
+            assert "AUC" in result.stderr and "log loss" in result.stderr
+            outs.append(parse_scores(result.stdout))
+    for other in outs[1:]:
+        assert np.array_equal(outs[0], other)
+    # The ids sent for "alice" are the pinned hash, the same the training readers produce.
+    spec = FeatureSpec.from_dict(load_model(tiny_repo).feature_spec)
+    rows = request_rows(read_raw(path, spec), spec, "ids")
+    assert hash_id("alice") in rows.values.tolist()
 
 
 def test_cpp_with_repo_features(cpp, triton, tiny_repo, tmp_path):
