@@ -1,42 +1,113 @@
-"""Export benchmark: per embedding dtype, bytes, file size, eval AUC and in-process latency.
+"""Export benchmark: the served TorchScript model against ONNX Runtime, in-process, on the small
+default model and the Criteo Kaggle-size one, side by side in one run.
 
-One invocation exports a run at fp32, fp16, int8 and int4 (TorchScript and ONNX each), reads the
-sizes and eval AUC from the manifests export wrote, and times B = 1, 64, 512 requests in this
-process for the float eager model, each TorchScript file and each ONNX Runtime session, all with
-one intra-op thread (the servers run one thread per model instance). Then the dense-part
-variants of the int8 TorchScript model: plain Linear vs batch-invariant bmm (the default),
-torch.jit.freeze + optimize_for_inference, dynamic int8 Linear, bf16.
+For each model: `rec train` (a short run: the weights only need to be real), then `rec export`
+of the same checkpoint (int8 tables) four ways: TorchScript with batch-invariant fp32 dense
+layers (the default), TorchScript with plain nn.Linear (`export.batch_invariant: false`, the
+comparison for what invariance costs), TorchScript with bf16 dense layers
+(`export.dense_dtype: bf16`) and ONNX. Each model is then timed at B = 1, 64, 512 in this
+process with one and with two intra-op threads (ONNX Runtime with the same), models taking
+turns round after round so bursts of other work on the 2 shared cores hit all alike.
 
-    .venv/bin/python benchmarks/export_bench.py --run runs/default   # a `rec train` run dir
+    .venv/bin/python benchmarks/export_bench.py                 # ~10 min, ~9 GB of RAM at peak
+    .venv/bin/python benchmarks/export_bench.py --kaggle-scale 0.05   # a quick look
 
-Writes benchmarks/results/export.json and prints Markdown tables. Latency: the lowest of three
-medians after warm-up; compare rows of one run as ratios (2 shared cores).
+Writes benchmarks/results/export.json, export.png and a Markdown table (also printed). Each
+export's own peak RSS and held-out AUC ratio come from the rec.json it wrote.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import yaml
 
-from rec.export import onnx as onnx_lib
-from rec.export import torchscript
-from rec.export.load import load_run
-from rec.export.module import ServingModule, make_batch_invariant, sample_batch
-from rec.export.pipeline import export_run, table_dtypes
-from rec.model import table_rows
-
-RESULTS = Path(__file__).parent / "results" / "export.json"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+REC = str(Path(sys.executable).parent / "rec")
 BATCHES = (1, 64, 512)
-DTYPES = ("fp32", "fp16", "int8", "int4")
+THREADS = (1, 2)
+VARIANTS = {  # name -> (format, export overrides)
+    "TorchScript, invariant fp32 (default)": ("torchscript", {}),
+    "TorchScript, plain fp32": ("torchscript", {"batch_invariant": False}),
+    "TorchScript, invariant bf16": (
+        "torchscript",
+        {"dense_dtype": "bf16", "accept_quality_loss": True},
+    ),
+    "ONNX Runtime fp32": ("onnx", {}),
+}
+
+
+def model_configs(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
+    """The default model (rec's embedded config) and examples/criteo_kaggle.yaml, its tables
+    scaled by `kaggle_scale` (1.0: Criteo Kaggle's 33.8M rows)."""
+    from rec.config import default_config
+
+    default = tmp / "default.yaml"
+    default.write_text(default_config().to_yaml())
+    kaggle = yaml.safe_load((ROOT / "examples" / "criteo_kaggle.yaml").read_text())
+    for t in kaggle["tables"]:
+        t["rows"] = max(1, int(t["rows"] * kaggle_scale))
+    path = tmp / "kaggle.yaml"
+    path.write_text(yaml.safe_dump(kaggle, sort_keys=False))
+    return {"default": default, "kaggle": path}
+
+
+def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
+    """run dir -> one model directory per variant; returns variant -> its facts."""
+    run = tmp / f"{name}-run"
+    print(f"[{name}] rec train", flush=True)
+    subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run)], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    out = {}
+    for i, (variant, (fmt, overrides)) in enumerate(VARIANTS.items()):
+        repo = tmp / f"{name}-repo-{i}"
+        extra = tmp / f"{name}-export-{i}.yaml"
+        extra.write_text(yaml.safe_dump({"export": overrides}))
+        print(f"[{name}] rec export: {variant}", flush=True)
+        t0 = time.perf_counter()
+        subprocess.run([REC, "export", str(run), "--repo", str(repo), "--format", fmt,
+                        "--config", str(extra)], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        seconds = time.perf_counter() - t0
+        model_dir = next(p for p in repo.iterdir() if (p / "rec.json").is_file())
+        manifest = json.loads((model_dir / "rec.json").read_text())
+        ev = manifest["verification"]["eval"]
+        version = model_dir / str(manifest["version"])
+        out[variant] = {
+            "format": fmt,
+            "path": str(version / manifest["file"]),
+            "export_s": round(seconds, 1),
+            "export_peak_rss_bytes": manifest["export_process"]["peak_rss_bytes"],
+            "file_bytes": sum(f.stat().st_size for f in version.iterdir()),
+            "auc": ev.get(fmt, {}).get("auc"),
+            "auc_ratio": ev.get(fmt, {}).get("auc_ratio"),
+            "dense": manifest["dense"],
+            "batched_vs_single_max_diff":
+                manifest["verification"]["batched_vs_single_max_diff"][fmt],
+        }  # fmt: skip
+    return out
+
+
+def load(entry: dict, threads: int) -> Callable:
+    if entry["format"] == "torchscript":
+        import fbgemm_gpu  # noqa: F401  (the TBE op, registered before the load)
+
+        model = torch.jit.load(entry["path"])
+        return lambda *r: model(*r)
+    from rec.export import onnx as onnx_lib
+
+    session = onnx_lib.onnx_session(Path(entry["path"]), threads=threads)
+    return lambda *r: onnx_lib.run_onnx(session, *r)
 
 
 def median_us(fn: Callable, request, budget_s: float) -> float:
@@ -49,187 +120,139 @@ def median_us(fn: Callable, request, budget_s: float) -> float:
     return statistics.median(times) * 1e6
 
 
-def measure(entries: list[dict], requests: dict[int, tuple], rounds: int = 3) -> None:
-    """Sets entry["latency_us"][B] for every entry with a "_fn": models take turns, round after
-    round, and each keeps its lowest median, so bursts of other work on the shared cores hit
-    all of them alike and do not set anyone's number."""
-    timed = [e for e in entries if "_fn" in e]
-    with torch.no_grad():
-        for e in timed:
-            e["latency_us"] = {}
+def measure(fns: dict[str, Callable], requests: dict[int, tuple], rounds: int) -> dict:
+    """variant -> B -> the lowest of `rounds` medians; variants take turns each round."""
+    out: dict[str, dict[int, float]] = {v: {} for v in fns}
+    with torch.inference_mode():
         for b, request in requests.items():
-            for e in timed:
+            for fn in fns.values():
                 for _ in range(10):  # warm-up (TorchScript profiles its first runs)
-                    e["_fn"](*request)
-            best = {id(e): float("inf") for e in timed}
+                    fn(*request)
+            best = dict.fromkeys(fns, float("inf"))
+            budget = 0.1 if b < 512 else 0.6
             for _ in range(rounds):
-                for e in timed:
-                    best[id(e)] = min(best[id(e)], median_us(e["_fn"], request, 0.08))
-            for e in timed:
-                e["latency_us"][b] = round(best[id(e)], 1)
+                for v, fn in fns.items():
+                    best[v] = min(best[v], median_us(fn, request, budget))
+            for v in fns:
+                out[v][b] = round(best[v], 1)
+    return out
 
 
-def export_all(run: Path, repo: Path) -> list[dict]:
-    rows = []
-    for dtype in DTYPES:
-        result = export_run(run, repo, quantize=dtype, fmt="both", log=lambda _: None)
-        for fmt, vdir in result.models.items():
-            m = result.manifests[fmt]
-            path = vdir / ("model.pt" if fmt == "torchscript" else "model.onnx")
-            if fmt == "torchscript":
-                model = torch.jit.load(str(path))
-            else:
-                session = onnx_lib.onnx_session(path)
-                model = lambda *b, s=session: onnx_lib.run_onnx(s, *b)  # noqa: E731
-            ev = m["verification"]["eval"]
-            rows.append({
-                "format": fmt, "dtype": dtype,
-                "embedding_bytes": m["embedding_bytes"]["stored"],
-                "embedding_ratio": m["embedding_bytes"]["ratio"],
-                "file_bytes": path.stat().st_size,
-                "auc": ev[fmt]["auc"], "auc_ratio": ev[fmt]["auc_ratio"],
-                "max_abs_diff_vs_float": ev[fmt]["max_abs_diff_vs_float"],
-                "_fn": model,
-            })  # fmt: skip
-            print(f"  exported {fmt} {dtype}", flush=True)
-        rows.append({"float_auc": ev["float"]["auc"], "dtype": dtype, "format": "float"})
-    return rows
-
-
-def dense_variants(run: Path, requests, trace_sample) -> list[dict]:
-    """The int8 model with each treatment of the dense part; latency and agreement."""
-    loaded = load_run(run)
-    cfg = loaded.cfg
-    float_module = ServingModule(loaded.model, cfg.features.sparse, table_rows(cfg)).eval()
-    sample = requests[64]
-    with torch.no_grad():
-        reference = float_module(*sample)
-
-    def build(batch_invariant: bool, prepare=None, finish=None):
-        module = copy.deepcopy(float_module)
-        if batch_invariant:
-            make_batch_invariant(module)
-        if prepare:
-            module = prepare(module)
-        scripted = torchscript.to_torchscript(
-            torchscript.quantize(module, table_dtypes(cfg)), trace_sample
-        )
-        return finish(scripted) if finish else scripted
-
-    def freeze(s):
-        return torch.jit.optimize_for_inference(torch.jit.freeze(s.eval()))
-
-    def dynamic_int8(m):
-        dense = torch.ao.quantization.quantize_dynamic(m.model.dense_arch, {torch.nn.Linear})
-        over = torch.ao.quantization.quantize_dynamic(m.model.over_arch, {torch.nn.Linear})
-        m.model.dense_arch, m.model.over_arch = dense, over
-        return m
-
-    variants = {
-        "plain Linear (fp32)": lambda: build(False),
-        "batch-invariant bmm (default)": lambda: build(True),
-        "plain + freeze + optimize_for_inference": lambda: build(False, finish=freeze),
-        "batch-invariant + freeze + optimize_for_inference": lambda: build(True, finish=freeze),
-        "dynamic int8 Linear": lambda: build(False, prepare=dynamic_int8),
+def ratios(latency: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+    """The issue's ratios, per batch size (lower is better for the first two)."""
+    default, plain = latency[list(VARIANTS)[0]], latency[list(VARIANTS)[1]]
+    bf16, ort = latency[list(VARIANTS)[2]], latency[list(VARIANTS)[3]]
+    return {
+        "invariant / plain": {b: round(default[b] / plain[b], 3) for b in BATCHES},
+        "TorchScript / ONNX Runtime": {b: round(default[b] / ort[b], 3) for b in BATCHES},
+        "bf16 throughput / fp32": {b: round(default[b] / bf16[b], 3) for b in BATCHES},
+        "bf16 throughput / ONNX Runtime": {b: round(ort[b] / bf16[b], 3) for b in BATCHES},
     }
-    rows = []
-    for name, make in variants.items():
-        try:
-            model = make()
-        except Exception as e:  # a treatment that does not script is a result, not a crash
-            rows.append({"variant": name, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-            continue
-        with torch.no_grad():
-            diff = float((model(*sample) - reference).abs().max())
-        rows.append({"variant": name, "max_abs_diff_vs_float": diff, "_fn": model})
-    rows.append(bf16_row(float_module, requests, reference))
-    return rows
 
 
-def bf16_row(float_module, requests, reference) -> dict:
-    """bf16 dense part, measured eagerly on the float model (no scripting needed to judge it)."""
-    module = copy.deepcopy(float_module)
-    module.model.dense_arch.to(torch.bfloat16)
-    module.model.over_arch.to(torch.bfloat16)
-    model = module.model
-
-    def run(dense, lengths, values):
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-        from rec.batch import feature_major, map_ids
-
-        lf, vf = feature_major(lengths, values)
-        ids = map_ids(lf, vf, module.rows)
-        kjt = KeyedJaggedTensor(keys=module.feature_names, values=ids, lengths=lf.int())
-        emb_dense = model.dense_arch(dense.to(torch.bfloat16)).float()
-        sparse = model.sparse_arch(kjt)
-        inter = model.inter_arch(dense_features=emb_dense, sparse_features=sparse)
-        return torch.sigmoid(model.over_arch(inter.to(torch.bfloat16)).float())
-
-    with torch.no_grad():
-        diff = float((run(*requests[64]) - reference).abs().max())
-    return {"variant": "bf16 dense (eager; compare with float eager)",
-            "max_abs_diff_vs_float": diff, "_fn": run}  # fmt: skip
-
-
-def markdown(rows: list[dict], float_latency: dict, dense: list[dict]) -> str:
-    head = "| model | emb bytes | vs fp32 | file | eval AUC | AUC ratio | " + " | ".join(
-        f"B={b} µs" for b in BATCHES
-    )
-    lines = [head + " |", "|" + "---|" * (6 + len(BATCHES))]
-    float_auc = next(r["float_auc"] for r in rows if r["format"] == "float")
-    lines.append(f"| float eager (fp32) | | | | {float_auc:.5f} | 1 | "
-                 + " | ".join(str(float_latency[b]) for b in BATCHES) + " |")  # fmt: skip
-    for r in rows:
-        if r["format"] == "float":
-            continue
-        name = f"{'TorchScript' if r['format'] == 'torchscript' else 'ONNX Runtime'} {r['dtype']}"
-        lines.append(
-            f"| {name} | {r['embedding_bytes']:,} | {r['embedding_ratio']:.3f}x | "
-            f"{r['file_bytes']:,} | {r['auc']:.5f} | {r['auc_ratio']:.5f} | "
-            + " | ".join(str(r["latency_us"][b]) for b in BATCHES) + " |"
-        )  # fmt: skip
-    lines += ["", "| int8 TorchScript, dense part | max abs diff vs float | "
-              + " | ".join(f"B={b} µs" for b in BATCHES) + " |",
-              "|---|---|" + "---|" * len(BATCHES)]  # fmt: skip
-    for d in dense:
-        if "error" in d:
-            lines.append(f"| {d['variant']} | {d['error']} |" + " |" * len(BATCHES))
-            continue
-        lines.append(f"| {d['variant']} | {d['max_abs_diff_vs_float']:.2e} | "
-                     + " | ".join(str(d["latency_us"][b]) for b in BATCHES) + " |")  # fmt: skip
+def markdown(results: dict) -> str:
+    lines = ["| model | variant | threads | " + " | ".join(f"B={b} µs" for b in BATCHES)
+             + " | AUC ratio | export peak RSS GB |",
+             "|---|---|---|" + "---|" * len(BATCHES) + "---|---|"]  # fmt: skip
+    for name, m in results["models"].items():
+        for threads in THREADS:
+            for variant, facts in m["variants"].items():
+                lat = m["latency_us"][str(threads)][variant]
+                ratio = facts["auc_ratio"]
+                lines.append(
+                    f"| {name} | {variant} | {threads} | "
+                    + " | ".join(f"{lat[b]:,.1f}" for b in BATCHES)
+                    + f" | {ratio:.5f} | {facts['export_peak_rss_bytes'] / 1e9:.2f} |"
+                )
+    lines += ["", "| model | threads | ratio | " + " | ".join(f"B={b}" for b in BATCHES) + " |",
+              "|---|---|---|" + "---|" * len(BATCHES)]  # fmt: skip
+    for name, m in results["models"].items():
+        for threads in THREADS:
+            for what, per_b in m["ratios"][str(threads)].items():
+                lines.append(f"| {name} | {threads} | {what} | "
+                             + " | ".join(f"{per_b[b]:.2f}x" for b in BATCHES) + " |")  # fmt: skip
     return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(results["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2))
+    for ax, name in zip(axes, models, strict=True):
+        lat = results["models"][name]["latency_us"]["1"]
+        for variant in VARIANTS:
+            ys = [lat[variant][b] / 1000 for b in BATCHES]
+            ax.plot(BATCHES, ys, marker="o", label=variant)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(BATCHES, [str(b) for b in BATCHES])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("ms per call (one thread)")
+        ax.set_title(f"{name} model, in-process forward")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True, help="a `rec train` run directory")
+    parser.add_argument(
+        "--kaggle-scale",
+        type=float,
+        default=1.0,
+        help="rows of every Kaggle table x this (1.0: 33.8M rows, 8.6 GB fp32)",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--report", action="store_true",
+                        help="only redraw table and plot from export.json")  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    cfg = load_run(args.run).cfg
-    num_dense, num_sparse = cfg.features.dense, len(cfg.features.sparse)
-    requests = {b: sample_batch(num_dense, num_sparse, b, seed=b) for b in (8, *BATCHES)}
-    timed = {b: requests[b] for b in BATCHES}
-    loaded = load_run(args.run)
-    float_module = ServingModule(loaded.model, cfg.features.sparse, table_rows(cfg)).eval()
-    float_row = {"format": "float eager", "_fn": float_module}
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = export_all(args.run, Path(tmp) / "repo")
-        dense = dense_variants(args.run, timed, requests[8])
-        print("measuring latency", flush=True)
-        measure([float_row, *rows, *dense], timed)
-    float_latency = float_row["latency_us"]
-    for entry in (*rows, *dense):
-        entry.pop("_fn", None)
-    out = {
-        "run": str(args.run.resolve()),
-        "tables": [{"name": t.name, "rows": t.rows, "dim": t.dim} for t in cfg.tables],
-        "threads": 1, "machine": platform.machine(), "torch": torch.__version__,
-        "float_eager_latency_us": float_latency, "exports": rows, "dense_variants": dense,
-    }  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(markdown(rows, float_latency, dense))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.report:
+        results = json.loads((RESULTS / "export.json").read_text())
+        for m in results["models"].values():
+            for per_threads in m["ratios"].values():
+                for what in per_threads:
+                    per_threads[what] = {int(b): v for b, v in per_threads[what].items()}
+            for per_threads in m["latency_us"].values():
+                for v in per_threads:
+                    per_threads[v] = {int(b): x for b, x in per_threads[v].items()}
+    else:
+        results = run(args)
+    plot(results, RESULTS / "export.png")
+    print(markdown(results))
+
+
+def run(args) -> dict:
+    from rec.config import load_config
+    from rec.export.module import sample_batch
+
+    results = {"machine": platform.machine(), "torch": torch.__version__,
+               "kaggle_scale": args.kaggle_scale, "models": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None) as t:
+        tmp = Path(t)
+        for name, config in model_configs(tmp, args.kaggle_scale).items():
+            cfg = load_config(config)
+            variants = train_and_export(name, config, tmp)
+            requests = {b: sample_batch(cfg.features.dense, len(cfg.features.sparse), b, seed=b)
+                        for b in BATCHES}  # fmt: skip
+            entry = {"fp32_table_bytes": sum(t.rows * t.dim * 4 for t in cfg.tables),
+                     "variants": variants, "latency_us": {}, "ratios": {}}  # fmt: skip
+            for threads in THREADS:
+                torch.set_num_threads(threads)
+                print(f"[{name}] timing, {threads} thread(s)", flush=True)
+                fns = {v: load(facts, threads) for v, facts in variants.items()}
+                latency = measure(fns, requests, args.rounds)
+                del fns
+                entry["latency_us"][str(threads)] = latency
+                entry["ratios"][str(threads)] = ratios(latency)
+            results["models"][name] = entry
+    (RESULTS / "export.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
 
 
 if __name__ == "__main__":

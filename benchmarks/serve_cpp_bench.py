@@ -1,21 +1,28 @@
 """rec-server benchmark: in-process TorchScript forward (the limit) vs the server over HTTP
 (binary tensors) and gRPC, on one model and one machine, with the C++ load generator rec-bench.
 
-    .venv/bin/python benchmarks/serve_cpp_bench.py --repo model_repository --model rec
+    .venv/bin/python benchmarks/serve_cpp_bench.py --repo model_repository \
+        [--kaggle-repo kaggle_repository] [--threads 1,2] [--seconds 3]
 
-Runs: p50/p99 at B = 1 with one client (batching off: the server's own overhead; batching on:
-plus the batching window), saturation throughput of B = 1 requests (16 clients) with batching
-off and on, and B = 512 throughput. The server runs with one executor thread and one intra-op
-thread, like the in-process loop. Client and server share the machine's cores, so the numbers
-are a lower bound of what the server does alone.
+For each repository (the default model, and optionally a Kaggle-size dense model) and each
+intra-op thread count (server and in-process loop alike): the in-process forward at B = 1 and
+B = 512; with batching off, bare round trips (`live`) and B = 1 p50 with one client, HTTP and
+gRPC alternating in short rounds; saturation throughput of B = 1 requests (16 clients) with
+batching off and on; and B = 512 throughput (2 clients). The server runs one executor thread,
+one HTTP and one gRPC thread. Client and server share the machine's cores, so the numbers are a
+lower bound of what the server does alone.
 
-Writes benchmarks/results/serve_cpp.json and serve_cpp.png and prints a Markdown table.
+Summary per run (targets of issue #11 in TARGETS): gRPC/HTTP p50 ratio at B = 1, HTTP and gRPC
+overhead over the in-process p50 at B = 1, batching speedup at 16 clients, B = 512 share of
+in-process throughput. Writes benchmarks/results/serve_cpp.json and serve_cpp.png (first run)
+and prints Markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import shutil
@@ -52,10 +59,11 @@ def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: in
 
 
 class Server:
-    def __init__(self, repo: Path, model: str) -> None:
+    def __init__(self, repo: Path, model: str, intra_op_threads: int) -> None:
         argv = [str(BUILD / "rec-server"), "--model-repository", str(repo), "--model", model]
         argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        argv += ["--executor-threads", "1", "--intra-op-threads", "1", "--http-threads", "1"]
+        argv += ["--executor-threads", "1", "--intra-op-threads", str(intra_op_threads)]
+        argv += ["--http-threads", "1", "--grpc-threads", "1"]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
@@ -71,49 +79,98 @@ class Server:
         self.proc.wait(timeout=30)
 
 
-def bench(mode: str, repo: Path, model: str, batch: int, clients: int, seconds: float, target=""):
+def bench(mode: str, repo: Path, model: str, batch: int, clients: int, seconds: float, *extra):
     argv = [str(BUILD / "rec-bench"), mode, "--model-repository", str(repo), "--model", model]
     argv += ["--batch", str(batch), "--concurrency", str(clients), "--seconds", str(seconds)]
-    if target:
-        argv += ["--target", target]
+    extra = tuple(str(x) for x in extra)
+    argv += extra
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     print(
         f"  {mode:8s} B={batch:<4d} clients={clients:<3d} p50={result['p50_us']:9.1f}us "
-        f"p99={result['p99_us']:9.1f}us {result['rows_per_s']:10.0f} rows/s"
+        f"p99={result['p99_us']:9.1f}us {result['rows_per_s']:10.0f} rows/s {' '.join(extra)}"
     )
     return result
 
 
-def run(repo: Path, model: str, seconds: float, delay_us: int) -> dict:
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median p50 (of an odd number of runs)."""
+    return sorted(runs, key=lambda r: r["p50_us"])[len(runs) // 2]
+
+
+def run_unbatched(server: Server, repo: Path, model: str, seconds: float, rounds: int) -> dict:
+    """B = 1 latency, bare round trips, 16-client and B = 512 throughput with batching off. The
+    B = 1 and live runs alternate HTTP and gRPC in `rounds` short rounds (the median is kept), so
+    a burst of other work on the shared machine hits both protocols alike."""
     results: dict[str, dict] = {}
-    print("in-process forward (1 thread)")
-    results["forward_b1"] = bench("forward", repo, model, 1, 1, seconds)
-    results["forward_b512"] = bench("forward", repo, model, 512, 1, seconds)
+    short = max(1.0, seconds / rounds)
+    for call, key in (("live", "live"), ("infer", "b1")):
+        runs: dict[str, list] = {"http": [], "grpc": []}
+        for _ in range(rounds):
+            for proto in ("http", "grpc"):
+                target = server.http if proto == "http" else server.grpc
+                runs[proto].append(
+                    bench(proto, repo, model, 1, 1, short, "--target", target, "--call", call)
+                )
+        for proto, r in runs.items():
+            results[f"{proto}_{key}_batching_off"] = median_run(r)
+    for proto in ("http", "grpc"):
+        target = server.http if proto == "http" else server.grpc
+        for key, batch, clients in (("b1_sat", 1, 16), ("b512", 512, 2)):
+            results[f"{proto}_{key}_batching_off"] = bench(
+                proto, repo, model, batch, clients, seconds, "--target", target
+            )
+    return results
+
+
+def run(repo: Path, model: str, seconds: float, delay_us: int, threads: int, rounds: int) -> dict:
+    results: dict[str, dict] = {}
+    print(f"in-process forward ({threads} intra-op thread(s))")
+    for key, batch in (("forward_b1", 1), ("forward_b512", 512)):
+        results[key] = bench(
+            "forward", repo, model, batch, 1, seconds, "--intra-op-threads", threads
+        )
     with tempfile.TemporaryDirectory() as tmp:
         for batching in (False, True):
             name = "on" if batching else "off"
             copy = batching_repo(repo, model, Path(tmp) / name, batching, delay_us)
-            server = Server(copy, model)
-            print(f"rec-server, dynamic batching {name}")
+            server = Server(copy, model, threads)
+            print(f"rec-server, dynamic batching {name}, {threads} intra-op thread(s)")
             try:
+                if not batching:
+                    results.update(run_unbatched(server, copy, model, seconds, rounds))
+                    continue
                 for proto in ("http", "grpc"):
                     target = server.http if proto == "http" else server.grpc
-                    for key, batch, clients in (("b1", 1, 1), ("b1_sat", 1, 16), ("b512", 512, 2)):
-                        results[f"{proto}_{key}_batching_{name}"] = bench(
-                            proto, copy, model, batch, clients, seconds, target
+                    for key, batch, clients in (("b1_sat", 1, 16), ("b512", 512, 2)):
+                        results[f"{proto}_{key}_batching_on"] = bench(
+                            proto, copy, model, batch, clients, seconds, "--target", target
                         )
             finally:
                 server.stop()
     return results
 
 
+# Issue #11 items 5 and 6: what summarize() compares against.
+TARGETS = {
+    "grpc_http_b1_p50_ratio": "<= 1.15",
+    "grpc_b512_fraction_of_in_process": ">= 0.85",
+    "http_overhead_b1_p50_us": "<= 100 (Kaggle size)",
+    "batching_speedup_16_clients": ">= 3 (Kaggle size)",
+}
+
+
 def summarize(r: dict) -> dict:
     fwd1, fwd512 = r["forward_b1"]["p50_us"], r["forward_b512"]["rows_per_s"]
-    s = {}
+    s = {
+        "grpc_http_b1_p50_ratio": r["grpc_b1_batching_off"]["p50_us"]
+        / r["http_b1_batching_off"]["p50_us"],
+        "http_live_p50_us": r["http_live_batching_off"]["p50_us"],
+        "grpc_live_p50_us": r["grpc_live_batching_off"]["p50_us"],
+    }
     for proto in ("http", "grpc"):
         s[f"{proto}_overhead_b1_p50_us"] = r[f"{proto}_b1_batching_off"]["p50_us"] - fwd1
-        s[f"{proto}_batching_speedup_b1"] = (
+        s[f"{proto}_batching_speedup_16_clients"] = (
             r[f"{proto}_b1_sat_batching_on"]["rows_per_s"]
             / r[f"{proto}_b1_sat_batching_off"]["rows_per_s"]
         )
@@ -145,11 +202,11 @@ def plot(r: dict, path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     lat = [
+        "http_live_batching_off",
+        "grpc_live_batching_off",
         "forward_b1",
         "http_b1_batching_off",
         "grpc_b1_batching_off",
-        "http_b1_batching_on",
-        "grpc_b1_batching_on",
     ]
     x = range(len(lat))
     a.bar([i - 0.2 for i in x], [r[k]["p50_us"] for k in lat], 0.4, label="p50")
@@ -178,29 +235,53 @@ def plot(r: dict, path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, default=ROOT / "model_repository")
+    p.add_argument(
+        "--kaggle-repo",
+        type=Path,
+        help="a second repository, with the Kaggle-size dense model (benchmarks both)",
+    )
     p.add_argument("--model", default="rec")
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--rounds", type=int, default=3, help="alternating HTTP/gRPC B = 1 rounds")
+    p.add_argument("--threads", default="1,2", help="intra-op thread counts to run, e.g. 1,2")
     p.add_argument("--delay-us", type=int, default=500, help="batching window when batching is on")
     args = p.parse_args()
     if not (BUILD / "rec-bench").exists():
         raise SystemExit(f"{BUILD / 'rec-bench'} is missing: run scripts/setup.sh")
-    results = run(args.repo.resolve(), args.model, args.seconds, args.delay_us)
+    repos = {"default": args.repo}
+    if args.kaggle_repo:
+        repos["kaggle_dense"] = args.kaggle_repo
+    runs: dict[str, dict] = {}
+    for name, repo in repos.items():
+        for threads in (int(t) for t in args.threads.split(",")):
+            print(f"== {name} ({repo}), {threads} intra-op thread(s)")
+            results = run(
+                repo.resolve(), args.model, args.seconds, args.delay_us, threads, args.rounds
+            )
+            runs[f"{name}/intra_op_{threads}"] = {
+                "repository": str(repo),
+                "intra_op_threads": threads,
+                "results": results,
+                "summary": summarize(results),
+            }
     out = {
         "machine": {
             "cpus": platform.processor() or platform.machine(),
-            "cores": __import__("os").cpu_count(),
+            "cores": os.cpu_count(),
         },
-        "model_repository": str(args.repo),
         "model": args.model,
-        "server": "--executor-threads 1 --intra-op-threads 1 --http-threads 1",
-        "results": results,
-        "summary": summarize(results),
+        "server": "--executor-threads 1 --intra-op-threads T --http-threads 1 --grpc-threads 1",
+        "targets": TARGETS,
+        "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serve_cpp.json").write_text(json.dumps(out, indent=2))
-    plot(results, RESULTS / "serve_cpp.png")
-    print(table(results))
-    print(json.dumps(out["summary"], indent=2))
+    first = next(iter(runs.values()))
+    plot(first["results"], RESULTS / "serve_cpp.png")
+    for key, run_ in runs.items():
+        print(f"\n### {key}\n")
+        print(table(run_["results"]))
+    print(json.dumps({k: v["summary"] for k, v in runs.items()}, indent=2))
 
 
 if __name__ == "__main__":
