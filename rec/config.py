@@ -69,7 +69,7 @@ class TableConfig:
     rows: int
     """Number of embedding rows. Raw ids are mapped into [0, rows) with a non-negative modulo."""
     dim: int
-    """Embedding dimension. DLRM needs every table at the same dimension."""
+    """Embedding dimension. The DLRMs need every table at one dim; dcn_v2 takes any."""
     features: list[str]
     """Sparse features looked up in this table."""
     pooling: str = "sum"
@@ -147,23 +147,28 @@ class FeaturesConfig:
             _one_of(f"features.transforms.{name}", transform, DENSE_TRANSFORMS)
 
 
+MODEL_ARCHS = ("dlrm", "dlrm_dcn", "dcn_v2")
+"""dcn_v2 is the one whose tables may have different dims."""
+
+
 @dataclass
 class ModelConfig:
-    """DLRM or DLRM-DCN, built from TorchRec's parts."""
+    """DLRM, DLRM-DCN or DCN-v2, built from TorchRec's parts (rec.model)."""
 
     arch: str = "dlrm"
-    """dlrm (dot interaction) or dlrm_dcn (low-rank cross network interaction)."""
+    """dlrm (dot interaction), dlrm_dcn (low-rank cross network interaction) or dcn_v2 (cross
+    network over the concatenated embeddings: tables of any dims)."""
     dense_arch: list[int] = field(default_factory=lambda: [64, 16])
-    """Bottom MLP layer sizes; the last must equal the embedding dimension."""
+    """Bottom MLP layer sizes; for dlrm and dlrm_dcn the last must equal the embedding dim."""
     over_arch: list[int] = field(default_factory=lambda: [64, 32, 1])
     """Top MLP layer sizes; the last is the number of tasks (one sigmoid score each)."""
     dcn_num_layers: int = 2
-    """dlrm_dcn only: number of cross layers."""
+    """dlrm_dcn and dcn_v2: number of cross layers."""
     dcn_low_rank_dim: int = 16
-    """dlrm_dcn only: rank of each cross layer's weight."""
+    """dlrm_dcn and dcn_v2: rank of each cross layer's weight."""
 
     def __post_init__(self) -> None:
-        _one_of("model.arch", self.arch, ("dlrm", "dlrm_dcn"))
+        _one_of("model.arch", self.arch, MODEL_ARCHS)
         for name in ("dense_arch", "over_arch"):
             sizes = getattr(self, name)
             _check(
@@ -507,22 +512,29 @@ class RecConfig:
                 f in self.features.sparse,
                 f"table {owner[f]!r} uses feature {f!r}, which features.sparse does not list",
             )
-        dims = {t.dim for t in self.tables}
-        _check(
-            len(dims) == 1,
-            f"tables have dims {sorted(dims)}; DLRM's interaction needs one dimension for all",
-        )
-        dim = dims.pop()
-        _check(
-            self.model.dense_arch[-1] == dim,
-            f"model.dense_arch={self.model.dense_arch} must end in the embedding dim {dim}",
-        )
+        if self.model.arch != "dcn_v2":
+            dims = {t.dim for t in self.tables}
+            _check(
+                len(dims) == 1,
+                f"tables have dims {sorted(dims)}; {self.model.arch}'s interaction needs one "
+                "dimension for all (model.arch: dcn_v2 takes tables of any dims)",
+            )
+            dim = dims.pop()
+            _check(
+                self.model.dense_arch[-1] == dim,
+                f"model.dense_arch={self.model.dense_arch} must end in the embedding dim {dim}",
+            )
         for table in list(self.sharding.constraints) + list(self.export.table_dtypes):
             _check(table in names, f"unknown table {table!r}; tables are {names}")
 
     @property
     def embedding_dim(self) -> int:
+        """The one dim of every table (dlrm, dlrm_dcn; dcn_v2 allows `mixed_dims`)."""
         return self.tables[0].dim
+
+    @property
+    def mixed_dims(self) -> bool:
+        return len({t.dim for t in self.tables}) > 1
 
     def feature_to_table(self) -> dict[str, str]:
         return {f: t.name for t in self.tables for f in t.features}
