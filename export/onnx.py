@@ -6,7 +6,7 @@ streamed checkpoint rows with the same rowwise quantization FBGEMM uses
 int8/int4 codes stored as uint8 (int4 two codes per byte, low nibble first) with an fp16
 scale and bias per row, fp16 tables as fp16, fp32 as fp32. In the graph: gather rows,
 dequantize (`code * scale + bias`), sum (or average) each bag with index_add. The head is the
-float model's own DenseArch / InteractionArch / OverArch, plain fp32 (ONNX Runtime is not batch
+float model's own dense, interaction and over arches, plain fp32 (ONNX Runtime is not batch
 invariant whatever the layers are).
 
 Bags are found without repeat_interleave (its output size is data-dependent): `ends` =
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rec.config import RecConfig
-from rec.export.served import INPUT_NAMES, OUTPUT_NAME, DlrmHead, ServedModule
+from rec.export.served import INPUT_NAMES, OUTPUT_NAME, ServedModule, flat_lookup, make_head
 from rec.export.stream import BITS, quantize_rows
 from rec.features import feature_spec
 from rec.model import table_rows
@@ -74,13 +74,16 @@ class _TableGroup(nn.Module):
 
 
 class GatherLookup(nn.Module):
-    """Pooled embeddings [B, F, D] of batch-major jagged ids in plain ONNX ops; the ONNX
+    """Pooled embeddings of batch-major jagged ids in plain ONNX ops, [B, F, D] for the DLRMs
+    or side by side, [B, sum of the features' dims], for dcn_v2 (`flat_lookup`); the ONNX
     format's lookup in the served module (rec.export.served.ServedModule).
 
     Args:
         cfg: the run's config. table_dtypes: stored dtype of every table.
-        feature_order: feature names in the order the head wants them (the DLRM's SparseArch
+        feature_order: feature names in the order the head wants them (the model's SparseArch
             order). Storage is allocated here and filled by OnnxSink as the tables stream past.
+
+    Tables of one stored dtype and dim share one group (one gather); bags are summed per dim.
     """
 
     def __init__(self, cfg: RecConfig, table_dtypes: dict[str, str], feature_order: list[str]):
@@ -88,15 +91,16 @@ class GatherLookup(nn.Module):
         feats = list(cfg.features.sparse)
         owner = cfg.feature_to_table()
         tables = {t.name: t for t in cfg.tables}
-        groups = sorted({table_dtypes[t] for t in owner.values()})
+        kinds = sorted({(table_dtypes[t.name], t.dim) for t in cfg.tables})
         self.num_features = len(feats)
-        self.dim = cfg.embedding_dim
+        self.flat = flat_lookup(cfg)
+        self.dims = sorted({t.dim for t in cfg.tables})
         self.groups = nn.ModuleList()
         self.table_bytes: dict[str, int] = {}
         self.placement: dict[str, tuple[int, int]] = {}  # table -> (group, first row)
         group_of, offset_of = [0] * len(feats), [0] * len(feats)
-        for g, dtype in enumerate(groups):
-            names = [t.name for t in cfg.tables if table_dtypes[t.name] == dtype]
+        for g, (dtype, dim) in enumerate(kinds):
+            names = [t.name for t in cfg.tables if (table_dtypes[t.name], t.dim) == (dtype, dim)]
             total = 0
             for name in names:
                 self.placement[name] = (g, total)
@@ -104,10 +108,11 @@ class GatherLookup(nn.Module):
             for f, feat in enumerate(feats):
                 if owner[feat] in names:
                     group_of[f], offset_of[f] = g, self.placement[owner[feat]][1]
-            group = _TableGroup(dtype, total, self.dim)
+            group = _TableGroup(dtype, total, dim)
             for name in names:
                 self.table_bytes[name] = group.bytes_of(tables[name].rows)
             self.groups.append(group)
+        self.group_dim = [self.dims.index(dim) for _, dim in kinds]  # each group's sum
         mean = [tables[owner[f]].pooling == "mean" for f in feats]
         self.register_buffer("rows", table_rows(cfg))
         self.register_buffer("row_offset", torch.tensor(offset_of, dtype=torch.int64))
@@ -115,6 +120,8 @@ class GatherLookup(nn.Module):
         self.register_buffer("is_mean", torch.tensor(mean, dtype=torch.bool))
         order = [feats.index(f) for f in feature_order]
         self.register_buffer("order", torch.tensor(order, dtype=torch.int64))
+        # flat: feature k of the head's order is column block (its dim's sum, its request index)
+        self.flat_plan = [(self.dims.index(tables[owner[feats[k]]].dim), k) for k in order]
 
     def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         batch = lengths.shape[0]
@@ -126,18 +133,22 @@ class GatherLookup(nn.Module):
         feat = torch.remainder(bag, self.num_features)
         rows = torch.remainder(values, self.rows[feat]) + self.row_offset[feat]
         group = self.group_of[feat]
-        out = torch.zeros(flat.shape[0], self.dim)
+        sums = [torch.zeros(flat.shape[0], dim) for dim in self.dims]
         for g, table_group in enumerate(self.groups):
             if len(self.groups) == 1:
                 emb = table_group(rows)
             else:  # other groups' ids read row 0 and are zeroed: shapes stay static
                 mine = group == g
                 emb = table_group(torch.where(mine, rows, 0)) * mine.unsqueeze(1).float()
-            out = out.index_add(0, bag, emb)
-        count = torch.clamp(flat, min=1).float()
-        mean = self.is_mean.repeat(batch)
-        out = torch.where(mean.unsqueeze(1), out / count.unsqueeze(1), out)
-        return out.reshape(batch, self.num_features, self.dim)[:, self.order, :]
+            d = self.group_dim[g]
+            sums[d] = sums[d].index_add(0, bag, emb)
+        count = torch.clamp(flat, min=1).float().unsqueeze(1)
+        mean = self.is_mean.repeat(batch).unsqueeze(1)
+        sums = [torch.where(mean, s / count, s) for s in sums]
+        per_dim = [s.reshape(batch, self.num_features, d) for s, d in zip(sums, self.dims)]  # noqa: B905
+        if not self.flat:
+            return per_dim[0][:, self.order, :]
+        return torch.cat([per_dim[d][:, k, :] for d, k in self.flat_plan], 1)
 
 
 def onnx_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]) -> ServedModule:
@@ -147,7 +158,7 @@ def onnx_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]) 
     order = list(model.sparse_arch.sparse_feature_names)
     lookup = GatherLookup(cfg, table_dtypes, order)
     transform = feature_spec(cfg).dense_transform()
-    return ServedModule(transform, lookup, DlrmHead(model), batch_invariant=False).eval()
+    return ServedModule(transform, lookup, make_head(model, cfg), batch_invariant=False).eval()
 
 
 class OnnxSink:

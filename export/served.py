@@ -67,6 +67,34 @@ class DlrmHead(nn.Module):
         return self.over_arch(concatenated)
 
 
+class ConcatHead(nn.Module):
+    """DCN-v2's (rec.model.DcnV2) dense arch, cross net and over arch:
+    (dense, pooled [B, sum of the features' dims]) -> logits. Takes the modules themselves."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.dense_arch = model.dense_arch
+        self.inter_arch = model.inter_arch
+        self.over_arch = model.over_arch
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        x0 = torch.cat([self.dense_arch(dense), pooled], 1)
+        return self.over_arch(self.inter_arch(x0))
+
+
+def make_head(model: nn.Module, cfg: RecConfig) -> nn.Module:
+    """The head of `model`'s architecture, over `model`'s own modules (pass a copy to keep it).
+
+    Its lookup must be flat ([B, sum of dims]) for dcn_v2 and [B, F, D] for the DLRMs:
+    `flat_lookup(cfg)` says which."""
+    return ConcatHead(model) if flat_lookup(cfg) else DlrmHead(model)
+
+
+def flat_lookup(cfg: RecConfig) -> bool:
+    """Whether the architecture takes the pooled embeddings side by side, [B, sum of dims]."""
+    return cfg.model.arch == "dcn_v2"
+
+
 class ServedModule(nn.Module):
     """transform(dense) and lookup(sparse_lengths, sparse_values) -> head -> sigmoid.
 
@@ -176,7 +204,8 @@ def make_tbe(
 
 
 class TbeLookup(nn.Module):
-    """Pooled embeddings [B, F, D] of batch-major jagged ids, by one FBGEMM lookup op.
+    """Pooled embeddings of batch-major jagged ids, by one FBGEMM lookup op: [B, F, D] for
+    the DLRMs, or side by side, [B, sum of the features' dims], for dcn_v2 (`flat_lookup`).
 
     Args:
         tbe: `make_tbe`'s TBE; its storage is shared, not copied (TbeSink fills it).
@@ -204,7 +233,8 @@ class TbeLookup(nn.Module):
         owner = cfg.feature_to_table()
         by_name = {t.name: t for t in cfg.tables}
         self.num_features = len(feature_order)
-        self.dim = cfg.embedding_dim
+        self.flat = flat_lookup(cfg)
+        self.dim = 0 if self.flat else cfg.embedding_dim
         self.total_dim = tbe.total_D
         self.max_dims = (tbe.max_int2_D, tbe.max_int4_D, tbe.max_int8_D, tbe.max_float16_D,
                          tbe.max_float32_D, tbe.max_float8_D)  # fmt: skip
@@ -223,6 +253,10 @@ class TbeLookup(nn.Module):
         mean = [by_name[owner[f]].pooling == "mean" for f in feature_order]
         self.has_mean = any(mean)
         self.register_buffer("is_mean", torch.tensor(mean, dtype=torch.bool))
+        # The feature of each output column (a feature's dim columns are adjacent).
+        dims = [by_name[owner[f]].dim for f in feature_order]
+        column = torch.repeat_interleave(torch.arange(len(dims)), torch.tensor(dims))
+        self.register_buffer("column_feature", column)
 
     def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         batch = lengths.shape[0]
@@ -253,6 +287,14 @@ class TbeLookup(nn.Module):
             fp8_exponent_bits=-1,
             fp8_exponent_bias=-1,
         )
+        if self.flat:
+            if self.has_mean:
+                lengths_fm = offsets[1:] - offsets[:-1]
+                count = torch.clamp(lengths_fm.view(self.num_features, batch).t(), min=1)
+                count = count.index_select(1, self.column_feature).to(pooled.dtype)
+                is_mean = self.is_mean.index_select(0, self.column_feature)
+                pooled = torch.where(is_mean.view(1, -1), pooled / count, pooled)
+            return pooled
         pooled = pooled.view(batch, self.num_features, self.dim)
         if self.has_mean:
             lengths_fm = offsets[1:] - offsets[:-1]

@@ -1,6 +1,7 @@
 """TorchScript format: the served module (rec.export.served) over FBGEMM TBE storage, scripted.
 
-    float DLRM (dense weights) -> DlrmHead with batch-invariant oneDNN dense layers
+    float model (dense weights) -> its head (DlrmHead; ConcatHead for dcn_v2)
+        with batch-invariant oneDNN dense layers
     make_tbe (storage allocated) <- TbeSink <- tables streamed from the checkpoint
     ServedModule(dense transform, TbeLookup, head) -> torch.jit.script -> sample batch checked
 
@@ -17,7 +18,7 @@ from torch import nn
 from rec.config import RecConfig
 from rec.export.dense import swap_dense
 from rec.export.load import dense_copy
-from rec.export.served import DlrmHead, ServedModule, TbeLookup, make_tbe
+from rec.export.served import ServedModule, TbeLookup, make_head, make_tbe
 from rec.features import feature_spec
 
 
@@ -26,7 +27,7 @@ def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]
     may be on the meta device), with the tables' storage allocated and zeroed."""
     order = list(model.sparse_arch.sparse_feature_names)
     tbe = make_tbe(cfg, table_dtypes, order)
-    head = DlrmHead(dense_copy(model))
+    head = make_head(dense_copy(model), cfg)
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
     transform = feature_spec(cfg).dense_transform()
     module = ServedModule(transform, TbeLookup(tbe, cfg, order), head, cfg.export.batch_invariant)

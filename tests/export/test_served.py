@@ -22,12 +22,18 @@ I64 = torch.iinfo(torch.int64)
 EXTREME = [I64.min, I64.min + 1, -(2**31) - 1, -300, -1, 0, 1, 49, 50, 2**31, I64.max - 1, I64.max]
 
 
+MIXED_DIMS = [4, 8, 16, 12]
+
+
 def _config(arch: str, dense_dtype: str = "fp32"):
     data = tiny_dict(dense_dtype=dense_dtype)
     # DCN: cross layers of 48 x 96 and a top layer of 48 x 96 weights take oneDNN, the rest
     # per-sample products (rec.export.dense.SMALL_LAYER), so both kinds are in the model.
     data["model"] = {"arch": arch, "dense_arch": [80, 8], "over_arch": [96, 1],
                      "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
+    if arch == "dcn_v2":  # the architecture over concatenated embeddings: tables of four dims
+        for table, dim in zip(data["tables"], MIXED_DIMS, strict=True):
+            table["dim"] = dim
     return config_from_dict(data)
 
 
@@ -79,7 +85,7 @@ def test_table_indices_stay_inside_their_tables(batch, reordered):
     assert bool(((indices >= 0) & (indices < rows[feature])).all())
 
 
-@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn", "dcn_v2"])
 def test_served_module_computes_the_float_model(arch):
     """fp32 tables: the lean module (one TBE op, oneDNN / per-sample dense layers) scores what
     the float DLRM behind a KeyedJaggedTensor scores; a shared table, a mean-pooled one and
@@ -100,11 +106,12 @@ def _dequantized(rows: torch.Tensor, dtype: str) -> torch.Tensor:
     return torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfToFloat(fused, BITS[dtype])
 
 
-def test_mixed_table_dtypes_read_what_was_stored():
-    """int4, fp16, int8 and fp32 tables in one TBE: scores are the float model's with each
-    table replaced by its stored (dequantized) values."""
+@pytest.mark.parametrize("arch", ["dlrm_dcn", "dcn_v2"])
+def test_mixed_table_dtypes_read_what_was_stored(arch):
+    """int4, fp16, int8 and fp32 tables in one TBE (for dcn_v2 each at its own dim): scores are
+    the float model's with each table replaced by its stored (dequantized) values."""
     dtypes = {"t0": "int4", "t1": "fp16", "t2": "int8", "t3": "fp32"}
-    module, reference = _served(_config("dlrm_dcn"), dtypes)
+    module, reference = _served(_config(arch), dtypes)
     bags = reference.model.sparse_arch.embedding_bag_collection.embedding_bags
     with torch.no_grad():
         for name, bag in bags.items():
@@ -114,11 +121,13 @@ def test_mixed_table_dtypes_read_what_was_stored():
         assert (module(*request) - reference(*request)).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("dense_dtype", ["fp32", "bf16"])
-def test_scripted_reloaded_and_batch_invariant(tmp_path, dense_dtype):
+@pytest.mark.parametrize(
+    ("arch", "dense_dtype"), [("dlrm_dcn", "fp32"), ("dlrm_dcn", "bf16"), ("dcn_v2", "fp32")]
+)
+def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
     """Saved and loaded (the oneDNN weights are repacked on load), the module scores a batch
     exactly as its samples one by one, at every batch size around oneDNN's 4-row minimum."""
-    module, reference = _served(_config("dlrm_dcn", dense_dtype))
+    module, reference = _served(_config(arch, dense_dtype))
     kinds = {type(m) for m in module.modules()}
     assert PackedLinear in kinds and PerSampleLinear in kinds
     sample = sample_batch(4, 5)
