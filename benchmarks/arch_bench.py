@@ -1,0 +1,154 @@
+"""Architecture benchmark: in-process latency of each `model.arch`'s served TorchScript model at
+B = 1, 64, 512, on the small default tables and Criteo Kaggle's, side by side in one run.
+
+Models (one intra-op thread, int8 tables, the default batch-invariant export):
+  default  dlrm (rec's embedded default), dlrm_dcn (the same tables), dcn_v2 (the same tables
+           at the dims of examples/mixed_dims.yaml)
+  kaggle   dlrm_dcn (examples/criteo_kaggle.yaml as it is: 26 tables at dim 64), dlrm (its
+           tables and layers, dot interaction), dcn_v2 (its tables, each at a dim that grows
+           with its rows: 6 x rows^(1/4) rounded to a multiple of 8, 8 to 64; the DCN settings
+           of criteo_kaggle.yaml)
+
+Latency does not depend on what the weights are, so the models are not trained: the dense
+layers keep their initial weights and the tables are zero (export's served module with its TBE
+storage allocated, as `rec export` builds it before streaming the tables in). Each model's
+resident size is the process RSS it added when built. Models take turns round after round
+(export_bench.measure), so bursts of other work on the shared cores hit all alike.
+
+    .venv/bin/python benchmarks/arch_bench.py                # ~5 min, ~8 GB of RAM at peak
+    .venv/bin/python benchmarks/arch_bench.py --kaggle-scale 0.05   # a quick look
+
+Writes benchmarks/results/arch.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import platform
+from pathlib import Path
+
+import torch
+import yaml
+from export_bench import BATCHES, RESULTS, ROOT, measure
+
+
+def dim_for(rows: int) -> int:
+    """A table's dim by the common rule of thumb, 6 x rows^(1/4), in multiples of 8 up to 64."""
+    return int(min(64, max(8, 8 * round(6 * rows**0.25 / 8))))
+
+
+def configs(kaggle_scale: float) -> dict[str, dict[str, dict]]:
+    """model -> arch -> config dict."""
+    from rec.config import default_config
+
+    default = default_config().to_dict()
+    mixed = yaml.safe_load((ROOT / "examples" / "mixed_dims.yaml").read_text())
+    kaggle = yaml.safe_load((ROOT / "examples" / "criteo_kaggle.yaml").read_text())
+    for t in kaggle["tables"]:
+        t["rows"] = max(1, int(t["rows"] * kaggle_scale))
+    out: dict[str, dict[str, dict]] = {"default": {}, "kaggle": {}}
+    out["default"]["dlrm"] = default
+    out["default"]["dlrm_dcn"] = copy.deepcopy(default)
+    out["default"]["dlrm_dcn"]["model"]["arch"] = "dlrm_dcn"
+    out["default"]["dcn_v2"] = {**copy.deepcopy(default), "tables": mixed["tables"],
+                                "model": mixed["model"]}  # fmt: skip
+    out["kaggle"]["dlrm_dcn"] = kaggle
+    out["kaggle"]["dlrm"] = copy.deepcopy(kaggle)
+    out["kaggle"]["dlrm"]["model"]["arch"] = "dlrm"
+    v2 = copy.deepcopy(kaggle)
+    v2["model"]["arch"] = "dcn_v2"
+    for t in v2["tables"]:
+        t["dim"] = dim_for(t["rows"])
+    out["kaggle"]["dcn_v2"] = v2
+    return out
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def served(data: dict):
+    """(scripted served module, facts) for config `data`, int8 tables (zeroed)."""
+    from rec.config import config_from_dict
+    from rec.export import torchscript
+    from rec.export.module import sample_batch
+    from rec.model import build_model
+
+    cfg = config_from_dict(data)
+    before = rss_bytes()
+    model = build_model(cfg, "meta")  # dense layers on the CPU, tables never materialized
+    module, _ = torchscript.served_module(model, cfg, {t.name: "int8" for t in cfg.tables})
+    scripted = torchscript.to_torchscript(
+        module, sample_batch(cfg.features.dense, len(cfg.features.sparse))
+    )
+    del model, module
+    gc.collect()
+    facts = {
+        "tables": len(cfg.tables),
+        "rows": sum(t.rows for t in cfg.tables),
+        "dims": sorted({t.dim for t in cfg.tables}),
+        "embedding_width": sum(t.dim * len(t.features) for t in cfg.tables),
+        "fp32_table_bytes": sum(t.rows * t.dim * 4 for t in cfg.tables),
+        "rss_added_bytes": rss_bytes() - before,
+    }
+    return scripted, facts, (cfg.features.dense, len(cfg.features.sparse))
+
+
+def markdown(results: dict) -> str:
+    lines = ["| model | arch | dims | fp32 tables GB | RSS added GB | "
+             + " | ".join(f"B={b} µs" for b in BATCHES) + " | B=512 vs dlrm_dcn |",
+             "|---|---|---|---|---|" + "---|" * len(BATCHES) + "---|"]  # fmt: skip
+    for name, archs in results["models"].items():
+        base = archs["dlrm_dcn"]["latency_us"][512]
+        for arch, m in archs.items():
+            dims = m["dims"]
+            dims_text = str(dims[0]) if len(dims) == 1 else f"{dims[0]}-{dims[-1]}"
+            lat = m["latency_us"]
+            lines.append(
+                f"| {name} | {arch} | {dims_text} | {m['fp32_table_bytes'] / 1e9:.3f} | "
+                f"{m['rss_added_bytes'] / 1e9:.2f} | "
+                + " | ".join(f"{lat[b]:,.1f}" for b in BATCHES)
+                + f" | {lat[512] / base:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kaggle-scale", type=float, default=1.0,
+                        help="rows of every Kaggle table x this (1.0: 33.8M rows)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    from rec.export.module import sample_batch
+
+    torch.set_num_threads(1)
+    results = {"machine": platform.machine(), "torch": torch.__version__, "threads": 1,
+               "kaggle_scale": args.kaggle_scale, "models": {}}  # fmt: skip
+    for name, archs in configs(args.kaggle_scale).items():
+        fns, entry = {}, {}
+        for arch, data in archs.items():
+            print(f"[{name}] building {arch}", flush=True)
+            scripted, facts, (dense, sparse) = served(data)
+            fns[arch] = scripted
+            entry[arch] = facts
+        requests = {b: sample_batch(dense, sparse, b, seed=b) for b in BATCHES}
+        print(f"[{name}] timing", flush=True)
+        latency = measure(fns, requests, args.rounds)
+        for arch in archs:
+            entry[arch]["latency_us"] = latency[arch]
+        results["models"][name] = entry
+        del fns
+        gc.collect()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "arch.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
