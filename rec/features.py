@@ -74,8 +74,10 @@ class TokenError(ValueError):
 
 # ---- sparse: tokens -> ids ------------------------------------------------------------------
 def hash_id(token: str) -> int:
-    """HASH of one token."""
-    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
+    """HASH of one token: of its UTF-8 bytes. A token decoded from bytes that are not UTF-8
+    with errors="surrogateescape" (as Triton's model does) hashes as those original bytes,
+    which is what rec-server hashes for the same request."""
+    digest = hashlib.blake2b(token.encode("utf-8", "surrogateescape"), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 

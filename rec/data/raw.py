@@ -70,6 +70,17 @@ def read_raw(path: Path, spec: FeatureSpec, fmt: str | None = None, limit: int =
     fmt = fmt or guess_format(path, spec)
     if fmt not in FORMATS:
         raise DataError(f"unknown input format {fmt!r}; use one of {FORMATS}")
+    try:
+        return _read(path, spec, fmt, limit)
+    except UnicodeDecodeError as e:
+        byte = e.object[e.start : e.start + 1].hex()
+        raise DataError(
+            f"{path}: not UTF-8 text (byte 0x{byte}: {e.reason}); text files are read as UTF-8, "
+            "as the training readers read them"
+        ) from None
+
+
+def _read(path: Path, spec: FeatureSpec, fmt: str, limit: int) -> RawRows:
     if fmt == "criteo_tsv":
         records, columns = _criteo_records(path, spec), None
     elif fmt in ("csv", "tsv"):

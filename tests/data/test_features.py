@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -37,6 +38,17 @@ def test_hash_matches_the_golden_file():
     for token in GOLDEN["hex_invalid"]:
         with pytest.raises(TokenError, match="is not hex"):
             hex_id(token)
+
+
+def test_bytes_that_are_not_utf8_hash_as_the_bytes():
+    """What Triton's model gets from a BYTES token that is not UTF-8 (surrogateescape-decoded)
+    hashes as the raw bytes, as rec-server's C++ BLAKE2b does, instead of failing."""
+    raw = b"\xff\xfeitem-1"
+    token = raw.decode("utf-8", errors="surrogateescape")
+    digest = hashlib.blake2b(raw, digest_size=8).digest()
+    assert hash_id(token) == int.from_bytes(digest, "little", signed=True)
+    assert string_id(token) == hash_id(token)
+    assert encode_tokens([token, "7"], "int_or_hash").tolist() == [hash_id(token), 7]
 
 
 def test_vectorised_encoding_equals_the_scalar_one():
@@ -90,3 +102,19 @@ def test_transforms_must_name_dense_features():
         load_config(None, overrides={"features": {"transforms": {"price": "log1p"}}})
     with pytest.raises(ConfigError, match="features.transforms.dense_0"):
         load_config(None, overrides={"features": {"transforms": {"dense_0": "sqrt"}}})
+
+
+def test_raw_file_that_is_not_utf8_is_named(tmp_path):
+    """rec predict's reader: a file with bytes that are not UTF-8 is a DataError naming the
+    file and the byte, not a UnicodeDecodeError traceback."""
+    from rec.data import DataError
+    from rec.data.raw import read_raw
+
+    spec = feature_spec(default_config())
+    header = ",".join(["label", *[d.column for d in spec.dense], *[s.column for s in spec.sparse]])
+    row = ",".join(["1"] + ["0.5"] * len(spec.dense) + ["7"] * len(spec.sparse))
+    bad = row.replace("7", "\xff", 1).encode("latin-1")
+    path = tmp_path / "rows.csv"
+    path.write_bytes(f"{header}\n{row}\n".encode() + bad + b"\n")
+    with pytest.raises(DataError, match=r"rows.csv: not UTF-8 text \(byte 0xff"):
+        read_raw(path, spec)
