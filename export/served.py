@@ -67,15 +67,9 @@ class DlrmHead(nn.Module):
         return self.over_arch(concatenated)
 
 
-class ConcatHead(nn.Module):
+class ConcatHead(DlrmHead):
     """DCN-v2's (rec.model.DcnV2) dense arch, cross net and over arch:
     (dense, pooled [B, sum of the features' dims]) -> logits. Takes the modules themselves."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.dense_arch = model.dense_arch
-        self.inter_arch = model.inter_arch
-        self.over_arch = model.over_arch
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         x0 = torch.cat([self.dense_arch(dense), pooled], 1)
