@@ -10,6 +10,7 @@ table (or layer) and both shapes instead of failing deep inside DCP.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +20,11 @@ from torch import nn
 
 from rec import run_dir
 from rec.config import ConfigError, RecConfig, load_config
-from rec.model import TrainModel, build_model
+from rec.model import TrainModel, build_model, ebc_path, replace_submodule
 
 # The checkpoint's top-level key holding the TrainModel state dict (rec.run_dir docstring).
 _STATE_KEY = "model"
-_EBC_PREFIX = "model.sparse_arch.embedding_bag_collection.embedding_bags."
+_TABLE_KEY = re.compile(r".*\.embedding_bags\.(\w+)\.weight")
 
 
 class CheckpointMismatchError(ConfigError):
@@ -43,9 +44,8 @@ class LoadedRun:
 
 def _describe(key: str) -> str:
     """`model.sparse_arch...embedding_bags.t3.weight` -> `table 't3'`; other keys as they are."""
-    if key.startswith(_EBC_PREFIX):
-        return f"table {key[len(_EBC_PREFIX) :].split('.')[0]!r}"
-    return f"tensor {key!r}"
+    table = _TABLE_KEY.fullmatch(key)
+    return f"table {table.group(1)!r}" if table else f"tensor {key!r}"
 
 
 def check_matches(state: dict[str, torch.Tensor], step_dir: Path) -> None:
@@ -111,12 +111,11 @@ def _load(run, checkpoint: str | None, cfg: RecConfig | None, with_tables: bool)
 
 
 def dense_copy(model: nn.Module) -> nn.Module:
-    """A copy of the DLRM `model` without its embedding tables, which are never copied (they
-    may be 8 GB, or on the meta device): the copy's EBC is an empty module."""
-    sparse_arch = model.sparse_arch
-    ebc = sparse_arch.embedding_bag_collection
-    sparse_arch.embedding_bag_collection = nn.Module()
+    """A copy of `model` without its embedding tables, which are never copied (they may be
+    8 GB, or on the meta device): the copy's EBC (at rec.model.ebc_path) is an empty module."""
+    path = ebc_path(model)
+    ebc = replace_submodule(model, path, nn.Module())
     try:
         return copy.deepcopy(model)
     finally:
-        sparse_arch.embedding_bag_collection = ebc
+        replace_submodule(model, path, ebc)

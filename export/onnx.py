@@ -75,7 +75,7 @@ class _TableGroup(nn.Module):
 
 class GatherLookup(nn.Module):
     """Pooled embeddings of batch-major jagged ids in plain ONNX ops, [B, F, D] for the DLRMs
-    or side by side, [B, sum of the features' dims], for dcn_v2 (`flat_lookup`); the ONNX
+    or side by side, [B, sum of the features' dims], for dcn_v2 and mmoe (`flat_lookup`); the ONNX
     format's lookup in the served module (rec.export.served.ServedModule).
 
     Args:

@@ -45,6 +45,7 @@ from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch, split_requests
 from rec.export.served import INPUT_NAMES, OUTPUT_NAME
 from rec.features import feature_spec
+from rec.model import ebc_path
 
 Log = Callable[[str], None]
 _LOAD_REQUIRES = {
@@ -75,8 +76,8 @@ class Source:
 
     def stream_into(self, *sinks: stream.TableSink) -> None:
         extra, self.extra_sinks = self.extra_sinks, []
-        stream.stream_tables(self.reader, self.cfg, [*sinks, *extra],
-                             self.cfg.export.chunk_rows, self.log)  # fmt: skip
+        stream.stream_tables(self.reader, self.cfg, [*sinks, *extra], self.cfg.export.chunk_rows,
+                             self.log, ebc_path=ebc_path(self.loaded.model))  # fmt: skip
 
 
 @dataclass
@@ -166,9 +167,12 @@ def build_torchscript(src: Source, out: Path) -> Built:
 
     cfg = src.cfg
     module, tbe = torchscript.served_module(src.loaded.model, cfg, table_dtypes(cfg))
+    what = f"the model of model.factory {cfg.model.factory!r}" if cfg.model.factory else "the model"
+    if cfg.model.factory:  # refuse what TorchScript cannot compile before streaming the tables
+        torchscript.script(module, what)
     src.stream_into(served.TbeSink(tbe))
     tables = served.table_storage(tbe)
-    scripted = torchscript.to_torchscript(module, src.sample)
+    scripted = torchscript.to_torchscript(module, src.sample, what)
     torch.jit.save(scripted, str(out))
     scores = _score(scripted, src.batches)
     del scripted, module, tbe  # the TBE storage: make room for the reloaded copy
@@ -305,6 +309,7 @@ def manifest(
         },
         "feature_spec": feature_spec(cfg).to_dict(),
         "num_tasks": num_tasks,
+        "tasks": cfg.model.task_names,
         "id_mapping": "row = raw_id mod rows (non-negative), inside the model",
         "load_requires": _LOAD_REQUIRES[target.fmt],
         "tables": tables,
@@ -379,7 +384,10 @@ def run_checks(
     exported = {fmt: b.reloaded for fmt, b in built.items()}
     if labels is not None:
         checks["eval"] = verify.summarize(
-            {"float": reference, **exported}, labels, set(table_dtypes(cfg).values())
+            {"float": reference, **exported},
+            labels,
+            set(table_dtypes(cfg).values()),
+            cfg.model.task_names,
         )
     else:
         checks["eval"] = {"skipped": "the held-out split could not be read where export ran"}
@@ -421,6 +429,8 @@ def _report(checks: dict[str, Any], manifests: dict[str, dict], log: Log) -> Non
                 f"{q['log_loss']:.5f} vs {ev['float']['log_loss']:.5f}, max |diff| "
                 f"{q['max_abs_diff_vs_float']:.2e}"
             )
+            for task, ratio in q.get("auc_ratio_per_task", {}).items():
+                log(f"{fmt}: task {task}: AUC {q['auc_per_task'][task]:.5f} (ratio {ratio:.5f})")
     if "quality_bar_passed" in ev:
         log("quality bar: " + ("passed" if ev["quality_bar_passed"] else "NOT passed"))
     else:

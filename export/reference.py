@@ -23,7 +23,7 @@ from rec.batch import RecBatch, feature_major, map_ids
 from rec.config import RecConfig
 from rec.export.load import dense_copy
 from rec.features import feature_spec
-from rec.model import table_rows
+from rec.model import ebc_path, replace_submodule, table_rows
 
 
 def touched_rows(cfg: RecConfig, batches: Iterable[RecBatch]) -> dict[str, torch.Tensor]:
@@ -76,7 +76,8 @@ class ReferenceModule(nn.Module):
         super().__init__()
         if not sink.complete():
             raise RuntimeError("the reference rows were not all gathered from the checkpoint")
-        float_ebc = dense_model.sparse_arch.embedding_bag_collection
+        path = ebc_path(dense_model)
+        float_ebc = dense_model.get_submodule(path)
         configs = copy.deepcopy(float_ebc.embedding_bag_configs())
         for c in configs:
             c.num_embeddings = sink.weights[c.name].shape[0]
@@ -85,7 +86,7 @@ class ReferenceModule(nn.Module):
             for name, bag in ebc.embedding_bags.items():
                 bag.weight.copy_(sink.weights[name])
         self.model = dense_copy(dense_model)
-        self.model.sparse_arch.embedding_bag_collection = ebc
+        replace_submodule(self.model, path, ebc)
         self.features = list(cfg.features.sparse)
         owner = cfg.feature_to_table()
         self.touched = [sink.touched[owner[f]] for f in self.features]

@@ -31,8 +31,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
     unpadded_row_size_in_bytes,
 )
 from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from rec.config import RecConfig
+from rec.config import CONCAT_ARCHS, RecConfig
 from rec.export.dense import MIN_ROWS, PackedLinear
 from rec.export.stream import quantize_rows
 
@@ -68,7 +69,7 @@ class DlrmHead(nn.Module):
 
 
 class ConcatHead(DlrmHead):
-    """DCN-v2's (rec.model.DcnV2) dense arch, cross net and over arch:
+    """A rec.model.ConcatModel's (DCN-v2's, MMoE's) dense arch, interaction and over arch:
     (dense, pooled [B, sum of the features' dims]) -> logits. Takes the modules themselves."""
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
@@ -79,14 +80,15 @@ class ConcatHead(DlrmHead):
 def make_head(model: nn.Module, cfg: RecConfig) -> nn.Module:
     """The head of `model`'s architecture, over `model`'s own modules (pass a copy to keep it).
 
-    Its lookup must be flat ([B, sum of dims]) for dcn_v2 and [B, F, D] for the DLRMs:
+    Its lookup must be flat ([B, sum of dims]) for CONCAT_ARCHS and [B, F, D] for the DLRMs:
     `flat_lookup(cfg)` says which."""
     return ConcatHead(model) if flat_lookup(cfg) else DlrmHead(model)
 
 
 def flat_lookup(cfg: RecConfig) -> bool:
-    """Whether the architecture takes the pooled embeddings side by side, [B, sum of dims]."""
-    return cfg.model.arch == "dcn_v2"
+    """Whether the architecture takes the pooled embeddings side by side, [B, sum of dims]
+    (a factory's model takes them as a KeyedTensor, whose values are that)."""
+    return cfg.model.arch in CONCAT_ARCHS or bool(cfg.model.factory)
 
 
 class ServedModule(nn.Module):
@@ -199,7 +201,7 @@ def make_tbe(
 
 class TbeLookup(nn.Module):
     """Pooled embeddings of batch-major jagged ids, by one FBGEMM lookup op: [B, F, D] for
-    the DLRMs, or side by side, [B, sum of the features' dims], for dcn_v2 (`flat_lookup`).
+    the DLRMs, or side by side, [B, sum of the features' dims], for CONCAT_ARCHS (`flat_lookup`).
 
     Args:
         tbe: `make_tbe`'s TBE; its storage is shared, not copied (TbeSink fills it).
@@ -253,9 +255,12 @@ class TbeLookup(nn.Module):
         self.register_buffer("column_feature", column)
 
     def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        batch = lengths.shape[0]
         column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
         indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        return self.pool(indices, offsets, lengths.shape[0])
+
+    def pool(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        """The TBE's pooled bags of table rows `indices` (feature-major `offsets`)."""
         pooled = torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
             dev_weights=self.weights_host,
             uvm_weights=self.no_weights,
@@ -296,6 +301,52 @@ class TbeLookup(nn.Module):
             mean = pooled / count.unsqueeze(2).to(pooled.dtype)
             pooled = torch.where(self.is_mean.view(1, -1, 1), mean, pooled)
         return pooled
+
+
+class KjtLookup(nn.Module):
+    """A request's ids as the KeyedJaggedTensor a factory's model (rec.factory) takes: its
+    EBC's features in the EBC's order, each id mapped into its table (non-negative modulo)."""
+
+    def __init__(self, cfg: RecConfig, feature_order: list[str]) -> None:
+        super().__init__()
+        columns = list(cfg.features.sparse)
+        rows = {t.name: t.rows for t in cfg.tables}
+        owner = cfg.feature_to_table()
+        self.keys = list(feature_order)
+        column_of = [columns.index(f) for f in feature_order]
+        self.columns_in_order = column_of == list(range(len(columns)))
+        self.register_buffer("column_of", torch.tensor(column_of, dtype=torch.int64))
+        table_rows = [rows[owner[f]] for f in feature_order]
+        self.register_buffer("rows", torch.tensor(table_rows, dtype=torch.int64))
+
+    def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> KeyedJaggedTensor:
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        return KeyedJaggedTensor(keys=self.keys, values=indices, offsets=offsets)
+
+
+class TbeBagCollection(TbeLookup):
+    """What a factory's model holds in place of its EmbeddingBagCollection in the export:
+    KeyedJaggedTensor of table rows -> KeyedTensor of pooled embeddings, by one TBE call over
+    every table (KjtLookup has mapped the ids already)."""
+
+    def __init__(
+        self,
+        tbe: IntNBitTableBatchedEmbeddingBagsCodegen,
+        cfg: RecConfig,
+        feature_order: list[str],
+    ) -> None:
+        super().__init__(tbe, cfg, feature_order)
+        by_feature = cfg.feature_to_table()
+        dims = {t.name: t.dim for t in cfg.tables}
+        self.keys = list(feature_order)
+        self.dims = [dims[by_feature[f]] for f in feature_order]
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:  # type: ignore[override]
+        if features.keys() != self.keys:  # the model passed its own order: the EBC's, as TorchRec
+            features = features.permute([features.keys().index(k) for k in self.keys])
+        pooled = self.pool(features.values(), features.offsets(), features.stride())
+        return KeyedTensor(keys=self.keys, length_per_key=self.dims, values=pooled)
 
 
 class TbeSink:

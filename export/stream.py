@@ -22,8 +22,10 @@ from rec.config import RecConfig
 from rec.export.dcp_reader import CheckpointReader
 
 # The checkpoint key of a table: the trainer saves {"model": TrainModel.state_dict()} and DCP
-# flattens nested keys with dots.
-TABLE_KEY = "model.model.sparse_arch.embedding_bag_collection.embedding_bags.{}.weight"
+# flattens nested keys with dots; {path} is the EBC's (rec.model.ebc_path).
+TABLE_KEY = "model.model.{path}.embedding_bags.{table}.weight"
+DEFAULT_EBC_PATH = "sparse_arch.embedding_bag_collection"
+"""Where rec's own architectures hold their tables."""
 # Rows per chunk when export.chunk_rows is 0: 32 MiB of fp32, small against any table worth
 # streaming and large enough that the per-chunk overhead does not show.
 CHUNK_BYTES = 32 << 20
@@ -65,13 +67,15 @@ def stream_tables(
     chunk_rows: int = 0,
     log: Log | None = None,
     every_s: float = 10.0,
+    ebc_path: str = DEFAULT_EBC_PATH,
 ) -> None:
-    """Every table of `cfg`, chunk by chunk, into every sink; progress lines every `every_s`."""
+    """Every table of `cfg`, chunk by chunk, into every sink; progress lines every `every_s`.
+    `ebc_path` is the model's EmbeddingBagCollection's attribute path."""
     total = sum(t.rows * t.dim * 4 for t in cfg.tables)
     done, t0, last = 0, time.perf_counter(), time.perf_counter()
     for table in cfg.tables:
         step = chunk_rows_for(table.dim, chunk_rows)
-        key = TABLE_KEY.format(table.name)
+        key = TABLE_KEY.format(path=ebc_path, table=table.name)
         for start in range(0, table.rows, step):
             rows = reader.read_rows(key, start, min(table.rows, start + step))
             for sink in sinks:

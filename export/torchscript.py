@@ -1,6 +1,6 @@
 """TorchScript format: the served module (rec.export.served) over FBGEMM TBE storage, scripted.
 
-    float model (dense weights) -> its head (DlrmHead; ConcatHead for dcn_v2)
+    float model (dense weights) -> its head (DlrmHead; ConcatHead for dcn_v2, mmoe)
         with batch-invariant oneDNN dense layers
     make_tbe (storage allocated) <- TbeSink <- tables streamed from the checkpoint
     ServedModule(dense transform, TbeLookup, head) -> torch.jit.script -> sample batch checked
@@ -12,33 +12,112 @@ holds rec's own classes, the TBE's buffers and the dense weights.
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import torch
 from torch import nn
+from torchrec.fx import symbolic_trace
 
-from rec.config import RecConfig
+from rec.config import ConfigError, RecConfig
 from rec.export.dense import swap_dense
 from rec.export.load import dense_copy
-from rec.export.served import ServedModule, TbeLookup, make_head, make_tbe
+from rec.export.served import (
+    KjtLookup,
+    ServedModule,
+    TbeBagCollection,
+    TbeLookup,
+    make_head,
+    make_tbe,
+)
 from rec.features import feature_spec
+from rec.model import ebc_features, ebc_path, replace_submodule
 
 
 def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]):
     """(ServedModule, its TBE) for `model`'s dense weights (copied; its tables are not read and
-    may be on the meta device), with the tables' storage allocated and zeroed."""
-    order = list(model.sparse_arch.sparse_feature_names)
+    may be on the meta device), with the tables' storage allocated and zeroed.
+
+    A factory's model (rec.factory) is its own head: the copy keeps its forward, with its
+    EmbeddingBagCollection swapped for a TbeBagCollection fed by a KjtLookup."""
+    path = ebc_path(model)
+    order = ebc_features(model.get_submodule(path))
     tbe = make_tbe(cfg, table_dtypes, order)
-    head = make_head(dense_copy(model), cfg)
+    if cfg.model.factory:
+        head = dense_copy(model)
+        replace_submodule(head, path, TbeBagCollection(tbe, cfg, order))
+        lookup: nn.Module = KjtLookup(cfg, order)
+    else:
+        head = make_head(dense_copy(model), cfg)
+        lookup = TbeLookup(tbe, cfg, order)
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
     transform = feature_spec(cfg).dense_transform()
-    module = ServedModule(transform, TbeLookup(tbe, cfg, order), head, cfg.export.batch_invariant)
+    module = ServedModule(transform, lookup, head, cfg.export.batch_invariant)
     return module.eval(), tbe
 
 
-def to_torchscript(module: nn.Module, sample: tuple[torch.Tensor, ...]) -> torch.jit.ScriptModule:
+class NotScriptableError(ConfigError):
+    """The model (a factory's) cannot be compiled to TorchScript; names the module and construct."""
+
+
+# rec's own modules in a factory's model, which FX must not trace into: they script as they are.
+_LEAVES = ["TbeBagCollection", "PackedLinear", "PerSampleLinear", "CrossNet"]
+
+
+def script(module: nn.Module, what: str = "the model") -> torch.jit.ScriptModule:
+    """torch.jit.script(module); if that fails, its head FX-traced by TorchRec's tracer (as
+    TorchRec's own models need) and scripted again. When neither compiles, NotScriptableError
+    with TorchScript's error (the construct and its line) and the module it is in."""
+    try:
+        return torch.jit.script(module)
+    except Exception as e:  # TorchScript's frontend raises several error types
+        error = str(e).strip() or type(e).__name__
+    head = module.head
+    try:
+        module.head = symbolic_trace(head, leaf_modules=_LEAVES)
+        return torch.jit.script(module)
+    except Exception as e:
+        traced = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+    finally:
+        module.head = head
+    path, culprit = _module_at(head, error)
+    where = f"at {path!r}" if path else "the model itself"
+    raise NotScriptableError(
+        f"{what} cannot be exported to TorchScript, scripted as it is or traced by torchrec.fx "
+        f"first: module {type(culprit).__name__} ({where}) does not compile:\n{error}\n"
+        f"(tracing it: {traced})"
+    ) from None
+
+
+_LOCATION = re.compile(r'File "(.+)", line (\d+)')
+
+
+def _module_at(head: nn.Module, error: str) -> tuple[str, nn.Module]:
+    """The innermost module of `head` whose class (or a base) holds the line TorchScript's
+    error points at; `head` itself if the error names no line."""
+    where = _LOCATION.search(error)
+    if where is None:
+        return "", head
+    file, line = where.group(1), int(where.group(2))
+    for path, m in reversed(list(head.named_modules())):  # children before their parents
+        for cls in type(m).__mro__:
+            try:
+                lines, start = inspect.getsourcelines(cls)
+                source = inspect.getsourcefile(cls)
+            except (OSError, TypeError):  # builtins, classes made at runtime
+                continue
+            if source == file and start <= line < start + len(lines):
+                return path, m
+    return "", head
+
+
+def to_torchscript(
+    module: nn.Module, sample: tuple[torch.Tensor, ...], what: str = "the model"
+) -> torch.jit.ScriptModule:
     """Scripts the served module; raises if the script's scores for `sample` differ at all."""
     with torch.no_grad():
         eager = module(*sample)
-        scripted = torch.jit.script(module)
+        scripted = script(module, what)
         out = scripted(*sample)
     if not torch.equal(out, eager):
         diff = (out - eager).abs().max().item()

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ class TableConfig:
     rows: int
     """Number of embedding rows. Raw ids are mapped into [0, rows) with a non-negative modulo."""
     dim: int
-    """Embedding dimension. The DLRMs need every table at one dim; dcn_v2 takes any."""
+    """Embedding dimension. The DLRMs need every table at one dim; dcn_v2 and mmoe take any."""
     features: list[str]
     """Sparse features looked up in this table."""
     pooling: str = "sum"
@@ -147,21 +148,40 @@ class FeaturesConfig:
             _one_of(f"features.transforms.{name}", transform, DENSE_TRANSFORMS)
 
 
-MODEL_ARCHS = ("dlrm", "dlrm_dcn", "dcn_v2")
-"""dcn_v2 is the one whose tables may have different dims."""
+MODEL_ARCHS = ("dlrm", "dlrm_dcn", "dcn_v2", "mmoe")
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+CONCAT_ARCHS = ("dcn_v2", "mmoe")
+"""The architectures over the concatenated embeddings: their tables may have different dims."""
 
 
 @dataclass
 class ModelConfig:
-    """DLRM, DLRM-DCN or DCN-v2, built from TorchRec's parts (rec.model)."""
+    """DLRM, DLRM-DCN, DCN-v2 or MMoE, built from TorchRec's parts (rec.model)."""
 
     arch: str = "dlrm"
-    """dlrm (dot interaction), dlrm_dcn (low-rank cross network interaction) or dcn_v2 (cross
-    network over the concatenated embeddings: tables of any dims)."""
+    """dlrm (dot interaction), dlrm_dcn (low-rank cross network interaction), dcn_v2 (cross
+    network over the concatenated embeddings) or mmoe (multi-gate mixture of experts over the
+    concatenated embeddings, one tower per task). dcn_v2 and mmoe take tables of any dims."""
     dense_arch: list[int] = field(default_factory=lambda: [64, 16])
     """Bottom MLP layer sizes; for dlrm and dlrm_dcn the last must equal the embedding dim."""
     over_arch: list[int] = field(default_factory=lambda: [64, 32, 1])
-    """Top MLP layer sizes; the last is the number of tasks (one sigmoid score each)."""
+    """Top MLP layer sizes; the last is the number of tasks (one sigmoid score each). For mmoe:
+    each task's tower, ending in 1."""
+    tasks: list[str] = field(default_factory=list)
+    """Task names, in the order of the score columns. Empty: `label` for one task, `label_0`,
+    `label_1`, ... for several. mmoe needs them (one tower each); for the others their number
+    must be over_arch[-1]."""
+    factory: str = ""
+    """Your own model instead of `arch`: "package.module:function", called as
+    function(ebc, cfg, **factory_args) and returning an nn.Module whose forward(dense [B, D],
+    KeyedJaggedTensor) returns logits [B, T]; the contract is in rec.factory. The module must
+    be importable where rec runs (installed, on PYTHONPATH, or under the current directory)."""
+    factory_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the factory, as YAML gives them."""
+    num_experts: int = 4
+    """mmoe: experts shared by every task."""
+    expert_arch: list[int] = field(default_factory=lambda: [64, 32])
+    """mmoe: each expert's MLP layer sizes."""
     dcn_num_layers: int = 2
     """dlrm_dcn and dcn_v2: number of cross layers."""
     dcn_low_rank_dim: int = 16
@@ -169,7 +189,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _one_of("model.arch", self.arch, MODEL_ARCHS)
-        for name in ("dense_arch", "over_arch"):
+        for name in ("dense_arch", "over_arch", "expert_arch"):
             sizes = getattr(self, name)
             _check(
                 isinstance(sizes, list)
@@ -179,10 +199,50 @@ class ModelConfig:
             )
         _positive("model.dcn_num_layers", self.dcn_num_layers)
         _positive("model.dcn_low_rank_dim", self.dcn_low_rank_dim)
+        _positive("model.num_experts", self.num_experts)
+        for task in self.tasks:
+            _check(
+                isinstance(task, str) and task.isidentifier(),
+                f"model.tasks has {task!r}; a task name must be a Python identifier (letters, "
+                "digits, _): it names metrics and label columns",
+            )
+        _check(len(set(self.tasks)) == len(self.tasks), f"model.tasks={self.tasks} repeats a name")
+        if self.factory:
+            _check(
+                isinstance(self.factory, str) and _FACTORY.fullmatch(self.factory) is not None,
+                f"model.factory={self.factory!r} must be 'package.module:function'",
+            )
+        elif self.factory_args:
+            _check(False, "model.factory_args is set but model.factory is not")
+        if self.arch == "mmoe" and not self.factory:
+            _check(
+                len(self.tasks) > 0,
+                "model.arch=mmoe needs model.tasks: the task names, one tower and gate each",
+            )
+            _check(
+                self.over_arch[-1] == 1,
+                f"model.over_arch={self.over_arch} is each task's tower for mmoe; it must end in 1",
+            )
+        elif self.tasks and not self.factory:
+            _check(
+                len(self.tasks) == self.over_arch[-1],
+                f"model.tasks names {len(self.tasks)} tasks but model.over_arch={self.over_arch} "
+                f"ends in {self.over_arch[-1]} outputs; they must agree",
+            )
 
     @property
     def num_tasks(self) -> int:
-        return self.over_arch[-1]
+        """Score columns: one per named task; else over_arch[-1] (1 for a factory's model)."""
+        if self.tasks:
+            return len(self.tasks)
+        return 1 if self.factory else self.over_arch[-1]
+
+    @property
+    def task_names(self) -> list[str]:
+        """One name per score column: `tasks`, or label / label_0, label_1, ..."""
+        if self.tasks:
+            return list(self.tasks)
+        return ["label"] if self.num_tasks == 1 else [f"label_{t}" for t in range(self.num_tasks)]
 
 
 @dataclass
@@ -512,12 +572,12 @@ class RecConfig:
                 f in self.features.sparse,
                 f"table {owner[f]!r} uses feature {f!r}, which features.sparse does not list",
             )
-        if self.model.arch != "dcn_v2":
+        if self.model.arch not in CONCAT_ARCHS and not self.model.factory:
             dims = {t.dim for t in self.tables}
             _check(
                 len(dims) == 1,
                 f"tables have dims {sorted(dims)}; {self.model.arch}'s interaction needs one "
-                "dimension for all (model.arch: dcn_v2 takes tables of any dims)",
+                f"dimension for all (model.arch {' or '.join(CONCAT_ARCHS)} takes any dims)",
             )
             dim = dims.pop()
             _check(
@@ -526,10 +586,19 @@ class RecConfig:
             )
         for table in list(self.sharding.constraints) + list(self.export.table_dtypes):
             _check(table in names, f"unknown table {table!r}; tables are {names}")
+        if self.model.factory:
+            _check(
+                self.export.format == "torchscript",
+                f"export.format={self.export.format!r}: a model.factory model exports to "
+                "TorchScript only (its forward takes a KeyedJaggedTensor, which has no ONNX form)",
+            )
+        if self.model.tasks and not self.data.columns.labels and self.model.num_tasks > 1:
+            # Named tasks read the label columns of the same names.
+            self.data.columns.labels = list(self.model.tasks)
 
     @property
     def embedding_dim(self) -> int:
-        """The one dim of every table (dlrm, dlrm_dcn; dcn_v2 allows `mixed_dims`)."""
+        """The one dim of every table (dlrm, dlrm_dcn; CONCAT_ARCHS allow `mixed_dims`)."""
         return self.tables[0].dim
 
     @property

@@ -1,5 +1,6 @@
 """The recommendation model over one EmbeddingBagCollection: TorchRec's DLRM or DLRM-DCN
-(every table at one dim), or DCN-v2 over the concatenated embeddings (tables of any dims).
+(every table at one dim), or DCN-v2 or MMoE over the concatenated embeddings (tables of any
+dims).
 
 `build_model` returns the float model (what training shards and export quantizes); the loss
 lives in `TrainModel`, a wrapper, not in the model. The checkpoint stores the wrapper's state
@@ -15,6 +16,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, OverArch
 from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.config import RecConfig
@@ -48,22 +50,46 @@ class ConcatSparseArch(nn.Module):
         super().__init__()
         self.embedding_bag_collection = embedding_bag_collection
         configs = embedding_bag_collection.embedding_bag_configs()
-        self.sparse_feature_names = [f for c in configs for f in c.feature_names]
+        self.sparse_feature_names = ebc_features(embedding_bag_collection)
         self.width = sum(c.embedding_dim * len(c.feature_names) for c in configs)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return self.embedding_bag_collection(features).values()
 
 
-class DcnV2(nn.Module):
+class ConcatModel(nn.Module):
+    """x0 = [dense_arch(dense), e_1, ..., e_F] (each pooled embedding at its table's dim), then
+    over_arch(inter_arch(x0)) -> logits [B, T].
+
+    The attribute names are TorchRec's DLRM's (sparse_arch, dense_arch, inter_arch, over_arch),
+    so checkpoints and export read every architecture the same way; what differs from the
+    DLRMs is the interaction's input, which takes the embeddings as they are rather than at
+    the dense arch's output dim. Subclasses set inter_arch and over_arch."""
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        dense_device: torch.device | None,
+    ) -> None:
+        super().__init__()
+        self.sparse_arch = ConcatSparseArch(embedding_bag_collection)
+        self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes, dense_device)
+        self.width = dense_arch_layer_sizes[-1] + self.sparse_arch.width
+
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
+        x0 = torch.cat([self.dense_arch(dense_features), self.sparse_arch(sparse_features)], 1)
+        return self.over_arch(self.inter_arch(x0))
+
+
+class DcnV2(ConcatModel):
     """DCN-v2 (Wang et al., 2021) over the concatenation, for tables of any dims.
 
-    x0 = [dense_arch(dense), e_1, ..., e_F] (each pooled embedding at its table's dim), then
     `num_layers` low-rank cross layers x_{l+1} = x0 * (W_l V_l x_l + b_l) + x_l (TorchRec's
-    LowRankCrossNet), then the over arch to one logit per task. The same parts and attribute
-    names as TorchRec's DLRM_DCN (sparse_arch, dense_arch, inter_arch, over_arch); the
-    difference is the interaction's input: DLRM_DCN needs every embedding at the dense arch's
-    output dim, this takes them as they are."""
+    LowRankCrossNet) over x0, then the over arch to one logit per task."""
 
     def __init__(
         self,
@@ -75,23 +101,97 @@ class DcnV2(nn.Module):
         dcn_low_rank_dim: int,
         dense_device: torch.device | None = None,
     ) -> None:
-        super().__init__()
-        self.sparse_arch = ConcatSparseArch(embedding_bag_collection)
-        self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes, dense_device)
-        width = dense_arch_layer_sizes[-1] + self.sparse_arch.width
-        self.inter_arch = LowRankCrossNet(width, dcn_num_layers, dcn_low_rank_dim)
-        self.over_arch = OverArch(width, over_arch_layer_sizes, dense_device)
+        super().__init__(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, dense_device
+        )
+        self.inter_arch = LowRankCrossNet(self.width, dcn_num_layers, dcn_low_rank_dim)
+        self.over_arch = OverArch(self.width, over_arch_layer_sizes, dense_device)
 
-    def forward(
-        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
-    ) -> torch.Tensor:
-        x0 = torch.cat([self.dense_arch(dense_features), self.sparse_arch(sparse_features)], 1)
-        return self.over_arch(self.inter_arch(x0))
+
+class TaskTower(nn.Module):
+    """One task of MMoE: its softmax gate mixes the shared experts' outputs, its tower maps the
+    mixture to the task's logit [B, 1]."""
+
+    def __init__(
+        self, in_features: int, num_experts: int, expert_dim: int, tower: list[int], device
+    ) -> None:
+        super().__init__()
+        self.gate = nn.Linear(in_features, num_experts, device=device)
+        self.tower = OverArch(expert_dim, tower, device)
+
+    def forward(self, x: torch.Tensor, experts: list[torch.Tensor]) -> torch.Tensor:
+        weight = torch.softmax(self.gate(x), dim=1)
+        # A weighted sum by elementwise ops, not a bmm: each sample's result then does not
+        # depend on the batch it is in (the served model's batched = single-sample).
+        mixed = weight[:, 0:1] * experts[0]
+        for k in range(1, len(experts)):
+            mixed = mixed + weight[:, k : k + 1] * experts[k]
+        return self.tower(mixed)
+
+
+class MultiGateExperts(nn.Module):
+    """MMoE's top (Ma et al., 2018): experts shared by all tasks, and per task a gate over them
+    and a tower: x [B, W] -> logits [B, T], one column per task in model.tasks order."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_experts: int,
+        expert_layer_sizes: list[int],
+        tower_layer_sizes: list[int],
+        num_tasks: int,
+        device: torch.device | None,
+    ) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(
+            [MLP(in_features, expert_layer_sizes, device=device) for _ in range(num_experts)]
+        )
+        self.tasks = nn.ModuleList(
+            [
+                TaskTower(
+                    in_features, num_experts, expert_layer_sizes[-1], tower_layer_sizes, device
+                )
+                for _ in range(num_tasks)
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        experts = [expert(x) for expert in self.experts]
+        return torch.cat([task(x, experts) for task in self.tasks], 1)
+
+
+class Mmoe(ConcatModel):
+    """Multi-gate mixture of experts over the concatenation: the interaction is the
+    concatenation itself (an identity), the over arch is MultiGateExperts."""
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        num_experts: int,
+        expert_layer_sizes: list[int],
+        num_tasks: int,
+        dense_device: torch.device | None = None,
+    ) -> None:
+        super().__init__(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, dense_device
+        )
+        self.inter_arch = nn.Identity()
+        self.over_arch = MultiGateExperts(
+            self.width,
+            num_experts,
+            expert_layer_sizes,
+            over_arch_layer_sizes,
+            num_tasks,
+            dense_device,
+        )
 
 
 def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module:
-    """DLRM, DLRM-DCN or DCN-v2 with its embedding tables on `device` ("meta" for sharding
-    later).
+    """The model of `cfg.model.arch` with its embedding tables on `device` ("meta" for
+    sharding later).
 
     Example:
         >>> from rec.config import default_config
@@ -101,6 +201,10 @@ def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module
     """
     device = torch.device(device)
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
+    if cfg.model.factory:
+        from rec.factory import build_custom
+
+        return build_custom(cfg, ebc)
     dense_device = torch.device("cpu") if device.type == "meta" else device
     common = dict(
         embedding_bag_collection=ebc,
@@ -115,6 +219,13 @@ def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module
             dcn_low_rank_dim=cfg.model.dcn_low_rank_dim,
             **common,
         )
+    if cfg.model.arch == "mmoe":
+        return Mmoe(
+            num_experts=cfg.model.num_experts,
+            expert_layer_sizes=list(cfg.model.expert_arch),
+            num_tasks=cfg.model.num_tasks,
+            **common,
+        )
     if cfg.model.arch == "dlrm_dcn":
         return DLRM_DCN(
             dcn_num_layers=cfg.model.dcn_num_layers,
@@ -122,6 +233,31 @@ def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module
             **common,
         )
     return DLRM(**common)
+
+
+def ebc_path(model: nn.Module) -> str:
+    """The attribute path of the model's one EmbeddingBagCollection, which holds every table:
+    `sparse_arch.embedding_bag_collection` for rec's architectures, anywhere for a factory's
+    model (rec.factory checks there is exactly one)."""
+    paths = [name for name, m in model.named_modules() if isinstance(m, EmbeddingBagCollection)]
+    if len(paths) != 1:
+        raise ValueError(f"the model holds {len(paths)} EmbeddingBagCollections {paths}; rec "
+                         "needs exactly one, the one it built from `tables`")  # fmt: skip
+    return paths[0]
+
+
+def replace_submodule(model: nn.Module, path: str, module: nn.Module) -> nn.Module:
+    """Puts `module` at attribute path `path` of `model`; returns what was there."""
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    old = getattr(parent, name)
+    setattr(parent, name, module)
+    return old
+
+
+def ebc_features(ebc: nn.Module) -> list[str]:
+    """The EBC's features in the order of its output (table by table)."""
+    return [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
 
 
 def table_rows(cfg: RecConfig) -> torch.Tensor:

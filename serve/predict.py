@@ -131,11 +131,13 @@ def predict(cfg: PredictConfig) -> Prediction:
 
         from rec.export.verify import quality as measure
 
-        quality = measure(torch.from_numpy(scores), torch.from_numpy(labels))
+        quality = measure(torch.from_numpy(scores), torch.from_numpy(labels), spec.labels)
         print(
             f"{len(scores)} rows: AUC {quality['auc']:.6f}, log loss {quality['log_loss']:.6f}",
             file=sys.stderr,
         )
+        for task, value in quality.get("auc_per_task", {}).items():
+            print(f"  {task}: AUC {value:.6f}", file=sys.stderr)
     return Prediction(scores, quality)
 
 

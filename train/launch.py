@@ -14,7 +14,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from rec import resources, run_dir
+from rec import factory, resources, run_dir
 from rec.config import RecConfig, load_config
 from rec.features import SPEC_FILE, feature_spec
 
@@ -104,9 +104,11 @@ def train(
     run = run or default_run_dir()
     cfg = None if resume else load_config(config)
     if cfg is not None:  # before the run directory is made: a refused run leaves nothing
+        factory.check(cfg)
         resources.check_training(cfg, nproc, run)
     cfg = prepare_run_dir(cfg, run, resume)
     if resume:
+        factory.check(cfg)
         resources.check_training(cfg, nproc, run, resume=True)
     launch(run, nproc, resume, max_restarts)
     return run

@@ -23,7 +23,7 @@ from torchrec.distributed.types import ShardingEnv
 from rec import run_dir
 from rec.config import RecConfig
 from rec.data import make_source
-from rec.model import TrainModel, build_model, table_rows
+from rec.model import TrainModel, build_model, ebc_path, table_rows
 from rec.train import sharding
 from rec.train.checkpoint import Checkpointer
 from rec.train.distributed import DistContext, all_mean, init_distributed
@@ -73,7 +73,8 @@ class Trainer:
             # from the topology; they must agree, also when one machine simulates several hosts.
             os.environ["LOCAL_WORLD_SIZE"] = str(cfg.sharding.topology.local_world_size)
         model = TrainModel(build_model(cfg, "meta"))
-        attach_embedding_optimizer(model.model.sparse_arch, cfg.training)
+        ebc = model.model.get_submodule(ebc_path(model.model))
+        attach_embedding_optimizer(ebc, cfg.training)
         compute = sharding.compute_device_type(ctx.device)
         planner = sharding.make_planner(cfg, ctx.world_size, compute)
         sharders = sharding.make_sharders()
@@ -145,7 +146,8 @@ class Trainer:
     # ---- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """AUC and log loss on the held-out split, gathered over all ranks by torchmetrics."""
+        """AUC (per task and their mean) and log loss on the held-out split, gathered over all
+        ranks by torchmetrics."""
         num_tasks = self.cfg.model.num_tasks
         aucs = [
             torchmetrics.classification.BinaryAUROC().to(self.ctx.device) for _ in range(num_tasks)
@@ -169,9 +171,17 @@ class Trainer:
                     auc.update(probs[:, t], labels[:, t].long())
         finally:
             self.dmp.train()
-        out = {"auc": float(aucs[0].compute())}
-        for t in range(1, num_tasks):
-            out[f"auc_task{t}"] = float(aucs[t].compute())
+        per_task = [float(a.compute()) for a in aucs]
+        # "auc" is the mean over tasks (what export's verification compares); with several
+        # tasks each has its own, auc_<task name>.
+        out = {"auc": sum(per_task) / num_tasks}
+        if num_tasks > 1:
+            out.update(
+                {
+                    f"auc_{name}": a
+                    for name, a in zip(self.cfg.model.task_names, per_task, strict=True)
+                }
+            )
         out["logloss"] = float(logloss.compute())
         return out
 

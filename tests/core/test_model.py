@@ -10,7 +10,7 @@ from torchrec.fx import symbolic_trace
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.config import ConfigError, config_from_dict
-from rec.model import DcnV2, build_model
+from rec.model import DcnV2, Mmoe, build_model
 
 TABLES = [
     {"name": "t0", "rows": 40, "dim": 4, "features": ["a"]},
@@ -21,15 +21,27 @@ MODELS = {
     "dlrm": {"dense_arch": [16, 8], "over_arch": [16, 2]},
     "dlrm_dcn": {"dense_arch": [16, 8], "over_arch": [16, 2], "dcn_low_rank_dim": 4},
     "dcn_v2": {"dense_arch": [16, 6], "over_arch": [16, 2], "dcn_low_rank_dim": 4},
+    "mmoe": {
+        "dense_arch": [16, 6],
+        "over_arch": [8, 1],
+        "tasks": ["click", "buy"],
+        "num_experts": 3,
+        "expert_arch": [16, 8],
+    },  # fmt: skip
+    # Your own model: examples/custom_model.py's DeepFM, built by model.factory.
+    "custom": {
+        "factory": "examples.custom_model:build",
+        "factory_args": {"deep_layers": [16, 8]},
+        "tasks": ["click", "buy"],
+    },  # fmt: skip
 }
 
 
 def _config(arch: str):
-    dims = arch == "dcn_v2"  # the one architecture whose tables may differ in dim
+    dims = arch in ("dcn_v2", "mmoe")  # the architectures whose tables may differ in dim
     tables = [{**t, "dim": t["dim"] if dims else 8} for t in TABLES]
-    return config_from_dict(
-        {"tables": tables, "features": {"dense": 3}, "model": {"arch": arch, **MODELS[arch]}}
-    )
+    model = MODELS[arch] if "factory" in MODELS[arch] else {"arch": arch, **MODELS[arch]}
+    return config_from_dict({"tables": tables, "features": {"dense": 3}, "model": model})
 
 
 def _inputs(batch: int = 5):
@@ -70,3 +82,44 @@ def test_mixed_dims_need_dcn_v2():
     tables = [{**t, "dim": t["dim"]} for t in TABLES]
     with pytest.raises(ConfigError, match=r"tables have dims \[4, 8, 12\].*dcn_v2"):
         config_from_dict({"tables": tables, "model": {"dense_arch": [16, 8]}})
+
+
+def test_mmoe_mixes_shared_experts_per_task():
+    """Every task's gate weighs the same experts, from the concatenation at each table's dim;
+    the towers are the tasks' own, so the two score columns differ."""
+    model = build_model(_config("mmoe")).eval()
+    assert isinstance(model, Mmoe)
+    top = model.over_arch
+    assert len(top.experts) == 3 and len(top.tasks) == 2
+    assert top.tasks[0].gate.in_features == 6 + 4 + 8 + 8 + 12
+    assert top.tasks[0].gate.out_features == 3
+    with torch.no_grad():
+        logits = model(*_inputs())
+    assert logits.shape == (5, 2)
+    assert not torch.equal(logits[:, 0], logits[:, 1])
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"arch": "mmoe", "dense_arch": [8]}, r"mmoe needs model.tasks"),
+        ({"arch": "mmoe", "tasks": ["a", "b"], "over_arch": [8, 2]}, r"must end in 1"),
+        ({"tasks": ["a", "b"], "dense_arch": [8]}, r"names 2 tasks but .* ends in 1"),
+        ({"tasks": ["a", "a"], "over_arch": [8, 2], "dense_arch": [8]}, r"repeats a name"),
+        ({"tasks": ["a b"], "dense_arch": [8]}, r"must be a Python identifier"),
+    ],
+)
+def test_bad_task_configs_are_refused(model, message):
+    tables = [{**t, "dim": 8} for t in TABLES]
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"tables": tables, "model": model})
+
+
+def test_named_tasks_read_label_columns_of_their_names():
+    tables = [{**t, "dim": 8} for t in TABLES]
+    cfg = config_from_dict({"tables": tables, "model": {"arch": "mmoe", "tasks": ["click", "buy"]}})
+    assert cfg.model.num_tasks == 2 and cfg.model.task_names == ["click", "buy"]
+    assert cfg.data.columns.label_columns == ["click", "buy"]
+    assert config_from_dict({"tables": tables, "model": {"dense_arch": [8]}}).model.task_names == [
+        "label"
+    ]

@@ -31,7 +31,11 @@ def _config(arch: str, dense_dtype: str = "fp32"):
     # per-sample products (rec.export.dense.SMALL_LAYER), so both kinds are in the model.
     data["model"] = {"arch": arch, "dense_arch": [80, 8], "over_arch": [96, 1],
                      "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
-    if arch == "dcn_v2":  # the architecture over concatenated embeddings: tables of four dims
+    if arch == "mmoe":  # two tasks, three experts: the gates and experts are small layers
+        data["model"] = {"arch": arch, "dense_arch": [80, 8], "over_arch": [16, 1],
+                         "tasks": ["click", "buy"], "num_experts": 3,
+                         "expert_arch": [96, 24]}  # fmt: skip
+    if arch in ("dcn_v2", "mmoe"):  # over concatenated embeddings: tables of four dims
         for table, dim in zip(data["tables"], MIXED_DIMS, strict=True):
             table["dim"] = dim
     return config_from_dict(data)
@@ -85,7 +89,7 @@ def test_table_indices_stay_inside_their_tables(batch, reordered):
     assert bool(((indices >= 0) & (indices < rows[feature])).all())
 
 
-@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn", "dcn_v2"])
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn", "dcn_v2", "mmoe"])
 def test_served_module_computes_the_float_model(arch):
     """fp32 tables: the lean module (one TBE op, oneDNN / per-sample dense layers) scores what
     the float DLRM behind a KeyedJaggedTensor scores; a shared table, a mean-pooled one and
@@ -106,7 +110,7 @@ def _dequantized(rows: torch.Tensor, dtype: str) -> torch.Tensor:
     return torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfToFloat(fused, BITS[dtype])
 
 
-@pytest.mark.parametrize("arch", ["dlrm_dcn", "dcn_v2"])
+@pytest.mark.parametrize("arch", ["dlrm_dcn", "dcn_v2", "mmoe"])
 def test_mixed_table_dtypes_read_what_was_stored(arch):
     """int4, fp16, int8 and fp32 tables in one TBE (for dcn_v2 each at its own dim): scores are
     the float model's with each table replaced by its stored (dequantized) values."""
@@ -122,7 +126,8 @@ def test_mixed_table_dtypes_read_what_was_stored(arch):
 
 
 @pytest.mark.parametrize(
-    ("arch", "dense_dtype"), [("dlrm_dcn", "fp32"), ("dlrm_dcn", "bf16"), ("dcn_v2", "fp32")]
+    ("arch", "dense_dtype"),
+    [("dlrm_dcn", "fp32"), ("dlrm_dcn", "bf16"), ("dcn_v2", "fp32"), ("mmoe", "fp32")],
 )
 def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
     """Saved and loaded (the oneDNN weights are repacked on load), the module scores a batch

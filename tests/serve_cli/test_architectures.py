@@ -2,7 +2,9 @@
 export with its verification, then both servers over both protocols score exactly what the
 exported model scores in process, batched as one sample at a time.
 
-dcn_v2 (examples/mixed_dims.yaml) is the architecture of tables at different dims.
+dcn_v2 (examples/mixed_dims.yaml) is the architecture of tables at different dims; mmoe
+(examples/mmoe.yaml) the multi-task one, with two named tasks and a score column each; custom
+(examples/custom_model.yaml) a model of the user's own (DeepFM) built by model.factory.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from tests.helpers import run_rec, write_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
-ARCHITECTURES = {"dcn_v2": "mixed_dims.yaml"}
+ARCHITECTURES = {"dcn_v2": "mixed_dims.yaml", "mmoe": "mmoe.yaml", "custom": "custom_model.yaml"}
+ROOT = EXAMPLES.parent  # where rec runs, so that custom_model.yaml's factory is importable
 
 
 def _shortened(example: str) -> dict:
@@ -41,23 +44,33 @@ def exported(request, tmp_path_factory):
     cfg = _shortened(ARCHITECTURES[request.param])
     run, repo = tmp / "run", tmp / "repo"
     run_rec("train", "--config", str(write_config(tmp / "c.yaml", cfg)), "--run-dir", str(run),
-            timeout=900)  # fmt: skip
-    run_rec("export", str(run), "--repo", str(repo), "--format", "torchscript")
+            timeout=900, cwd=ROOT)  # fmt: skip
+    run_rec("export", str(run), "--repo", str(repo), "--format", "torchscript", cwd=ROOT)
     return run, repo
 
 
-def test_trained_beats_a_constant_and_export_keeps_its_auc(exported):
+def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request):
     run, repo = exported
+    example = yaml.safe_load((EXAMPLES / ARCHITECTURES[request.node.callspec.id]).read_text())
+    tasks = example["model"].get("tasks", ["label"])
     meta = run_dir.read_meta(run_dir.latest_checkpoint(run))
     assert meta["world_size"] == 2
     assert meta["eval"]["auc"] > 0.65, meta["eval"]  # a constant score is 0.5
     manifest = json.loads((repo / "rec" / "1" / "rec.json").read_text())
+    assert manifest["tasks"] == tasks and manifest["outputs"][0]["shape"] == [-1, len(tasks)]
     checks = manifest["verification"]
-    assert checks["eval"]["torchscript"]["auc_ratio"] >= 0.999
+    ts = checks["eval"]["torchscript"]
+    assert ts["auc_ratio"] >= 0.999
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
+    if len(tasks) > 1:  # each task learned, and each kept its AUC through the export
+        for task in tasks:
+            assert meta["eval"][f"auc_{task}"] > 0.65, meta["eval"]
+            assert ts["auc_per_task"][task] == pytest.approx(meta["eval"][f"auc_{task}"], abs=2e-3)
+            assert ts["auc_ratio_per_task"][task] >= 0.999
     stored = {t["name"]: (t["dim"], t["stored_dtype"]) for t in manifest["tables"]}
-    assert stored["t1"] == (16, "int4") and stored["t5"] == (4, "fp16")
-    assert stored["t3"] == (12, "int8")
+    for table in example["tables"]:
+        dtype = example["export"].get("table_dtypes", {}).get(table["name"], "int8")
+        assert stored[table["name"]] == (table["dim"], dtype)
 
 
 def _in_process(module, rows: Rows) -> np.ndarray:
