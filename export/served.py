@@ -251,6 +251,7 @@ class TbeLookup(nn.Module):
         self.register_buffer("is_mean", torch.tensor(mean, dtype=torch.bool))
         # The feature of each output column (a feature's dim columns are adjacent).
         dims = [by_name[owner[f]].dim for f in feature_order]
+        self.keys, self.dims = list(feature_order), dims  # TbeBagCollection's KeyedTensor
         column = torch.repeat_interleave(torch.arange(len(dims)), torch.tensor(dims))
         self.register_buffer("column_feature", column)
 
@@ -329,18 +330,6 @@ class TbeBagCollection(TbeLookup):
     """What a factory's model holds in place of its EmbeddingBagCollection in the export:
     KeyedJaggedTensor of table rows -> KeyedTensor of pooled embeddings, by one TBE call over
     every table (KjtLookup has mapped the ids already)."""
-
-    def __init__(
-        self,
-        tbe: IntNBitTableBatchedEmbeddingBagsCodegen,
-        cfg: RecConfig,
-        feature_order: list[str],
-    ) -> None:
-        super().__init__(tbe, cfg, feature_order)
-        by_feature = cfg.feature_to_table()
-        dims = {t.name: t.dim for t in cfg.tables}
-        self.keys = list(feature_order)
-        self.dims = [dims[by_feature[f]] for f in feature_order]
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:  # type: ignore[override]
         if features.keys() != self.keys:  # the model passed its own order: the EBC's, as TorchRec
