@@ -3,11 +3,14 @@ B = 1, 64, 512, on the small default tables and Criteo Kaggle's, side by side in
 
 Models (one intra-op thread, int8 tables, the default batch-invariant export):
   default  dlrm (rec's embedded default), dlrm_dcn (the same tables), dcn_v2 (the same tables
-           at the dims of examples/mixed_dims.yaml)
+           at the dims of examples/mixed_dims.yaml), mmoe (examples/mmoe.yaml: two tasks, four
+           experts), custom (examples/custom_model.yaml: DeepFM by model.factory)
   kaggle   dlrm_dcn (examples/criteo_kaggle.yaml as it is: 26 tables at dim 64), dlrm (its
            tables and layers, dot interaction), dcn_v2 (its tables, each at a dim that grows
            with its rows: 6 x rows^(1/4) rounded to a multiple of 8, 8 to 64; the DCN settings
-           of criteo_kaggle.yaml)
+           of criteo_kaggle.yaml), mmoe (those mixed-dim tables, two tasks, four experts of
+           [512, 256], towers [128, 1]), custom (DeepFM over the 26 tables at dim 64, deep
+           layers [1024, 512, 256])
 
 Latency does not depend on what the weights are, so the models are not trained: the dense
 layers keep their initial weights and the tables are zero (export's served module with its TBE
@@ -15,7 +18,7 @@ storage allocated, as `rec export` builds it before streaming the tables in). Ea
 resident size is the process RSS it added when built. Models take turns round after round
 (export_bench.measure), so bursts of other work on the shared cores hit all alike.
 
-    .venv/bin/python benchmarks/arch_bench.py                # ~5 min, ~8 GB of RAM at peak
+    .venv/bin/python benchmarks/arch_bench.py    # from the repo root; ~2 min, 11.8 GB peak RSS
     .venv/bin/python benchmarks/arch_bench.py --kaggle-scale 0.05   # a quick look
 
 Writes benchmarks/results/arch.json and prints a Markdown table.
@@ -63,6 +66,20 @@ def configs(kaggle_scale: float) -> dict[str, dict[str, dict]]:
     for t in v2["tables"]:
         t["dim"] = dim_for(t["rows"])
     out["kaggle"]["dcn_v2"] = v2
+    for example in ("mmoe", "custom_model"):
+        ex = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
+        arch = "custom" if example == "custom_model" else example
+        out["default"][arch] = {**copy.deepcopy(default), "tables": ex["tables"],
+                                "model": ex["model"]}  # fmt: skip
+    mmoe = copy.deepcopy(v2)
+    mmoe["model"] = {"arch": "mmoe", "dense_arch": kaggle["model"]["dense_arch"],
+                     "tasks": ["click", "purchase"], "num_experts": 4,
+                     "expert_arch": [512, 256], "over_arch": [128, 1]}  # fmt: skip
+    out["kaggle"]["mmoe"] = mmoe
+    custom = copy.deepcopy(kaggle)
+    custom["model"] = {"factory": "examples.custom_model:build",
+                       "factory_args": {"deep_layers": [1024, 512, 256]}}  # fmt: skip
+    out["kaggle"]["custom"] = custom
     return out
 
 
