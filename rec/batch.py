@@ -16,6 +16,9 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+PAD_LABEL = -1.0
+"""The label of rows that only fill a batch up (RecBatch.padded); never a real 0/1 label."""
+
 
 @dataclass
 class RecBatch:
@@ -37,6 +40,19 @@ class RecBatch:
             values=torch.cat([b.values for b in batches]),
             labels=torch.cat([b.labels for b in batches]),
         )
+
+    def padded(self, size: int) -> RecBatch:
+        """This batch with rows appended up to `size`: zero dense values, empty bags and label
+        PAD_LABEL, which evaluation leaves out of its metrics."""
+        pad = size - len(self)
+        if pad <= 0:
+            return self
+        return RecBatch.concat([self, RecBatch(
+            dense=self.dense.new_zeros(pad, self.dense.shape[1]),
+            lengths=self.lengths.new_zeros(pad, self.lengths.shape[1]),
+            values=self.values.new_zeros(0),
+            labels=self.labels.new_full((pad, self.labels.shape[1]), PAD_LABEL),
+        )])  # fmt: skip
 
     def to_torchrec(self, keys: list[str], rows: torch.Tensor) -> Batch:
         """TorchRec's Batch (what the train pipelines move and feed the model).

@@ -21,6 +21,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipeline
 from torchrec.distributed.types import ShardingEnv
 
 from rec import run_dir
+from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data import make_source
 from rec.model import TrainModel, build_model, ebc_path, table_rows
@@ -54,13 +55,8 @@ class Trainer:
         self.pos = Position()
         self.train_source = make_source(cfg, "train")
         self.eval_source = make_source(cfg, "eval")
-        if self.eval_source.num_samples() < self.global_batch:
-            # Every rank must run the same number of sharded forwards, so evaluation uses whole
-            # global batches and drops the tail of the held-out split.
-            raise ValueError(
-                f"the held-out split has {self.eval_source.num_samples()} samples, fewer than one "
-                f"global batch ({self.batch_size} x {ctx.world_size} ranks)"
-            )
+        if self.eval_source.num_samples() == 0:
+            raise ValueError("the held-out split has no samples to evaluate on")
         self._build_model()
         self.checkpointer = Checkpointer(run, cfg.checkpoint, ctx.rank)
 
@@ -153,15 +149,13 @@ class Trainer:
             torchmetrics.classification.BinaryAUROC().to(self.ctx.device) for _ in range(num_tasks)
         ]
         logloss = torchmetrics.MeanMetric().to(self.ctx.device)
-        batches = (
-            b.to_torchrec(self.keys, self.rows)
-            for b in self.eval_source.batches(self.batch_size, self.ctx.rank, self.ctx.world_size)
-        )
-        if self.cfg.training.eval_batches:
-            batches = itertools.islice(batches, self.cfg.training.eval_batches)
         self.dmp.eval()
         try:
-            for _, logits, labels in self._eval_outputs(batches):
+            for _, all_logits, all_labels in self._eval_outputs(self._eval_batches()):
+                real = all_labels[:, 0] != PAD_LABEL
+                if not bool(real.any()):
+                    continue
+                logits, labels = all_logits[real], all_labels[real]
                 per_sample = torch.nn.functional.binary_cross_entropy_with_logits(
                     logits, labels, reduction="none"
                 )
@@ -184,6 +178,33 @@ class Trainer:
             )
         out["logloss"] = float(logloss.compute())
         return out
+
+    def _eval_batches(self) -> Iterator[Batch]:
+        """Every held-out sample once (up to training.eval_batches per rank). Sharded forwards
+        are collective, so every rank runs the same number of batches of batch_size rows: the
+        split's short last batches, and the ones a rank has none for, are padded with rows
+        labelled PAD_LABEL (RecBatch.padded) that the metrics leave out."""
+        n = self.eval_source.num_samples()
+        steps = -(-n // self.global_batch)
+        if self.cfg.training.eval_batches:
+            steps = min(steps, self.cfg.training.eval_batches)
+        source = self.eval_source.batches(
+            self.batch_size, self.ctx.rank, self.ctx.world_size, drop_last=False
+        )
+        for _ in range(steps):
+            batch = next(source, None)
+            if batch is None:  # this rank's share of the split ended a batch earlier
+                batch = self._empty_batch()
+            yield batch.padded(self.batch_size).to_torchrec(self.keys, self.rows)
+
+    def _empty_batch(self) -> RecBatch:
+        cfg = self.cfg
+        return RecBatch(
+            dense=torch.zeros(0, cfg.features.dense),
+            lengths=torch.zeros(0, len(self.keys), dtype=torch.int32),
+            values=torch.zeros(0, dtype=torch.int64),
+            labels=torch.zeros(0, cfg.model.num_tasks),
+        )
 
     def _eval_outputs(self, batches: Iterator[Batch]) -> Iterator[tuple[torch.Tensor, ...]]:
         """(loss, logits, labels) per held-out batch.

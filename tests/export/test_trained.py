@@ -20,7 +20,8 @@ quiet = {"log": lambda _: None}
 
 @pytest.mark.parametrize("layout", sorted(SHARDINGS))
 def test_sharded_checkpoint_loads_the_trained_model(trained_runs, layout):
-    """The unsharded float model scores the held-out split exactly as the sharded trainer did."""
+    """The unsharded float model scores the held-out split exactly as the sharded trainer did,
+    every sample of it (1,850: the trainer's last batches are padded, not dropped)."""
     run = trained_runs[layout]
     plan = json.loads((run / "plan.json").read_text())
     assert [t["sharding_type"] for t in plan["tables"]] == SHARDINGS[layout]
@@ -28,6 +29,7 @@ def test_sharded_checkpoint_loads_the_trained_model(trained_runs, layout):
     module = ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
     batches = make_source(loaded.cfg, "eval").batches(512, rank=0, world_size=1, drop_last=False)
     scores, labels = verify.score_all({"float": module}, batches)
+    assert labels.shape[0] == 1850
     q = verify.quality(scores["float"], labels)
     trainer = loaded.meta["eval"]
     assert q["auc"] == pytest.approx(trainer["auc"], abs=2e-6)
