@@ -490,6 +490,12 @@ def export_run(
     """
     run, repo = Path(run), Path(repo)
     cfg = resolve_config(run, quantize, fmt, config)
+    if cfg.sequence_tables:
+        raise ConfigError(
+            f"run {str(run)!r} has sequence tables {[t.name for t in cfg.sequence_tables]} "
+            "(model.arch din): their export (an unpooled FBGEMM lookup) is not built yet; "
+            "the run's checkpoints are complete and will export once it is"
+        )
     loaded = load_dense(run, checkpoint, cfg)
     log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
     formats = ["torchscript", "onnx"] if cfg.export.format == "both" else [cfg.export.format]

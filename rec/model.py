@@ -14,8 +14,8 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, OverArch
 from torchrec.modules.crossnet import LowRankCrossNet
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -26,6 +26,7 @@ _POOLING = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
 
 
 def embedding_configs(cfg: RecConfig) -> list[EmbeddingBagConfig]:
+    """The pooled tables (the EmbeddingBagCollection's)."""
     return [
         EmbeddingBagConfig(
             name=t.name,
@@ -34,7 +35,17 @@ def embedding_configs(cfg: RecConfig) -> list[EmbeddingBagConfig]:
             feature_names=list(t.features),
             pooling=_POOLING[t.pooling],
         )
-        for t in cfg.tables
+        for t in cfg.pooled_tables
+    ]
+
+
+def sequence_configs(cfg: RecConfig) -> list[EmbeddingConfig]:
+    """The sequence tables (pooling none: the EmbeddingCollection's)."""
+    return [
+        EmbeddingConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=list(t.features)
+        )
+        for t in cfg.sequence_tables
     ]
 
 
@@ -189,6 +200,86 @@ class Mmoe(ConcatModel):
         )
 
 
+class SequenceArch(nn.Module):
+    """The candidate and the history through the EmbeddingCollection (TorchRec's unpooled
+    lookup): candidate [B, D] (its ids summed: one id, or none for a zero vector), the
+    history's item embeddings [N, D] in order, and the sample of each [N]."""
+
+    def __init__(self, embedding_collection: EmbeddingCollection, candidate: str, history: str):
+        super().__init__()
+        self.embedding_collection = embedding_collection
+        self.candidate = candidate
+        self.history = history
+
+    def forward(
+        self, features: KeyedJaggedTensor, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sequences = self.embedding_collection(features)
+        candidate, history = sequences[self.candidate], sequences[self.history]
+        items = history.values()
+        # Zero rows for B samples (`like` is [B, ...]); built from a tensor, not torch.zeros
+        # of a size, which TorchRec's pipeline tracer cannot take.
+        pooled = like.new_zeros(like.shape[0], items.shape[1])
+        owner = torch.repeat_interleave(candidate.lengths().long())
+        pooled = pooled.index_add(0, owner, candidate.values())
+        return pooled, items, torch.repeat_interleave(history.lengths().long())
+
+
+class AttentionPooling(nn.Module):
+    """DIN's activation unit (Zhou et al., 2018): each history item h gets the weight
+    w(h, c) = MLP([h, c, h - c, h * c]) from the candidate c, and the user's interest in c is
+    sum_h w(h, c) h (no softmax, as in the paper: the sum keeps how much of the history
+    relates to c). Per-item rows and an index_add: a sample's result does not depend on the
+    batch it is in."""
+
+    def __init__(self, dim: int, hidden: list[int], device: torch.device | None) -> None:
+        super().__init__()
+        self.mlp = MLP(4 * dim, hidden, device=device)
+        self.weight = nn.Linear(hidden[-1], 1, device=device)
+
+    def forward(
+        self, candidate: torch.Tensor, items: torch.Tensor, owner: torch.Tensor
+    ) -> torch.Tensor:
+        c = candidate.index_select(0, owner)
+        w = self.weight(self.mlp(torch.cat([items, c, items - c, items * c], 1)))
+        return torch.zeros_like(candidate).index_add(0, owner, w * items)
+
+
+class Din(ConcatModel):
+    """DIN over the concatenation: x0 = [dense_arch(dense), pooled features at their dims],
+    then the over arch reads [x0, c, u, c * u]: the candidate c, the user's interest u (the
+    history pooled by its attention to c, AttentionPooling) and their product, whose sum is
+    the dot product c . u that an MLP would otherwise have to learn."""
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        embedding_collection: EmbeddingCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        candidate: str,
+        history: str,
+        attention_layer_sizes: list[int],
+        dense_device: torch.device | None = None,
+    ) -> None:
+        super().__init__(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, dense_device
+        )
+        dim = embedding_collection.embedding_dim()
+        self.sequence_arch = SequenceArch(embedding_collection, candidate, history)
+        self.inter_arch = AttentionPooling(dim, attention_layer_sizes, dense_device)
+        self.over_arch = OverArch(self.width + 3 * dim, over_arch_layer_sizes, dense_device)
+
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
+        x0 = torch.cat([self.dense_arch(dense_features), self.sparse_arch(sparse_features)], 1)
+        candidate, items, owner = self.sequence_arch(sparse_features, x0)
+        interest = self.inter_arch(candidate, items, owner)
+        return self.over_arch(torch.cat([x0, candidate, interest, candidate * interest], 1))
+
+
 def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module:
     """The model of `cfg.model.arch` with its embedding tables on `device` ("meta" for
     sharding later).
@@ -219,6 +310,14 @@ def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module
             dcn_low_rank_dim=cfg.model.dcn_low_rank_dim,
             **common,
         )
+    if cfg.model.arch == "din":
+        return Din(
+            embedding_collection=EmbeddingCollection(tables=sequence_configs(cfg), device=device),
+            candidate=cfg.model.candidate,
+            history=cfg.model.history,
+            attention_layer_sizes=list(cfg.model.attention_arch),
+            **common,
+        )
     if cfg.model.arch == "mmoe":
         return Mmoe(
             num_experts=cfg.model.num_experts,
@@ -233,6 +332,12 @@ def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module
             **common,
         )
     return DLRM(**common)
+
+
+def embedding_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's EmbeddingBagCollection and EmbeddingCollection (din), unsharded."""
+    kinds = (EmbeddingBagCollection, EmbeddingCollection)
+    return [m for m in model.modules() if isinstance(m, kinds)]
 
 
 def ebc_path(model: nn.Module) -> str:

@@ -15,14 +15,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import ShardingPlan, ShardingType
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
-from rec.config import RecConfig
+from rec.config import SEQUENCE_SHARDING_TYPES, RecConfig
 
 GiB = 1024**3
 # The planner warns on every directly built Topology and on dry-run size estimates; neither
@@ -48,8 +49,9 @@ class RecEBCSharder(EmbeddingBagCollectionSharder):
         return types
 
 
-def make_sharders() -> list[RecEBCSharder]:
-    return [RecEBCSharder()]
+def make_sharders() -> list[ModuleSharder]:
+    """rec's EBC sharder, and TorchRec's for din's EmbeddingCollection (sequence tables)."""
+    return [RecEBCSharder(), EmbeddingCollectionSharder()]
 
 
 def make_topology(cfg: RecConfig, world_size: int, compute_device: str) -> Topology:
@@ -80,10 +82,14 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
     constraint keeps the stock choice (what TorchRec's own CPU sharder would offer).
     """
     out = {}
+    stocks = {
+        "pooled": EmbeddingBagCollectionSharder().sharding_types("cpu"),
+        "sequence": list(SEQUENCE_SHARDING_TYPES),
+    }
+    kind = {t.name: "sequence" if t.pooling == "none" else "pooled" for t in cfg.tables}
     if compute_device == "cpu":
-        stock = EmbeddingBagCollectionSharder().sharding_types("cpu")
         for t in cfg.tables:
-            out[t.name] = ParameterConstraints(sharding_types=list(stock))
+            out[t.name] = ParameterConstraints(sharding_types=list(stocks[kind[t.name]]))
     for table, c in cfg.sharding.constraints.items():
         out[table] = ParameterConstraints(
             sharding_types=list(c.sharding_types) or None,
@@ -91,7 +97,7 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
             min_partition=c.min_partition or None,
         )
         if compute_device == "cpu" and not c.sharding_types:
-            out[table].sharding_types = list(stock)
+            out[table].sharding_types = list(stocks[kind[table]])
     return out
 
 

@@ -24,7 +24,7 @@ from rec import run_dir
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data import make_source
-from rec.model import TrainModel, build_model, ebc_path, table_rows
+from rec.model import TrainModel, build_model, embedding_modules, table_rows
 from rec.train import sharding
 from rec.train.checkpoint import Checkpointer
 from rec.train.distributed import DistContext, all_mean, init_distributed
@@ -69,8 +69,8 @@ class Trainer:
             # from the topology; they must agree, also when one machine simulates several hosts.
             os.environ["LOCAL_WORLD_SIZE"] = str(cfg.sharding.topology.local_world_size)
         model = TrainModel(build_model(cfg, "meta"))
-        ebc = model.model.get_submodule(ebc_path(model.model))
-        attach_embedding_optimizer(ebc, cfg.training)
+        for tables in embedding_modules(model.model):  # the EBC, and din's EmbeddingCollection
+            attach_embedding_optimizer(tables, cfg.training)
         compute = sharding.compute_device_type(ctx.device)
         planner = sharding.make_planner(cfg, ctx.world_size, compute)
         sharders = sharding.make_sharders()

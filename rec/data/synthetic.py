@@ -49,7 +49,7 @@ _EMPTY_BAG_P = 0.1  # chance that a multi-hot feature has no id, like Criteo's m
 _TARGET_CTR = 0.25
 _LATENT = 4  # dimension of the teacher's per-id vectors for pairwise interactions
 # Share of the teacher's logit variance: per-id weights, pairwise interactions, dense term.
-_MIX = (0.5, 0.3, 0.2)
+_MIX = (0.5, 0.3, 0.2, 1.0)
 # The logit's standard deviation is signal * _LOGIT_SCALE; 0.65 puts the Bayes AUC of the
 # default signal (2.5) near 0.83, high enough to learn in minutes, far from trivially 1.
 _LOGIT_SCALE = 0.65
@@ -124,6 +124,12 @@ class World:
         self.dense_mu = rng.uniform(0.0, 3.5, self.num_dense)
         self.dense_sigma = rng.uniform(0.5, 1.5, self.num_dense)
         self.dense_missing = rng.uniform(0.0, 0.3, self.num_dense)
+        # din: the candidate (one id) and the history (0..history_length ids) features.
+        din = cfg.model.arch == "din"
+        self.candidate = self.features.index(cfg.model.candidate) if din else -1
+        self.history = self.features.index(cfg.model.history) if din else -1
+        self.history_length = syn.history_length
+        self.match_rate = syn.match_rate
 
     def zipf_ranks(self, u: np.ndarray, feat: np.ndarray) -> np.ndarray:
         """Popularity ranks in [0, rows) for uniforms u [N] of features feat [N].
@@ -148,14 +154,40 @@ class World:
             multi = rng.integers(1, self.max_hotness + 1, size=(n, n_multi), dtype=np.int32)
             multi[rng.random((n, n_multi)) < _EMPTY_BAG_P] = 0
             lengths[:, self.multi_hot] = multi
+        if self.history >= 0:
+            lengths[:, self.candidate] = 1
+            lengths[:, self.history] = rng.integers(0, self.history_length + 1, n)
         # Feature of each id, batch-major: sample by sample, feature by feature.
         feat = np.repeat(np.tile(np.arange(num_f), n), lengths.ravel())
         ranks = self.zipf_ranks(rng.random(feat.size), feat)
         values = (ranks * self.mult[feat] + self.add[feat]) % self.rows[feat]
+        if self.history >= 0:
+            self._plant_matches(rng, lengths, values)
         normal = rng.standard_normal((n, self.num_dense))
         counts = np.floor(np.exp(np.minimum(self.dense_mu + self.dense_sigma * normal, 20.0)))
         counts[rng.random((n, self.num_dense)) < self.dense_missing] = 0
         return lengths, values, feat, counts.astype(np.int64)
+
+    def _plant_matches(self, rng: np.random.Generator, lengths, values) -> None:
+        """A match_rate share of the samples with a history get one of its ids as candidate."""
+        starts = (np.cumsum(lengths.ravel()) - lengths.ravel()).reshape(lengths.shape)
+        hist_len = lengths[:, self.history]
+        picked = np.nonzero((hist_len > 0) & (rng.random(len(lengths)) < self.match_rate))[0]
+        which = (rng.random(picked.size) * hist_len[picked]).astype(np.int64)
+        values[starts[picked, self.candidate]] = values[starts[picked, self.history] + which]
+
+    def matches(self, lengths, values, feat) -> np.ndarray:
+        """[n] 1.0 where the sample's candidate is among its history's ids (din), else 0."""
+        n = lengths.shape[0]
+        if self.history < 0:
+            return np.zeros(n)
+        sample = np.repeat(np.arange(n), lengths.sum(axis=1))
+        candidate = np.zeros(n, dtype=values.dtype)
+        is_candidate = feat == self.candidate
+        candidate[sample[is_candidate]] = values[is_candidate]
+        in_history = feat == self.history
+        equal = values[in_history] == candidate[sample[in_history]]
+        return (np.bincount(sample[in_history], weights=equal, minlength=n) > 0).astype(float)
 
 
 def _coprime(rng: np.random.Generator, rows: int) -> int:
@@ -186,7 +218,8 @@ class Teacher:
         lin   = sum_f a_tf * pool(w_tf[id])                  per-id weights, per feature
         inter = sum_(f,g) <pool(u_tf[id]), pool(u_tg[id])>  pairs (0,1), (2,3), ...; u in R^4
         dn    = v_t . dense                                  linear in the log1p'd dense values
-        logit = signal * _LOGIT_SCALE * (sum of the three parts, each standardised and
+        match = 1 if the candidate is one of the history's ids (model.arch din), else 0
+        logit = signal * _LOGIT_SCALE * (sum of the four parts, each standardised and
                 weighted by sqrt(_MIX)) + bias_t
     w and u come from hashing (id, task, feature), so no per-id table is stored; bias_t puts
     the mean click rate near 0.25. Standardisation and bias are fitted once on a calibration
@@ -208,7 +241,7 @@ class Teacher:
         rng = np.random.default_rng([world.seed, _CALIBRATION_STREAM])
         lengths, values, feat, counts = world.sample(rng, _CALIBRATION_SAMPLES)
         parts = self._parts(lengths, values, feat, log1p_dense(counts))
-        self.center = parts.mean(axis=0)  # [T, 3]
+        self.center = parts.mean(axis=0)  # [T, 4]
         std = parts.std(axis=0)
         # A part that does not vary (no pairs, no dense features) contributes nothing.
         self.weight = np.where(std > 1e-12, np.sqrt(_MIX) / np.maximum(std, 1e-12), 0.0)
@@ -216,9 +249,11 @@ class Teacher:
         self.bias = np.array([_bias_for_ctr(self.signal * z[:, t]) for t in range(num_tasks)])
 
     def _parts(self, lengths, values, feat, dense) -> np.ndarray:
-        """[n, T, 3]: the unscaled lin, inter and dense parts of every task's logit."""
+        """[n, T, 4]: the unscaled lin, inter, dense and history-match (din) parts of every
+        task's logit; the match part is 0 without a history, and then weighs nothing."""
         mean = self.world.mean_pooled
-        out = np.zeros((lengths.shape[0], len(self.importance), 3))
+        out = np.zeros((lengths.shape[0], len(self.importance), 4))
+        out[:, :, 3] = self.world.matches(lengths, values, feat)[:, None]
         for t, importance in enumerate(self.importance):
             w = _uniform_pm(_id_hash(values, self.keys_w[t][feat]) >> np.uint64(11), 53)
             out[:, t, 0] = _pool(w, lengths, mean) @ importance
@@ -257,7 +292,8 @@ _TEACHERS: dict[str, tuple[World, Teacher]] = {}
 
 def _world_and_teacher(cfg: RecConfig) -> tuple[World, Teacher]:
     """Both splits (and repeated sources) share one calibrated teacher per configuration."""
-    key = repr((cfg.tables, cfg.features, cfg.data.synthetic, cfg.model.num_tasks))
+    key = repr((cfg.tables, cfg.features, cfg.data.synthetic, cfg.model.num_tasks,
+                cfg.model.arch == "din" and (cfg.model.candidate, cfg.model.history)))  # fmt: skip
     if key not in _TEACHERS:
         world = World(cfg)
         _TEACHERS[key] = (world, Teacher(world, cfg.model.num_tasks, cfg.data.synthetic.signal))

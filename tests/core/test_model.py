@@ -37,26 +37,35 @@ MODELS = {
 }
 
 
+SEQUENCE = {"name": "item", "rows": 25, "dim": 4, "pooling": "none", "features": ["cand", "hist"]}
+DIN = {"arch": "din", "dense_arch": [16, 6], "over_arch": [8, 2], "candidate": "cand",
+       "history": "hist", "attention_arch": [8]}  # fmt: skip
+
+
 def _config(arch: str):
+    if arch == "din":  # the pooled tables at their dims beside a sequence table
+        return config_from_dict(
+            {"tables": [*TABLES, SEQUENCE], "features": {"dense": 3}, "model": DIN}
+        )
     dims = arch in ("dcn_v2", "mmoe")  # the architectures whose tables may differ in dim
     tables = [{**t, "dim": t["dim"] if dims else 8} for t in TABLES]
     model = MODELS[arch] if "factory" in MODELS[arch] else {"arch": arch, **MODELS[arch]}
     return config_from_dict({"tables": tables, "features": {"dense": 3}, "model": model})
 
 
-def _inputs(batch: int = 5):
+def _inputs(batch: int = 5, keys: tuple[str, ...] = ("a", "b", "c", "d")):
     g = torch.Generator().manual_seed(1)
-    lengths = torch.randint(0, 3, (4 * batch,), generator=g)
+    lengths = torch.randint(0, 3, (len(keys) * batch,), generator=g)
     values = torch.randint(0, 20, (int(lengths.sum()),), generator=g)  # in every table
-    kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c", "d"], values, lengths)
+    kjt = KeyedJaggedTensor.from_lengths_sync(list(keys), values, lengths)
     return torch.randn(batch, 3, generator=g), kjt
 
 
-@pytest.mark.parametrize("arch", list(MODELS))
+@pytest.mark.parametrize("arch", [*MODELS, "din"])
 def test_eager_traced_and_scripted_agree(arch):
     torch.manual_seed(0)
     model = build_model(_config(arch)).eval()
-    dense, kjt = _inputs()
+    dense, kjt = _inputs(keys=("a", "b", "c", "d", "cand", "hist") if arch == "din" else "abcd")
     with torch.no_grad():
         eager = model(dense, kjt)
         traced = symbolic_trace(model)
@@ -123,3 +132,55 @@ def test_named_tasks_read_label_columns_of_their_names():
     assert config_from_dict({"tables": tables, "model": {"dense_arch": [8]}}).model.task_names == [
         "label"
     ]
+
+
+def test_din_attends_to_the_history():
+    """The history changes the score only through the attention: emptying it, or making it
+    the candidate itself, moves the logits; the candidate at dim 4 beside the pooled tables."""
+    torch.manual_seed(0)
+    model = build_model(_config("din")).eval()
+    assert model.over_arch.model[0]._mlp[0]._linear.in_features == 6 + 4 + 8 + 8 + 12 + 3 * 4
+    dense = torch.randn(2, 3)
+    pooled = {"a": [1, 2], "b": [3, 4], "c": [5, 6], "d": [7, 8]}
+
+    def kjt(history):
+        keys = ["a", "b", "c", "d", "cand", "hist"]
+        bags = [[[v] for v in pooled[k]] for k in "abcd"] + [[[9], [10]], history]
+        lengths = torch.tensor([len(b) for per_key in bags for b in per_key])
+        values = torch.tensor([v for per_key in bags for b in per_key for v in b])
+        return KeyedJaggedTensor.from_lengths_sync(keys, values, lengths)
+
+    with torch.no_grad():
+        empty = model(dense, kjt([[], []]))
+        other = model(dense, kjt([[1, 2], [3]]))
+        same = model(dense, kjt([[9], [10]]))
+    assert not torch.equal(empty, other) and not torch.equal(other, same)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"model": {"dense_arch": [8]}},
+            r"sequence tables \(pooling: none\); they need "
+            r"model.arch: din",
+        ),  # fmt: skip
+        ({"model": {**DIN, "candidate": ""}}, r"din needs model.candidate"),
+        (
+            {"model": {**DIN, "candidate": "a"}},
+            r"model.candidate='a' must be a feature of a "
+            r"sequence table",
+        ),  # fmt: skip
+        ({"model": {**DIN, "history": "cand"}}, r"must be different features"),
+        (
+            {"model": DIN, "sharding": {"constraints": {"item": {"sharding_types": ["row_wise"]}}}},
+            r"sharding.constraints.item.sharding_types\[\] \(a sequence table\)='row_wise' is "
+            r"not allowed",
+        ),  # fmt: skip
+        ({"model": {**DIN, "factory": "tests.factories:good"}}, r"they need model.arch: din"),
+    ],
+)
+def test_bad_sequence_configs_are_refused(change, message):
+    tables = [{**t, "dim": 8} for t in TABLES] + [{**SEQUENCE, "dim": 8}]
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"tables": tables, **change})

@@ -151,3 +151,29 @@ def test_one_hot_config_and_validation(util):
         util.small_config({"synthetic": {"max_hotness": 0}})
     with pytest.raises(ConfigError, match="multi_hot_fraction"):
         util.small_config({"synthetic": {"multi_hot_fraction": 1.5}})
+
+
+def test_din_history_plants_the_candidate_match():
+    """model.arch din: one candidate id, 0..history_length history ids, a match_rate share of
+    candidates copied from the history, and a matched candidate clicked far more often."""
+    from rec.config import config_from_dict
+
+    cfg = config_from_dict({
+        "tables": [
+            {"name": "item", "rows": 5000, "dim": 8, "pooling": "none",
+             "features": ["cand", "hist"]},
+            {"name": "t0", "rows": 100, "dim": 8, "features": ["a"]},
+        ],
+        "model": {"arch": "din", "candidate": "cand", "history": "hist", "dense_arch": [8]},
+        "data": {"synthetic": {"history_length": 6, "match_rate": 0.5}},
+    })  # fmt: skip
+    src = synthetic.SyntheticSource(cfg, "eval")
+    rows = src.chunk(0).rows
+    lengths, values = np.asarray(rows.lengths), np.asarray(rows.values)
+    assert (lengths[:, 0] == 1).all() and lengths[:, 1].min() == 0 and lengths[:, 1].max() == 6
+    feat = np.repeat(np.tile(np.arange(3), len(lengths)), lengths.ravel())
+    match = src.world.matches(lengths, values, feat) > 0
+    with_history = lengths[:, 1] > 0
+    assert 0.45 < match[with_history].mean() < 0.6  # planted, plus a few by chance
+    labels = np.asarray(rows.labels)[:, 0]
+    assert labels[match].mean() > 3 * labels[~match].mean()
