@@ -20,11 +20,11 @@ from torch import nn
 
 from rec import run_dir
 from rec.config import ConfigError, RecConfig, load_config
-from rec.model import TrainModel, build_model, ebc_path, replace_submodule
+from rec.model import TrainModel, build_model, embedding_modules, replace_submodule
 
 # The checkpoint's top-level key holding the TrainModel state dict (rec.run_dir docstring).
 _STATE_KEY = "model"
-_TABLE_KEY = re.compile(r".*\.embedding_bags\.(\w+)\.weight")
+_TABLE_KEY = re.compile(r".*\.(?:embedding_bags|embeddings)\.(\w+)\.weight")
 
 
 class CheckpointMismatchError(ConfigError):
@@ -112,10 +112,12 @@ def _load(run, checkpoint: str | None, cfg: RecConfig | None, with_tables: bool)
 
 def dense_copy(model: nn.Module) -> nn.Module:
     """A copy of `model` without its embedding tables, which are never copied (they may be
-    8 GB, or on the meta device): the copy's EBC (at rec.model.ebc_path) is an empty module."""
-    path = ebc_path(model)
-    ebc = replace_submodule(model, path, nn.Module())
+    8 GB, or on the meta device): in the copy, its EBC (and EC) are empty modules."""
+    tables = embedding_modules(model)
+    for path in tables:
+        replace_submodule(model, path, nn.Module())
     try:
         return copy.deepcopy(model)
     finally:
-        replace_submodule(model, path, ebc)
+        for path, module in tables.items():
+            replace_submodule(model, path, module)

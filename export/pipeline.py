@@ -45,7 +45,7 @@ from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch, split_requests
 from rec.export.served import INPUT_NAMES, OUTPUT_NAME
 from rec.features import feature_spec
-from rec.model import ebc_path
+from rec.model import table_keys
 
 Log = Callable[[str], None]
 _LOAD_REQUIRES = {
@@ -77,7 +77,7 @@ class Source:
     def stream_into(self, *sinks: stream.TableSink) -> None:
         extra, self.extra_sinks = self.extra_sinks, []
         stream.stream_tables(self.reader, self.cfg, [*sinks, *extra], self.cfg.export.chunk_rows,
-                             self.log, ebc_path=ebc_path(self.loaded.model))  # fmt: skip
+                             self.log, keys=table_keys(self.loaded.model))  # fmt: skip
 
 
 @dataclass
@@ -490,12 +490,6 @@ def export_run(
     """
     run, repo = Path(run), Path(repo)
     cfg = resolve_config(run, quantize, fmt, config)
-    if cfg.sequence_tables:
-        raise ConfigError(
-            f"run {str(run)!r} has sequence tables {[t.name for t in cfg.sequence_tables]} "
-            "(model.arch din): their export (an unpooled FBGEMM lookup) is not built yet; "
-            "the run's checkpoints are complete and will export once it is"
-        )
     loaded = load_dense(run, checkpoint, cfg)
     log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
     formats = ["torchscript", "onnx"] if cfg.export.format == "both" else [cfg.export.format]

@@ -16,14 +16,14 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.batch import RecBatch, feature_major, map_ids
 from rec.config import RecConfig
 from rec.export.load import dense_copy
 from rec.features import feature_spec
-from rec.model import ebc_path, replace_submodule, table_rows
+from rec.model import embedding_modules, replace_submodule, table_rows
 
 
 def touched_rows(cfg: RecConfig, batches: Iterable[RecBatch]) -> dict[str, torch.Tensor]:
@@ -76,17 +76,9 @@ class ReferenceModule(nn.Module):
         super().__init__()
         if not sink.complete():
             raise RuntimeError("the reference rows were not all gathered from the checkpoint")
-        path = ebc_path(dense_model)
-        float_ebc = dense_model.get_submodule(path)
-        configs = copy.deepcopy(float_ebc.embedding_bag_configs())
-        for c in configs:
-            c.num_embeddings = sink.weights[c.name].shape[0]
-        ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
-        with torch.no_grad():
-            for name, bag in ebc.embedding_bags.items():
-                bag.weight.copy_(sink.weights[name])
         self.model = dense_copy(dense_model)
-        replace_submodule(self.model, path, ebc)
+        for path, tables in embedding_modules(dense_model).items():
+            replace_submodule(self.model, path, _compact(tables, sink.weights))
         self.features = list(cfg.features.sparse)
         owner = cfg.feature_to_table()
         self.touched = [sink.touched[owner[f]] for f in self.features]
@@ -108,6 +100,20 @@ class ReferenceModule(nn.Module):
         lengths_fm = lengths.t().reshape(-1).to(torch.int32)  # feature-major bag lengths
         kjt = KeyedJaggedTensor(keys=self.features, values=torch.cat(compact), lengths=lengths_fm)
         return torch.sigmoid(self.model(self.transform(dense), kjt))
+
+
+def _compact(tables: nn.Module, weights: dict[str, torch.Tensor]) -> nn.Module:
+    """An EmbeddingBagCollection (or EmbeddingCollection) like `tables`, holding `weights`."""
+    bags = isinstance(tables, EmbeddingBagCollection)
+    configs = copy.deepcopy(tables.embedding_bag_configs() if bags else tables.embedding_configs())
+    for c in configs:
+        c.num_embeddings = weights[c.name].shape[0]
+    kind = EmbeddingBagCollection if bags else EmbeddingCollection
+    module = kind(tables=configs, device=torch.device("cpu"))
+    with torch.no_grad():
+        for name, table in (module.embedding_bags if bags else module.embeddings).items():
+            table.weight.copy_(weights[name])
+    return module
 
 
 def _rows_per_feature(lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):

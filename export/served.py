@@ -175,20 +175,25 @@ def table_indices(
 
 
 def make_tbe(
-    cfg: RecConfig, table_dtypes: dict[str, str], feature_order: list[str]
+    cfg: RecConfig,
+    table_dtypes: dict[str, str],
+    feature_order: list[str],
+    sequences: bool = False,
 ) -> IntNBitTableBatchedEmbeddingBagsCodegen:
-    """FBGEMM's IntNBit TBE over every table of `cfg` (stored as `table_dtypes`), one feature
-    per entry of `feature_order`, SUM pooling, fp32 output; storage allocated and zeroed."""
+    """FBGEMM's IntNBit TBE over the pooled tables of `cfg` (SUM pooling), or its sequence
+    tables (`sequences`: no pooling, one row per id), stored as `table_dtypes`, one feature per
+    entry of `feature_order`, fp32 output; storage allocated and zeroed."""
     owner = cfg.feature_to_table()
-    table_index = {t.name: i for i, t in enumerate(cfg.tables)}
+    tables = cfg.sequence_tables if sequences else cfg.pooled_tables
+    table_index = {t.name: i for i, t in enumerate(tables)}
     specs = [
         (t.name, t.rows, t.dim, _SPARSE_TYPES[table_dtypes[t.name]], EmbeddingLocation.HOST)
-        for t in cfg.tables
+        for t in tables
     ]
     tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=specs,
         feature_table_map=[table_index[owner[f]] for f in feature_order],
-        pooling_mode=PoolingMode.SUM,
+        pooling_mode=PoolingMode.NONE if sequences else PoolingMode.SUM,
         device="cpu",
         bounds_check_mode=BoundsCheckMode.NONE,
         output_dtype=SparseType.FP32,
@@ -235,6 +240,7 @@ class TbeLookup(nn.Module):
         self.max_dims = (tbe.max_int2_D, tbe.max_int4_D, tbe.max_int8_D, tbe.max_float16_D,
                          tbe.max_float32_D, tbe.max_float8_D)  # fmt: skip
         self.output_dtype = tbe.output_dtype
+        self.pooling_mode = int(tbe.pooling_mode.value)  # FBGEMM's op takes the enum's int
         self.row_alignment = tbe.row_alignment
         for name in ("weights_host", "weights_placements", "weights_offsets", "weights_tys",
                      "D_offsets"):  # fmt: skip
@@ -260,9 +266,9 @@ class TbeLookup(nn.Module):
         indices, offsets = table_indices(lengths, values, self.rows, column_of)
         return self.pool(indices, offsets, lengths.shape[0])
 
-    def pool(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
-        """The TBE's pooled bags of table rows `indices` (feature-major `offsets`)."""
-        pooled = torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
+    def lookup(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The op on the TBE's storage: [B, sum of dims] pooled, or [N, D] for a sequence TBE."""
+        return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
             dev_weights=self.weights_host,
             uvm_weights=self.no_weights,
             weights_placements=self.weights_placements,
@@ -277,7 +283,7 @@ class TbeLookup(nn.Module):
             max_float32_D=self.max_dims[4],
             indices=indices,
             offsets=offsets,
-            pooling_mode=0,  # SUM; MEAN features are divided below
+            pooling_mode=self.pooling_mode,  # SUM (MEAN features divided in pool) or NONE
             indice_weights=None,
             output_dtype=self.output_dtype,
             lxu_cache_weights=self.no_weights,
@@ -287,6 +293,10 @@ class TbeLookup(nn.Module):
             fp8_exponent_bits=-1,
             fp8_exponent_bias=-1,
         )
+
+    def pool(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        """The TBE's pooled bags of table rows `indices` (feature-major `offsets`)."""
+        pooled = self.lookup(indices, offsets)
         if self.flat:
             if self.has_mean:
                 lengths_fm = offsets[1:] - offsets[:-1]
@@ -302,6 +312,84 @@ class TbeLookup(nn.Module):
             mean = pooled / count.unsqueeze(2).to(pooled.dtype)
             pooled = torch.where(self.is_mean.view(1, -1, 1), mean, pooled)
         return pooled
+
+
+class TbeSequenceLookup(TbeLookup):
+    """din's candidate and history from a sequence TBE (no pooling: one row per id), built
+    with feature_order [candidate, history]: (candidate [B, D], its ids summed; the history's
+    rows [N, D] in order; the sample of each [N]), what rec.model.SequenceArch gives in
+    training."""
+
+    def forward(  # type: ignore[override]
+        self, lengths: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        rows = self.lookup(indices, offsets)
+        batch = lengths.shape[0]
+        counts = (offsets[1:] - offsets[:-1]).view(2, batch)
+        samples = torch.arange(batch)
+        first = int(offsets[batch])  # the candidate's ids come first (feature-major)
+        candidate = rows.new_zeros(batch, rows.shape[1]).index_add(
+            0, torch.repeat_interleave(samples, counts[0]), rows[:first]
+        )
+        return candidate, rows[first:], torch.repeat_interleave(samples, counts[1])
+
+
+class DinLookup(nn.Module):
+    """din's lookup: the pooled features side by side, and the candidate and history."""
+
+    def __init__(self, pooled: TbeLookup, sequences: TbeSequenceLookup) -> None:
+        super().__init__()
+        self.pooled = pooled
+        self.sequences = sequences
+
+    def forward(
+        self, lengths: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        candidate, items, owner = self.sequences(lengths, values)
+        return self.pooled(lengths, values), candidate, items, owner
+
+
+class DinHead(nn.Module):
+    """rec.model.Din's dense arch, attention and over arch over DinLookup's output (the same
+    computation as Din.forward after its lookups). Takes the modules themselves."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.dense_arch = model.dense_arch
+        self.inter_arch = model.inter_arch
+        self.over_arch = model.over_arch
+        self.min_rows = MIN_ROWS
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        looked: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        pooled, candidate, items, owner = looked
+        x0 = torch.cat([self.dense_arch(dense), pooled], 1)
+        if items.shape[0] < self.min_rows:
+            # The attention's layers see one row per history item; oneDNN's are batch
+            # invariant from MIN_ROWS rows on. Zero rows added to sample 0 add w * 0 = 0.
+            pad = self.min_rows - items.shape[0]
+            items = torch.cat([items, items.new_zeros(pad, items.shape[1])])
+            owner = torch.cat([owner, owner.new_zeros(pad)])
+        interest = self.inter_arch(candidate, items, owner)
+        return self.over_arch(torch.cat([x0, candidate, interest, candidate * interest], 1))
+
+
+class TbeGroup:
+    """Several TBEs as one for TbeSink and table_storage (din: the pooled and the sequence
+    tables' TBEs)."""
+
+    def __init__(self, *tbes: IntNBitTableBatchedEmbeddingBagsCodegen) -> None:
+        self.tbes = tbes
+        self.embedding_specs = [spec for tbe in tbes for spec in tbe.embedding_specs]
+        self.row_alignment = tbes[0].row_alignment
+
+    def split_embedding_weights(self) -> list:
+        return [w for tbe in self.tbes for w in tbe.split_embedding_weights()]
 
 
 class KjtLookup(nn.Module):

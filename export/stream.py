@@ -67,15 +67,20 @@ def stream_tables(
     chunk_rows: int = 0,
     log: Log | None = None,
     every_s: float = 10.0,
-    ebc_path: str = DEFAULT_EBC_PATH,
+    keys: dict[str, str] | None = None,
 ) -> None:
     """Every table of `cfg`, chunk by chunk, into every sink; progress lines every `every_s`.
-    `ebc_path` is the model's EmbeddingBagCollection's attribute path."""
+    `keys`: table -> its weight's key in the model (rec.model.table_keys); default where rec's
+    architectures keep their pooled tables."""
     total = sum(t.rows * t.dim * 4 for t in cfg.tables)
     done, t0, last = 0, time.perf_counter(), time.perf_counter()
     for table in cfg.tables:
         step = chunk_rows_for(table.dim, chunk_rows)
-        key = TABLE_KEY.format(path=ebc_path, table=table.name)
+        key = (
+            "model.model." + keys[table.name]
+            if keys is not None
+            else TABLE_KEY.format(path=DEFAULT_EBC_PATH, table=table.name)
+        )
         for start in range(0, table.rows, step):
             rows = reader.read_rows(key, start, min(table.rows, start + step))
             for sink in sinks:

@@ -23,10 +23,14 @@ from rec.config import ConfigError, RecConfig
 from rec.export.dense import swap_dense
 from rec.export.load import dense_copy
 from rec.export.served import (
+    DinHead,
+    DinLookup,
     KjtLookup,
     ServedModule,
     TbeBagCollection,
+    TbeGroup,
     TbeLookup,
+    TbeSequenceLookup,
     make_head,
     make_tbe,
 )
@@ -39,7 +43,8 @@ def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]
     may be on the meta device), with the tables' storage allocated and zeroed.
 
     A factory's model (rec.factory) is its own head: the copy keeps its forward, with its
-    EmbeddingBagCollection swapped for a TbeBagCollection fed by a KjtLookup."""
+    EmbeddingBagCollection swapped for a TbeBagCollection fed by a KjtLookup. din has two
+    TBEs (pooled tables, sequence tables), returned as one TbeGroup."""
     path = ebc_path(model)
     order = ebc_features(model.get_submodule(path))
     tbe = make_tbe(cfg, table_dtypes, order)
@@ -47,6 +52,14 @@ def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]
         head = dense_copy(model)
         replace_submodule(head, path, TbeBagCollection(tbe, cfg, order))
         lookup: nn.Module = KjtLookup(cfg, order)
+    elif cfg.model.arch == "din":  # a second TBE, unpooled, for the candidate and history
+        sequence_order = [cfg.model.candidate, cfg.model.history]
+        sequence_tbe = make_tbe(cfg, table_dtypes, sequence_order, sequences=True)
+        lookup = DinLookup(
+            TbeLookup(tbe, cfg, order), TbeSequenceLookup(sequence_tbe, cfg, sequence_order)
+        )
+        head = DinHead(dense_copy(model))
+        tbe = TbeGroup(tbe, sequence_tbe)
     else:
         head = make_head(dense_copy(model), cfg)
         lookup = TbeLookup(tbe, cfg, order)

@@ -651,6 +651,11 @@ class RecConfig:
             self.model.candidate != self.model.history,
             "model.candidate and model.history must be different features",
         )
+        _check(
+            self.export.format == "torchscript",
+            f"export.format={self.export.format!r}: model.arch din exports to TorchScript only "
+            "for now (its unpooled lookup has no ONNX form in rec yet)",
+        )
         dims = {t.dim for t in sequence}
         _check(len(dims) == 1, f"sequence tables have dims {sorted(dims)}; they need one dim")
         extra = [f for t in sequence for f in t.features

@@ -334,10 +334,22 @@ def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module
     return DLRM(**common)
 
 
-def embedding_modules(model: nn.Module) -> list[nn.Module]:
-    """The model's EmbeddingBagCollection and EmbeddingCollection (din), unsharded."""
+def embedding_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Attribute path -> the model's EmbeddingBagCollection and EmbeddingCollection (din),
+    unsharded: every table is in one of them."""
     kinds = (EmbeddingBagCollection, EmbeddingCollection)
-    return [m for m in model.modules() if isinstance(m, kinds)]
+    return {path: m for path, m in model.named_modules() if isinstance(m, kinds)}
+
+
+def table_keys(model: nn.Module) -> dict[str, str]:
+    """Table name -> the state-dict key of its weight in `model` (the checkpoint holds it
+    under the TrainModel's `model.` prefix, MODEL_PREFIX)."""
+    out = {}
+    for path, m in embedding_modules(model).items():
+        holder = "embedding_bags" if isinstance(m, EmbeddingBagCollection) else "embeddings"
+        for table in getattr(m, holder):
+            out[table] = f"{path}.{holder}.{table}.weight"
+    return out
 
 
 def ebc_path(model: nn.Module) -> str:

@@ -69,7 +69,9 @@ class Trainer:
             # from the topology; they must agree, also when one machine simulates several hosts.
             os.environ["LOCAL_WORLD_SIZE"] = str(cfg.sharding.topology.local_world_size)
         model = TrainModel(build_model(cfg, "meta"))
-        for tables in embedding_modules(model.model):  # the EBC, and din's EmbeddingCollection
+        for tables in embedding_modules(
+            model.model
+        ).values():  # the EBC, and din's EmbeddingCollection
             attach_embedding_optimizer(tables, cfg.training)
         compute = sharding.compute_device_type(ctx.device)
         planner = sharding.make_planner(cfg, ctx.world_size, compute)

@@ -14,7 +14,7 @@ from rec.export import served, torchscript
 from rec.export.dense import PackedLinear, PerSampleLinear, swap_dense
 from rec.export.module import ServingModule, sample_batch, split_requests
 from rec.export.stream import BITS, quantize_rows
-from rec.model import build_model, table_rows
+from rec.model import build_model, table_keys, table_rows
 from tests.export.conftest import tiny_dict
 
 I64 = torch.iinfo(torch.int64)
@@ -35,10 +35,21 @@ def _config(arch: str, dense_dtype: str = "fp32"):
         data["model"] = {"arch": arch, "dense_arch": [80, 8], "over_arch": [16, 1],
                          "tasks": ["click", "buy"], "num_experts": 3,
                          "expert_arch": [96, 24]}  # fmt: skip
-    if arch in ("dcn_v2", "mmoe"):  # over concatenated embeddings: tables of four dims
-        for table, dim in zip(data["tables"], MIXED_DIMS, strict=True):
+    if arch == "din":  # a sequence table (candidate, history) beside the pooled ones
+        data["model"] = {"arch": arch, "dense_arch": [80, 8], "over_arch": [96, 1],
+                         "candidate": "cand", "history": "hist",
+                         "attention_arch": [96]}  # fmt: skip
+        data["tables"].append({"name": "item", "rows": 70, "dim": 24, "pooling": "none",
+                               "features": ["cand", "hist"]})  # fmt: skip
+        data["features"]["sparse"] = ["e", "hist", "a", "c", "cand", "b", "d"]
+    if arch in ("dcn_v2", "mmoe", "din"):  # over concatenated embeddings: tables of four dims
+        for table, dim in zip(data["tables"], MIXED_DIMS, strict=False):
             table["dim"] = dim
     return config_from_dict(data)
+
+
+def _request(cfg, batch: int = 8, seed: int = 0):
+    return sample_batch(cfg.features.dense, len(cfg.features.sparse), batch, seed=seed)
 
 
 def _served(cfg, dtypes: dict[str, str] | None = None, seed: int = 0):
@@ -51,8 +62,9 @@ def _served(cfg, dtypes: dict[str, str] | None = None, seed: int = 0):
     dtypes = dtypes or {t.name: "fp32" for t in cfg.tables}
     module, tbe = torchscript.served_module(model, cfg, dtypes)
     sink = served.TbeSink(tbe)
-    for name, bag in model.sparse_arch.embedding_bag_collection.embedding_bags.items():
-        sink.write(name, 0, bag.weight.detach())
+    weights = model.state_dict()
+    for name, key in table_keys(model).items():
+        sink.write(name, 0, weights[key])
     return module, ServingModule(model, cfg.features.sparse, table_rows(cfg)).eval()
 
 
@@ -89,13 +101,15 @@ def test_table_indices_stay_inside_their_tables(batch, reordered):
     assert bool(((indices >= 0) & (indices < rows[feature])).all())
 
 
-@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn", "dcn_v2", "mmoe"])
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn", "dcn_v2", "mmoe", "din"])
 def test_served_module_computes_the_float_model(arch):
     """fp32 tables: the lean module (one TBE op, oneDNN / per-sample dense layers) scores what
     the float DLRM behind a KeyedJaggedTensor scores; a shared table, a mean-pooled one and
-    request columns out of table order included (EXPORT_TINY)."""
-    module, reference = _served(_config(arch))
-    request = sample_batch(4, 5, 64, seed=3)
+    request columns out of table order included (EXPORT_TINY); din's candidate and history
+    from a second, unpooled TBE."""
+    cfg = _config(arch)
+    module, reference = _served(cfg)
+    request = _request(cfg, 64, seed=3)
     with torch.no_grad():
         got, want = module(*request), reference(*request)
     assert (got - want).abs().max().item() < 1e-5
@@ -110,36 +124,45 @@ def _dequantized(rows: torch.Tensor, dtype: str) -> torch.Tensor:
     return torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfToFloat(fused, BITS[dtype])
 
 
-@pytest.mark.parametrize("arch", ["dlrm_dcn", "dcn_v2", "mmoe"])
+@pytest.mark.parametrize("arch", ["dlrm_dcn", "dcn_v2", "mmoe", "din"])
 def test_mixed_table_dtypes_read_what_was_stored(arch):
     """int4, fp16, int8 and fp32 tables in one TBE (for dcn_v2 each at its own dim): scores are
     the float model's with each table replaced by its stored (dequantized) values."""
-    dtypes = {"t0": "int4", "t1": "fp16", "t2": "int8", "t3": "fp32"}
-    module, reference = _served(_config(arch), dtypes)
-    bags = reference.model.sparse_arch.embedding_bag_collection.embedding_bags
+    dtypes = {"t0": "int4", "t1": "fp16", "t2": "int8", "t3": "fp32", "item": "int4"}
+    cfg = _config(arch)
+    module, reference = _served(cfg, {t.name: dtypes[t.name] for t in cfg.tables})
     with torch.no_grad():
-        for name, bag in bags.items():
-            bag.weight.copy_(_dequantized(bag.weight, dtypes[name]))
-    request = sample_batch(4, 5, 64, seed=4)
+        for name, key in table_keys(reference.model).items():
+            weight = reference.model.get_parameter(key)
+            weight.copy_(_dequantized(weight, dtypes[name]))
+    request = _request(cfg, 64, seed=4)
     with torch.no_grad():
         assert (module(*request) - reference(*request)).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize(
     ("arch", "dense_dtype"),
-    [("dlrm_dcn", "fp32"), ("dlrm_dcn", "bf16"), ("dcn_v2", "fp32"), ("mmoe", "fp32")],
+    [
+        ("dlrm_dcn", "fp32"),
+        ("dlrm_dcn", "bf16"),
+        ("dcn_v2", "fp32"),
+        ("mmoe", "fp32"),
+        ("din", "fp32"),
+    ],  # fmt: skip
 )
 def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
     """Saved and loaded (the oneDNN weights are repacked on load), the module scores a batch
-    exactly as its samples one by one, at every batch size around oneDNN's 4-row minimum."""
-    module, reference = _served(_config(arch, dense_dtype))
+    exactly as its samples one by one, at every batch size around oneDNN's 4-row minimum (din:
+    its attention's oneDNN layers see one row per history item, down to none)."""
+    cfg = _config(arch, dense_dtype)
+    module, reference = _served(cfg)
     kinds = {type(m) for m in module.modules()}
     assert PackedLinear in kinds and PerSampleLinear in kinds
-    sample = sample_batch(4, 5)
+    sample = _request(cfg)
     path = tmp_path / "model.pt"
     torch.jit.save(torchscript.to_torchscript(module, sample), str(path))
     loaded = torch.jit.load(str(path))
-    request = sample_batch(4, 5, 37, seed=5)
+    request = _request(cfg, 37, seed=5)
     with torch.no_grad():
         batched = loaded(*request)
         singles = torch.cat([loaded(*r) for r in split_requests(*request)])

@@ -3,7 +3,8 @@ export with its verification, then both servers over both protocols score exactl
 exported model scores in process, batched as one sample at a time.
 
 dcn_v2 (examples/mixed_dims.yaml) is the architecture of tables at different dims; mmoe
-(examples/mmoe.yaml) the multi-task one, with two named tasks and a score column each; custom
+(examples/mmoe.yaml) the multi-task one, with two named tasks and a score column each; din
+(examples/din.yaml) the one with sequence features, a candidate and a history; custom
 (examples/custom_model.yaml) a model of the user's own (DeepFM) built by model.factory.
 """
 
@@ -26,7 +27,8 @@ from tests.helpers import run_rec, write_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
-ARCHITECTURES = {"dcn_v2": "mixed_dims.yaml", "mmoe": "mmoe.yaml", "custom": "custom_model.yaml"}
+ARCHITECTURES = {"dcn_v2": "mixed_dims.yaml", "mmoe": "mmoe.yaml", "din": "din.yaml",
+                 "custom": "custom_model.yaml"}  # fmt: skip
 ROOT = EXAMPLES.parent  # where rec runs, so that custom_model.yaml's factory is importable
 
 
@@ -69,7 +71,7 @@ def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request):
             assert ts["auc_ratio_per_task"][task] >= 0.999
     stored = {t["name"]: (t["dim"], t["stored_dtype"]) for t in manifest["tables"]}
     for table in example["tables"]:
-        dtype = example["export"].get("table_dtypes", {}).get(table["name"], "int8")
+        dtype = example.get("export", {}).get("table_dtypes", {}).get(table["name"], "int8")
         assert stored[table["name"]] == (table["dim"], dtype)
 
 
