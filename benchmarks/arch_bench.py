@@ -4,13 +4,17 @@ B = 1, 64, 512, on the small default tables and Criteo Kaggle's, side by side in
 Models (one intra-op thread, int8 tables, the default batch-invariant export):
   default  dlrm (rec's embedded default), dlrm_dcn (the same tables), dcn_v2 (the same tables
            at the dims of examples/mixed_dims.yaml), mmoe (examples/mmoe.yaml: two tasks, four
-           experts), custom (examples/custom_model.yaml: DeepFM by model.factory)
+           experts), custom (examples/custom_model.yaml: DeepFM by model.factory), din
+           (examples/din.yaml: a 5,000-item sequence table beside four pooled tables)
   kaggle   dlrm_dcn (examples/criteo_kaggle.yaml as it is: 26 tables at dim 64), dlrm (its
            tables and layers, dot interaction), dcn_v2 (its tables, each at a dim that grows
            with its rows: 6 x rows^(1/4) rounded to a multiple of 8, 8 to 64; the DCN settings
            of criteo_kaggle.yaml), mmoe (those mixed-dim tables, two tasks, four experts of
            [512, 256], towers [128, 1]), custom (DeepFM over the 26 tables at dim 64, deep
-           layers [1024, 512, 256])
+           layers [1024, 512, 256]), din (those mixed-dim tables and a 10M-item sequence
+           table at dim 32, attention [64], criteo_kaggle.yaml's dense and over arches)
+
+Requests carry 0-3 ids per bag; din's also one candidate and a history of HISTORY ids.
 
 Latency does not depend on what the weights are, so the models are not trained: the dense
 layers keep their initial weights and the tables are zero (export's served module with its TBE
@@ -18,7 +22,7 @@ storage allocated, as `rec export` builds it before streaming the tables in). Ea
 resident size is the process RSS it added when built. Models take turns round after round
 (export_bench.measure), so bursts of other work on the shared cores hit all alike.
 
-    .venv/bin/python benchmarks/arch_bench.py    # from the repo root; ~2 min, 11.8 GB peak RSS
+    .venv/bin/python benchmarks/arch_bench.py    # from the repo root; ~80 s, 14.5 GB peak RSS
     .venv/bin/python benchmarks/arch_bench.py --kaggle-scale 0.05   # a quick look
 
 Writes benchmarks/results/arch.json and prints a Markdown table.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import json
 import platform
@@ -36,6 +41,9 @@ from pathlib import Path
 import torch
 import yaml
 from export_bench import BATCHES, RESULTS, ROOT, measure
+
+HISTORY = 20
+"""din: history ids per sample in the timed requests."""
 
 
 def dim_for(rows: int) -> int:
@@ -66,11 +74,25 @@ def configs(kaggle_scale: float) -> dict[str, dict[str, dict]]:
     for t in v2["tables"]:
         t["dim"] = dim_for(t["rows"])
     out["kaggle"]["dcn_v2"] = v2
-    for example in ("mmoe", "custom_model"):
+    din = copy.deepcopy(v2)
+    din["tables"].append(
+        {
+            "name": "item",
+            "rows": max(1, int(10_000_000 * kaggle_scale)),
+            "dim": 32,
+            "pooling": "none",
+            "features": ["candidate", "history"],
+        }
+    )
+    din["model"] = {"arch": "din", "dense_arch": kaggle["model"]["dense_arch"],
+                    "over_arch": kaggle["model"]["over_arch"], "candidate": "candidate",
+                    "history": "history", "attention_arch": [64]}  # fmt: skip
+    out["kaggle"]["din"] = din
+    for example in ("mmoe", "custom_model", "din"):
         ex = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
         arch = "custom" if example == "custom_model" else example
         out["default"][arch] = {**copy.deepcopy(default), "tables": ex["tables"],
-                                "model": ex["model"]}  # fmt: skip
+                                "features": ex["features"], "model": ex["model"]}  # fmt: skip
     mmoe = copy.deepcopy(v2)
     mmoe["model"] = {"arch": "mmoe", "dense_arch": kaggle["model"]["dense_arch"],
                      "tasks": ["click", "purchase"], "num_experts": 4,
@@ -114,7 +136,23 @@ def served(data: dict):
         "fp32_table_bytes": sum(t.rows * t.dim * 4 for t in cfg.tables),
         "rss_added_bytes": rss_bytes() - before,
     }
-    return scripted, facts, (cfg.features.dense, len(cfg.features.sparse))
+    return scripted, facts, cfg
+
+
+def request(cfg, batch: int) -> tuple[torch.Tensor, ...]:
+    """A request of `batch` samples: 0-3 ids per bag (sample_batch), and for din one candidate
+    and a history of HISTORY ids per sample."""
+    from rec.export.module import sample_batch
+
+    dense, lengths, values = sample_batch(cfg.features.dense, len(cfg.features.sparse), batch,
+                                          seed=batch)  # fmt: skip
+    if cfg.model.arch != "din":
+        return dense, lengths, values
+    sparse = cfg.features.sparse
+    lengths[:, sparse.index(cfg.model.candidate)] = 1
+    lengths[:, sparse.index(cfg.model.history)] = HISTORY
+    g = torch.Generator().manual_seed(batch)
+    return dense, lengths, torch.randint(0, 2**62, (int(lengths.sum()),), generator=g)
 
 
 def markdown(results: dict) -> str:
@@ -142,23 +180,21 @@ def main() -> None:
                         help="rows of every Kaggle table x this (1.0: 33.8M rows)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from rec.export.module import sample_batch
-
     torch.set_num_threads(1)
     results = {"machine": platform.machine(), "torch": torch.__version__, "threads": 1,
                "kaggle_scale": args.kaggle_scale, "models": {}}  # fmt: skip
     for name, archs in configs(args.kaggle_scale).items():
-        fns, entry = {}, {}
+        fns, entry, cfgs = {}, {}, {}
         for arch, data in archs.items():
             print(f"[{name}] building {arch}", flush=True)
-            scripted, facts, (dense, sparse) = served(data)
-            fns[arch] = scripted
-            entry[arch] = facts
-        requests = {b: sample_batch(dense, sparse, b, seed=b) for b in BATCHES}
+            fns[arch], entry[arch], cfgs[arch] = served(data)
         print(f"[{name}] timing", flush=True)
-        latency = measure(fns, requests, args.rounds)
-        for arch in archs:
-            entry[arch]["latency_us"] = latency[arch]
+        for b in BATCHES:  # each model its own request (din's has two more columns)
+            calls = {arch: functools.partial(fn, *request(cfgs[arch], b))
+                     for arch, fn in fns.items()}  # fmt: skip
+            latency = measure(calls, {b: ()}, args.rounds)
+            for arch in archs:
+                entry[arch].setdefault("latency_us", {})[b] = latency[arch][b]
         results["models"][name] = entry
         del fns
         gc.collect()
