@@ -403,10 +403,15 @@ def check_reduced_precision(cfg: RecConfig, ev: dict[str, Any]) -> None:
     it, or whose AUC could not be measured, unless export.accept_quality_loss says otherwise."""
     bar = verify.AUC_RATIO_BAR["fp32"]
     q = ev.get("torchscript")
-    if q is not None and q["auc_ratio"] >= bar:
+    ratios = {} if q is None else {"": q["auc_ratio"], **q.get("auc_ratio_per_task", {})}
+    low = {task: r for task, r in ratios.items() if not r >= bar}
+    if q is not None and not low:
         return
-    what = (f"its held-out AUC ratio is {q['auc_ratio']:.5f}" if q is not None
-            else "its AUC could not be measured (no held-out data)")  # fmt: skip
+    if q is None:
+        what = "its AUC could not be measured (no held-out data)"
+    else:
+        parts = [f"{r:.5f}" + (f" on task {task}" if task else "") for task, r in low.items()]
+        what = "its held-out AUC ratio is " + ", ".join(parts)
     message = (
         f"dense layers in {cfg.export.dense_dtype}: {what}, against a bar of {bar} of the "
         "float model's; set export.accept_quality_loss: true to write it anyway"

@@ -36,6 +36,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from rec.config import CONCAT_ARCHS, RecConfig
 from rec.export.dense import MIN_ROWS, PackedLinear
 from rec.export.stream import quantize_rows
+from rec.model import table_rows
 
 # No `from __future__ import annotations` here: TorchScript reads the annotations at runtime.
 
@@ -393,24 +394,17 @@ class TbeGroup:
 
 
 class KjtLookup(nn.Module):
-    """A request's ids as the KeyedJaggedTensor a factory's model (rec.factory) takes: its
-    EBC's features in the EBC's order, each id mapped into its table (non-negative modulo)."""
+    """A request's ids as the KeyedJaggedTensor a factory's model (rec.factory) takes, as
+    training gives it: features.sparse's features in that order, each id mapped into its table
+    (non-negative modulo)."""
 
-    def __init__(self, cfg: RecConfig, feature_order: list[str]) -> None:
+    def __init__(self, cfg: RecConfig) -> None:
         super().__init__()
-        columns = list(cfg.features.sparse)
-        rows = {t.name: t.rows for t in cfg.tables}
-        owner = cfg.feature_to_table()
-        self.keys = list(feature_order)
-        column_of = [columns.index(f) for f in feature_order]
-        self.columns_in_order = column_of == list(range(len(columns)))
-        self.register_buffer("column_of", torch.tensor(column_of, dtype=torch.int64))
-        table_rows = [rows[owner[f]] for f in feature_order]
-        self.register_buffer("rows", torch.tensor(table_rows, dtype=torch.int64))
+        self.keys = list(cfg.features.sparse)
+        self.register_buffer("rows", table_rows(cfg))
 
     def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> KeyedJaggedTensor:
-        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
-        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        indices, offsets = table_indices(lengths, values, self.rows, None)
         return KeyedJaggedTensor(keys=self.keys, values=indices, offsets=offsets)
 
 

@@ -7,7 +7,8 @@ Rowwise quantization is per row, so a table quantized chunk by chunk is byte for
 quantized whole.
 
 Example:
-    >>> stream_tables(reader, cfg, [sink], chunk_rows=65536)  # doctest: +SKIP
+    >>> keys = table_keys(model)  # doctest: +SKIP
+    >>> stream_tables(reader, cfg, [sink], chunk_rows=65536, keys=keys)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ import torch
 from rec.config import RecConfig
 from rec.export.dcp_reader import CheckpointReader
 
-# The checkpoint key of a table: the trainer saves {"model": TrainModel.state_dict()} and DCP
-# flattens nested keys with dots; {path} is the EBC's (rec.model.ebc_path).
-TABLE_KEY = "model.model.{path}.embedding_bags.{table}.weight"
-DEFAULT_EBC_PATH = "sparse_arch.embedding_bag_collection"
-"""Where rec's own architectures hold their tables."""
+CHECKPOINT_PREFIX = "model.model."
+"""The trainer saves {"model": TrainModel.state_dict()} and TrainModel holds the model as
+`model`, so a model's state-dict key (rec.model.table_keys) is this plus it in the checkpoint."""
 # Rows per chunk when export.chunk_rows is 0: 32 MiB of fp32, small against any table worth
 # streaming and large enough that the per-chunk overhead does not show.
 CHUNK_BYTES = 32 << 20
@@ -60,6 +59,11 @@ def chunk_rows_for(dim: int, configured: int) -> int:
     return configured if configured > 0 else max(1, CHUNK_BYTES // (4 * dim))
 
 
+def checkpoint_key(model_key: str) -> str:
+    """The checkpoint's key of the model's state-dict key `model_key`."""
+    return CHECKPOINT_PREFIX + model_key
+
+
 def stream_tables(
     reader: CheckpointReader,
     cfg: RecConfig,
@@ -67,20 +71,16 @@ def stream_tables(
     chunk_rows: int = 0,
     log: Log | None = None,
     every_s: float = 10.0,
-    keys: dict[str, str] | None = None,
+    *,
+    keys: dict[str, str],
 ) -> None:
     """Every table of `cfg`, chunk by chunk, into every sink; progress lines every `every_s`.
-    `keys`: table -> its weight's key in the model (rec.model.table_keys); default where rec's
-    architectures keep their pooled tables."""
+    `keys`: table -> its weight's key in the model (rec.model.table_keys)."""
     total = sum(t.rows * t.dim * 4 for t in cfg.tables)
     done, t0, last = 0, time.perf_counter(), time.perf_counter()
     for table in cfg.tables:
         step = chunk_rows_for(table.dim, chunk_rows)
-        key = (
-            "model.model." + keys[table.name]
-            if keys is not None
-            else TABLE_KEY.format(path=DEFAULT_EBC_PATH, table=table.name)
-        )
+        key = checkpoint_key(keys[table.name])
         for start in range(0, table.rows, step):
             rows = reader.read_rows(key, start, min(table.rows, start + step))
             for sink in sinks:

@@ -51,7 +51,9 @@ def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]
     if cfg.model.factory:
         head = dense_copy(model)
         replace_submodule(head, path, TbeBagCollection(tbe, cfg, order))
-        lookup: nn.Module = KjtLookup(cfg, order)
+        # The model gets its KeyedJaggedTensor in features.sparse order, as in training;
+        # TbeBagCollection reorders it to the EBC's order, as TorchRec's EBC does.
+        lookup: nn.Module = KjtLookup(cfg)
     elif cfg.model.arch == "din":  # a second TBE, unpooled, for the candidate and history
         sequence_order = [cfg.model.candidate, cfg.model.history]
         sequence_tbe = make_tbe(cfg, table_dtypes, sequence_order, sequences=True)

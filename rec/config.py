@@ -75,7 +75,8 @@ class TableConfig:
     rows: int
     """Number of embedding rows. Raw ids are mapped into [0, rows) with a non-negative modulo."""
     dim: int
-    """Embedding dimension. The DLRMs need every table at one dim; dcn_v2 and mmoe take any."""
+    """Embedding dimension. The DLRMs need every table at one dim; dcn_v2, mmoe and din take
+    any (din's sequence tables share one)."""
     features: list[str]
     """Sparse features looked up in this table."""
     pooling: str = "sum"
@@ -163,12 +164,13 @@ CONCAT_ARCHS = ("dcn_v2", "mmoe", "din")
 
 @dataclass
 class ModelConfig:
-    """DLRM, DLRM-DCN, DCN-v2 or MMoE, built from TorchRec's parts (rec.model)."""
+    """DLRM, DLRM-DCN, DCN-v2, MMoE or DIN, built from TorchRec's parts (rec.model)."""
 
     arch: str = "dlrm"
     """dlrm (dot interaction), dlrm_dcn (low-rank cross network interaction), dcn_v2 (cross
     network over the concatenated embeddings) or mmoe (multi-gate mixture of experts over the
-    concatenated embeddings, one tower per task). dcn_v2 and mmoe take tables of any dims."""
+    concatenated embeddings, one tower per task) or din (sequence features: a candidate
+    attending to a history). dcn_v2, mmoe and din take tables of any dims."""
     dense_arch: list[int] = field(default_factory=lambda: [64, 16])
     """Bottom MLP layer sizes; for dlrm and dlrm_dcn the last must equal the embedding dim."""
     over_arch: list[int] = field(default_factory=lambda: [64, 32, 1])
@@ -210,6 +212,11 @@ class ModelConfig:
                 and all(isinstance(s, int) and s > 0 for s in sizes),
                 f"model.{name}={sizes!r} must be a non-empty list of positive integers",
             )
+        _check(
+            len(self.over_arch) >= 2 or bool(self.factory),
+            f"model.over_arch={self.over_arch} needs at least two layers (a hidden layer and "
+            "the output): TorchRec's OverArch refuses one",
+        )
         _positive("model.dcn_num_layers", self.dcn_num_layers)
         _positive("model.dcn_low_rank_dim", self.dcn_low_rank_dim)
         _positive("model.num_experts", self.num_experts)
@@ -620,8 +627,11 @@ class RecConfig:
                 f"export.format={self.export.format!r}: a model.factory model exports to "
                 "TorchScript only (its forward takes a KeyedJaggedTensor, which has no ONNX form)",
             )
-        if self.model.tasks and not self.data.columns.labels and self.model.num_tasks > 1:
-            # Named tasks read the label columns of the same names.
+        columns = self.data.columns
+        if self.model.tasks and not columns.labels and (len(self.model.tasks) > 1
+                                                        or columns.label == "label"):  # fmt: skip
+            # Named tasks read the label columns of the same names (one task: unless
+            # data.columns.label names its column).
             self.data.columns.labels = list(self.model.tasks)
 
     def _check_sequences(self, names: list[str]) -> None:

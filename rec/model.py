@@ -1,6 +1,6 @@
 """The recommendation model over one EmbeddingBagCollection: TorchRec's DLRM or DLRM-DCN
-(every table at one dim), or DCN-v2 or MMoE over the concatenated embeddings (tables of any
-dims).
+(every table at one dim), or DCN-v2, MMoE or DIN over the concatenated embeddings (tables of
+any dims); DIN also reads sequences through an EmbeddingCollection.
 
 `build_model` returns the float model (what training shards and export quantizes); the loss
 lives in `TrainModel`, a wrapper, not in the model. The checkpoint stores the wrapper's state

@@ -79,16 +79,17 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
     """Per-table constraints from the config.
 
     On CPU the extra types are there for the tables that ask for them; a table with no
-    constraint keeps the stock choice (what TorchRec's own CPU sharder would offer).
+    constraint keeps the stock choice (what TorchRec's own CPU sharder would offer). Sequence
+    tables keep to SEQUENCE_SHARDING_TYPES on every device.
     """
     out = {}
-    stocks = {
-        "pooled": EmbeddingBagCollectionSharder().sharding_types("cpu"),
-        "sequence": list(SEQUENCE_SHARDING_TYPES),
-    }
+    pooled = (
+        EmbeddingBagCollectionSharder().sharding_types("cpu") if compute_device == "cpu" else None
+    )
+    stocks = {"pooled": pooled, "sequence": list(SEQUENCE_SHARDING_TYPES)}
     kind = {t.name: "sequence" if t.pooling == "none" else "pooled" for t in cfg.tables}
-    if compute_device == "cpu":
-        for t in cfg.tables:
+    for t in cfg.tables:
+        if stocks[kind[t.name]] is not None:
             out[t.name] = ParameterConstraints(sharding_types=list(stocks[kind[t.name]]))
     for table, c in cfg.sharding.constraints.items():
         out[table] = ParameterConstraints(
@@ -96,7 +97,7 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
             compute_kernels=[EmbeddingComputeKernel(k).value for k in c.compute_kernels] or None,
             min_partition=c.min_partition or None,
         )
-        if compute_device == "cpu" and not c.sharding_types:
+        if not c.sharding_types and stocks[kind[table]] is not None:
             out[table].sharding_types = list(stocks[kind[table]])
     return out
 

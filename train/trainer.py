@@ -24,6 +24,7 @@ from rec import run_dir
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data import make_source
+from rec.data.source import empty_rows
 from rec.model import TrainModel, build_model, embedding_modules, table_rows
 from rec.train import sharding
 from rec.train.checkpoint import Checkpointer
@@ -154,9 +155,9 @@ class Trainer:
         self.dmp.eval()
         try:
             for _, all_logits, all_labels in self._eval_outputs(self._eval_batches()):
+                # Every rank updates every batch, with no rows if all are padding: a metric
+                # never updated on one rank would not take part in the gather across ranks.
                 real = all_labels[:, 0] != PAD_LABEL
-                if not bool(real.any()):
-                    continue
                 logits, labels = all_logits[real], all_labels[real]
                 per_sample = torch.nn.functional.binary_cross_entropy_with_logits(
                     logits, labels, reduction="none"
@@ -201,12 +202,7 @@ class Trainer:
 
     def _empty_batch(self) -> RecBatch:
         cfg = self.cfg
-        return RecBatch(
-            dense=torch.zeros(0, cfg.features.dense),
-            lengths=torch.zeros(0, len(self.keys), dtype=torch.int32),
-            values=torch.zeros(0, dtype=torch.int64),
-            labels=torch.zeros(0, cfg.model.num_tasks),
-        )
+        return empty_rows(cfg.features.dense, len(self.keys), cfg.model.num_tasks).to_batch()
 
     def _eval_outputs(self, batches: Iterator[Batch]) -> Iterator[tuple[torch.Tensor, ...]]:
         """(loss, logits, labels) per held-out batch.

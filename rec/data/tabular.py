@@ -57,8 +57,8 @@ def resolve_columns(cfg: RecConfig) -> Columns:
     if len(labels) != cfg.model.num_tasks:
         raise ConfigError(
             f"data.columns gives {len(labels)} label column(s) {labels} for a model with "
-            f"{cfg.model.num_tasks} tasks (model.over_arch[-1]); list one per task in "
-            "data.columns.labels"
+            f"{cfg.model.num_tasks} tasks (model.tasks, else model.over_arch[-1]); list one per "
+            "task in data.columns.labels"
         )
     dense = list(cols.dense) or list(cfg.features.dense_names)
     if len(dense) != cfg.features.dense:

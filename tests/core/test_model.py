@@ -184,3 +184,13 @@ def test_bad_sequence_configs_are_refused(change, message):
     tables = [{**t, "dim": 8} for t in TABLES] + [{**SEQUENCE, "dim": 8}]
     with pytest.raises(ConfigError, match=message):
         config_from_dict({"tables": tables, **change})
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_sequence_tables_keep_to_their_sharding_types_on_every_device(device):
+    from rec.train.sharding import make_constraints
+
+    cfg = _config("din")
+    constraints = make_constraints(cfg, device)
+    assert constraints["item"].sharding_types == ["data_parallel", "table_wise"]
+    assert ("t0" in constraints) == (device == "cpu")  # pooled tables: the stock CPU choice

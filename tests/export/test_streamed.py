@@ -20,8 +20,8 @@ from rec.export.dcp_reader import CheckpointReader
 from rec.export.load import load_dense, load_run
 from rec.export.module import ServingModule, sample_batch
 from rec.export.pipeline import eval_batches, export_run
-from rec.export.stream import DEFAULT_EBC_PATH, TABLE_KEY, quantize_rows, stream_tables
-from rec.model import table_rows
+from rec.export.stream import checkpoint_key, quantize_rows, stream_tables
+from rec.model import table_keys, table_rows
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import REC, REPO, run_rec, write_config
 
@@ -79,7 +79,7 @@ def test_reader_rows_are_the_checkpoints(trained_runs, layout):
     bags = loaded.model.sparse_arch.embedding_bag_collection.embedding_bags
     shards = 0
     for name, bag in bags.items():
-        key = TABLE_KEY.format(path=DEFAULT_EBC_PATH, table=name)
+        key = checkpoint_key(table_keys(loaded.model)[name])
         shards += len(reader.metadata.state_dict_metadata[key].chunks)
         rows = bag.weight.shape[0]
         assert torch.equal(reader.read_rows(key, 0, rows), bag.weight)
@@ -87,7 +87,7 @@ def test_reader_rows_are_the_checkpoints(trained_runs, layout):
         assert reader.read_rows(key, 9, 9).shape == (0, bag.weight.shape[1])
     assert shards > len(bags)  # some tables really are split over the two ranks
     with pytest.raises(IndexError, match="outside"):
-        reader.read_rows(TABLE_KEY.format(path=DEFAULT_EBC_PATH, table="t0"), 0, 10_000)
+        reader.read_rows(checkpoint_key(table_keys(loaded.model)["t0"]), 0, 10_000)
 
 
 def test_reader_fallback_loads_whole_chunks_with_the_same_rows(trained_runs, monkeypatch):
@@ -98,7 +98,7 @@ def test_reader_fallback_loads_whole_chunks_with_the_same_rows(trained_runs, mon
     loaded = load_run(trained_runs["gs_twrw_twcw_tw"])
     reader = CheckpointReader(loaded.step_dir)
     for name, bag in loaded.model.sparse_arch.embedding_bag_collection.embedding_bags.items():
-        key = TABLE_KEY.format(path=DEFAULT_EBC_PATH, table=name)
+        key = checkpoint_key(table_keys(loaded.model)[name])
         rows = bag.weight.shape[0]
         parts = [reader.read_rows(key, r, min(rows, r + 7)) for r in range(0, rows, 7)]
         assert torch.equal(torch.cat(parts), bag.weight)
@@ -135,7 +135,9 @@ def test_reference_scores_are_the_float_models(trained_runs):
     assert sum(r.numel() for r in touched.values()) < sum(t.rows for t in cfg.tables)
     dense = load_dense(run)
     sink = reference.ReferenceSink(cfg, touched)
-    stream_tables(CheckpointReader(dense.step_dir), cfg, [sink], chunk_rows=11)
+    stream_tables(
+        CheckpointReader(dense.step_dir), cfg, [sink], chunk_rows=11, keys=table_keys(dense.model)
+    )
     ref = reference.ReferenceModule(dense.model, cfg, sink)
     full = ServingModule(loaded.model, cfg.features.sparse, table_rows(cfg)).eval()
     with torch.no_grad():

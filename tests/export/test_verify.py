@@ -3,6 +3,7 @@ by every task, not only by their mean."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rec.export import verify
@@ -43,3 +44,17 @@ def test_one_task_reports_no_per_task_breakdown():
     out = verify.summarize({"float": scores[:, :1], "torchscript": scores[:, :1]},
                            labels[:, :1], ["int8"], ["label"])  # fmt: skip
     assert "auc_per_task" not in out["torchscript"] and out["quality_bar_passed"]
+
+
+def test_reduced_precision_is_refused_for_one_task_under_the_bar():
+    """dense_dtype bf16 is held to the bar per task, and the refusal names the task."""
+    from rec.config import config_from_dict
+    from rec.export.pipeline import check_reduced_precision
+
+    cfg = config_from_dict({"model": {"tasks": ["click", "buy"], "over_arch": [16, 2]},
+                            "export": {"dense_dtype": "bf16"}})  # fmt: skip
+    ev = {"torchscript": {"auc_ratio": 1.0, "auc_ratio_per_task": {"click": 1.01, "buy": 0.99}}}
+    with pytest.raises(verify.VerificationError, match=r"0\.99000 on task buy"):
+        check_reduced_precision(cfg, ev)
+    ev["torchscript"]["auc_ratio_per_task"]["buy"] = 0.9995
+    check_reduced_precision(cfg, ev)  # every task at the bar: written
