@@ -32,15 +32,18 @@ class DeepFm(nn.Module):
         super().__init__()
         self.ebc = ebc
         self.dim = dim
-        num_fields = 1 + sum(len(c.feature_names) for c in ebc.embedding_bag_configs())
+        self.features = [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
+        num_fields = 1 + len(self.features)
         self.dense_field = nn.Linear(num_dense, dim)
         self.deep = nn.Sequential(
             MLP(num_fields * dim, deep_layers), nn.Linear(deep_layers[-1], num_tasks)
         )
 
     def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor):
-        pooled = self.ebc(sparse_features).values()  # [B, F * dim], table by table
-        fields = torch.cat([self.dense_field(dense_features), pooled], 1)
+        # By name: a sharded EBC's .values() is in the sharding plan's order, not the tables'.
+        pooled = self.ebc(sparse_features).to_dict()
+        fields = [self.dense_field(dense_features)] + [pooled[f] for f in self.features]
+        fields = torch.cat(fields, 1)
         stacked = fields.view(fields.shape[0], -1, self.dim)  # [B, F + 1, dim]
         # Pairwise dot products in O(F): ((sum v)^2 - sum v^2) / 2, summed over the dim.
         square_of_sum = stacked.sum(1) ** 2

@@ -13,7 +13,9 @@ The module must:
     dense transforms), sparse_features: KeyedJaggedTensor) and return logits (not
     probabilities): a float Tensor [B, number of tasks] (len(model.tasks), or 1). The ids in
     the KeyedJaggedTensor are rows of their tables already; pass it to `ebc` and read the
-    pooled KeyedTensor by feature name or `.values()` ([B, sum of dims], table by table);
+    pooled KeyedTensor by feature name (`to_dict()`): in training the EBC is sharded, and a
+    sharded EBC's `.values()` holds the columns in the sharding plan's order, which is not
+    the order the exported lookup gives;
   - build its dense layers on the CPU (rec builds the tables on the meta device for
     sharding and materializes them itself).
 

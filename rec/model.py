@@ -54,8 +54,9 @@ class ConcatSparseArch(nn.Module):
 
     Named like TorchRec's SparseArch (`embedding_bag_collection`, `sparse_feature_names`), so
     the checkpoint's keys and export's code are those of the DLRMs; unlike it, the tables may
-    have different dims. Features are in the EBC's order (table by table), as its KeyedTensor
-    holds them, sharded or not."""
+    have different dims. Features are in the EBC's config order (table by table), picked by
+    name: a sharded EBC's KeyedTensor holds its columns in the plan's order (rank by rank),
+    so `.values()` would train the layers above on another order than the export feeds."""
 
     def __init__(self, embedding_bag_collection: EmbeddingBagCollection) -> None:
         super().__init__()
@@ -65,7 +66,8 @@ class ConcatSparseArch(nn.Module):
         self.width = sum(c.embedding_dim * len(c.feature_names) for c in configs)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        return self.embedding_bag_collection(features).values()
+        pooled = self.embedding_bag_collection(features).to_dict()
+        return torch.cat([pooled[name] for name in self.sparse_feature_names], 1)
 
 
 class ConcatModel(nn.Module):

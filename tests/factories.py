@@ -18,7 +18,8 @@ class Pooled(nn.Module):
         self.out = nn.Linear(width + cfg.features.dense, tasks)
 
     def forward(self, dense_features, sparse_features):
-        pooled = self.ebc(sparse_features).values()
+        by_name = self.ebc(sparse_features).to_dict()  # not .values(): see rec/factory.py
+        pooled = torch.cat([by_name[f] for f in sorted(by_name)], 1)
         return self.out(torch.cat([dense_features, pooled], 1))
 
 

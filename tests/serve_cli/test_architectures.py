@@ -61,6 +61,9 @@ def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request):
     manifest = json.loads((repo / "rec" / "1" / "rec.json").read_text())
     assert manifest["tasks"] == tasks and manifest["outputs"][0]["shape"] == [-1, len(tasks)]
     checks = manifest["verification"]
+    # The unsharded float model is the trained one: its AUC on the same held-out split is the
+    # trainer's (a sharded EBC's columns in plan order would break this).
+    assert checks["eval"]["float"]["auc"] == pytest.approx(meta["eval"]["auc"], abs=2e-5)
     ts = checks["eval"]["torchscript"]
     assert ts["auc_ratio"] >= 0.999
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
