@@ -173,9 +173,12 @@ def test_din_attends_to_the_history():
         ),  # fmt: skip
         ({"model": {**DIN, "history": "cand"}}, r"must be different features"),
         (
-            {"model": DIN, "sharding": {"constraints": {"item": {"sharding_types": ["row_wise"]}}}},
-            r"sharding.constraints.item.sharding_types\[\] \(a sequence table\)='row_wise' is "
-            r"not allowed",
+            {
+                "model": DIN,
+                "sharding": {"constraints": {"item": {"sharding_types": ["table_row_wise"]}}},
+            },
+            r"sharding.constraints.item.sharding_types\[\] \(a sequence table\)="
+            r"'table_row_wise' is not allowed",
         ),  # fmt: skip
         ({"model": {**DIN, "factory": "tests.factories:good"}}, r"they need model.arch: din"),
     ],
@@ -192,5 +195,7 @@ def test_sequence_tables_keep_to_their_sharding_types_on_every_device(device):
 
     cfg = _config("din")
     constraints = make_constraints(cfg, device)
-    assert constraints["item"].sharding_types == ["data_parallel", "table_wise"]
+    assert constraints["item"].sharding_types == [
+        "data_parallel", "table_wise", "column_wise", "row_wise"
+    ]  # fmt: skip
     assert ("t0" in constraints) == (device == "cpu")  # pooled tables: the stock CPU choice
