@@ -435,7 +435,10 @@ class HttpServer::Loop {
 HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler)
     : options_(std::move(options)), handler_(std::move(handler)) {}
 
-HttpServer::~HttpServer() { Stop(0); }
+HttpServer::~HttpServer() {
+  Stop(0);
+  loops_.clear();
+}
 
 Status HttpServer::Start() {
   listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -480,8 +483,10 @@ void HttpServer::Stop(int drain_timeout_ms) {
     if (busy == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  // The loops' threads stop, the loops stay: a request still with the batcher when the drain
+  // ran out of time completes into its loop later (ModelManager::Shutdown), and must find it
+  // alive. They are freed with the server, after the batchers have stopped.
   for (auto& loop : loops_) loop->Stop();
-  loops_.clear();
 }
 
 }  // namespace rec

@@ -79,7 +79,8 @@ class HttpServer {
   // Stops accepting connections; open connections keep being served.
   void StopAccepting();
   // Waits (up to drain_timeout_ms) until every request handed to the handler is answered and
-  // written, then closes everything and joins the I/O threads.
+  // written, then joins the I/O threads. Their loops live until the server is destroyed, so a
+  // late answer (after the timeout) has somewhere to go.
   void Stop(int drain_timeout_ms);
 
   class Loop;
