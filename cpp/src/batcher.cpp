@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "busy_poll.h"
+
 namespace rec {
 
 Batcher::Batcher(const ModelSpec& spec, BatcherOptions options, RunnerSource current_runner,
@@ -31,6 +33,7 @@ Status Batcher::Enqueue(InferRequest&& request, InferCallback done) {
     queue_.push_back(std::move(p));
     stats_->pending.fetch_add(1, std::memory_order_relaxed);
   }
+  arrivals_.fetch_add(1, std::memory_order_release);
   cv_.notify_one();
   return Status::Ok();
 }
@@ -41,6 +44,7 @@ void Batcher::Shutdown() {
     if (stopping_ && threads_.empty()) return;
     stopping_ = true;
   }
+  arrivals_.fetch_add(1, std::memory_order_release);  // ends the executors' polls
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
@@ -87,6 +91,13 @@ void Batcher::TakeFitting(int64_t* rows, PendingList* batch, PendingList* expire
 // Blocks until a batch is ready. Returns false when the batcher is stopping and drained.
 bool Batcher::NextBatch(PendingList* batch, PendingList* expired) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (options_.busy_poll_us > 0 && queue_.empty() && !stopping_) {
+    uint64_t seen = arrivals_.load(std::memory_order_acquire);
+    lock.unlock();
+    PollFor(options_.busy_poll_us,
+            [&] { return arrivals_.load(std::memory_order_acquire) != seen; });
+    lock.lock();
+  }
   cv_.wait(lock, [this] { return stopping_ || (!queue_.empty() && !gathering_); });
   if (queue_.empty()) return !stopping_;
   gathering_ = true;

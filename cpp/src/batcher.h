@@ -4,6 +4,7 @@
 // request its own output rows. A failure of the batch fails its requests; nothing else.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -34,6 +35,9 @@ struct BatcherOptions {
   int executor_threads = 1;        // 0: spec.instance_count
   size_t max_queue_size = 1024;    // requests waiting; beyond it Enqueue fails at once
   int64_t request_timeout_us = 0;  // a request still queued after this fails; 0 = no limit
+  // An idle executor polls the queue this long before it sleeps: a sleeping thread takes tens of
+  // microseconds to wake on a virtual machine, more than a B = 1 call's whole serving overhead.
+  int64_t busy_poll_us = 0;
 };
 
 class Batcher {
@@ -78,6 +82,7 @@ class Batcher {
   std::deque<std::unique_ptr<Pending>> queue_;
   bool gathering_ = false;  // one executor gathers at a time, so batches fill up
   bool stopping_ = false;
+  std::atomic<uint64_t> arrivals_{0};  // Enqueue calls so far: what a polling executor watches
   std::vector<std::thread> threads_;
 };
 

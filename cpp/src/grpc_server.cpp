@@ -2,7 +2,10 @@
 
 #include <grpcpp/alarm.h>
 
+#include <atomic>
 #include <deque>
+
+#include "busy_poll.h"
 
 namespace rec {
 namespace {
@@ -43,6 +46,10 @@ struct GrpcServer::Queue {
     std::lock_guard<std::mutex> lock(mu);
     if (open) request_next();
   }
+
+  // ModelInfer requests with the batcher: while there are any, the poller polls for their answers
+  // rather than sleeping (--busy-poll-us).
+  std::atomic<int> answers_due{0};
 
   void Post(Tag* tag) {
     std::lock_guard<std::mutex> lock(post_mu);
@@ -122,6 +129,7 @@ class UnaryCall final : public Tag {
     delete this;
   }
 
+  GrpcServer::Queue* queue() { return queue_; }
   Req* request() { return &request_; }
   Resp* response() { return &response_; }
   // On the polling thread.
@@ -230,15 +238,20 @@ class StreamCall final {
     }
     // ModelInfer is done with request_ when it returns, so the next read may reuse it; the call
     // cannot finish before `done` runs (pending_ > 0).
-    api_->ModelInfer(&request_, out->mutable_infer_response(), [this, out](const Status& st) {
+    queue_->answers_due.fetch_add(1);
+    GrpcServer::Queue* q = queue_;  // outlives the call, which may end once mu_ is released
+    api_->ModelInfer(&request_, out->mutable_infer_response(), [this, q, out](const Status& st) {
       if (!st.ok()) out->set_error_message(st.message());
-      std::lock_guard<std::mutex> lock(mu_);
-      --pending_;
-      if (!broken_) writes_.push_back(out);
-      if (!waking_) {  // the polling thread starts the write (or the finish)
-        waking_ = true;
-        queue_->Post(&woken_);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --pending_;
+        if (!broken_) writes_.push_back(out);
+        if (!waking_) {  // the polling thread starts the write (or the finish)
+          waking_ = true;
+          queue_->Post(&woken_);
+        }
       }
+      q->answers_due.fetch_sub(1);
     });
     std::lock_guard<std::mutex> lock(mu_);
     stream_.Read(&request_, &read_);
@@ -319,10 +332,25 @@ std::shared_ptr<void> ServeQuick(GrpcServer::Service* service,
 
 // A polling thread. This unit is built without UBSan's vptr check (cpp/CMakeLists.txt): out of
 // descriptors, the check misreports a valid grpc::CompletionQueue as a wrong type.
-void Poll(grpc::ServerCompletionQueue* cq) {
+// While answers are due from the batcher it polls the queue for up to busy_poll_us (busy_poll.h)
+// before it sleeps in Next.
+void Poll(GrpcServer::Queue* q, int64_t busy_poll_us) {
+  using Status = grpc::CompletionQueue::NextStatus;
+  grpc::ServerCompletionQueue* cq = q->cq.get();
   void* tag = nullptr;
   bool ok = false;
-  while (cq->Next(&tag, &ok)) static_cast<Tag*>(tag)->Proceed(ok);
+  while (true) {
+    Status st = Status::TIMEOUT;
+    if (busy_poll_us > 0 && q->answers_due.load(std::memory_order_relaxed) > 0) {
+      PollFor(busy_poll_us, [&] {
+        st = cq->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
+        return st != Status::TIMEOUT;
+      });
+    }
+    if (st == Status::TIMEOUT) st = cq->Next(&tag, &ok) ? Status::GOT_EVENT : Status::SHUTDOWN;
+    if (st == Status::SHUTDOWN) return;
+    static_cast<Tag*>(tag)->Proceed(ok);
+  }
 }
 
 // A method rec-server does not implement (shared memory, trace and log settings, unload).
@@ -386,8 +414,12 @@ Status GrpcServer::Start(int* port) {
       ServeUnary<inference::ModelInferRequest, inference::ModelInferResponse>(
           s, &S::RequestModelInfer,
           [this](auto* c) {
-            api_->ModelInfer(c->request(), c->response(),
-                             [c](const Status& st) { c->FinishOnQueue(ToGrpc(st)); });
+            GrpcServer::Queue* q = c->queue();
+            q->answers_due.fetch_add(1);
+            api_->ModelInfer(c->request(), c->response(), [c, q](const Status& st) {
+              c->FinishOnQueue(ToGrpc(st));
+              q->answers_due.fetch_sub(1);
+            });
           },
           q),
       ServeUnimplemented(s, &S::RequestRepositoryModelUnload, q),
@@ -402,7 +434,7 @@ Status GrpcServer::Start(int* port) {
   };
   for (const auto& queue : queues_) StreamCall::Listen(s, api_, queue.get());
   for (const auto& queue : queues_) {
-    pollers_.emplace_back(Poll, queue->cq.get());
+    pollers_.emplace_back(Poll, queue.get(), options_.busy_poll_us);
   }
   return Status::Ok();
 }

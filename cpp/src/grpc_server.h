@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,7 @@ struct GrpcServerOptions {
   std::string address;  // host:port; port 0 picks a free one
   int threads = 1;      // completion queues, one polling thread each
   int max_receive_bytes = 64 << 20;
+  int64_t busy_poll_us = 0;  // a poller polls its queue this long after each event (busy_poll.h)
 };
 
 class GrpcServer {

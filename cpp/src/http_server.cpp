@@ -17,6 +17,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "busy_poll.h"
 #include "log.h"
 
 namespace rec {
@@ -140,7 +141,15 @@ class HttpServer::Loop {
         auto left = std::chrono::ceil<std::chrono::milliseconds>(next_sweep - Clock::now());
         timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
       }
-      int n = epoll_wait(epfd_, events, 64, timeout_ms);
+      int n = 0;
+      if (options_.busy_poll_us > 0 && in_flight_.load(std::memory_order_relaxed) > 0) {
+        // An answer is due: poll for it (Complete's eventfd write) rather than sleep.
+        PollFor(options_.busy_poll_us, [&] {
+          n = epoll_wait(epfd_, events, 64, 0);
+          return n != 0 || stop_;
+        });
+      }
+      if (n == 0) n = epoll_wait(epfd_, events, 64, timeout_ms);
       for (int i = 0; i < n; ++i) Dispatch(events[i]);
       ProcessDone();
       if (sweep && Clock::now() >= next_sweep) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -63,6 +64,9 @@ struct HttpServerOptions {
   int idle_timeout_s = 60;     // close a connection with nothing received or sent for this long
   int request_timeout_s = 30;  // 408 if a request is not complete this long after its first byte
   int max_connections = 1024;  // across all I/O threads; beyond it: 503 and close
+  // While a request is with the handler, the I/O thread polls this long for its answer before it
+  // sleeps (busy_poll.h). 0: sleep at once.
+  int64_t busy_poll_us = 0;
   // Called on an I/O thread for each such close (metrics); may be empty.
   std::function<void(HttpCloseReason)> on_close;
 };

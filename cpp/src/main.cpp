@@ -77,6 +77,7 @@ int Serve(const rec::ServerOptions& o) {
   mo.batcher.executor_threads = o.executor_threads;
   mo.batcher.max_queue_size = static_cast<size_t>(o.max_queue_size);
   mo.batcher.request_timeout_us = o.request_timeout_ms * 1000;
+  mo.batcher.busy_poll_us = o.busy_poll_us;
   rec::ModelManager models(mo, &metrics);
   st = models.LoadAll();
   if (!st.ok()) return Fail(st);
@@ -91,6 +92,7 @@ int Serve(const rec::ServerOptions& o) {
   ho.idle_timeout_s = o.http_idle_timeout_s;
   ho.request_timeout_s = o.http_request_timeout_s;
   ho.max_connections = o.http_max_connections;
+  ho.busy_poll_us = o.busy_poll_us;
   ho.on_close = [closes = metrics.http_closes()](rec::HttpCloseReason reason) {
     CountClose(closes, reason);
   };
@@ -98,6 +100,7 @@ int Serve(const rec::ServerOptions& o) {
   metrics_ho.port = o.metrics_port;
   metrics_ho.io_threads = 1;
   metrics_ho.max_body_bytes = 1 << 16;
+  metrics_ho.busy_poll_us = 0;  // nothing on it is latency-critical
   rec::HttpServer http(ho, [&api](rec::HttpRequest&& r, rec::HttpResponder d) {
     api.Handle(std::move(r), std::move(d));
   });
@@ -109,6 +112,7 @@ int Serve(const rec::ServerOptions& o) {
   rec::GrpcServerOptions go;
   go.address = o.host + ":" + std::to_string(o.grpc_port);
   go.threads = o.grpc_threads;
+  go.busy_poll_us = o.busy_poll_us;
   go.max_receive_bytes = static_cast<int>(std::min<int64_t>(o.max_body_bytes, INT32_MAX));
   rec::GrpcServer grpc_server(&grpc_api, go);
   int grpc_port = 0;

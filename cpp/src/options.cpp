@@ -53,6 +53,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--grpc-threads", i32(&o->grpc_threads, 1, 64)},
       {"--executor-threads", i32(&o->executor_threads, 0, 256)},
       {"--intra-op-threads", i32(&o->intra_op_threads, 1, 256)},
+      {"--busy-poll-us", i64(&o->busy_poll_us, 0, 1000000)},
       {"--max-queue-size", i64(&o->max_queue_size, 1, INT64_MAX)},
       {"--request-timeout-ms", i64(&o->request_timeout_ms, 0, INT64_MAX / 1000)},
       {"--max-body-bytes", i64(&o->max_body_bytes, 1, INT64_MAX)},
@@ -120,6 +121,9 @@ std::string UsageText(const std::string& default_fbgemm_dir) {
          "  --executor-threads N     threads running batches per model (default: the config's\n"
          "                           instance_group count, else 1)\n"
          "  --intra-op-threads N     LibTorch intra-op threads per forward (default 1)\n"
+         "  --busy-poll-us N         an idle executor, and an I/O thread awaiting an answer, poll "
+         "N us\n"
+         "                           before sleeping (default 2000; 0: sleep at once)\n"
          "  --max-queue-size N       queued requests per model before 503/UNAVAILABLE (default "
          "1024)\n"
          "  --request-timeout-ms N   fail requests queued longer than this (default 0 = never)\n"

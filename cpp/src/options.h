@@ -20,6 +20,7 @@ struct ServerOptions {
   int grpc_threads = 1;
   int executor_threads = 0;  // 0: the model's instance_group count
   int intra_op_threads = 1;
+  int64_t busy_poll_us = 2000;  // executors and I/O threads poll this long before sleeping
   int64_t max_queue_size = 1024;
   int64_t request_timeout_ms = 0;
   int64_t max_body_bytes = 64 << 20;

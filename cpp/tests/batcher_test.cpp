@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 
 #include "test_util.h"
@@ -67,6 +68,36 @@ TEST(Batcher, EachRequestGetsItsOwnRows) {
   EXPECT_LT(runner->calls.load(), 40);  // requests were batched
   EXPECT_EQ(stats.success_count.load(), 40u);
   EXPECT_EQ(stats.pending.load(), 0);
+}
+
+// With a poll longer than the test, the executor never sleeps: each request, sent after the
+// previous answer, is taken by the polling executor, and Shutdown ends the poll at once.
+TEST(Batcher, PollingExecutorTakesEachRequestAndStopsOnShutdown) {
+  ModelSpec spec = testing::MakeSpec();
+  auto runner = std::make_shared<EchoRunner>();
+  ModelStats stats;
+  BatcherOptions options;
+  options.executor_threads = 1;
+  options.busy_poll_us = 60'000'000;
+  Batcher batcher(
+      spec, options, [&] { return runner; }, &stats);
+  for (int i = 0; i < 20; ++i) {
+    InferRequest r = testing::MakeRequest(1 + i % 3, static_cast<float>(10 * i));
+    ASSERT_TRUE(ValidateRequest(spec, &r).ok());
+    int64_t rows = r.batch_size;
+    std::promise<InferResult> promise;
+    ASSERT_TRUE(
+        batcher.Enqueue(std::move(r), [&](InferResult&& res) { promise.set_value(std::move(res)); })
+            .ok());
+    InferResult res = promise.get_future().get();
+    ASSERT_TRUE(res.status.ok()) << res.status.message();
+    ASSERT_EQ(res.outputs[0].shape[0], rows);
+    EXPECT_EQ(res.outputs[0].As<float>()[0], static_cast<float>(10 * i));
+  }
+  auto start = std::chrono::steady_clock::now();
+  batcher.Shutdown();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_EQ(runner->calls.load(), 20);
 }
 
 TEST(Batcher, FailedBatchFailsItsRequestsAndFullQueueRejects) {

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import queue
+
 import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from clients import assert_same_rows, infer_inputs, scores_concurrently
+from server import Server, run_to_exit
 from tiny_model import make_batch
 
 
@@ -39,3 +44,33 @@ def test_many_requests_on_one_keep_alive_connection(server, reference):
         for b in batches:
             scores = c.infer("rec", infer_inputs(httpclient, b)).as_numpy("scores")
             np.testing.assert_array_equal(scores, reference(b))
+
+
+@pytest.mark.parametrize("busy_poll_us", ["0", "1000000"])
+def test_every_protocol_answers_whether_threads_poll_or_sleep(repo, reference, busy_poll_us):
+    """--busy-poll-us 0: every hand-off between threads sleeps and is woken; a poll longer than
+    the test: none does. Both ways, concurrent HTTP and gRPC calls and a gRPC stream get their
+    own rows."""
+    server = Server(repo, "--busy-poll-us", busy_poll_us, "--executor-threads", "2")
+    try:
+        batches = [make_batch(1 + i % 4, seed=3000 + i) for i in range(24)]
+        for got, b in zip(scores_concurrently(server, batches), batches, strict=True):
+            assert_same_rows(got, reference(b))
+        answers: queue.Queue = queue.Queue()
+        with grpcclient.InferenceServerClient(server.grpc) as c:
+            c.start_stream(callback=lambda result, error: answers.put((result, error)))
+            for i, b in enumerate(batches[:8]):
+                c.async_stream_infer("rec", infer_inputs(grpcclient, b), request_id=str(i))
+            got = [answers.get(timeout=30) for _ in range(8)]
+            c.stop_stream()
+        for result, error in got:
+            assert error is None, error
+            b = batches[int(result.get_response().id)]
+            assert_same_rows(result.as_numpy("scores"), reference(b))
+    finally:
+        assert server.stop() == 0, server.stderr()
+
+
+def test_busy_poll_flag_is_checked():
+    out = run_to_exit("--model-repository", "/tmp", "--busy-poll-us", "-1")
+    assert out.returncode == 2 and "--busy-poll-us" in out.stderr
