@@ -1,21 +1,27 @@
 """rec-server benchmark: in-process TorchScript forward (the limit) vs the server over HTTP
-(binary tensors) and gRPC, on one model and one machine, with the C++ load generator rec-bench.
+(binary tensors) and gRPC, on the small default model and the Criteo Kaggle-size one, one run,
+with the C++ load generator rec-bench.
 
-    .venv/bin/python benchmarks/serve_cpp_bench.py --repo model_repository \
-        [--kaggle-repo kaggle_repository] [--threads 1,2] [--seconds 3]
+    .venv/bin/python benchmarks/serve_cpp_bench.py              # ~10 min, ~12 GB of RAM at peak
+    .venv/bin/python benchmarks/serve_cpp_bench.py --kaggle-scale 0.05   # a quick look
+    .venv/bin/python benchmarks/serve_cpp_bench.py --repo REPO [--kaggle-repo REPO2]
 
-For each repository (the default model, and optionally a Kaggle-size dense model) and each
-intra-op thread count (server and in-process loop alike): the in-process forward at B = 1 and
-B = 512; with batching off, bare round trips (`live`) and B = 1 p50 with one client, HTTP and
-gRPC alternating in short rounds; saturation throughput of B = 1 requests (16 clients) with
-batching off and on; and B = 512 throughput (2 clients). The server runs one executor thread,
-one HTTP and one gRPC thread. Client and server share the machine's cores, so the numbers are a
-lower bound of what the server does alone.
+Without --repo it trains both models briefly and exports them (int8 tables, the default export),
+as benchmarks/export_bench.py does: the default config and examples/criteo_kaggle.yaml with its
+tables scaled by --kaggle-scale (1.0: Criteo Kaggle's 33.8M rows).
+
+For each model and intra-op thread count (server and in-process loop alike): the in-process
+forward at B = 1 and B = 512; with batching off, bare round trips (`live`) and B = 1 p50 with
+one client, HTTP and gRPC alternating in short rounds, with the server's threads polling for
+work (`--busy-poll-us`, the default) and sleeping (`--busy-poll-us 0`); saturation throughput
+of B = 1 requests (16 clients) with batching off and on; and B = 512 throughput (2 clients).
+The server runs one executor thread, one HTTP and one gRPC thread. Client and server share the
+machine's cores, so the numbers are a lower bound of what the server does alone.
 
 Summary per run (targets of issue #11 in TARGETS): gRPC/HTTP p50 ratio at B = 1, HTTP and gRPC
 overhead over the in-process p50 at B = 1, batching speedup at 16 clients, B = 512 share of
-in-process throughput. Writes benchmarks/results/serve_cpp.json and serve_cpp.png (first run)
-and prints Markdown tables.
+in-process throughput. Writes benchmarks/results/serve_cpp.json and serve_cpp.png and prints
+Markdown tables; `--report` redraws the plot and tables from the JSON.
 """
 
 from __future__ import annotations
@@ -59,11 +65,15 @@ def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: in
 
 
 class Server:
-    def __init__(self, repo: Path, model: str, intra_op_threads: int) -> None:
+    def __init__(
+        self, repo: Path, model: str, intra_op_threads: int, busy_poll_us: int | None = None
+    ) -> None:
         argv = [str(BUILD / "rec-server"), "--model-repository", str(repo), "--model", model]
         argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
         argv += ["--executor-threads", "1", "--intra-op-threads", str(intra_op_threads)]
         argv += ["--http-threads", "1", "--grpc-threads", "1"]
+        if busy_poll_us is not None:
+            argv += ["--busy-poll-us", str(busy_poll_us)]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
@@ -98,22 +108,27 @@ def median_run(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["p50_us"])[len(runs) // 2]
 
 
-def run_unbatched(server: Server, repo: Path, model: str, seconds: float, rounds: int) -> dict:
-    """B = 1 latency, bare round trips, 16-client and B = 512 throughput with batching off. The
-    B = 1 and live runs alternate HTTP and gRPC in `rounds` short rounds (the median is kept), so
-    a burst of other work on the shared machine hits both protocols alike."""
+def run_unbatched(
+    servers: dict[str, Server], repo: Path, model: str, seconds: float, rounds: int
+) -> dict:
+    """B = 1 latency, bare round trips, 16-client and B = 512 throughput with batching off.
+    `servers`: "" -> the default server, "_sleep" -> one with --busy-poll-us 0. The B = 1 and
+    live runs alternate HTTP and gRPC and the two servers in `rounds` short rounds (the median is
+    kept), so a burst of other work on the shared machine hits all alike."""
     results: dict[str, dict] = {}
     short = max(1.0, seconds / rounds)
     for call, key in (("live", "live"), ("infer", "b1")):
-        runs: dict[str, list] = {"http": [], "grpc": []}
+        runs: dict[str, list] = {}
         for _ in range(rounds):
-            for proto in ("http", "grpc"):
-                target = server.http if proto == "http" else server.grpc
-                runs[proto].append(
-                    bench(proto, repo, model, 1, 1, short, "--target", target, "--call", call)
-                )
-        for proto, r in runs.items():
-            results[f"{proto}_{key}_batching_off"] = median_run(r)
+            for suffix, server in servers.items():
+                for proto in ("http", "grpc"):
+                    target = server.http if proto == "http" else server.grpc
+                    runs.setdefault(f"{proto}_{key}_batching_off{suffix}", []).append(
+                        bench(proto, repo, model, 1, 1, short, "--target", target, "--call", call)
+                    )
+        for name, r in runs.items():
+            results[name] = median_run(r)
+    server = servers[""]
     for proto in ("http", "grpc"):
         target = server.http if proto == "http" else server.grpc
         for key, batch, clients in (("b1_sat", 1, 16), ("b512", 512, 2)):
@@ -135,10 +150,12 @@ def run(repo: Path, model: str, seconds: float, delay_us: int, threads: int, rou
             name = "on" if batching else "off"
             copy = batching_repo(repo, model, Path(tmp) / name, batching, delay_us)
             server = Server(copy, model, threads)
+            sleeping = None if batching else Server(copy, model, threads, busy_poll_us=0)
             print(f"rec-server, dynamic batching {name}, {threads} intra-op thread(s)")
             try:
                 if not batching:
-                    results.update(run_unbatched(server, copy, model, seconds, rounds))
+                    servers = {"": server, "_sleep": sleeping}
+                    results.update(run_unbatched(servers, copy, model, seconds, rounds))
                     continue
                 for proto in ("http", "grpc"):
                     target = server.http if proto == "http" else server.grpc
@@ -148,6 +165,8 @@ def run(repo: Path, model: str, seconds: float, delay_us: int, threads: int, rou
                         )
             finally:
                 server.stop()
+                if sleeping is not None:
+                    sleeping.stop()
     return results
 
 
@@ -165,11 +184,16 @@ def summarize(r: dict) -> dict:
     s = {
         "grpc_http_b1_p50_ratio": r["grpc_b1_batching_off"]["p50_us"]
         / r["http_b1_batching_off"]["p50_us"],
+        "grpc_http_b1_p50_ratio_sleeping": r["grpc_b1_batching_off_sleep"]["p50_us"]
+        / r["http_b1_batching_off_sleep"]["p50_us"],
         "http_live_p50_us": r["http_live_batching_off"]["p50_us"],
         "grpc_live_p50_us": r["grpc_live_batching_off"]["p50_us"],
     }
     for proto in ("http", "grpc"):
         s[f"{proto}_overhead_b1_p50_us"] = r[f"{proto}_b1_batching_off"]["p50_us"] - fwd1
+        s[f"{proto}_overhead_b1_p50_us_sleeping"] = (
+            r[f"{proto}_b1_batching_off_sleep"]["p50_us"] - fwd1
+        )
         s[f"{proto}_batching_speedup_16_clients"] = (
             r[f"{proto}_b1_sat_batching_on"]["rows_per_s"]
             / r[f"{proto}_b1_sat_batching_off"]["rows_per_s"]
@@ -194,63 +218,96 @@ def table(r: dict) -> str:
     return "\n".join(rows)
 
 
-def plot(r: dict, path: Path) -> None:
+def plot(runs: dict[str, dict], path: Path) -> None:
+    """Left: what the server adds to the in-process forward at B = 1 (p50), threads polling vs
+    sleeping, per model and thread count. Right: 16 B = 1 clients, batching on vs off."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    lat = [
-        "http_live_batching_off",
-        "grpc_live_batching_off",
-        "forward_b1",
-        "http_b1_batching_off",
-        "grpc_b1_batching_off",
-    ]
-    x = range(len(lat))
-    a.bar([i - 0.2 for i in x], [r[k]["p50_us"] for k in lat], 0.4, label="p50")
-    a.bar([i + 0.2 for i in x], [r[k]["p99_us"] for k in lat], 0.4, label="p99")
-    a.set_xticks(list(x), [k.replace("_batching", "\nbatching") for k in lat], fontsize=7)
-    a.set_ylabel("latency (µs), B = 1, one client")
-    a.legend()
-    thr = [
-        "http_b1_sat_batching_off",
-        "http_b1_sat_batching_on",
-        "grpc_b1_sat_batching_off",
-        "grpc_b1_sat_batching_on",
-        "forward_b512",
-        "http_b512_batching_off",
-        "grpc_b512_batching_off",
-    ]
-    b.bar(range(len(thr)), [r[k]["rows_per_s"] for k in thr], color="tab:green")
-    b.set_xticks(range(len(thr)), [k.replace("_batching", "\nbatching") for k in thr], fontsize=7)
-    b.set_ylabel("rows / s")
-    b.set_yscale("log")
-    fig.suptitle("rec-server vs in-process TorchScript (same model, same 2-core machine)")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
+    names = list(runs)
+    x = range(len(names))
+    bars = (
+        ("http_overhead_b1_p50_us", "HTTP, polling (default)"),
+        ("http_overhead_b1_p50_us_sleeping", "HTTP, --busy-poll-us 0"),
+        ("grpc_overhead_b1_p50_us", "gRPC, polling (default)"),
+        ("grpc_overhead_b1_p50_us_sleeping", "gRPC, --busy-poll-us 0"),
+    )
+    width = 0.8 / len(bars)
+    for k, (key, label) in enumerate(bars):
+        a.bar([i + (k - 1.5) * width for i in x], [runs[n]["summary"][key] for n in names],
+              width, label=label)  # fmt: skip
+    a.axhline(100, color="gray", linestyle="--", linewidth=1)
+    a.set_xticks(list(x), [n.replace("/intra_op_", "\nintra-op ") for n in names], fontsize=8)
+    a.set_ylabel("p50 over the in-process forward (µs), B = 1")
+    a.set_title("what the server adds to one B = 1 call")
+    a.legend(fontsize=7)
+    for k, proto in enumerate(("http", "grpc")):
+        b.bar([i + (k - 0.5) * 0.4 for i in x],
+              [runs[n]["summary"][f"{proto}_batching_speedup_16_clients"] for n in names],
+              0.4, label=proto.upper())  # fmt: skip
+    b.axhline(1, color="gray", linewidth=1)
+    b.set_xticks(list(x), [n.replace("/intra_op_", "\nintra-op ") for n in names], fontsize=8)
+    b.set_ylabel("rows/s batching on / off")
+    b.set_title("16 clients at B = 1: dynamic batching's gain")
+    b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def build_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
+    """Trains the default and the Kaggle-size model briefly and exports each (int8 tables, the
+    default export) into a repository of its own."""
+    from export_bench import REC, model_configs
+
+    repos = {}
+    for name, config in model_configs(tmp, kaggle_scale).items():
+        run_dir, repo = tmp / f"{name}-run", tmp / f"{name}-repo"
+        print(f"[{name}] rec train, rec export", flush=True)
+        subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run_dir)], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run([REC, "export", str(run_dir), "--repo", str(repo)], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        shutil.rmtree(run_dir)  # the checkpoint: 8.9 GB at full size
+        repos[name] = repo
+    return repos
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repo", type=Path, default=ROOT / "model_repository")
+    p.add_argument("--repo", type=Path, help="benchmark this repository instead of building both")
     p.add_argument(
         "--kaggle-repo",
         type=Path,
-        help="a second repository, with the Kaggle-size dense model (benchmarks both)",
+        help="with --repo: a second repository, with the Kaggle-size model (benchmarks both)",
     )
+    p.add_argument("--kaggle-scale", type=float, default=1.0,
+                   help="rows of every Kaggle table x this (1.0: 33.8M rows)")  # fmt: skip
     p.add_argument("--model", default="rec")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=3, help="alternating HTTP/gRPC B = 1 rounds")
     p.add_argument("--threads", default="1,2", help="intra-op thread counts to run, e.g. 1,2")
     p.add_argument("--delay-us", type=int, default=500, help="batching window when batching is on")
+    p.add_argument("--report", action="store_true", help="redraw from serve_cpp.json and exit")
     args = p.parse_args()
+    if args.report:
+        report(json.loads((RESULTS / "serve_cpp.json").read_text())["runs"])
+        return
     if not (BUILD / "rec-bench").exists():
         raise SystemExit(f"{BUILD / 'rec-bench'} is missing: run scripts/setup.sh")
-    repos = {"default": args.repo}
-    if args.kaggle_repo:
-        repos["kaggle_dense"] = args.kaggle_repo
+    with tempfile.TemporaryDirectory(prefix="serve_cpp_bench-") as tmp:
+        if args.repo:
+            repos = {"default": args.repo}
+            if args.kaggle_repo:
+                repos["kaggle"] = args.kaggle_repo
+        else:
+            repos = build_repositories(Path(tmp), args.kaggle_scale)
+        bench_all(args, repos)
+
+
+def bench_all(args: argparse.Namespace, repos: dict[str, Path]) -> None:
     runs: dict[str, dict] = {}
     for name, repo in repos.items():
         for threads in (int(t) for t in args.threads.split(",")):
@@ -271,13 +328,17 @@ def main() -> None:
         },
         "model": args.model,
         "server": "--executor-threads 1 --intra-op-threads T --http-threads 1 --grpc-threads 1",
+        "kaggle_scale": None if args.repo else args.kaggle_scale,
         "targets": TARGETS,
         "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serve_cpp.json").write_text(json.dumps(out, indent=2))
-    first = next(iter(runs.values()))
-    plot(first["results"], RESULTS / "serve_cpp.png")
+    report(runs)
+
+
+def report(runs: dict[str, dict]) -> None:
+    plot(runs, RESULTS / "serve_cpp.png")
     for key, run_ in runs.items():
         print(f"\n### {key}\n")
         print(table(run_["results"]))
