@@ -16,9 +16,16 @@ torch.jit.load runs (in Python and in LibTorch) before the model answers anythin
 way torch's quantized Linear keeps its prepacked weights.
 
 bf16 (`export.dense_dtype: bf16`): the same layers with bf16 weights and activations (fp32
-accumulation inside oneDNN, AVX-512 BF16 on this CPU); about 2x fp32's throughput at B = 512.
-Each layer's output is returned as fp32, so the element-wise parts of the model (ReLU, the
-cross layers' products, the sigmoid) stay fp32.
+accumulation inside oneDNN); about 2x fp32's throughput at B = 512 with AVX-512 BF16, 3x and
+more with AMX. Each layer's output is returned as fp32, so the element-wise parts of the model
+(ReLU, the cross layers' products, the sigmoid) stay fp32. With AVX-512 BF16 alone (measured on
+an AMD EPYC) every row is the same from 4 rows on, as in fp32. On a CPU with AMX (measured on
+a Xeon with amx_bf16) oneDNN picks AMX or AVX-512 kernels by batch size and shape, and rows
+differ between batch sizes (1728x512: M = 8 ... 36 against larger M): there bf16 is not batch
+invariant, export's batching check refuses it, and the choices are `batch_invariant: false`
+(bf16 layers without the padding, AMX at every size, scores that depend on the batch at bf16's
+precision) or oneDNN held to AVX-512 (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` in the export's and
+every server's environment: invariant again, ~11x slower than AMX at B = 512).
 """
 
 from collections.abc import Callable
@@ -134,18 +141,22 @@ def swap_dense(module: nn.Module, batch_invariant: bool, dtype: str = "fp32") ->
     """Swaps every nn.Linear and LowRankCrossNet below `module`, in place, and returns it.
 
     batch_invariant: oneDNN layers computing in `dtype` (fp32 or bf16), or per-sample products
-    for small layers. Otherwise plain fp32 nn.Linear (MKL sgemm) and only the cross net swapped
-    (TorchRec's does not script)."""
+    for small layers. Otherwise plain fp32 nn.Linear (MKL sgemm), except that bf16 keeps its
+    oneDNN layers (without the padding), and only the cross net swapped (TorchRec's does not
+    script)."""
     torch_dtype = DENSE_DTYPES[dtype]
+    reduced = torch_dtype != torch.float32
 
     def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         if batch_invariant:
             return invariant_linear(weight, bias, torch_dtype)
+        if reduced and weight.numel() > SMALL_LAYER:
+            return PackedLinear(weight, bias, torch_dtype)
         return _plain_linear(weight, bias)
 
     def swap(parent: nn.Module) -> None:
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and batch_invariant:
+            if isinstance(child, nn.Linear) and (batch_invariant or reduced):
                 setattr(parent, name, linear(child.weight, child.bias))
             elif isinstance(child, LowRankCrossNet):
                 setattr(parent, name, CrossNet(child, linear))

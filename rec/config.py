@@ -528,11 +528,13 @@ class ExportConfig:
     batch_invariant: bool = True
     """Dense layers whose result for a sample does not depend on the batch the server formed
     (oneDNN on packed weights, per-sample products for small layers); CPU GEMM otherwise
-    differs in the last bits for batches under 16. TorchScript only (rec.export.dense)."""
+    differs in the last bits for batches under 16. TorchScript only (rec.export.dense).
+    Export checks it and refuses a model that is not."""
     dense_dtype: str = "fp32"
-    """What the TorchScript model's dense layers compute in: fp32, or bf16 (about 1.4-2x the
-    throughput on CPUs with AVX-512 BF16 or AMX). Export measures the AUC it costs and refuses
-    a model under the 99.9 % bar unless `accept_quality_loss` is set."""
+    """What the TorchScript model's dense layers compute in: fp32, or bf16 (about 2x the
+    throughput at B = 512 with AVX-512 BF16, 3x and more with AMX). Export measures the AUC it
+    costs and refuses a model under the 99.9 % bar unless `accept_quality_loss` is set. On a CPU
+    with AMX bf16 is not batch invariant: set batch_invariant false with it there."""
     accept_quality_loss: bool = False
     """Write a reduced-precision (dense_dtype bf16) model even if its held-out AUC is under
     99.9 % of the float model's."""

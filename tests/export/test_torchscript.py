@@ -97,20 +97,34 @@ def test_dlrm_dcn_exports_batch_invariant(tmp_path):
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
 
 
-def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path):
+@pytest.mark.parametrize("invariant", [True, False])
+def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
+    """bf16 dense layers, batch invariant (padded to oneDNN's minimum rows) or not (the same
+    oneDNN layers unpadded, for CPUs whose bf16 kernels depend on the batch size: AMX)."""
+    from rec.export.dense import PackedLinear
     from rec.export.pipeline import export_run
     from tests.export.conftest import write_seeded_run
 
-    data = tiny_dict(dense_dtype="bf16", accept_quality_loss=True)
+    data = tiny_dict(dense_dtype="bf16", accept_quality_loss=True, batch_invariant=invariant)
     # Cross and top layers of 40 x 96 weights: big enough for oneDNN, so bf16 applies.
     data["model"] = {"arch": "dlrm_dcn", "dense_arch": [16, 8], "over_arch": [96, 1],
                      "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
     run = write_seeded_run(tmp_path / "run", data)
     result = export_run(run, tmp_path / "repo", log=lambda _: None)
     manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
-    assert manifest["dense"] == {"dtype": "bf16", "batch_invariant": True}
+    assert manifest["dense"] == {"dtype": "bf16", "batch_invariant": invariant}
     checks = manifest["verification"]
-    assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
+    diff = checks["batched_vs_single_max_diff"]["torchscript"]
+    assert diff == 0.0 if invariant else 0.0 <= diff < 1e-2
+    if not invariant:
+        from rec.export import torchscript
+
+        cfg = config_from_dict(data)
+        dtypes = {t.name: "int8" for t in cfg.tables}
+        module, _ = torchscript.served_module(load_run(run, cfg=cfg).model, cfg, dtypes)
+        packed = [m for m in module.modules() if isinstance(m, PackedLinear)]
+        assert packed and all(m.weight.dtype == torch.bfloat16 for m in packed)
+        assert module.min_rows == 1
     ratio = checks["eval"]["torchscript"]["auc_ratio"]
     assert 0.5 < ratio < 1.5
     assert ("accepted_quality_loss" in checks["eval"]) == (ratio < 0.999)
@@ -202,3 +216,18 @@ def test_dcn_v2_with_mixed_dims_exports_both_formats(tmp_path):
     tables = {t["name"]: t for t in manifest["tables"]}
     assert [tables[f"t{i}"]["dim"] for i in range(4)] == [4, 8, 16, 12]
     assert [tables[f"t{i}"]["stored_dtype"] for i in range(4)] == ["int4", "fp16", "int8", "fp32"]
+
+
+def test_a_batch_dependent_model_is_refused_with_the_reason():
+    """The batching check compares a batch with its samples one by one; an export that claims
+    invariance and differs is refused, with what to do for bf16 (BF16_NOT_INVARIANT)."""
+    from rec.export import verify
+    from rec.export.pipeline import BF16_NOT_INVARIANT, check_batching
+
+    def scorer(dense, lengths, values):  # a score that depends on the batch's size
+        return dense[:, :1] * (1 + 1e-3 * dense.shape[0])
+
+    sample = random_request(3, 2, 8, seed=0)
+    with pytest.raises(verify.VerificationError, match="batch of 8 samples.*AMX"):
+        check_batching("torchscript", scorer, sample, True, BF16_NOT_INVARIANT)
+    assert check_batching("torchscript", scorer, sample, False) > 0
