@@ -2,11 +2,12 @@
 
 Why oneDNN, and why packed. CPU GEMM (MKL's sgemm behind nn.Linear) picks other kernels and
 blockings for other batch sizes, so a sample's score would depend on which batch a server put
-it in (measured: up to ~7e-7 for batches under 16). Measured on this machine (Criteo Kaggle's
-DCN cross and top layers, one thread, B = 1 / 64 / 512), oneDNN's inner product
+it in (measured: up to ~7e-7 for batches under 16). Measured on an AMD EPYC and an Intel Xeon
+(Criteo Kaggle's DCN cross and top layers, one thread, B = 1 / 64 / 512), oneDNN's inner product
 (`mkldnn::_linear_pointwise`) on a weight reordered once into its blocked layout
 (`mkldnn::_reorder_linear_weight`) gives every row of a batch of 4 or more rows the same
-result, bit for bit, at 0.76 / 0.82 / 0.86x plain nn.Linear's time. Batches of 1 to 3 rows are
+result, bit for bit, at 0.76 / 0.82 / 0.86x plain nn.Linear's time on the EPYC and 1.28 / 0.89 /
+1.07x on the Xeon (where MKL's M = 1 GEMV reads the weights faster). Batches of 1 to 3 rows are
 zero-padded to 4. Given a plain weight instead, oneDNN reorders it on every call (1.5x plain at
 B = 1); per-sample bmm, the previous way to invariance, cost 3.5x at B = 512.
 
