@@ -48,6 +48,11 @@ def _check(dense, lengths, values, max_rows, values_name=VALUES):
             f"input '{LENGTHS}': batch size {lengths.shape[0]} differs from other inputs' "
             f"{dense.shape[0]}"
         )
+    bad = np.argwhere(~np.isfinite(dense))
+    if bad.size:
+        r, c = (int(x) for x in bad[0])
+        what = "nan" if np.isnan(dense[r, c]) else ("inf" if dense[r, c] > 0 else "-inf")
+        return f"input '{DENSE}': value {what} at [{r}, {c}]: every value must be a finite number"
     negative = np.flatnonzero(lengths.reshape(-1) < 0)
     if negative.size:
         i = int(negative[0])

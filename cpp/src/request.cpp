@@ -1,6 +1,7 @@
 #include "request.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 
@@ -45,6 +46,22 @@ Status CheckInputShape(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64
   return Status::Ok();
 }
 
+// A NaN or an infinity would come out as a NaN score that a ranking then uses without a word;
+// training never saw one (its readers refuse or fill non-numbers), so the request is refused.
+Status CheckFinite(const Tensor& t) {
+  const float* v = t.As<float>();
+  int64_t n = ElementCount(t.shape);
+  int64_t width = t.shape.size() == 2 ? t.shape[1] : 1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(v[i])) continue;
+    std::string what = std::isnan(v[i]) ? "nan" : (v[i] > 0 ? "inf" : "-inf");
+    return InvalidArgument(InputError(
+        t.name, "value " + what + " at [" + std::to_string(i / width) + ", " +
+                    std::to_string(i % width) + "]: every value must be a finite number"));
+  }
+  return Status::Ok();
+}
+
 Status CheckInput(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64_t* batch) {
   if (t->dtype != io.dtype) {
     return InvalidArgument(InputError(t->name, std::string("expected datatype ") +
@@ -58,6 +75,7 @@ Status CheckInput(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64_t* b
         t->name, "shape " + ShapeString(t->shape) + " needs " + std::to_string(expected_bytes) +
                      " bytes of data, got " + std::to_string(t->data.size())));
   }
+  if (t->dtype == DataType::kFp32) return CheckFinite(*t);
   return Status::Ok();
 }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "test_util.h"
@@ -72,6 +73,10 @@ TEST(Validate, EachProblemNamesTheTensor) {
        "differs from other inputs'"},
       {"negative length", [](InferRequest* r) { r->inputs[2].MutableAs<int32_t>()[1] = -1; },
        "negative length"},
+      {"nan dense", [](InferRequest* r) { r->inputs[1].MutableAs<float>()[3] = std::nanf(""); },
+       "'dense_features': value nan at [1, 1]: every value must be a finite number"},
+      {"infinite dense", [](InferRequest* r) { r->inputs[1].MutableAs<float>()[4] = -INFINITY; },
+       "'dense_features': value -inf at [2, 0]"},
       {"sum mismatch",
        [](InferRequest* r) {
          r->inputs[0].data.resize(r->inputs[0].data.size() - 8);

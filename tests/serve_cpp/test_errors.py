@@ -26,6 +26,10 @@ def _bad_cases():
     neg = {**ok, "sparse_lengths": ok["sparse_lengths"].copy()}
     neg["sparse_lengths"][1, 1] = -1
     big = make_batch(MAX_BATCH_SIZE + 1, seed=6)
+    nan = {**ok, "dense_features": ok["dense_features"].copy()}
+    nan["dense_features"][2, 1] = np.nan
+    inf = {**ok, "dense_features": ok["dense_features"].copy()}
+    inf["dense_features"][0, 0] = np.inf
     return [
         ("missing", _drop(ok, "sparse_values"), {}, "'sparse_values': missing"),
         ("unknown", {**ok, "bogus": ok["dense_features"]}, {}, "'bogus': unexpected input"),
@@ -49,6 +53,8 @@ def _bad_cases():
         ),
         ("too big", big, {}, f"exceeds max_batch_size {MAX_BATCH_SIZE}"),
         ("negative", neg, {}, "'sparse_lengths': negative length"),
+        ("nan dense", nan, {}, "'dense_features': value nan at [2, 1]"),
+        ("infinite dense", inf, {}, "'dense_features': value inf at [0, 0]"),
         (
             "sum",
             {**ok, "sparse_values": ok["sparse_values"][:-1].copy()},

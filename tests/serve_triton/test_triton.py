@@ -59,7 +59,10 @@ def bad_requests() -> dict[str, Rows]:
     wide = Rows(np.zeros((4, NUM_DENSE + 1), np.float32), ok.lengths, ok.values)
     uneven = Rows(ok.dense[:3], ok.lengths, ok.values)
     too_many = synthetic_rows(NUM_DENSE, NUM_SPARSE, MAX_BATCH_SIZE + 1, seed=3)
+    nan = Rows(ok.dense.copy(), ok.lengths, ok.values)
+    nan.dense[1, 2] = np.nan
     return {
+        "nan_dense": nan,
         "values_vs_lengths": short,
         "negative_length": negative,
         "wrong_dense_width": wide,
