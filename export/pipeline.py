@@ -41,6 +41,7 @@ from rec.export import raw_rows, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
 from rec.export.dcp_reader import CheckpointReader
+from rec.export.dense import SMALL_LAYER
 from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch, split_requests
 from rec.export.served import INPUT_NAMES, OUTPUT_NAME
@@ -167,6 +168,12 @@ def build_torchscript(src: Source, out: Path) -> Built:
 
     cfg = src.cfg
     module, tbe = torchscript.served_module(src.loaded.model, cfg, table_dtypes(cfg))
+    layers = dense_layer_dtypes(module)
+    if cfg.export.dense_dtype != "fp32" and not layers.get(cfg.export.dense_dtype):
+        src.log(
+            f"warning: export.dense_dtype {cfg.export.dense_dtype} applies to no layer: each has "
+            f"at most {SMALL_LAYER} weights, too few for oneDNN, and stays fp32"
+        )
     what = f"the model of model.factory {cfg.model.factory!r}" if cfg.model.factory else "the model"
     if cfg.model.factory:  # refuse what TorchScript cannot compile before streaming the tables
         torchscript.script(module, what)
@@ -183,7 +190,11 @@ def build_torchscript(src: Source, out: Path) -> Built:
     hint = BF16_NOT_INVARIANT if cfg.export.dense_dtype == "bf16" else ""
     batching = check_batching("torchscript", reloaded, request, invariant, hint)
     extra = {
-        "dense": {"dtype": cfg.export.dense_dtype, "batch_invariant": invariant},
+        "dense": {
+            "dtype": cfg.export.dense_dtype,
+            "batch_invariant": invariant,
+            "layers": layers,
+        },
         "raw_rows": raw_rows.round_trip(cfg, reloaded),
     }
     return Built(scores, _score(reloaded, src.batches), batching, tables, extra)
@@ -256,6 +267,23 @@ def eval_batches(cfg: RecConfig, log: Log) -> Reiterable | None:
         log(f"warning: no held-out data ({e or 'empty split'}); quality checks skipped")
         return None
     return Reiterable(read)
+
+
+def dense_layer_dtypes(module: torch.nn.Module) -> dict[str, int]:
+    """How many of the served module's linear layers compute in each dtype: {"fp32": n, ...}."""
+    from rec.export.dense import DENSE_DTYPES, PackedLinear, PerSampleLinear
+
+    names = {dtype: name for name, dtype in DENSE_DTYPES.items()}
+    counts: dict[str, int] = {}
+    for m in module.modules():
+        if isinstance(m, PackedLinear):
+            key = names[m.weight.dtype]
+        elif isinstance(m, (PerSampleLinear, torch.nn.Linear)):
+            key = "fp32"
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 # Why a bf16 model can fail the batching check, and what to do (rec.export.dense).

@@ -46,12 +46,19 @@ def _ports(fn):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @_ports
 @click.option("-v", "--verbose", is_flag=True, help="Echo the server's log.")
+@click.option(
+    "--server-arg", "server_args", multiple=True, metavar="FLAG",
+    help="A flag for rec-server (cpp backend), repeatable: --server-arg=--busy-poll-us=0 "
+    "(build/cpp/rec-server --help lists them).",
+)  # fmt: skip
 @_user_errors
-def serve(repo, backend, model, host, http_port, grpc_port, metrics_port, verbose):
+def serve(repo, backend, model, host, http_port, grpc_port, metrics_port, verbose, server_args):
     """Serve the model repository REPO until Ctrl-C / SIGTERM."""
     from rec.serve.launch import ServeConfig, serve_forever
 
-    cfg = ServeConfig(repo, backend, model, host, http_port, grpc_port, metrics_port, verbose)
+    cfg = ServeConfig(
+        repo, backend, model, host, http_port, grpc_port, metrics_port, verbose, server_args
+    )
     sys.exit(serve_forever(cfg))
 
 

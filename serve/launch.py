@@ -33,22 +33,22 @@ class ServeConfig:
     """0 picks a free port; the chosen ones are printed."""
     verbose: bool = False
     """Echo the server's own log to stderr."""
+    server_args: tuple[str, ...] = ()
+    """More rec-server flags, as given (cpp backend only), e.g. ("--busy-poll-us=0",)."""
 
 
 def start_server(cfg: ServeConfig) -> ServerProcess:
     """Starts the configured backend and returns it ready (stop() it when done)."""
     if cfg.backend not in BACKENDS:
         raise ServeError(f"backend {cfg.backend!r} is not one of {BACKENDS}")
-    start = start_cpp if cfg.backend == "cpp" else start_triton
-    return start(
-        Path(cfg.repo),
-        model=cfg.model,
-        host=cfg.host,
-        http_port=cfg.http_port,
-        grpc_port=cfg.grpc_port,
-        metrics_port=cfg.metrics_port,
-        echo=cfg.verbose,
-    )
+    if cfg.server_args and cfg.backend != "cpp":
+        raise ServeError(f"--server-arg passes flags to rec-server, not to {cfg.backend}")
+    ports = {"http_port": cfg.http_port, "grpc_port": cfg.grpc_port,
+             "metrics_port": cfg.metrics_port}  # fmt: skip
+    if cfg.backend == "cpp":
+        return start_cpp(Path(cfg.repo), model=cfg.model, host=cfg.host, **ports,
+                         extra_args=tuple(cfg.server_args), echo=cfg.verbose)  # fmt: skip
+    return start_triton(Path(cfg.repo), model=cfg.model, host=cfg.host, **ports, echo=cfg.verbose)
 
 
 def serve_forever(cfg: ServeConfig) -> int:

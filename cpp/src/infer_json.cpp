@@ -260,8 +260,16 @@ Status DecodeInferRequest(const std::string& body, long long header_length, Infe
     }
     json_size = static_cast<size_t>(header_length);
   }
-  json root = json::parse(body.data(), body.data() + json_size, nullptr, false);
-  if (root.is_discarded()) return InvalidArgument("request header is not valid JSON");
+  json root;
+  try {
+    root = json::parse(body.data(), body.data() + json_size);
+  } catch (const json::parse_error& e) {
+    // e.what() says where and what it read ("... invalid literal; last read: '1.0, N'"): NaN and
+    // Infinity, which some encoders write, are not JSON.
+    return InvalidArgument(
+        std::string(header_length >= 0 ? "the JSON header" : "the request body") +
+        " is not valid JSON: " + e.what());
+  }
   try {
     return DecodeRoot(root, body.data() + json_size, body.size() - json_size, r);
   } catch (const json::exception& e) {

@@ -112,7 +112,9 @@ def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
     run = write_seeded_run(tmp_path / "run", data)
     result = export_run(run, tmp_path / "repo", log=lambda _: None)
     manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
-    assert manifest["dense"] == {"dtype": "bf16", "batch_invariant": invariant}
+    dense = manifest["dense"]
+    assert (dense["dtype"], dense["batch_invariant"]) == ("bf16", invariant)
+    assert dense["layers"]["bf16"] >= 4, dense  # the cross layers' and the top layer's
     checks = manifest["verification"]
     diff = checks["batched_vs_single_max_diff"]["torchscript"]
     assert diff == 0.0 if invariant else 0.0 <= diff < 1e-2
@@ -128,6 +130,22 @@ def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
     ratio = checks["eval"]["torchscript"]["auc_ratio"]
     assert 0.5 < ratio < 1.5
     assert ("accepted_quality_loss" in checks["eval"]) == (ratio < 0.999)
+
+
+def test_bf16_that_applies_to_no_layer_says_so(tmp_path):
+    """The tiny model's layers are all under SMALL_LAYER weights: bf16 changes nothing, and
+    export warns and records that every layer is fp32."""
+    from rec.export.pipeline import export_run
+    from tests.export.conftest import write_seeded_run
+
+    run = write_seeded_run(
+        tmp_path / "run", tiny_dict(dense_dtype="bf16", accept_quality_loss=True)
+    )
+    lines: list[str] = []
+    result = export_run(run, tmp_path / "repo", log=lines.append)
+    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    assert set(manifest["dense"]["layers"]) == {"fp32"}
+    assert any("dense_dtype bf16 applies to no layer" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("ratio", [0.9985, None])

@@ -23,10 +23,10 @@ REC = str(Path(sys.executable).parent / "rec")
 READY = re.compile(r"rec serve: (\w+) ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 
 
-def start_rec_serve(repo: Path, backend: str) -> tuple[subprocess.Popen, re.Match]:
+def start_rec_serve(repo: Path, backend: str, *extra: str) -> tuple[subprocess.Popen, re.Match]:
     proc = subprocess.Popen(
         [REC, "serve", str(repo), "--backend", backend]
-        + ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+        + ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -51,15 +51,20 @@ def server_pids(parent: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "backend, sig", [("triton", signal.SIGINT), pytest.param("cpp", signal.SIGTERM, id="cpp")]
+    "backend, sig, extra",
+    [
+        ("triton", signal.SIGINT, ()),
+        pytest.param("cpp", signal.SIGTERM, (), id="cpp"),
+        pytest.param("cpp", signal.SIGTERM, ("--server-arg=--busy-poll-us=0",), id="cpp-arg"),
+    ],
 )
-def test_serve_foreground_then_signal(tiny_repo, backend, sig):
+def test_serve_foreground_then_signal(tiny_repo, backend, sig, extra):
     if backend == "cpp":
         try:
             cpp_module.find_cpp_server()
         except ServeError as e:
             pytest.skip(str(e))
-    proc, ready = start_rec_serve(tiny_repo, backend)
+    proc, ready = start_rec_serve(tiny_repo, backend, *extra)
     try:
         children = server_pids(proc.pid)
         assert children, "the server runs as a child of rec serve"
@@ -106,3 +111,16 @@ def test_cpp_not_built(tiny_repo, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     code, out = invoke(str(tiny_repo), "--backend", "cpp")
     assert code == 2 and "the C++ server is not built" in out and "run make setup" in out
+
+
+def test_server_args_are_checked(tiny_repo):
+    """A bad rec-server flag fails `rec serve` with rec-server's own message; Triton takes none."""
+    try:
+        cpp_module.find_cpp_server()
+    except ServeError as e:
+        pytest.skip(str(e))
+    ports = ("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
+    code, out = invoke(str(tiny_repo), "--backend", "cpp", *ports, "--server-arg=--busy-poll-us=-1")
+    assert code != 0 and "--busy-poll-us expects an integer" in out, out
+    code, out = invoke(str(tiny_repo), "--backend", "triton", *ports, "--server-arg=--x=1")
+    assert code == 2 and "--server-arg passes flags to rec-server, not to triton" in out

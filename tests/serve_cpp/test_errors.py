@@ -152,6 +152,10 @@ def _raw_http(address: str, request: bytes) -> tuple[int, bytes]:
 def test_malformed_http(server):
     for body, expected in [
         (b"{not json", "not valid JSON"),
+        (
+            b'{"inputs": [{"name": "dense_features", "data": [NaN]}]}',
+            "body is not valid JSON: [json.exception.parse_error.101]",
+        ),
         (b'{"inputs": 3}', "'inputs' list"),
         (
             json.dumps(
