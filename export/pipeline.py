@@ -41,7 +41,7 @@ from rec.export import raw_rows, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
 from rec.export.dcp_reader import CheckpointReader
-from rec.export.dense import SMALL_LAYER
+from rec.export.dense import DENSE_DTYPES, SMALL_LAYER, PackedLinear, PerSampleLinear
 from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch, split_requests
 from rec.export.served import INPUT_NAMES, OUTPUT_NAME
@@ -271,8 +271,6 @@ def eval_batches(cfg: RecConfig, log: Log) -> Reiterable | None:
 
 def dense_layer_dtypes(module: torch.nn.Module) -> dict[str, int]:
     """How many of the served module's linear layers compute in each dtype: {"fp32": n, ...}."""
-    from rec.export.dense import DENSE_DTYPES, PackedLinear, PerSampleLinear
-
     names = {dtype: name for name, dtype in DENSE_DTYPES.items()}
     counts: dict[str, int] = {}
     for m in module.modules():
