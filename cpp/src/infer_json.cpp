@@ -263,9 +263,10 @@ Status DecodeInferRequest(const std::string& body, long long header_length, Infe
   json root;
   try {
     root = json::parse(body.data(), body.data() + json_size);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     // e.what() says where and what it read ("... invalid literal; last read: '1.0, N'"): NaN and
-    // Infinity, which some encoders write, are not JSON.
+    // Infinity, which some encoders write, are not JSON. A number past double's range (1e400)
+    // is an out_of_range, not a parse_error.
     return InvalidArgument(
         std::string(header_length >= 0 ? "the JSON header" : "the request body") +
         " is not valid JSON: " + e.what());

@@ -152,6 +152,7 @@ def _raw_http(address: str, request: bytes) -> tuple[int, bytes]:
 def test_malformed_http(server):
     for body, expected in [
         (b"{not json", "not valid JSON"),
+        (b'{"inputs": [{"name": "dense_features", "data": [1e400]}]}', "out_of_range"),
         (
             b'{"inputs": [{"name": "dense_features", "data": [NaN]}]}',
             "body is not valid JSON: [json.exception.parse_error.101]",
