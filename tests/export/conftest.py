@@ -113,3 +113,19 @@ def random_request(num_dense: int, num_sparse: int, batch: int, seed: int):
     from rec.export.module import sample_batch
 
     return sample_batch(num_dense, num_sparse, batch, seed)
+
+
+def unsharded_eval(run: Path):
+    """The run's LATEST checkpoint loaded unsharded, scoring every held-out sample as the trainer
+    does: (quality dict, number of samples scored, the LoadedRun)."""
+    from rec.data import make_source
+    from rec.export import verify
+    from rec.export.load import load_run
+    from rec.export.module import ServingModule
+    from rec.model import table_rows
+
+    loaded = load_run(run)
+    module = ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
+    batches = make_source(loaded.cfg, "eval").batches(512, rank=0, world_size=1, drop_last=False)
+    scores, labels = verify.score_all({"float": module}, batches)
+    return verify.quality(scores["float"], labels), labels.shape[0], loaded

@@ -7,13 +7,8 @@ import json
 import pytest
 import torch
 
-from rec.data import make_source
-from rec.export import verify
-from rec.export.load import load_run
-from rec.export.module import ServingModule
 from rec.export.pipeline import export_run
-from rec.model import table_rows
-from tests.export.conftest import SHARDINGS
+from tests.export.conftest import SHARDINGS, unsharded_eval
 
 quiet = {"log": lambda _: None}
 
@@ -25,12 +20,8 @@ def test_sharded_checkpoint_loads_the_trained_model(trained_runs, layout):
     run = trained_runs[layout]
     plan = json.loads((run / "plan.json").read_text())
     assert [t["sharding_type"] for t in plan["tables"]] == SHARDINGS[layout]
-    loaded = load_run(run)
-    module = ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
-    batches = make_source(loaded.cfg, "eval").batches(512, rank=0, world_size=1, drop_last=False)
-    scores, labels = verify.score_all({"float": module}, batches)
-    assert labels.shape[0] == 1850
-    q = verify.quality(scores["float"], labels)
+    q, samples, loaded = unsharded_eval(run)
+    assert samples == 1850
     trainer = loaded.meta["eval"]
     assert q["auc"] == pytest.approx(trainer["auc"], abs=2e-6)
     assert q["log_loss"] == pytest.approx(trainer["logloss"], abs=2e-6)

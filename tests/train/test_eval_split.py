@@ -6,12 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rec import run_dir
-from rec.data import make_source
-from rec.export import verify
-from rec.export.load import load_run
-from rec.export.module import ServingModule
-from rec.model import table_rows
-from tests.export.conftest import tiny_dict
+from tests.export.conftest import tiny_dict, unsharded_eval
 from tests.helpers import run_rec, write_config
 
 
@@ -23,11 +18,7 @@ def test_a_rank_without_held_out_samples_still_evaluates(tmp_path):
     run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", data)),
             "--run-dir", str(run))  # fmt: skip
     meta = run_dir.read_meta(run_dir.latest_checkpoint(run))
-    loaded = load_run(run)
-    module = ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
-    batches = make_source(loaded.cfg, "eval").batches(512, rank=0, world_size=1, drop_last=False)
-    scores, labels = verify.score_all({"float": module}, batches)
-    assert labels.shape[0] == 100
-    q = verify.quality(scores["float"], labels)
+    q, samples, _ = unsharded_eval(run)
+    assert samples == 100
     assert q["auc"] == pytest.approx(meta["eval"]["auc"], abs=2e-6)
     assert q["log_loss"] == pytest.approx(meta["eval"]["logloss"], abs=2e-6)
