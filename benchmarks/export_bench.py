@@ -105,6 +105,8 @@ def load(entry: dict, threads: int) -> Callable:
     if entry["format"] == "torchscript":
         import fbgemm_gpu  # noqa: F401  (the TBE op, registered before the load)
 
+        import rec.ops  # noqa: F401  (rec::linear, the dense layers)
+
         model = torch.jit.load(entry["path"])
         return lambda *r: model(*r)
     from rec.export import onnx as onnx_lib

@@ -1,32 +1,38 @@
-"""The served model's dense layers: oneDNN inner products on weights packed at load time.
+"""The served model's dense layers: batch invariant by construction.
 
-Why oneDNN, and why packed. CPU GEMM (MKL's sgemm behind nn.Linear) picks other kernels and
-blockings for other batch sizes, so a sample's score would depend on which batch a server put
-it in (measured: up to ~7e-7 for batches under 16). Measured on an AMD EPYC and an Intel Xeon
-(Criteo Kaggle's DCN cross and top layers, one thread, B = 1 / 64 / 512), oneDNN's inner product
-(`mkldnn::_linear_pointwise`) on a weight reordered once into its blocked layout
-(`mkldnn::_reorder_linear_weight`) gives every row of a batch of 4 or more rows the same
-result, bit for bit, at 0.76 / 0.82 / 0.86x plain nn.Linear's time on the EPYC and 1.28 / 0.89 /
-1.07x on the Xeon (where MKL's M = 1 GEMV reads the weights faster). Batches of 1 to 3 rows are
-zero-padded to 4. Given a plain weight instead, oneDNN reorders it on every call (1.5x plain at
-B = 1); per-sample bmm, the previous way to invariance, cost 3.5x at B = 512.
+fp32 (the default): `InvariantLinear`, rec's own op `rec::linear` (cpp/ops/linear.cpp). Every
+output is one chain of fp32 fused multiply-adds over the layer's inputs, in input order,
+started from zero, then the bias added:
 
-The packed weight is an opaque oneDNN tensor that cannot be saved, so `PackedLinear` keeps the
-plain weight as its state (`__getstate__`) and packs it in `__setstate__`, which
-torch.jit.load runs (in Python and in LibTorch) before the model answers anything: the same
-way torch's quantized Linear keeps its prepacked weights.
+    acc = 0;  for k in 0 .. K-1: acc = fma(x[k], W[j, k], acc);  y[j] = acc + b[j]
 
-bf16 (`export.dense_dtype: bf16`): the same layers with bf16 weights and activations (fp32
-accumulation inside oneDNN); about 2x fp32's throughput at B = 512 with AVX-512 BF16, 3x and
-more with AMX. Each layer's output is returned as fp32, so the element-wise parts of the model
-(ReLU, the cross layers' products, the sigmoid) stay fp32. With AVX-512 BF16 alone (measured on
-an AMD EPYC) every row is the same from 4 rows on, as in fp32. On a CPU with AMX (measured on
-a Xeon with amx_bf16) oneDNN picks AMX or AVX-512 kernels by batch size and shape, and rows
-differ between batch sizes (1728x512: M = 8 ... 36 against larger M): there bf16 is not batch
-invariant, export's batching check refuses it, and the choices are `batch_invariant: false`
-(bf16 layers without the padding, AMX at every size, scores that depend on the batch at bf16's
-precision) or oneDNN held to AVX-512 (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` in the export's and
-every server's environment: invariant again, ~11x slower than AMX at B = 512).
+FMA rounds once, as IEEE 754 defines it, so that chain has one result, whichever batch the row
+is in, whichever tile of the batch computes it, however many threads split the outputs, and
+whichever of the op's AVX-512, AVX2 or scalar paths runs (tests/export/test_dense_kernel.py
+checks all three against each other, and batch sizes 1 ... 600 over the examples' layer shapes
+and odd ones). The kernels vectorize across outputs, never across the reduction, so no
+horizontal sum (whose order a library would choose) exists. That is why it holds on every
+x86-64 CPU, with or without AMX, and not only where it was seen to: a library GEMM (MKL, oneDNN)
+picks kernels and blockings by CPU, batch size and shape, and a sample's score then depends on
+its batch (MKL: ~7e-7 under 16 rows; oneDNN: the 46x48 layers of tests/export's dcn_v2 model
+differed by 1.7e-6 at 37 rows on an AMD EPYC while they matched on a Xeon).
+
+Speed, one thread, AMD EPYC (AVX-512, no AMX), against ONNX Runtime's fp32 Gemm on the same
+weights: 1728x512 at M = 1 / 4 / 64 / 512 in 0.92 / 0.89 / 0.98 / 0.98x its time; small layers
+(13x512, 512x256) 0.6-0.8x at M <= 64 (no per-call set-up). The weight is packed once into
+16-column panels (`pack_weight`): a plain float tensor, saved with the model as it is.
+
+bf16 (`export.dense_dtype: bf16`): oneDNN inner products (`mkldnn::_linear_pointwise`) on bf16
+weights reordered once into oneDNN's blocked layout (`PackedLinear`), fp32 accumulation inside
+oneDNN, each layer's output back in fp32. About 2x fp32's throughput at B = 512 with AVX-512
+BF16, 3x and more with AMX. Its batch invariance is oneDNN's kernel choice, not a
+construction: with AVX-512 BF16 alone every row is the same from 4 rows on (batches under
+MIN_ROWS are zero-padded), while with AMX oneDNN picks AMX or AVX-512 kernels by batch size and
+shape and rows differ (1728x512: M = 8 ... 36 against larger M). There export's batching check
+refuses it; `batch_invariant: false` keeps the bf16 layers without the padding, or
+`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` in every environment makes it invariant at ~1/11 of AMX's
+speed. The packed weight cannot be saved, so `PackedLinear` keeps the plain weight as its state
+and repacks in `__setstate__`, which torch.jit.load runs in Python and in LibTorch alike.
 """
 
 from collections.abc import Callable
@@ -35,21 +41,26 @@ import torch
 from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
+import rec.ops  # noqa: F401  (registers torch.ops.rec.linear)
+
 # No `from __future__ import annotations`: TorchScript resolves these annotations at runtime.
 
-# oneDNN gives every row the same result from this many rows on (measured M = 2 ... 700 on
-# AVX-512, one and two threads, with the padding below; below it, row 0 of M = 1 differs).
+# oneDNN's bf16 inner product gives every row the same result from this many rows on, on
+# AVX-512 BF16 without AMX (measured M = 2 ... 700; below it, row 0 of M = 1 differs).
 MIN_ROWS = 4
-# Layers up to this many weights use per-sample products (measured at 13x64 ... 64x32: 3-6 us
-# per call at B = 1 against oneDNN's 15 us; at 13x512 oneDNN is 1.4x faster from B = 64 on).
+# bf16 layers up to this many weights stay fp32: oneDNN costs ~12 us per call, more than these
+# layers' whole product (measured at 13x64 ... 64x32).
 SMALL_LAYER = 4096
+# rec::linear's panel width (cpp/ops/linear.cpp): one AVX-512 register of fp32.
+PANEL = 16
 DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class PackedLinear(nn.Module):
-    """nn.Linear on a oneDNN-packed weight; scriptable, saved as plain tensors.
+    """nn.Linear on a oneDNN-packed weight (bf16); scriptable, saved as plain tensors.
 
-    Batch invariant for inputs of MIN_ROWS rows or more: ServedModule pads smaller batches.
+    Batch invariant for inputs of MIN_ROWS rows or more on CPUs without AMX: ServedModule pads
+    smaller batches.
 
     Args:
         weight: [out, in] float weight. bias: [out] or None.
@@ -86,29 +97,43 @@ class PackedLinear(nn.Module):
         return out.float()
 
 
-class PerSampleLinear(nn.Module):
-    """nn.Linear as B independent 1 x in x out products (one baddbmm): batch invariant at any
-    B, for layers too small to pay oneDNN's fixed ~12 us per call."""
+class InvariantLinear(nn.Module):
+    """nn.Linear as rec::linear: batch invariant at every batch size, on every CPU (module doc).
+
+    Args:
+        weight: [out, in] float weight, packed here into 16-column panels. bias: [out] or None.
+    """
+
+    bias: torch.Tensor | None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.weight_t = weight.detach().t().contiguous().unsqueeze(0)  # [1, in, out]
-        out = weight.shape[0]
-        b = torch.zeros(out) if bias is None else bias.detach()
-        self.bias = b.reshape(1, 1, out).clone()
+        self.out_features = int(weight.shape[0])
+        self.register_buffer("packed", pack_weight(weight))
+        self.bias = None if bias is None else bias.detach().float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight_t.expand(x.shape[0], -1, -1)
-        return torch.baddbmm(self.bias, x.unsqueeze(1), w).squeeze(1)
+        return torch.ops.rec.linear(x, self.packed, self.bias, self.out_features)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> rec::linear's layout [ceil(out / 16), in, 16]: panels of 16 output columns,
+    input-major (packed[p, k, c] = weight[16 p + c, k]; zero past `out`)."""
+    out, k = weight.shape
+    panels = -(-out // PANEL)
+    padded = weight.detach().float().new_zeros(panels * PANEL, k)
+    padded[:out] = weight.detach().float()
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
 
 
 def invariant_linear(
     weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
 ) -> nn.Module:
-    """The faster batch-invariant form of a layer: per-sample products below
-    SMALL_LAYER multiply-adds per row (where oneDNN's per-call cost dominates), oneDNN above."""
-    if weight.numel() <= SMALL_LAYER:
-        return PerSampleLinear(weight, bias)
+    """The batch-invariant form of a layer computing in `dtype`: rec::linear for fp32 and for
+    bf16 layers of at most SMALL_LAYER weights (too small to gain from bf16), oneDNN's bf16
+    inner product above."""
+    if dtype == torch.float32 or weight.numel() <= SMALL_LAYER:
+        return InvariantLinear(weight, bias)
     return PackedLinear(weight, bias, dtype)
 
 
@@ -129,6 +154,12 @@ class CrossNet(nn.Module):
         return x
 
 
+def padding_rows(module: nn.Module) -> int:
+    """Rows a batch must have for `module`'s layers to be batch invariant: MIN_ROWS when it
+    has oneDNN (bf16) layers, else 1 (rec::linear needs no padding)."""
+    return MIN_ROWS if any(isinstance(m, PackedLinear) for m in module.modules()) else 1
+
+
 def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     with torch.no_grad():
@@ -141,10 +172,9 @@ def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 def swap_dense(module: nn.Module, batch_invariant: bool, dtype: str = "fp32") -> nn.Module:
     """Swaps every nn.Linear and LowRankCrossNet below `module`, in place, and returns it.
 
-    batch_invariant: oneDNN layers computing in `dtype` (fp32 or bf16), or per-sample products
-    for small layers. Otherwise plain fp32 nn.Linear (MKL sgemm), except that bf16 keeps its
-    oneDNN layers (without the padding), and only the cross net swapped (TorchRec's does not
-    script)."""
+    batch_invariant: rec::linear layers (fp32), or oneDNN bf16 layers for `dtype` bf16 above
+    SMALL_LAYER. Otherwise plain fp32 nn.Linear (MKL sgemm), except that bf16 keeps its oneDNN
+    layers (without the padding), and only the cross net swapped (TorchRec's does not script)."""
     torch_dtype = DENSE_DTYPES[dtype]
     reduced = torch_dtype != torch.float32
 

@@ -41,7 +41,7 @@ from rec.export import raw_rows, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
 from rec.export.dcp_reader import CheckpointReader
-from rec.export.dense import DENSE_DTYPES, SMALL_LAYER, PackedLinear, PerSampleLinear
+from rec.export.dense import DENSE_DTYPES, SMALL_LAYER, InvariantLinear, PackedLinear
 from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch, split_requests
 from rec.export.served import INPUT_NAMES, OUTPUT_NAME
@@ -276,7 +276,7 @@ def dense_layer_dtypes(module: torch.nn.Module) -> dict[str, int]:
     for m in module.modules():
         if isinstance(m, PackedLinear):
             key = names[m.weight.dtype]
-        elif isinstance(m, (PerSampleLinear, torch.nn.Linear)):
+        elif isinstance(m, (InvariantLinear, torch.nn.Linear)):
             key = "fp32"
         else:
             continue

@@ -34,7 +34,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from rec.config import CONCAT_ARCHS, RecConfig
-from rec.export.dense import MIN_ROWS, PackedLinear
+from rec.export.dense import padding_rows
 from rec.export.stream import quantize_rows
 from rec.model import table_rows
 
@@ -98,8 +98,8 @@ class ServedModule(nn.Module):
     transform: the feature spec's dense transforms (rec.features.DenseTransform), so a request
     carries raw values and every server computes the model's inputs the same way.
 
-    batch_invariant: batches under rec.export.dense.MIN_ROWS are zero-padded to it when the
-    head has oneDNN layers (which give every row the same result only from there on), and the
+    batch_invariant: batches are zero-padded to rec.export.dense.padding_rows when the head has
+    oneDNN (bf16) layers, which give every row the same result only from there on, and the
     sigmoid reads its input so that a score's result does not depend on its position."""
 
     def __init__(
@@ -110,8 +110,7 @@ class ServedModule(nn.Module):
         self.lookup = lookup
         self.head = head
         self.batch_invariant = batch_invariant
-        packed = any(isinstance(m, PackedLinear) for m in head.modules())
-        self.min_rows = MIN_ROWS if batch_invariant and packed else 1
+        self.min_rows = padding_rows(head) if batch_invariant else 1
 
     def forward(
         self,
@@ -361,7 +360,7 @@ class DinHead(nn.Module):
         self.dense_arch = model.dense_arch
         self.inter_arch = model.inter_arch
         self.over_arch = model.over_arch
-        self.min_rows = MIN_ROWS
+        self.min_rows = padding_rows(self)
 
     def forward(
         self,
@@ -371,7 +370,7 @@ class DinHead(nn.Module):
         pooled, candidate, items, owner = looked
         x0 = torch.cat([self.dense_arch(dense), pooled], 1)
         if items.shape[0] < self.min_rows:
-            # The attention's layers see one row per history item; oneDNN's are batch
+            # The attention's layers see one row per history item; oneDNN's (bf16) are batch
             # invariant from MIN_ROWS rows on. Zero rows added to sample 0 add w * 0 = 0.
             pad = self.min_rows - items.shape[0]
             items = torch.cat([items, items.new_zeros(pad, items.shape[1])])

@@ -1,7 +1,7 @@
 """TorchScript format: the served module (rec.export.served) over FBGEMM TBE storage, scripted.
 
     float model (dense weights) -> its head (DlrmHead; ConcatHead for dcn_v2, mmoe)
-        with batch-invariant oneDNN dense layers
+        with batch-invariant dense layers (rec::linear)
     make_tbe (storage allocated) <- TbeSink <- tables streamed from the checkpoint
     ServedModule(dense transform, TbeLookup, head) -> torch.jit.script -> sample batch checked
 
@@ -60,7 +60,9 @@ def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]
         lookup = DinLookup(
             TbeLookup(tbe, cfg, order), TbeSequenceLookup(sequence_tbe, cfg, sequence_order)
         )
-        head = DinHead(dense_copy(model))
+        # Swapped first: DinHead pads a short history only for oneDNN (bf16) layers.
+        dense = swap_dense(dense_copy(model), cfg.export.batch_invariant, cfg.export.dense_dtype)
+        head = DinHead(dense)
         tbe = TbeGroup(tbe, sequence_tbe)
     else:
         head = make_head(dense_copy(model), cfg)
@@ -76,7 +78,7 @@ class NotScriptableError(ConfigError):
 
 
 # rec's own modules in a factory's model, which FX must not trace into: they script as they are.
-_LEAVES = ["TbeBagCollection", "PackedLinear", "PerSampleLinear", "CrossNet"]
+_LEAVES = ["TbeBagCollection", "PackedLinear", "InvariantLinear", "CrossNet"]
 
 
 def script(module: nn.Module, what: str = "the model") -> torch.jit.ScriptModule:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, the dense layers model.pt calls)
 from rec.features import FeatureSpec, TokenError
 
 DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"

@@ -67,6 +67,10 @@ int Serve(const rec::ServerOptions& o) {
   if (!st.ok()) return Fail(st);
   rec::LogInfo("starting: loaded " + std::to_string(loaded) + " fbgemm_gpu libraries from '" +
                fbgemm_dir + "'");
+  std::string ops = o.ops_library.empty() ? rec::DefaultOpsLibrary() : o.ops_library;
+  st = rec::LoadOpsLibrary(ops);
+  if (!st.ok()) return Fail(st);
+  if (!ops.empty()) rec::LogInfo("starting: loaded rec's op library '" + ops + "'");
   rec::ConfigureTorchThreads(o.intra_op_threads);
 
   rec::Metrics metrics;
@@ -144,7 +148,7 @@ int main(int argc, char** argv) {
   rec::ServerOptions options;
   Status st = rec::ParseOptions(argc, argv, &options);
   if (options.help) {
-    std::cout << rec::UsageText(rec::DefaultFbgemmDir());
+    std::cout << rec::UsageText(rec::DefaultFbgemmDir(), rec::DefaultOpsLibrary());
     return 0;
   }
   if (!st.ok()) {

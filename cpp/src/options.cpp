@@ -61,6 +61,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--http-request-timeout-s", i32(&o->http_request_timeout_s, 0, 86400)},
       {"--http-max-connections", i32(&o->http_max_connections, 0, 1 << 20)},
       {"--fbgemm-lib-dir", str(&o->fbgemm_lib_dir)},
+      {"--ops-library", str(&o->ops_library)},
       {"--poll-repository-s", i32(&o->poll_repository_s, 0, 86400)},
   };
 }
@@ -101,7 +102,7 @@ Status ParseOptions(int argc, char** argv, ServerOptions* o) {
   return Status::Ok();
 }
 
-std::string UsageText(const std::string& default_fbgemm_dir) {
+std::string UsageText(const std::string& default_fbgemm_dir, const std::string& default_ops) {
   return "usage: rec-server --model-repository DIR [flags]\n"
          "\n"
          "Serves TorchScript models of a Triton-layout model repository over the KServe v2\n"
@@ -139,6 +140,10 @@ std::string UsageText(const std::string& default_fbgemm_dir) {
          "                           (default: " +
          (default_fbgemm_dir.empty() ? std::string("none found at build time")
                                      : default_fbgemm_dir) +
+         ")\n"
+         "  --ops-library PATH       rec's op library (rec::linear, the dense layers)\n"
+         "                           (default: " +
+         (default_ops.empty() ? std::string("none found at build time") : default_ops) +
          ")\n"
          "  --enable-model-control   allow POST /v2/repository/models/<m>/load (and gRPC\n"
          "                           RepositoryModelLoad) to load a new version\n"

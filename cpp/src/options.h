@@ -28,6 +28,7 @@ struct ServerOptions {
   int http_request_timeout_s = 30;  // 0: never
   int http_max_connections = 1024;  // 0: unlimited
   std::string fbgemm_lib_dir;       // empty: the fbgemm_gpu package found at build time
+  std::string ops_library;          // empty: rec's op library found at build time
   bool enable_model_control = false;
   int poll_repository_s = 0;
   bool help = false;
@@ -35,6 +36,6 @@ struct ServerOptions {
 
 // Parses argv; on error returns InvalidArgument naming the flag.
 Status ParseOptions(int argc, char** argv, ServerOptions* options);
-std::string UsageText(const std::string& default_fbgemm_dir);
+std::string UsageText(const std::string& default_fbgemm_dir, const std::string& default_ops);
 
 }  // namespace rec

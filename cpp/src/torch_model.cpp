@@ -222,6 +222,26 @@ Status LoadFbgemmLibraries(const std::string& dir, int* loaded) {
   return Status::Ok();
 }
 
+std::string DefaultOpsLibrary() {
+#ifdef REC_OPS_LIBRARY
+  return REC_OPS_LIBRARY;
+#else
+  return "";
+#endif
+}
+
+Status LoadOpsLibrary(const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  REC_RETURN_IF_ERROR(LoadLibtorch());
+  if (!std::filesystem::is_regular_file(path)) {
+    return NotFound("rec op library '" + path + "' does not exist (--ops-library)");
+  }
+  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    return Internal("dlopen " + path + ": " + dlerror());
+  }
+  return Status::Ok();
+}
+
 void ConfigureTorchThreads(int intra_op_threads) {
   if (intra_op_threads > 0) at::set_num_threads(intra_op_threads);
   // Batches already run concurrently on executor threads; no inter-op parallelism inside one.

@@ -19,6 +19,13 @@ std::string DefaultFbgemmDir();
 // registered before a model that calls them is loaded. Sets *loaded to the number of files.
 Status LoadFbgemmLibraries(const std::string& dir, int* loaded);
 
+// rec's op library (the rec Python package's _ops.so) found at build time (may be empty).
+std::string DefaultOpsLibrary();
+
+// dlopen()s rec's op library (rec::linear, which the exported dense layers call) with
+// RTLD_GLOBAL; an empty path loads nothing.
+Status LoadOpsLibrary(const std::string& path);
+
 // Sets LibTorch's intra-op and inter-op thread pools; call once, before any model runs.
 void ConfigureTorchThreads(int intra_op_threads);
 

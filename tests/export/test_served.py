@@ -11,7 +11,7 @@ from torch import nn
 
 from rec.config import config_from_dict
 from rec.export import served, torchscript
-from rec.export.dense import PackedLinear, PerSampleLinear, swap_dense
+from rec.export.dense import InvariantLinear, PackedLinear, swap_dense
 from rec.export.module import ServingModule, sample_batch, split_requests
 from rec.export.stream import BITS, quantize_rows
 from rec.model import build_model, table_keys, table_rows
@@ -151,13 +151,14 @@ def test_mixed_table_dtypes_read_what_was_stored(arch):
     ],  # fmt: skip
 )
 def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
-    """Saved and loaded (the oneDNN weights are repacked on load), the module scores a batch
+    """Saved and loaded (bf16's oneDNN weights are repacked on load), the module scores a batch
     exactly as its samples one by one, at every batch size around oneDNN's 4-row minimum (din:
-    its attention's oneDNN layers see one row per history item, down to none)."""
+    its attention's layers see one row per history item, down to none)."""
     cfg = _config(arch, dense_dtype)
     module, reference = _served(cfg)
     kinds = {type(m) for m in module.modules()}
-    assert PackedLinear in kinds and PerSampleLinear in kinds
+    assert InvariantLinear in kinds and nn.Linear not in kinds
+    assert (PackedLinear in kinds) == (dense_dtype == "bf16")
     sample = _request(cfg)
     path = tmp_path / "model.pt"
     torch.jit.save(torchscript.to_torchscript(module, sample), str(path))

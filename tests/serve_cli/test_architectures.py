@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt calls)
 from rec import run_dir
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp

@@ -19,6 +19,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
     IntNBitTableBatchedEmbeddingBagsCodegen,
 )
 
+import rec.ops  # noqa: F401  (registers torch.ops.rec.linear)
 from rec.batch import feature_major
 
 DENSE = ("age", "price", "hour", "score")

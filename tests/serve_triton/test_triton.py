@@ -13,6 +13,7 @@ import pytest
 import torch
 from tritonclient.utils import InferenceServerException
 
+import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt calls)
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.process import pick_ports
 from rec.serve.repository import ServeError

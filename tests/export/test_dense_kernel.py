@@ -1,0 +1,154 @@
+"""rec::linear (cpp/ops/linear.cpp), the served model's fp32 dense layers: batch invariant by
+construction. Scanned over every batch size up to the largest max batch a server uses, on the
+examples' layer shapes and odd ones, and the AVX-512, AVX2 and scalar paths against each other."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torchrec.modules.crossnet import LowRankCrossNet
+
+import rec.ops
+from rec.config import load_config
+from rec.export.dense import InvariantLinear, pack_weight
+from rec.model import build_model
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MAX_ROWS = 600  # past export.max_batch_size's default (512)
+# Odd shapes no example has: widths that fill no panel, K = 1, a 1-output last layer.
+ODD_SHAPES = [(46, 48), (84, 96), (1, 1), (17, 33), (1728, 1), (3, 1000), (96, 46)]
+
+
+@functools.cache
+def example_shapes() -> list[tuple[int, int]]:
+    """(in, out) of every dense layer of every example model (built on the meta device)."""
+    shapes: set[tuple[int, int]] = set()
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        cfg = load_config(path)
+        if cfg.model.factory:
+            continue  # its module may not be importable from here; its layers are nn.Linear
+        model = build_model(cfg, device="meta")
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                shapes.add((m.in_features, m.out_features))
+            elif isinstance(m, LowRankCrossNet):
+                shapes.update((v.shape[1], v.shape[0]) for v in m.V_kernels)
+                shapes.update((w.shape[1], w.shape[0]) for w in m.W_kernels)
+    return sorted(shapes)
+
+
+def _layer(k: int, n: int, seed: int) -> tuple[InvariantLinear, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=gen) / k**0.5
+    bias = torch.randn(n, generator=gen)
+    x = torch.randn(MAX_ROWS, k, generator=gen)
+    return InvariantLinear(weight, bias), x
+
+
+def _scan(layer: InvariantLinear, x: torch.Tensor) -> None:
+    """Every batch size 1 ... MAX_ROWS, each batch a different slice of the rows, against the
+    rows scored one at a time."""
+    singles = torch.cat([layer(x[i : i + 1]) for i in range(MAX_ROWS)])
+    rows = torch.arange(MAX_ROWS)
+    for m in range(1, MAX_ROWS + 1):
+        pick = rows.roll(-7 * m)[:m]  # another start for every size, wrapping around
+        got = layer(x[pick])
+        if not torch.equal(got, singles[pick]):
+            diff = (got - singles[pick]).abs().max().item()
+            raise AssertionError(f"batch of {m} differs from its rows one by one by {diff:g}")
+
+
+def test_example_shapes_are_scanned():
+    shapes = example_shapes()
+    # criteo / criteo_kaggle: the low-rank cross net over the 1728-wide concatenation.
+    assert (1728, 512) in shapes and (512, 1728) in shapes
+    assert len(shapes) >= 10
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_odd_shapes_batch_invariant_up_to_600(shape):
+    _scan(*_layer(*shape, seed=shape[0] * 1000 + shape[1]))
+
+
+def test_example_shapes_batch_invariant_up_to_600():
+    with torch.no_grad():
+        for k, n in example_shapes():
+            _scan(*_layer(k, n, seed=k * 1000 + n))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matches_float64_and_nn_linear(threads):
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for k, n in [(1728, 512), (13, 512), (46, 48)]:
+            layer, x = _layer(k, n, seed=3)
+            reference = nn.Linear(k, n).double()
+            with torch.no_grad():
+                w = torch.zeros(-(-n // 16) * 16, k)
+                w[:n] = layer.packed.transpose(1, 2).reshape(-1, k)[:n]
+                reference.weight.copy_(w[:n].double())
+                reference.bias.copy_(layer.bias.double())
+                got = layer(x)
+                want = reference(x.double())
+            # fp32 rounding of K products: well under 1e-5 relative to the outputs' scale.
+            assert (got.double() - want).abs().max().item() < 1e-5 * k**0.5 * 4
+    finally:
+        torch.set_num_threads(prev)
+
+
+_ISA_SCRIPT = """
+import json, sys, torch
+import rec.ops
+from tests.export.test_dense_kernel import _layer
+out = {"isa": rec.ops.linear_isa(), "rows": []}
+for k, n in [(46, 48), (1728, 512), (17, 33), (13, 512)]:
+    layer, x = _layer(k, n, seed=k + n)
+    for m in (1, 5, 37, 600):
+        out["rows"].append(layer(x[:m]).flatten().tolist())
+json.dump(out, sys.stdout)
+"""
+
+
+def _run_with_isa(cap: str) -> dict:
+    env = {**os.environ, "REC_MAX_CPU_ISA": cap}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _ISA_SCRIPT], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_avx512_avx2_and_scalar_paths_give_the_same_bits():
+    """Every path computes each output as the same FMA chain, so the bits agree: a model scores
+    the same on an AVX2-only server as on an AVX-512 one."""
+    results = {cap: _run_with_isa(cap) for cap in ("avx512", "avx2", "scalar")}
+    assert results["scalar"]["isa"] == "scalar"
+    isas = {r["isa"] for r in results.values()}
+    assert len(isas) >= 2, f"only {isas} ran"  # any x86-64 CPU here has AVX2 at least
+    first = results["scalar"]["rows"]
+    for cap, r in results.items():
+        assert r["rows"] == first, f"{cap} ({r['isa']}) differs from the scalar path"
+
+
+def test_the_op_names_bad_arguments():
+    packed = pack_weight(torch.randn(20, 8))
+    with pytest.raises(RuntimeError, match="x has 7 columns, the weight 8"):
+        torch.ops.rec.linear(torch.randn(3, 7), packed, None, 20)
+    with pytest.raises(RuntimeError, match="must be float32"):
+        torch.ops.rec.linear(torch.randn(3, 8).double(), packed, None, 20)
+    with pytest.raises(RuntimeError, match="40 outputs do not fit 2 panels"):
+        torch.ops.rec.linear(torch.randn(3, 8), packed, None, 40)
+    with pytest.raises(RuntimeError, match=r"bias must be float32 \[20\]"):
+        torch.ops.rec.linear(torch.randn(3, 8), packed, torch.randn(19), 20)
+    assert torch.ops.rec.linear(torch.randn(0, 8), packed, None, 20).shape == (0, 20)
+    assert rec.ops.linear_isa() in ("avx512", "avx2", "scalar")
