@@ -12,7 +12,7 @@ setup(
     ext_modules=[
         CppExtension(
             "rec._ops",
-            ["cpp/ops/linear.cpp"],
+            ["cpp/ops/linear.cpp", "cpp/ops/linear_int8.cpp"],
             extra_compile_args=["-O3", "-ffp-contract=off"],
             py_limited_api=True,
         )

@@ -41,7 +41,7 @@ from rec.export import raw_rows, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
 from rec.export.dcp_reader import CheckpointReader
-from rec.export.dense import DENSE_DTYPES, SMALL_LAYER, InvariantLinear, PackedLinear
+from rec.export.dense import DENSE_DTYPES, Int8Linear, InvariantLinear, PackedLinear
 from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch, split_requests
 from rec.export.served import INPUT_NAMES, OUTPUT_NAME
@@ -171,8 +171,8 @@ def build_torchscript(src: Source, out: Path) -> Built:
     layers = dense_layer_dtypes(module)
     if cfg.export.dense_dtype != "fp32" and not layers.get(cfg.export.dense_dtype):
         src.log(
-            f"warning: export.dense_dtype {cfg.export.dense_dtype} applies to no layer: each has "
-            f"at most {SMALL_LAYER} weights, too few for oneDNN, and stays fp32"
+            f"warning: export.dense_dtype {cfg.export.dense_dtype} applies to no layer: each is "
+            "too small to gain from it and stays fp32 (rec.export.dense.invariant_linear)"
         )
     what = f"the model of model.factory {cfg.model.factory!r}" if cfg.model.factory else "the model"
     if cfg.model.factory:  # refuse what TorchScript cannot compile before streaming the tables
@@ -276,6 +276,8 @@ def dense_layer_dtypes(module: torch.nn.Module) -> dict[str, int]:
     for m in module.modules():
         if isinstance(m, PackedLinear):
             key = names[m.weight.dtype]
+        elif isinstance(m, Int8Linear):
+            key = "int8"
         elif isinstance(m, (InvariantLinear, torch.nn.Linear)):
             key = "fp32"
         else:
@@ -288,8 +290,9 @@ def dense_layer_dtypes(module: torch.nn.Module) -> dict[str, int]:
 BF16_NOT_INVARIANT = (
     "; bf16 dense layers are batch invariant only where oneDNN runs them on AVX-512 BF16 alone: "
     "on a CPU with AMX it picks kernels by batch size. Export with export.batch_invariant: false "
-    "(bf16 at full speed, scores that depend on the batch at bf16 precision), or set "
-    "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 for the export and every server (invariant, no AMX)"
+    "(bf16 at full speed, scores that depend on the batch at bf16 precision), set "
+    "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 for the export and every server (invariant, no AMX), "
+    "or use export.dense_dtype: int8 (batch invariant on every CPU, and faster)"
 )
 
 

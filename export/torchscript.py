@@ -78,7 +78,7 @@ class NotScriptableError(ConfigError):
 
 
 # rec's own modules in a factory's model, which FX must not trace into: they script as they are.
-_LEAVES = ["TbeBagCollection", "PackedLinear", "InvariantLinear", "CrossNet"]
+_LEAVES = ["TbeBagCollection", "PackedLinear", "InvariantLinear", "Int8Linear", "CrossNet"]
 
 
 def script(module: nn.Module, what: str = "the model") -> torch.jit.ScriptModule:

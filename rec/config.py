@@ -527,17 +527,19 @@ class ExportConfig:
     from the config). See rec.export.repository."""
     batch_invariant: bool = True
     """Dense layers whose result for a sample does not depend on the batch the server formed
-    (oneDNN on packed weights, per-sample products for small layers); CPU GEMM otherwise
-    differs in the last bits for batches under 16. TorchScript only (rec.export.dense).
-    Export checks it and refuses a model that is not."""
+    (rec::linear: one fixed FMA order per output on every CPU); CPU GEMM otherwise differs in
+    the last bits for batches under 16. TorchScript only (rec.export.dense). Export checks it
+    and refuses a model that is not."""
     dense_dtype: str = "fp32"
-    """What the TorchScript model's dense layers compute in: fp32, or bf16 (about 2x the
-    throughput at B = 512 with AVX-512 BF16, 3x and more with AMX). Export measures the AUC it
-    costs and refuses a model under the 99.9 % bar unless `accept_quality_loss` is set. On a CPU
-    with AMX bf16 is not batch invariant: set batch_invariant false with it there."""
+    """What the TorchScript model's dense layers compute in: fp32; int8 (weights per output
+    channel, activations per sample, int32 accumulation: batch invariant on every CPU; see
+    rec.export.dense for which layers stay fp32); or bf16 (about 2x fp32's throughput at
+    B = 512 with AVX-512 BF16, 3x and more with AMX, but not batch invariant on AMX CPUs: set
+    batch_invariant false with it there). For int8 and bf16 export measures the AUC it costs
+    and refuses a model under the 99.9 % bar unless `accept_quality_loss` is set."""
     accept_quality_loss: bool = False
-    """Write a reduced-precision (dense_dtype bf16) model even if its held-out AUC is under
-    99.9 % of the float model's."""
+    """Write a reduced-precision (dense_dtype int8 or bf16) model even if its held-out AUC is
+    under 99.9 % of the float model's."""
     eval_batches: int = 0
     """Held-out batches (of max_batch_size) that export's verification scores; 0: all of them."""
     chunk_rows: int = 0
@@ -552,7 +554,7 @@ class ExportConfig:
         _one_of("export.quantize", self.quantize, QUANT_DTYPES)
         _one_of("export.format", self.format, EXPORT_FORMATS)
         _one_of("export.triton_batching", self.triton_batching, ("ragged", "none"))
-        _one_of("export.dense_dtype", self.dense_dtype, ("fp32", "bf16"))
+        _one_of("export.dense_dtype", self.dense_dtype, ("fp32", "int8", "bf16"))
         _check(self.eval_batches >= 0, f"export.eval_batches={self.eval_batches!r} must be >= 0")
         for size in self.preferred_batch_sizes:
             _check(

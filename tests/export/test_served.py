@@ -11,7 +11,7 @@ from torch import nn
 
 from rec.config import config_from_dict
 from rec.export import served, torchscript
-from rec.export.dense import InvariantLinear, PackedLinear, swap_dense
+from rec.export.dense import Int8Linear, InvariantLinear, PackedLinear, swap_dense
 from rec.export.module import ServingModule, sample_batch, split_requests
 from rec.export.stream import BITS, quantize_rows
 from rec.model import build_model, table_keys, table_rows
@@ -27,8 +27,8 @@ MIXED_DIMS = [4, 8, 16, 12]
 
 def _config(arch: str, dense_dtype: str = "fp32"):
     data = tiny_dict(dense_dtype=dense_dtype)
-    # DCN: cross layers of 48 x 96 and a top layer of 48 x 96 weights take oneDNN, the rest
-    # per-sample products (rec.export.dense.SMALL_LAYER), so both kinds are in the model.
+    # DCN: cross layers of 48 x 96 and a top layer of 48 x 96 weights are big enough for bf16
+    # (oneDNN) and int8, the rest stay fp32 (rec.export.dense), so both kinds are in the model.
     data["model"] = {"arch": arch, "dense_arch": [80, 8], "over_arch": [96, 1],
                      "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
     if arch == "mmoe":  # two tasks, three experts: the gates and experts are small layers
@@ -145,7 +145,9 @@ def test_mixed_table_dtypes_read_what_was_stored(arch):
     [
         ("dlrm_dcn", "fp32"),
         ("dlrm_dcn", "bf16"),
+        ("dlrm_dcn", "int8"),
         ("dcn_v2", "fp32"),
+        ("din", "int8"),
         ("mmoe", "fp32"),
         ("din", "fp32"),
     ],  # fmt: skip
@@ -159,6 +161,7 @@ def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
     kinds = {type(m) for m in module.modules()}
     assert InvariantLinear in kinds and nn.Linear not in kinds
     assert (PackedLinear in kinds) == (dense_dtype == "bf16")
+    assert (Int8Linear in kinds) == (dense_dtype == "int8")
     sample = _request(cfg)
     path = tmp_path / "model.pt"
     torch.jit.save(torchscript.to_torchscript(module, sample), str(path))
@@ -173,7 +176,7 @@ def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
             first = [torch.cat([r[i] for r in split_requests(*request)[:n]]) for i in range(3)]
             assert torch.equal(loaded(*first), head)
         assert torch.equal(batched, module(*request))
-        tolerance = 1e-5 if dense_dtype == "fp32" else 2e-2
+        tolerance = {"fp32": 1e-5, "bf16": 2e-2, "int8": 5e-2}[dense_dtype]
         assert (batched - reference(*request)).abs().max().item() < tolerance
 
 

@@ -1,7 +1,9 @@
-"""Each architecture's example config end to end: real 2-rank `rec train` (shortened), int8
-export with its verification, then both servers over both protocols score exactly what the
-exported model scores in process, batched as one sample at a time.
+"""Each architecture end to end: real 2-rank `rec train` (shortened), then two exports of the
+run, int8 tables with fp32 dense layers (the default) and with int8 dense layers
+(export.dense_dtype: int8), each with its verification; both servers over both protocols score
+exactly what each exported model scores in process, batched as one sample at a time.
 
+dlrm is the embedded default config and dlrm_dcn the same with the low-rank cross net;
 dcn_v2 (examples/mixed_dims.yaml) is the architecture of tables at different dims; mmoe
 (examples/mmoe.yaml) the multi-task one, with two named tasks and a score column each; din
 (examples/din.yaml) the one with sequence features, a candidate and a history; custom
@@ -21,6 +23,7 @@ import yaml
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt calls)
 from rec import run_dir
+from rec.config import config_from_dict
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp
 from rec.serve.triton import start_triton
@@ -28,14 +31,25 @@ from tests.helpers import run_rec, write_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
-ARCHITECTURES = {"dcn_v2": "mixed_dims.yaml", "mmoe": "mmoe.yaml", "din": "din.yaml",
-                 "custom": "custom_model.yaml"}  # fmt: skip
+# Each architecture's config: an example file, or None for the embedded default, with overrides.
+ARCHITECTURES = {"dlrm": (None, {}), "dlrm_dcn": (None, {"model": {"arch": "dlrm_dcn"}}),
+                 "dcn_v2": ("mixed_dims.yaml", {}), "mmoe": ("mmoe.yaml", {}),
+                 "din": ("din.yaml", {}), "custom": ("custom_model.yaml", {})}  # fmt: skip
 ROOT = EXAMPLES.parent  # where rec runs, so that custom_model.yaml's factory is importable
+DENSE_DTYPES = ["fp32", "int8"]
 
 
-def _shortened(example: str) -> dict:
-    """The example as it is, on less synthetic data (a test's minute, not the demo's)."""
-    cfg = yaml.safe_load((EXAMPLES / example).read_text())
+def _example(arch: str) -> dict:
+    example, overrides = ARCHITECTURES[arch]
+    cfg = yaml.safe_load((EXAMPLES / example).read_text()) if example else {}
+    for section, values in overrides.items():
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
+def _shortened(arch: str) -> dict:
+    """The config as it is, on less synthetic data (a test's minute, not the demo's)."""
+    cfg = _example(arch)
     cfg.setdefault("data", {})["synthetic"] = {"train_samples": 60_000, "eval_samples": 8192}
     cfg["training"] = {"eval_every": 0, "log_every": 50}
     return cfg
@@ -43,19 +57,26 @@ def _shortened(example: str) -> dict:
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
 def exported(request, tmp_path_factory):
+    """(run, {dense dtype: model repository}): one training run, exported both ways."""
     tmp = tmp_path_factory.mktemp(request.param)
-    cfg = _shortened(ARCHITECTURES[request.param])
-    run, repo = tmp / "run", tmp / "repo"
-    run_rec("train", "--config", str(write_config(tmp / "c.yaml", cfg)), "--run-dir", str(run),
-            timeout=900, cwd=ROOT)  # fmt: skip
-    run_rec("export", str(run), "--repo", str(repo), "--format", "torchscript", cwd=ROOT)
-    return run, repo
+    run = tmp / "run"
+    config = write_config(tmp / "c.yaml", _shortened(request.param))
+    run_rec("train", "--config", str(config), "--run-dir", str(run), timeout=900, cwd=ROOT)
+    repos = {}
+    for dtype in DENSE_DTYPES:
+        repos[dtype] = tmp / f"repo_{dtype}"
+        overlay = write_config(tmp / f"{dtype}.yaml", {"export": {"dense_dtype": dtype}})
+        run_rec("export", str(run), "--repo", str(repos[dtype]), "--format", "torchscript",
+                "--config", str(overlay), cwd=ROOT)  # fmt: skip
+    return run, repos
 
 
-def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request):
-    run, repo = exported
-    example = yaml.safe_load((EXAMPLES / ARCHITECTURES[request.node.callspec.id]).read_text())
-    tasks = example["model"].get("tasks", ["label"])
+@pytest.mark.parametrize("dense_dtype", DENSE_DTYPES)
+def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request, dense_dtype):
+    run, repos = exported
+    repo = repos[dense_dtype]
+    cfg = config_from_dict(_example(request.node.callspec.params["exported"]))
+    tasks = cfg.model.task_names
     meta = run_dir.read_meta(run_dir.latest_checkpoint(run))
     assert meta["world_size"] == 2
     assert meta["eval"]["auc"] > 0.65, meta["eval"]  # a constant score is 0.5
@@ -67,6 +88,9 @@ def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request):
     assert checks["eval"]["float"]["auc"] == pytest.approx(meta["eval"]["auc"], abs=2e-5)
     ts = checks["eval"]["torchscript"]
     assert ts["auc_ratio"] >= 0.999
+    assert manifest["dense"]["dtype"] == dense_dtype and manifest["dense"]["batch_invariant"]
+    assert manifest["dense"]["layers"].get(dense_dtype, 0) >= 1, manifest["dense"]
+    assert "accepted_quality_loss" not in checks["eval"]
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
     if len(tasks) > 1:  # each task learned, and each kept its AUC through the export
         for task in tasks:
@@ -74,9 +98,9 @@ def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request):
             assert ts["auc_per_task"][task] == pytest.approx(meta["eval"][f"auc_{task}"], abs=2e-3)
             assert ts["auc_ratio_per_task"][task] >= 0.999
     stored = {t["name"]: (t["dim"], t["stored_dtype"]) for t in manifest["tables"]}
-    for table in example["tables"]:
-        dtype = example.get("export", {}).get("table_dtypes", {}).get(table["name"], "int8")
-        assert stored[table["name"]] == (table["dim"], dtype)
+    for table in cfg.tables:
+        dtype = cfg.export.table_dtypes.get(table.name, cfg.export.quantize)
+        assert stored[table.name] == (table.dim, dtype)
 
 
 def _in_process(module, rows: Rows) -> np.ndarray:
@@ -85,8 +109,9 @@ def _in_process(module, rows: Rows) -> np.ndarray:
         return module(*(torch.from_numpy(a) for a in inputs)).numpy()
 
 
-def test_served_scores_are_the_in_process_scores(exported):
-    _, repo = exported
+@pytest.mark.parametrize("dense_dtype", DENSE_DTYPES)
+def test_served_scores_are_the_in_process_scores(exported, dense_dtype):
+    repo = exported[1][dense_dtype]
     manifest = json.loads((repo / "rec" / "1" / "rec.json").read_text())
     num_dense, num_sparse = len(manifest["features"]["dense"]), len(manifest["features"]["sparse"])
     torch.set_num_threads(1)

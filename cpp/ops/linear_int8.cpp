@@ -1,0 +1,234 @@
+// rec::linear_int8: a dense layer in int8 whose row results never depend on the batch.
+//
+//   per row i:    s_i = max_k |x[i][k]| / 127 (1 for an all-zero row),
+//                 q[i][k] = clamp(nearbyint(x[i][k] / s_i), -127, 127)        (int8)
+//   per output j: acc[i][j] = sum_k q[i][k] * W[j][k]                          (int32, exact)
+//                 y[i][j] = (float(acc[i][j]) * s_i) * w_scale[j] + b[j]
+//
+// A row's quantization reads only that row, so its codes are the same in any batch. The
+// products and sums are integers, exact whatever order or kernel adds them (|acc| <= 127 *
+// 127 * K, far inside int32 for any layer here), so the int32 result is one number whichever
+// GEMM computes it; the rest is element-wise IEEE arithmetic. That is why the op may pick its
+// kernel by batch size without changing any bit: large batches go to `at::_int_mm` (oneDNN's
+// int8 GEMM through PyTorch: VNNI / AMX-INT8 kernels, weights reordered per call, which pays
+// from ~32 rows on), small ones to the AVX-512 VNNI kernel below, which reads the weights in
+// their stored layout with no per-call set-up. Without AVX-512 VNNI every batch goes to
+// `at::_int_mm`.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace rec_ops {
+namespace {
+
+// Batches up to this many rows use the VNNI kernel (measured on an AMD EPYC, one thread:
+// _int_mm's per-call weight reorder costs more than the kernel's whole product below it).
+constexpr int64_t kSmallBatch = 16;
+
+// One row's scale: max |x| / 127 (1 for an all-zero row).
+inline float RowScale(float amax) { return amax > 0.0f ? amax / 127.0f : 1.0f; }
+
+// One code: clamp(nearbyint(v / s), -127, 127), rounding half to even; `shift` 128 gives the
+// unsigned form vpdpbusd takes (the same code + 128).
+inline uint8_t Code(float v, float s, int shift) {
+  const float q = std::min(127.0f, std::max(-127.0f, std::nearbyint(v / s)));
+  return static_cast<uint8_t>(static_cast<int>(q) + shift);
+}
+
+// The same per-row quantization, 16 values at a time: IEEE division and round-to-nearest-even
+// give the scalar loop's codes exactly.
+__attribute__((target("avx512f,avx512bw"))) void QuantizeRowAvx512(const float* row, int64_t k,
+                                                                   uint8_t* out, float* scale,
+                                                                   int shift) {
+  __m512 vmax = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= k; c += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(row + c)));
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (; c < k; ++c) amax = std::max(amax, std::fabs(row[c]));
+  const float s = RowScale(amax);
+  *scale = s;
+  const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512i vshift = _mm512_set1_epi32(shift);
+  for (c = 0; c + 16 <= k; c += 16) {
+    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(row + c), vs),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(hi, _mm512_max_ps(lo, q));
+    const __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(q), vshift);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), _mm512_cvtepi32_epi8(qi));
+  }
+  for (; c < k; ++c) out[c] = Code(row[c], s, shift);
+}
+
+bool HasAvx512() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    const char* cap = std::getenv("REC_MAX_CPU_ISA");
+    if (cap && std::string(cap) != "avx512") return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return yes;
+}
+
+// Per-row symmetric quantization of x [M, K] into codes (int8, or uint8 = int8 + 128 when
+// `shift` is 128) and scales [M].
+void QuantizeRows(const at::Tensor& x, int shift, at::Tensor* codes, at::Tensor* scales) {
+  const int64_t m = x.size(0), k = x.size(1);
+  *codes = at::empty({m, k}, x.options().dtype(shift ? at::kByte : at::kChar));
+  *scales = at::empty({m}, x.options());
+  const float* xp = x.data_ptr<float>();
+  auto* qp = static_cast<uint8_t*>(codes->data_ptr());
+  float* sp = scales->data_ptr<float>();
+  const bool wide = HasAvx512();
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = xp + i * k;
+    if (wide) {
+      QuantizeRowAvx512(row, k, qp + i * k, sp + i, shift);
+      continue;
+    }
+    float amax = 0.0f;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(row[c]));
+    sp[i] = RowScale(amax);
+    for (int64_t c = 0; c < k; ++c) qp[i * k + c] = Code(row[c], sp[i], shift);
+  }
+}
+
+bool HasVnni() {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    const char* cap = std::getenv("REC_MAX_CPU_ISA");  // avx2/scalar: no VNNI kernel
+    if (cap && std::string(cap) != "avx512") return false;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+  }();
+  return vnni;
+}
+
+// R rows x C outputs: acc[r][c] = sum_k (q[r][k] + 128) * W[c][k], by vpdpbusd over 64 k at a
+// time (unsigned x signed bytes), then the bias of the +128 shift taken off by the caller.
+template <int R, int C>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void VnniTile(const uint8_t* xu,
+                                                                     const int8_t* w, int64_t k,
+                                                                     int64_t row0, int64_t col0,
+                                                                     int64_t n, int32_t* acc_out) {
+  __m512i acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+  for (int64_t kk = 0; kk < k; kk += 64) {
+    const int64_t left = k - kk;
+    const __mmask64 mask = left >= 64 ? ~__mmask64{0} : ((__mmask64{1} << left) - 1);
+    __m512i wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_epi8(mask, w + (col0 + c) * k + kk);
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv = _mm512_maskz_loadu_epi8(mask, xu + (row0 + r) * k + kk);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      acc_out[(row0 + r) * n + col0 + c] = _mm512_reduce_add_epi32(acc[r][c]);
+}
+
+using VnniFn = void (*)(const uint8_t*, const int8_t*, int64_t, int64_t, int64_t, int64_t,
+                        int32_t*);
+
+template <int R, int C>
+constexpr VnniFn kVnni = &VnniTile<R, C>;
+
+constexpr int kRows = 4, kCols = 4;
+const VnniFn kVnniTable[kRows][kCols] = {
+    {kVnni<1, 1>, kVnni<1, 2>, kVnni<1, 3>, kVnni<1, 4>},
+    {kVnni<2, 1>, kVnni<2, 2>, kVnni<2, 3>, kVnni<2, 4>},
+    {kVnni<3, 1>, kVnni<3, 2>, kVnni<3, 3>, kVnni<3, 4>},
+    {kVnni<4, 1>, kVnni<4, 2>, kVnni<4, 3>, kVnni<4, 4>},
+};
+
+// acc [M, N] = sum_k (q + 128) W, exact, by the VNNI tiles (small M); the caller takes off
+// 128 * sum_k W[j][k].
+at::Tensor VnniProduct(const at::Tensor& shifted, const at::Tensor& w) {
+  const int64_t m = shifted.size(0), k = shifted.size(1), n = w.size(0);
+  at::Tensor acc = at::empty({m, n}, shifted.options().dtype(at::kInt));
+  const uint8_t* xu = shifted.data_ptr<uint8_t>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  int32_t* out = acc.data_ptr<int32_t>();
+  at::parallel_for(0, (n + kCols - 1) / kCols, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t col = b0 * kCols; col < std::min(n, b1 * kCols); col += kCols) {
+      const int cols = static_cast<int>(std::min<int64_t>(kCols, n - col));
+      for (int64_t row = 0; row < m; row += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - row));
+        kVnniTable[rows - 1][cols - 1](xu, wp, k, row, col, n, out);
+      }
+    }
+  });
+  return acc;
+}
+
+// y = (float(acc - shift * w_sum_j) * s_i) * w_scale_j + b_j, element by element, in this order
+// on every path (plain IEEE operations: vectorized or not, the same bits).
+at::Tensor Dequantize(const at::Tensor& acc, const at::Tensor& scales, const at::Tensor& w_scale,
+                      const at::Tensor& w_sum, int shift, const float* bias) {
+  const int64_t m = acc.size(0), n = acc.size(1);
+  at::Tensor y = at::empty({m, n}, scales.options());
+  const int32_t* ap = acc.data_ptr<int32_t>();
+  const int32_t* sum = w_sum.data_ptr<int32_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* wsp = w_scale.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t i = 0; i < m; ++i) {
+    const float s = sp[i];
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = static_cast<float>(ap[i * n + j] - shift * sum[j]) * s * wsp[j];
+      yp[i * n + j] = bias ? v + bias[j] : v;
+    }
+  }
+  return y;
+}
+
+at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
+                      const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat,
+              "rec::linear_int8: x must be float32 [M, K], got ", x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
+              "rec::linear_int8: the weight must be contiguous int8 [N, K]");
+  TORCH_CHECK(w.size(1) == x.size(1), "rec::linear_int8: x has ", x.size(1),
+              " columns, the weight ", w.size(1));
+  const int64_t n = w.size(0);
+  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.numel() == n,
+              "rec::linear_int8: w_scale must be float32 [", n, "]");
+  TORCH_CHECK(w_sum.scalar_type() == at::kInt && w_sum.numel() == n,
+              "rec::linear_int8: w_sum must be int32 [", n, "]");
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->scalar_type() == at::kFloat && bias->numel() == n),
+              "rec::linear_int8: bias must be float32 [", n, "]");
+  if (x.size(0) == 0) return at::empty({0, n}, x.options());
+  const bool small = x.size(0) <= kSmallBatch && HasVnni();
+  const int shift = small ? 128 : 0;
+  at::Tensor codes, scales;
+  QuantizeRows(x.contiguous(), shift, &codes, &scales);
+  at::Tensor acc = small ? VnniProduct(codes, w) : at::_int_mm(codes, w.t());
+  at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+  return Dequantize(acc, scales, w_scale.contiguous(), w_sum.contiguous(), shift,
+                    has_bias ? b.data_ptr<float>() : nullptr);
+}
+
+at::Tensor LinearInt8Meta(const at::Tensor& x, const at::Tensor& w, const at::Tensor&,
+                          const at::Tensor&, const c10::optional<at::Tensor>&) {
+  return at::empty({x.size(0), w.size(0)}, x.options());
+}
+
+}  // namespace
+}  // namespace rec_ops
+
+TORCH_LIBRARY_FRAGMENT(rec, m) {
+  m.def(
+      "linear_int8(Tensor x, Tensor weight, Tensor w_scale, Tensor w_sum, Tensor? bias) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(rec, CPU, m) { m.impl("linear_int8", &rec_ops::LinearInt8); }
+TORCH_LIBRARY_IMPL(rec, Meta, m) { m.impl("linear_int8", &rec_ops::LinearInt8Meta); }
