@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from rec.batch import feature_major, map_ids
+from rec.batch import feature_major, map_ids, split_requests  # noqa: F401 (re-exported)
 
 
 class ServingModule(nn.Module):
@@ -62,17 +62,3 @@ def sample_batch(
     n = int(lengths.sum())
     values = torch.randint(-(2**62), 2**62, (n,), dtype=torch.int64, generator=g)
     return torch.randn(batch_size, num_dense, generator=g), lengths, values
-
-
-def split_requests(
-    dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The batch as single-sample requests (the inverse of concatenating them)."""
-    per_sample = lengths.to(torch.int64).sum(1).tolist()
-    starts = [0]
-    for n in per_sample:
-        starts.append(starts[-1] + n)
-    return [
-        (dense[b : b + 1], lengths[b : b + 1], values[starts[b] : starts[b + 1]])
-        for b in range(dense.shape[0])
-    ]

@@ -33,17 +33,19 @@ from typing import Any
 import torch
 import yaml
 
-from rec import resources, run_dir
+from rec import batch_probe, resources, run_dir
+from rec import ops as rec_ops
 from rec import versions as rec_versions
 from rec.batch import RecBatch
 from rec.config import ConfigError, RecConfig, load_config
+from rec.cpu import cpu_info
 from rec.export import raw_rows, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
 from rec.export.dcp_reader import CheckpointReader
 from rec.export.dense import DENSE_DTYPES, Int8Linear, InvariantLinear, PackedLinear
 from rec.export.load import LoadedRun, load_dense
-from rec.export.module import sample_batch, split_requests
+from rec.export.module import sample_batch
 from rec.export.served import INPUT_NAMES, OUTPUT_NAME
 from rec.features import feature_spec
 from rec.model import table_keys
@@ -194,7 +196,11 @@ def build_torchscript(src: Source, out: Path) -> Built:
             "dtype": cfg.export.dense_dtype,
             "batch_invariant": invariant,
             "layers": layers,
+            # Where the batching check passed; servers re-run it on their own CPU at load.
+            "verified_on": {**cpu_info(), "rec_linear_isa": rec_ops.linear_isa()},
         },
+        # The same request for the servers' load-time probe on their own CPU (rec.batch_probe).
+        "batch_probe": batch_probe.to_manifest(request),
         "raw_rows": raw_rows.round_trip(cfg, reloaded),
     }
     return Built(scores, _score(reloaded, src.batches), batching, tables, extra)
@@ -299,12 +305,10 @@ BF16_NOT_INVARIANT = (
 def check_batching(name: str, scorer: verify.Scorer, sample, exact: bool, hint: str = "") -> float:
     """Single-sample requests vs the same samples as one batch; returns the max difference.
     exact: refuse any difference (VerificationError, ending with `hint`)."""
-    batched = scorer(*sample)
-    singles = torch.cat([scorer(*r) for r in split_requests(*sample)])
-    diff = verify.max_diff(singles, batched)
-    if exact and not torch.equal(singles, batched):
+    diff = batch_probe.batch_variance(scorer, sample)
+    if exact and diff != 0:
         raise verify.VerificationError(
-            f"{name}: a batch of {len(batched)} samples scores them differently from the same "
+            f"{name}: a batch of {len(sample[0])} samples scores them differently from the same "
             f"samples sent one by one (max diff {diff:g}), but the export is batch invariant{hint}"
         )
     return diff
@@ -363,6 +367,7 @@ def manifest(
             "ratio": round(stored_total / fp32_total, 4),
         },  # fmt: skip
         "dense": built.extra.get("dense", {"dtype": "fp32", "batch_invariant": False}),
+        **({"batch_probe": built.extra["batch_probe"]} if "batch_probe" in built.extra else {}),
         "serving": {
             "max_batch_size": cfg.export.max_batch_size,
             "max_queue_delay_us": cfg.export.max_queue_delay_us,

@@ -105,3 +105,17 @@ def map_ids(lengths_fm: torch.Tensor, values_fm: torch.Tensor, rows: torch.Tenso
     num_features = rows.numel()
     per_bag = rows.repeat_interleave(lengths_fm.numel() // max(num_features, 1))
     return torch.remainder(values_fm, torch.repeat_interleave(per_bag, lengths_fm))
+
+
+def split_requests(
+    dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The batch as single-sample requests (the inverse of concatenating them)."""
+    per_sample = lengths.to(torch.int64).sum(1).tolist()
+    starts = [0]
+    for n in per_sample:
+        starts.append(starts[-1] + n)
+    return [
+        (dense[b : b + 1], lengths[b : b + 1], values[starts[b] : starts[b + 1]])
+        for b in range(dense.shape[0])
+    ]

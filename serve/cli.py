@@ -51,14 +51,22 @@ def _ports(fn):
     help="A flag for rec-server (cpp backend), repeatable: --server-arg=--busy-poll-us=0 "
     "(build/cpp/rec-server --help lists them).",
 )  # fmt: skip
+@click.option(
+    "--allow-batch-variant", is_flag=True,
+    help="Serve a model whose rec.json batch probe scores a batch differently from its samples "
+    "one by one on this CPU (with a warning and the rec_model_batch_variant metric) instead of "
+    "refusing it.",
+)  # fmt: skip
 @_user_errors
-def serve(repo, backend, model, host, http_port, grpc_port, metrics_port, verbose, server_args):
+def serve(repo, backend, model, host, http_port, grpc_port, metrics_port, verbose, server_args,
+          allow_batch_variant):  # fmt: skip
     """Serve the model repository REPO until Ctrl-C / SIGTERM."""
     from rec.serve.launch import ServeConfig, serve_forever
 
     cfg = ServeConfig(
-        repo, backend, model, host, http_port, grpc_port, metrics_port, verbose, server_args
-    )
+        repo, backend, model, host, http_port, grpc_port, metrics_port, verbose, server_args,
+        allow_batch_variant,
+    )  # fmt: skip
     sys.exit(serve_forever(cfg))
 
 

@@ -35,6 +35,9 @@ class ServeConfig:
     """Echo the server's own log to stderr."""
     server_args: tuple[str, ...] = ()
     """More rec-server flags, as given (cpp backend only), e.g. ("--busy-poll-us=0",)."""
+    allow_batch_variant: bool = False
+    """Serve a model that fails the load-time batch probe on this CPU (rec.batch_probe) with a
+    warning and the rec_model_batch_variant metric, instead of refusing it."""
 
 
 def start_server(cfg: ServeConfig) -> ServerProcess:
@@ -46,9 +49,11 @@ def start_server(cfg: ServeConfig) -> ServerProcess:
     ports = {"http_port": cfg.http_port, "grpc_port": cfg.grpc_port,
              "metrics_port": cfg.metrics_port}  # fmt: skip
     if cfg.backend == "cpp":
+        extra = (*cfg.server_args, *(["--allow-batch-variant"] if cfg.allow_batch_variant else []))
         return start_cpp(Path(cfg.repo), model=cfg.model, host=cfg.host, **ports,
-                         extra_args=tuple(cfg.server_args), echo=cfg.verbose)  # fmt: skip
-    return start_triton(Path(cfg.repo), model=cfg.model, host=cfg.host, **ports, echo=cfg.verbose)
+                         extra_args=extra, echo=cfg.verbose)  # fmt: skip
+    return start_triton(Path(cfg.repo), model=cfg.model, host=cfg.host, **ports,
+                        echo=cfg.verbose, allow_batch_variant=cfg.allow_batch_variant)  # fmt: skip
 
 
 def serve_forever(cfg: ServeConfig) -> int:

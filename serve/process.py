@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rec.serve.repository import ServeError
+
+# An error line of Triton's log (glog: E<mmdd> ...) or rec-server's (... ERROR rec-server: ...).
+_ERROR_LINE = re.compile(r"^E\d{4} |^\S+ ERROR ")
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,12 @@ class ServerProcess:
         return self.proc.poll() is None
 
     def log_tail(self, lines: int = 30) -> str:
+        """The log's last lines, after its error lines from further up (Triton reports a model
+        that failed to load long before its exit, above its status tables)."""
         with contextlib.suppress(OSError):
-            return "".join(self.log_path.read_text(errors="replace").splitlines(True)[-lines:])
+            log = self.log_path.read_text(errors="replace").splitlines(True)
+            errors = [line for line in log[:-lines] if _ERROR_LINE.match(line)]
+            return "".join(errors + log[-lines:])
         return ""
 
     def stop(self, timeout: float = 15.0) -> int | None:

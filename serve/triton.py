@@ -93,7 +93,9 @@ def prepare_backends(install: TritonInstall, dest: Path) -> Path:
     return dest
 
 
-def python_backend_config(model: ServedModel, intra_op_threads: int = 1):
+def python_backend_config(
+    model: ServedModel, intra_op_threads: int = 1, allow_batch_variant: bool = False
+):
     """The user's config, rewritten for rec's Python-backend model and multi-sample requests.
 
     Triton requires every input of a batching model (max_batch_size > 0) to carry the same
@@ -122,6 +124,7 @@ def python_backend_config(model: ServedModel, intra_op_threads: int = 1):
     config.parameters["model_path"].string_value = str(model.model_path.resolve())
     config.parameters["max_rows"].string_value = str(model.max_batch_size)
     config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
+    config.parameters["allow_batch_variant"].string_value = str(allow_batch_variant).lower()
     # Published so `rec predict --url` can map file columns without the repository at hand.
     features = {
         "dense": list(model.dense_names),
@@ -147,11 +150,13 @@ def python_backend_config(model: ServedModel, intra_op_threads: int = 1):
     return config
 
 
-def stage_repository(model: ServedModel, dest: Path, intra_op_threads: int = 1) -> Path:
+def stage_repository(
+    model: ServedModel, dest: Path, intra_op_threads: int = 1, allow_batch_variant: bool = False
+) -> Path:
     """Writes dest/<model>/{config.pbtxt, <version>/model.py}; returns dest."""
     model_dir = dest / model.name
     (model_dir / str(model.version)).mkdir(parents=True)
-    config = python_backend_config(model, intra_op_threads)
+    config = python_backend_config(model, intra_op_threads, allow_batch_variant)
     (model_dir / "config.pbtxt").write_text(config_text(config))
     shutil.copy2(_MODEL_PY, model_dir / str(model.version) / "model.py")
     return dest
@@ -176,6 +181,7 @@ def start_triton(
     metrics_port: int = 8002,
     intra_op_threads: int = 1,
     echo: bool = False,
+    allow_batch_variant: bool = False,
     ready_timeout: float = 180.0,
 ) -> ServerProcess:
     """Starts tritonserver on `repo`'s model and returns once the model is ready.
@@ -197,7 +203,7 @@ def start_triton(
     staging = Path(tempfile.mkdtemp(prefix="rec-triton-"))
     try:
         backends = prepare_backends(install, staging / "backends")
-        models = stage_repository(served, staging / "models", intra_op_threads)
+        models = stage_repository(served, staging / "models", intra_op_threads, allow_batch_variant)
         argv = _server_argv(install, models, backends, host, ports)
         server = launch(
             "tritonserver", argv, staging / "tritonserver.log", triton_env(install), echo

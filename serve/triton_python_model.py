@@ -22,6 +22,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, the dense layers model.pt calls)
+from rec import batch_probe
+from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
 
 DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
@@ -74,9 +76,40 @@ class TritonPythonModel:
         if threads > 0:
             torch.set_num_threads(threads)
         self.model = torch.jit.load(path, map_location="cpu").eval()
+        allow = params.get("allow_batch_variant", {}).get("string_value") == "true"
+        self._probe_batching(path, args["model_name"], args["model_version"], allow)
         spec = params.get("feature_spec", {}).get("string_value")
         self.spec = FeatureSpec.from_dict(json.loads(spec)) if spec else None
         self.num_tasks = int(config["output"][0]["dims"][0])
+
+    def _probe_batching(self, path, name, version, allow):
+        """rec.json's batch probe on this CPU (rec.batch_probe): a model that scores it
+        differently as one batch than one by one fails its load, or with `allow` is served with
+        a warning and rec_model_batch_variant 1, as rec-server does."""
+        manifest = batch_probe.read_manifest(path)
+        request = batch_probe.from_manifest(manifest)
+        if request is None:
+            return
+        diff = batch_probe.batch_variance(self.model, request)
+        # The family is kept too: Triton drops a family's metrics when it is collected.
+        self._variant_family = pb_utils.MetricFamily(
+            name="rec_model_batch_variant",
+            description="1 when the served version fails the load-time batch probe",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        labels = {"model": name, "version": str(version)}
+        self._variant_metric = self._variant_family.Metric(labels=labels)
+        self._variant_metric.set(1 if diff else 0)
+        if diff == 0:
+            return
+        verified = manifest["dense"].get("verified_on", {}).get("model", "an unrecorded CPU")
+        here = describe(cpu_info())
+        message = batch_probe.refusal(name, version, len(request[0]), diff, here, verified)
+        if not allow:
+            raise pb_utils.TritonModelException(
+                message + ". Serve it anyway with --allow-batch-variant"
+            )
+        pb_utils.Logger.log_warn(message + "; serving it anyway (--allow-batch-variant)")
 
     def execute(self, requests):
         responses = [None] * len(requests)

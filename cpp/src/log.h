@@ -20,6 +20,7 @@ inline void LogLine(const char* level, const std::string& message) {
 }
 
 inline void LogInfo(const std::string& message) { LogLine("INFO", message); }
+inline void LogWarning(const std::string& message) { LogLine("WARNING", message); }
 inline void LogError(const std::string& message) { LogLine("ERROR", message); }
 
 }  // namespace rec

@@ -98,6 +98,10 @@ std::string Metrics::Prometheus() const {
        [](const ModelStats& s) { return s.compute_output_ns.load() / 1000; }},
       {"nv_inference_pending_request_count", "gauge", "Requests queued or executing",
        [](const ModelStats& s) { return static_cast<uint64_t>(s.pending.load()); }},
+      {"rec_model_batch_variant", "gauge",
+       "1 when the served version scores a batch differently from its samples one by one on "
+       "this CPU (load-time probe; served only with --allow-batch-variant)",
+       [](const ModelStats& s) { return static_cast<uint64_t>(s.batch_variant.load()); }},
   };
   std::lock_guard<std::mutex> lock(mu_);
   auto labels = [this](const std::string& model) {

@@ -36,6 +36,8 @@ struct ModelStats {
   std::atomic<uint64_t> execution_count{0};  // forward passes
   std::atomic<uint64_t> last_inference_ms{0};
   std::atomic<int64_t> pending{0};  // requests queued or executing
+  // 1 while the served version failed the load-time batch probe (--allow-batch-variant).
+  std::atomic<int64_t> batch_variant{0};
   Histogram request_latency_us;
   Histogram batch_size;
 

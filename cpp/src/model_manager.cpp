@@ -1,7 +1,9 @@
 #include "model_manager.h"
 
 #include <filesystem>
+#include <sstream>
 
+#include "batch_probe.h"
 #include "log.h"
 #include "torch_model.h"
 
@@ -117,6 +119,7 @@ Status ModelManager::Reload(const std::string& name) {
   std::string path = entry->dir() + "/" + version + "/" + ModelFileName(entry->spec());
   std::shared_ptr<Runner> runner;
   Status st = LoadTorchModel(path, entry->spec(), version, &runner);
+  if (st.ok()) st = ProbeBatching(entry, version, runner.get());
   if (!st.ok()) {
     // Polling retries a broken version every interval; say so once, not every time.
     std::string line =
@@ -133,6 +136,33 @@ Status ModelManager::Reload(const std::string& name) {
   } else {
     LogInfo("loaded model '" + name + "' version " + version + " from " + path);
   }
+  return Status::Ok();
+}
+
+Status ModelManager::ProbeBatching(ModelEntry* entry, const std::string& version, Runner* runner) {
+  BatchProbe probe;
+  const std::string manifest = entry->dir() + "/" + version + "/rec.json";
+  REC_RETURN_IF_ERROR(ReadBatchProbe(manifest, entry->spec(), &probe));
+  if (!probe.present) return Status::Ok();
+  double diff = 0;
+  REC_RETURN_IF_ERROR(RunBatchProbe(runner, entry->spec(), probe, &diff));
+  if (diff == 0) {
+    entry->stats()->batch_variant = 0;
+    LogInfo("model '" + entry->spec().name + "' version " + version + ": batch probe passed on " +
+            CpuDescription() + " (" + std::to_string(probe.rows) +
+            " samples, one batch == one by one)");
+    return Status::Ok();
+  }
+  std::ostringstream what;
+  what << "model '" << entry->spec().name << "' version " << version
+       << " is not batch invariant on this CPU, " << CpuDescription() << ": its rec.json probe of "
+       << probe.rows << " samples scores them differently as one batch than one by one (max diff "
+       << diff << "); export verified it on " << probe.verified_on;
+  if (!options_.allow_batch_variant) {
+    return InvalidArgument(what.str() + ". Serve it anyway with --allow-batch-variant");
+  }
+  LogWarning(what.str() + "; serving it anyway (--allow-batch-variant)");
+  entry->stats()->batch_variant = 1;
   return Status::Ok();
 }
 

@@ -24,6 +24,9 @@ struct ManagerOptions {
   std::string repository;
   std::string model_name;      // empty: every model directory with a config.pbtxt
   int64_t pinned_version = 0;  // 0: newest
+  // Serve a version that fails the load-time batch probe (with a warning and the
+  // rec_model_batch_variant metric) instead of refusing it.
+  bool allow_batch_variant = false;
   BatcherOptions batcher;
 };
 
@@ -66,6 +69,9 @@ class ModelManager {
 
  private:
   Status LoadModel(const std::string& name);
+  // Runs the version's rec.json batch probe on `runner`: refuses a version whose batch and
+  // single-sample scores differ here, or serves it with a warning (allow_batch_variant).
+  Status ProbeBatching(ModelEntry* entry, const std::string& version, Runner* runner);
   Status PickVersion(const ModelEntry& entry, std::string* version) const;
   void PollLoop(int interval_s);
 

@@ -88,6 +88,10 @@ Status ParseOptions(int argc, char** argv, ServerOptions* o) {
       o->enable_model_control = true;
       continue;
     }
+    if (arg == "--allow-batch-variant") {
+      o->allow_batch_variant = true;
+      continue;
+    }
     auto it = with_value.find(arg);
     if (it == with_value.end()) return InvalidArgument("unknown flag '" + arg + "' (see --help)");
     if (!has_value) {
@@ -145,6 +149,10 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "                           (default: " +
          (default_ops.empty() ? std::string("none found at build time") : default_ops) +
          ")\n"
+         "  --allow-batch-variant    serve a version whose rec.json batch probe scores a batch\n"
+         "                           differently from its samples one by one on this CPU (a\n"
+         "                           warning and rec_model_batch_variant 1) instead of refusing\n"
+         "                           it\n"
          "  --enable-model-control   allow POST /v2/repository/models/<m>/load (and gRPC\n"
          "                           RepositoryModelLoad) to load a new version\n"
          "  --poll-repository-s N    every N s, load a newer version directory if one appeared\n"

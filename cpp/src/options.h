@@ -30,6 +30,7 @@ struct ServerOptions {
   std::string fbgemm_lib_dir;       // empty: the fbgemm_gpu package found at build time
   std::string ops_library;          // empty: rec's op library found at build time
   bool enable_model_control = false;
+  bool allow_batch_variant = false;
   int poll_repository_s = 0;
   bool help = false;
 };

@@ -6,6 +6,7 @@ import json
 import shutil
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -229,3 +230,23 @@ def test_broken_new_version_keeps_the_old_one(tmp_path):
             np.testing.assert_array_equal(result.as_numpy("scores"), Reference(v3)(batch))
     finally:
         assert s.stop() == 0
+
+
+def test_a_batch_variant_model_is_refused_at_load_unless_allowed(tmp_path):
+    """The version's rec.json claims batch invariance and carries a probe request; a model that
+    scores the probe differently as one batch than sample by sample on this CPU is refused,
+    naming the model, the CPU and the difference, or served with a warning and a metric."""
+    write_model(tmp_path, batch_probe="variant")
+    out = run_to_exit("--model-repository", str(tmp_path), "--http-port", "0",
+                      "--grpc-port", "0", "--metrics-port", "0")  # fmt: skip
+    assert out.returncode != 0
+    assert "model 'rec' version 1 is not batch invariant on this CPU" in out.stderr
+    assert "37 samples" in out.stderr and "max diff" in out.stderr
+    assert "verified it on a test CPU" in out.stderr and "--allow-batch-variant" in out.stderr
+    server = Server(tmp_path, "--allow-batch-variant")
+    try:
+        assert "serving it anyway" in server.stderr()
+        metrics = urllib.request.urlopen(f"http://{server.metrics}/metrics").read().decode()
+        assert 'rec_model_batch_variant{model="rec",version="1"} 1' in metrics
+    finally:
+        server.stop()

@@ -32,8 +32,8 @@ from rec.features import FeatureSpec
 REC = str(Path(sys.executable).parent / "rec")
 
 # Small enough that training and export take seconds; the export still quantizes to int8 TBE,
-# and the DCN's cross and top layers (40 x 128 weights) are big enough for oneDNN's packed
-# layers (rec.export.dense), whose weights LibTorch repacks as it loads the model.
+# and the DCN's cross and top layers (40 x 128 weights) run rec::linear, the op library
+# rec-server loads (--ops-library).
 CONFIG = {
     "tables": [
         {"name": f"t{i}", "rows": rows, "dim": 8, "features": [f"cat_{i}"]}
@@ -98,6 +98,8 @@ def test_exported_model_served_equals_in_process(exported):
     module = torch.jit.load(str(model_dir / "1" / "model.pt"))
     server = Server(exported, "--model", "rec")
     try:
+        # The export's batch probe (rec.json), re-run on this CPU before serving.
+        assert "version 1: batch probe passed on" in server.stderr()
         for rows in (1, 3, 64):
             batch = _batch(manifest, rows, seed=rows)
             with torch.inference_mode():

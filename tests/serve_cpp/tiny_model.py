@@ -80,10 +80,37 @@ class TinyRec(torch.nn.Module):
         return torch.sigmoid(self.mlp(torch.cat([dense_features, pooled], dim=1)))
 
 
+class BatchVariantRec(torch.nn.Module):
+    """A genuinely batch-dependent model (test only): each score moves with the batch's mean
+    dense value, as a model whose kernels change with the batch size would, only more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = TinyRec()
+
+    def forward(
+        self,
+        dense_features: torch.Tensor,
+        sparse_lengths: torch.Tensor,
+        sparse_values: torch.Tensor,
+    ) -> torch.Tensor:
+        scores = self.inner(dense_features, sparse_lengths, sparse_values)
+        return scores + 1e-3 * dense_features.mean()
+
+
 def write_model(
-    repo: Path, name: str = "rec", version: int = 1, seed: int = 0, delay_us: int = 2000
+    repo: Path,
+    name: str = "rec",
+    version: int = 1,
+    seed: int = 0,
+    delay_us: int = 2000,
+    batch_probe: str | None = None,
 ) -> Path:
-    """Writes <repo>/<name>/{config.pbtxt, rec.json, <version>/model.pt}; returns the model.pt."""
+    """Writes <repo>/<name>/{config.pbtxt, rec.json, <version>/model.pt}; returns the model.pt.
+
+    batch_probe: "variant" also writes <version>/rec.json as export does for a batch-invariant
+    model (dense.batch_invariant and a batch_probe request), over BatchVariantRec, which breaks
+    the claim (a real export's probe passing: tests/serve_cpp/test_real_export.py)."""
     torch.manual_seed(seed)
     model_dir = Path(repo) / name
     (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
@@ -101,8 +128,14 @@ def write_model(
     path = model_dir / str(version) / "model.pt"
     # Written beside and renamed, so a polling server never sees half a file.
     tmp = path.with_suffix(".tmp")
-    torch.jit.script(TinyRec().eval()).save(str(tmp))
+    module = BatchVariantRec() if batch_probe == "variant" else TinyRec()
+    torch.jit.script(module.eval()).save(str(tmp))
     tmp.rename(path)
+    if batch_probe:
+        probe = {k: v.tolist() for k, v in make_batch(37, seed=11).items()}
+        claim = {"dtype": "fp32", "batch_invariant": True, "verified_on": {"model": "a test CPU"}}
+        versioned = {**manifest, "dense": claim, "batch_probe": probe}
+        (model_dir / str(version) / "rec.json").write_text(json.dumps(versioned))
     return path
 
 

@@ -7,6 +7,8 @@ INVALID_ARGUMENT), as on the C++ server.
 
 from __future__ import annotations
 
+import urllib.request
+
 import fbgemm_gpu  # noqa: F401  (registers the ops model.pt calls)
 import numpy as np
 import pytest
@@ -129,3 +131,27 @@ def test_cpp_and_triton_agree(triton, cpp):
             with pytest.raises(InferenceServerException) as err:
                 client_for(cpp, protocol).score(bad)
             assert str(err.value.status()) == CLIENT_ERROR[protocol], (case, err.value.message())
+
+
+def test_a_batch_variant_model_is_refused_at_load_unless_allowed(tmp_path):
+    """As rec-server (tests/serve_cpp/test_lifecycle.py): Triton's model runs rec.json's batch
+    probe when it loads, fails the load naming the model, the CPU and the difference, or with
+    allow_batch_variant serves it and reports rec_model_batch_variant 1."""
+    from tests.serve_cpp.tiny_model import write_model
+
+    write_model(tmp_path, batch_probe="variant")
+    with (
+        pytest.raises(ServeError) as failed,
+        start_triton(tmp_path, http_port=0, grpc_port=0, metrics_port=0),
+    ):
+        pass
+    message = str(failed.value)
+    assert "model 'rec' version 1 is not batch invariant on this CPU" in message
+    assert "37 samples" in message and "verified it on a test CPU" in message
+    assert "--allow-batch-variant" in message
+    with start_triton(
+        tmp_path, http_port=0, grpc_port=0, metrics_port=0, allow_batch_variant=True
+    ) as server:
+        metrics = urllib.request.urlopen(f"http://{server.endpoints.metrics}/metrics").read()
+        assert b'rec_model_batch_variant{model="rec",version="1"} 1' in metrics
+        assert "serving it anyway (--allow-batch-variant)" in server.log_tail(100_000)
