@@ -13,7 +13,10 @@ setup(
         CppExtension(
             "rec._ops",
             ["cpp/ops/linear.cpp", "cpp/ops/linear_int8.cpp"],
-            extra_compile_args=["-O3", "-ffp-contract=off"],
+            # OpenMP for at::parallel_for (its pragma is compiled here); at run time the
+            # libgomp.so.1 torch already loaded serves it, one thread pool for both.
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp"],
+            extra_link_args=["-fopenmp"],
             py_limited_api=True,
         )
     ],

@@ -2,11 +2,14 @@
 default model and the Criteo Kaggle-size one, side by side in one run.
 
 For each model: `rec train` (a short run: the weights only need to be real), then `rec export`
-of the same checkpoint (int8 tables) four ways: TorchScript with batch-invariant fp32 dense
-layers (the default), TorchScript with plain nn.Linear (`export.batch_invariant: false`, the
-comparison for what invariance costs), TorchScript with bf16 dense layers
+of the same checkpoint (int8 tables) five ways: TorchScript with batch-invariant fp32 dense
+layers (rec::linear, the default), TorchScript with int8 dense layers (`export.dense_dtype:
+int8`, rec::linear_int8), TorchScript with plain nn.Linear (`export.batch_invariant: false`,
+the comparison for what invariance costs), TorchScript with bf16 dense layers
 (`export.dense_dtype: bf16`, `batch_invariant: false`: invariant bf16 needs a CPU without AMX)
-and ONNX. Each model is then timed at B = 1, 64, 512 in this
+and ONNX; the ONNX model is also quantized by ONNX Runtime's own dynamic quantization
+(`quantize_dynamic`: int8 MatMulInteger with per-tensor activation scales), the int8 peer.
+Each model is then timed at B = 1, 64, 512 in this
 process with one and with two intra-op threads (ONNX Runtime with the same), models taking
 turns round after round so bursts of other work on the 2 shared cores hit all alike.
 
@@ -38,17 +41,22 @@ RESULTS = ROOT / "benchmarks" / "results"
 REC = str(Path(sys.executable).parent / "rec")
 BATCHES = (1, 64, 512)
 THREADS = (1, 2)
+DEFAULT, INT8 = "TorchScript, invariant fp32 (default)", "TorchScript, int8 dense"
+PLAIN, BF16 = "TorchScript, plain fp32", "TorchScript, bf16 (not invariant)"
+ORT, ORT_INT8 = "ONNX Runtime fp32", "ONNX Runtime int8 (dynamic)"
 VARIANTS = {  # name -> (format, export overrides)
-    "TorchScript, invariant fp32 (default)": ("torchscript", {}),
-    "TorchScript, plain fp32": ("torchscript", {"batch_invariant": False}),
+    DEFAULT: ("torchscript", {}),
+    INT8: ("torchscript", {"dense_dtype": "int8"}),
+    PLAIN: ("torchscript", {"batch_invariant": False}),
     # bf16 without invariance: on CPUs with AMX, oneDNN's bf16 kernels depend on the batch size
     # (rec.export.dense), and export refuses an invariant bf16 model there.
-    "TorchScript, bf16 (not invariant)": (
+    BF16: (
         "torchscript",
         {"dense_dtype": "bf16", "accept_quality_loss": True, "batch_invariant": False},
     ),
-    "ONNX Runtime fp32": ("onnx", {}),
+    ORT: ("onnx", {}),
 }
+TIMED = [*VARIANTS, ORT_INT8]
 
 
 def model_configs(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
@@ -98,6 +106,8 @@ def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
             "batched_vs_single_max_diff":
                 manifest["verification"]["batched_vs_single_max_diff"][fmt],
         }  # fmt: skip
+        if variant == ORT:
+            out[ORT_INT8] = ort_int8(out[ORT], tmp / f"{name}-ort-int8")
     return out
 
 
@@ -113,6 +123,28 @@ def load(entry: dict, threads: int) -> Callable:
 
     session = onnx_lib.onnx_session(Path(entry["path"]), threads=threads)
     return lambda *r: onnx_lib.run_onnx(session, *r)
+
+
+def ort_int8(fp32: dict, dest: Path) -> dict:
+    """The fp32 ONNX model through ONNX Runtime's dynamic quantization (its MatMul and Gemm
+    weights int8; activations quantized per tensor at run time)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    dest.mkdir()
+    model = onnx.load(fp32["path"])
+    del model.graph.value_info[:]  # the exporter's shape annotations trip the quantizer's check
+    clean, out = dest / "clean.onnx", dest / "model.onnx"
+    onnx.save(model, str(clean), save_as_external_data=True, location="clean.onnx.data")
+    del model
+    t0 = time.perf_counter()
+    quantize_dynamic(str(clean), str(out), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gemm"],
+                     use_external_data_format=True)  # fmt: skip
+    return {**fp32, "path": str(out), "export_s": round(time.perf_counter() - t0, 1),
+            "file_bytes": sum(f.stat().st_size for f in dest.iterdir() if "clean" not in f.name),
+            "auc": None, "auc_ratio": None, "dense": {"dtype": "int8 (ORT dynamic)"},
+            "batched_vs_single_max_diff": None}  # fmt: skip
 
 
 def median_us(fn: Callable, request, budget_s: float) -> float:
@@ -145,13 +177,20 @@ def measure(fns: dict[str, Callable], requests: dict[int, tuple], rounds: int) -
 
 def ratios(latency: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
     """The issue's ratios, per batch size (lower is better for the first two)."""
-    default, plain = latency[list(VARIANTS)[0]], latency[list(VARIANTS)[1]]
-    bf16, ort = latency[list(VARIANTS)[2]], latency[list(VARIANTS)[3]]
+    default, int8, plain = latency[DEFAULT], latency[INT8], latency[PLAIN]
+    bf16, ort, ort_int8 = latency[BF16], latency[ORT], latency[ORT_INT8]
+
+    def ratio(a, b):
+        return {n: round(a[n] / b[n], 3) for n in BATCHES}
+
     return {
-        "invariant / plain": {b: round(default[b] / plain[b], 3) for b in BATCHES},
-        "TorchScript / ONNX Runtime": {b: round(default[b] / ort[b], 3) for b in BATCHES},
-        "bf16 throughput / fp32": {b: round(default[b] / bf16[b], 3) for b in BATCHES},
-        "bf16 throughput / ONNX Runtime": {b: round(ort[b] / bf16[b], 3) for b in BATCHES},
+        "invariant / plain": ratio(default, plain),
+        "TorchScript / ONNX Runtime": ratio(default, ort),
+        "int8 latency / fp32": ratio(int8, default),
+        "int8 throughput / fp32": ratio(default, int8),
+        "int8 throughput / ONNX Runtime int8": ratio(ort_int8, int8),
+        "bf16 throughput / fp32": ratio(default, bf16),
+        "bf16 throughput / ONNX Runtime": ratio(ort, bf16),
     }
 
 
@@ -163,11 +202,11 @@ def markdown(results: dict) -> str:
         for threads in THREADS:
             for variant, facts in m["variants"].items():
                 lat = m["latency_us"][str(threads)][variant]
-                ratio = facts["auc_ratio"]
+                ratio = "—" if facts["auc_ratio"] is None else f"{facts['auc_ratio']:.5f}"
                 lines.append(
                     f"| {name} | {variant} | {threads} | "
                     + " | ".join(f"{lat[b]:,.1f}" for b in BATCHES)
-                    + f" | {ratio:.5f} | {facts['export_peak_rss_bytes'] / 1e9:.2f} |"
+                    + f" | {ratio} | {facts['export_peak_rss_bytes'] / 1e9:.2f} |"
                 )
     lines += ["", "| model | threads | ratio | " + " | ".join(f"B={b}" for b in BATCHES) + " |",
               "|---|---|---|" + "---|" * len(BATCHES)]  # fmt: skip
@@ -189,7 +228,7 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2))
     for ax, name in zip(axes, models, strict=True):
         lat = results["models"][name]["latency_us"]["1"]
-        for variant in VARIANTS:
+        for variant in TIMED:
             ys = [lat[variant][b] / 1000 for b in BATCHES]
             ax.plot(BATCHES, ys, marker="o", label=variant)
         ax.set_xscale("log", base=2)
@@ -229,15 +268,18 @@ def main() -> None:
     else:
         results = run(args)
     plot(results, RESULTS / "export.png")
+    print(f"CPU: {results.get('cpu', 'unrecorded')}, one process, torch {results['torch']}")
     print(markdown(results))
 
 
 def run(args) -> dict:
     from rec.config import load_config
+    from rec.cpu import cpu_info, describe
     from rec.export.module import sample_batch
 
-    results = {"machine": platform.machine(), "torch": torch.__version__,
-               "kaggle_scale": args.kaggle_scale, "models": {}}  # fmt: skip
+    results = {"machine": platform.machine(), "cpu": describe(cpu_info()),
+               "torch": torch.__version__, "kaggle_scale": args.kaggle_scale,
+               "models": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None) as t:
         tmp = Path(t)
         for name, config in model_configs(tmp, args.kaggle_scale).items():
