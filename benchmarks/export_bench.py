@@ -45,9 +45,9 @@ DEFAULT, INT8 = "TorchScript, invariant fp32 (default)", "TorchScript, int8 dens
 PLAIN, BF16 = "TorchScript, plain fp32", "TorchScript, bf16 (not invariant)"
 ORT, ORT_INT8 = "ONNX Runtime fp32", "ONNX Runtime int8 (dynamic)"
 VARIANTS = {  # name -> (format, export overrides)
-    DEFAULT: ("torchscript", {}),
+    DEFAULT: ("torchscript", {"dense_dtype": "fp32"}),  # criteo_kaggle.yaml's own is int8
     INT8: ("torchscript", {"dense_dtype": "int8"}),
-    PLAIN: ("torchscript", {"batch_invariant": False}),
+    PLAIN: ("torchscript", {"batch_invariant": False, "dense_dtype": "fp32"}),
     # bf16 without invariance: on CPUs with AMX, oneDNN's bf16 kernels depend on the batch size
     # (rec.export.dense), and export refuses an invariant bf16 model there.
     BF16: (

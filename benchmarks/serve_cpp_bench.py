@@ -6,8 +6,9 @@ with the C++ load generator rec-bench.
     .venv/bin/python benchmarks/serve_cpp_bench.py --kaggle-scale 0.05   # a quick look
     .venv/bin/python benchmarks/serve_cpp_bench.py --repo REPO [--kaggle-repo REPO2]
 
-Without --repo it trains both models briefly and exports them (int8 tables, the default export),
-as benchmarks/export_bench.py does: the default config and examples/criteo_kaggle.yaml with its
+Without --repo it trains both models briefly and exports each twice (int8 tables; fp32 dense
+layers, the default, and int8 dense layers, `export.dense_dtype: int8`), as
+benchmarks/export_bench.py does: the default config and examples/criteo_kaggle.yaml with its
 tables scaled by --kaggle-scale (1.0: Criteo Kaggle's 33.8M rows).
 
 For each model and intra-op thread count (server and in-process loop alike): the in-process
@@ -258,20 +259,27 @@ def plot(runs: dict[str, dict], path: Path) -> None:
 
 
 def build_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
-    """Trains the default and the Kaggle-size model briefly and exports each (int8 tables, the
-    default export) into a repository of its own."""
+    """Trains the default and the Kaggle-size model briefly and exports each (int8 tables) into
+    repositories of their own: the default export (fp32 dense layers, rec::linear) as `NAME`,
+    and with `export.dense_dtype: int8` as `NAME-int8`."""
     from export_bench import REC, model_configs
 
+    fp32, int8 = tmp / "fp32.yaml", tmp / "int8.yaml"
+    fp32.write_text("export:\n  dense_dtype: fp32\n")  # criteo_kaggle.yaml's own is int8
+    int8.write_text("export:\n  dense_dtype: int8\n")
     repos = {}
     for name, config in model_configs(tmp, kaggle_scale).items():
-        run_dir, repo = tmp / f"{name}-run", tmp / f"{name}-repo"
-        print(f"[{name}] rec train, rec export", flush=True)
+        run_dir = tmp / f"{name}-run"
+        print(f"[{name}] rec train, rec export (fp32 and int8 dense)", flush=True)
         subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run_dir)], check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
-        subprocess.run([REC, "export", str(run_dir), "--repo", str(repo)], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
+        for key, dtype in ((name, fp32), (f"{name}-int8", int8)):
+            repos[key] = tmp / f"{key}-repo"
+            subprocess.run(
+                [REC, "export", str(run_dir), "--repo", str(repos[key]), "--config", str(dtype)],
+                check=True, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
         shutil.rmtree(run_dir)  # the checkpoint: 8.9 GB at full size
-        repos[name] = repo
     return repos
 
 
@@ -321,9 +329,12 @@ def bench_all(args: argparse.Namespace, repos: dict[str, Path]) -> None:
                 "results": results,
                 "summary": summarize(results),
             }
+    from rec.cpu import cpu_info, describe
+
     out = {
         "machine": {
             "cpus": platform.processor() or platform.machine(),
+            "cpu": describe(cpu_info()),
             "cores": os.cpu_count(),
         },
         "model": args.model,

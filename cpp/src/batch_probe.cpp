@@ -18,7 +18,7 @@ Status FillInput(const nlohmann::json& value, const IoSpec& io, const std::strin
   auto bad = [&](const std::string& why) {
     return InvalidArgument(source + ": batch_probe." + io.name + " " + why);
   };
-  if (!value.is_array() || value.empty()) return bad("must be a non-empty array");
+  if (!value.is_array() || (value.empty() && !io.ragged)) return bad("must be a non-empty array");
   std::vector<double> flat;
   int64_t width = -1;
   for (const auto& row : value) {
@@ -33,7 +33,14 @@ Status FillInput(const nlohmann::json& value, const IoSpec& io, const std::strin
     width = static_cast<int64_t>(row.size());
     for (const auto& v : row) {
       if (!v.is_number()) return bad("must hold numbers");
-      flat.push_back(v.get<double>());
+      const double d = v.get<double>();
+      if (io.dtype == DataType::kInt32 && !(d >= 0 && d <= 1 << 20 && d == std::floor(d))) {
+        return bad("must hold whole counts in [0, 2^20]");
+      }
+      if (io.dtype == DataType::kFp32 && !std::isfinite(static_cast<float>(d))) {
+        return bad("must hold finite float32 values");
+      }
+      flat.push_back(d);
     }
   }
   t->shape = io.ragged ? std::vector<int64_t>{static_cast<int64_t>(value.size())}
@@ -61,14 +68,31 @@ Status FillInput(const nlohmann::json& value, const IoSpec& io, const std::strin
   return Status::Ok();
 }
 
-}  // namespace
+// The probe's parts agree with each other: as many rows in every batch-major input, and as many
+// ids as the lengths count (SliceRow relies on both).
+Status CheckProbeShape(const ModelSpec& spec, const BatchProbe& probe, const std::string& source) {
+  int64_t rows = -1, ids = 0;
+  for (size_t i = 0; i < probe.batch.size(); ++i) {
+    const Tensor& t = probe.batch[i];
+    if (spec.inputs[i].ragged) continue;
+    if (rows >= 0 && t.shape[0] != rows) {
+      return InvalidArgument(source + ": batch_probe inputs have different numbers of rows");
+    }
+    rows = t.shape[0];
+    if (static_cast<int>(i) == spec.lengths_input) {
+      for (int64_t k = 0; k < ElementCount(t.shape); ++k) ids += t.As<int32_t>()[k];
+    }
+  }
+  if (spec.values_input >= 0 && probe.batch[spec.values_input].shape[0] != ids) {
+    return InvalidArgument(source + ": batch_probe has " +
+                           std::to_string(probe.batch[spec.values_input].shape[0]) +
+                           " ids but its lengths count " + std::to_string(ids));
+  }
+  return Status::Ok();
+}
 
-Status ReadBatchProbe(const std::string& manifest_path, const ModelSpec& spec, BatchProbe* probe) {
-  *probe = BatchProbe();
-  std::ifstream in(manifest_path);
-  if (!in) return Status::Ok();
-  nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!manifest.is_object()) return InvalidArgument(manifest_path + " is not valid JSON");
+Status ReadProbeJson(const nlohmann::json& manifest, const std::string& manifest_path,
+                     const ModelSpec& spec, BatchProbe* probe) {
   const auto dense = manifest.value("dense", nlohmann::json::object());
   if (!dense.is_object() || !dense.value("batch_invariant", false)) return Status::Ok();
   if (!manifest.contains("batch_probe")) return Status::Ok();
@@ -85,8 +109,25 @@ Status ReadBatchProbe(const std::string& manifest_path, const ModelSpec& spec, B
   const auto verified = dense.value("verified_on", nlohmann::json::object());
   probe->verified_on =
       verified.is_object() ? verified.value("model", "an unrecorded CPU") : "an unrecorded CPU";
+  REC_RETURN_IF_ERROR(CheckProbeShape(spec, *probe, manifest_path));
   probe->present = true;
   return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadBatchProbe(const std::string& manifest_path, const ModelSpec& spec, BatchProbe* probe) {
+  *probe = BatchProbe();
+  std::ifstream in(manifest_path);
+  if (!in) return Status::Ok();
+  nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object()) return InvalidArgument(manifest_path + " is not valid JSON");
+  try {  // a key of the wrong type throws: rec.json is a file anyone may have edited
+    return ReadProbeJson(manifest, manifest_path, spec, probe);
+  } catch (const nlohmann::json::exception& e) {
+    *probe = BatchProbe();
+    return InvalidArgument(manifest_path + ": batch_probe or dense: " + e.what());
+  }
 }
 
 std::vector<Tensor> SliceRow(const ModelSpec& spec, const std::vector<Tensor>& batch, int64_t row) {
