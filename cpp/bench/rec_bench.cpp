@@ -232,6 +232,7 @@ int Main(int argc, char** argv) {
   if (o.mode == "forward") {
     int loaded = 0;
     st = LoadFbgemmLibraries(DefaultFbgemmDir(), &loaded);
+    if (st.ok()) st = LoadOpsLibrary(DefaultOpsLibrary());  // rec::linear, the dense layers
     ConfigureTorchThreads(o.intra_op_threads);
     std::string version = NewestVersion(o.repository + "/" + o.model);
     if (st.ok()) {

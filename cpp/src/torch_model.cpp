@@ -255,7 +255,10 @@ Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
     module = torch::jit::load(model_path, torch::kCPU);
     module.eval();
   } catch (const std::exception& e) {
+    // The first non-empty line: LibTorch's messages may start with a newline.
     std::string what = e.what();
+    what = what.substr(
+        what.find_first_not_of("\n") == std::string::npos ? 0 : what.find_first_not_of("\n"));
     what = what.substr(0, what.find('\n'));
     return InvalidArgument("cannot load " + model_path + ": " + what);
   }
