@@ -52,8 +52,10 @@ from rec.model import table_keys
 
 Log = Callable[[str], None]
 _LOAD_REQUIRES = {
-    "torchscript": "FBGEMM's ops and classes registered before torch.jit.load: `import fbgemm_gpu` "
-    "in Python; in C++ dlopen the fbgemm_gpu package's .so files with RTLD_GLOBAL",
+    "torchscript": "FBGEMM's ops and classes and rec's dense-layer ops (rec::linear, "
+    "rec::linear_int8) registered before torch.jit.load: `import fbgemm_gpu` and `import rec.ops` "
+    "in Python; in C++ dlopen the fbgemm_gpu package's .so files and rec's rec/_ops.so with "
+    "RTLD_GLOBAL",
     "onnx": "onnxruntime (standard ONNX ops only)",
 }
 
