@@ -23,7 +23,7 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
-from rec.config import SEQUENCE_SHARDING_TYPES, RecConfig
+from rec.config import SEQUENCE_SHARDING_TYPES, ConfigError, RecConfig
 
 GiB = 1024**3
 # The planner warns on every directly built Topology and on dry-run size estimates; neither
@@ -55,24 +55,25 @@ def make_sharders() -> list[ModuleSharder]:
 
 
 def make_topology(cfg: RecConfig, world_size: int, compute_device: str) -> Topology:
-    """The planner's view of the hardware: config values where given, else the launcher's env."""
+    """The planner's view of the hardware: the config's `sharding.topology` (TorchRec's
+    defaults unless set), and ranks per host from it or else from the launcher's env."""
     topo = cfg.sharding.topology
     local = topo.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if world_size % local != 0:
-        raise ValueError(
+        raise ConfigError(
             f"sharding.topology.local_world_size={local} does not divide the world size "
             f"{world_size}; hosts must have the same number of ranks"
         )
-    kwargs: dict[str, Any] = {"local_world_size": local}
-    if topo.hbm_cap_gb:
-        kwargs["hbm_cap"] = int(topo.hbm_cap_gb * GiB)
-    if topo.ddr_cap_gb:
-        kwargs["ddr_cap"] = int(topo.ddr_cap_gb * GiB)
-    if topo.intra_host_bw_gbps:
-        kwargs["intra_host_bw"] = topo.intra_host_bw_gbps * GiB
-    if topo.inter_host_bw_gbps:
-        kwargs["inter_host_bw"] = topo.inter_host_bw_gbps * GiB
-    return Topology(world_size=world_size, compute_device=compute_device, **kwargs)
+    return Topology(
+        world_size=world_size,
+        compute_device=compute_device,
+        local_world_size=local,
+        hbm_cap=int(topo.device_memory_gib * GiB),
+        ddr_cap=int(topo.host_memory_gib * GiB),
+        # TorchRec's bandwidths are in bytes per millisecond.
+        intra_host_bw=topo.intra_host_bandwidth_gib_s * GiB / 1000,
+        inter_host_bw=topo.cross_host_bandwidth_gib_s * GiB / 1000,
+    )
 
 
 def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, ParameterConstraints]:
