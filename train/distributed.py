@@ -99,3 +99,17 @@ def all_mean(value: float, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t.item()) / dist.get_world_size()
+
+
+def gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows of `t` ([n_rank, ...], n_rank may differ), concatenated in rank order,
+    on every rank."""
+    world = dist.get_world_size()
+    n = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    padded = t.new_zeros((int(max(sizes)), *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(k)] for p, k in zip(parts, sizes, strict=True)])

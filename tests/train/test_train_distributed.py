@@ -81,7 +81,7 @@ def test_every_sharding_type_trains_and_saves(mixed_run):
     assert meta["world_size"] == 2 and meta["step"] == 40
     evals = [m for m in _metrics(run) if m["kind"] == "eval"]
     assert [m["step"] for m in evals] == [20, 40]
-    assert 0.0 < evals[-1]["logloss"] < 1.0
+    assert 0.0 < evals[-1]["log_loss"] < 1.0
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
