@@ -48,8 +48,10 @@ done
 host() {  # one host: torchrun in namespace $1, with gloo on its veth
   local i=$1
   ip netns exec "${TAG}h$i" env GLOO_SOCKET_IFNAME="${TAG}v$i" OMP_NUM_THREADS=1 \
-    "$PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node "$NPROC" --node-rank "$i" \
-    --master-addr "${ADDRS[0]}" --master-port "$PORT" --max-restarts "$MAX_RESTARTS" \
+    "$PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node "$NPROC" \
+    --rdzv-backend c10d --rdzv-endpoint "${ADDRS[0]}:$PORT" --rdzv-id "$TAG" \
+    --rdzv-conf "is_host=$([ "$i" = 0 ] && echo true || echo false)" --local-addr "${ADDRS[$i]}" \
+    --max-restarts "$MAX_RESTARTS" --monitor-interval 0.5 \
     -m rec.train.worker --config "$CONFIG" --run-dir "$RUN" $RESUME
 }
 

@@ -40,6 +40,12 @@ def _restart_scoped_store(timeout: timedelta) -> dist.Store | None:
     With the c10d rendezvous the workers of every attempt share the agent's TCPStore, and gloo
     found the dead attempt's peer addresses there: the restarted ranks failed with "Gloo
     connectFullMesh failed ... Connection refused". Prefixing by attempt keeps them apart.
+
+    The attempt is counted by the store, not TORCHELASTIC_RESTART_COUNT: on several hosts,
+    the agents whose own workers did not fail restart them for the membership change, which
+    torchelastic does not count as a restart, so two attempts had one count (measured with
+    scripts/multihost.sh: the second attempt dialled the first's dead ports). Every rank joins
+    once per attempt, so rank r's join count is the attempt's number on every rank.
     """
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None or "MASTER_ADDR" not in os.environ:
@@ -53,7 +59,8 @@ def _restart_scoped_store(timeout: timedelta) -> dist.Store | None:
         timeout=timeout,
         multi_tenant=not agent_hosts,
     )
-    return dist.PrefixStore(f"rec/attempt_{restart}/", store)
+    attempt = store.add(f"rec/joins/rank_{os.environ['RANK']}", 1)
+    return dist.PrefixStore(f"rec/attempt_{attempt}/", store)
 
 
 def init_distributed(cfg: TrainingConfig) -> DistContext:
