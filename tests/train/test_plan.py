@@ -139,3 +139,32 @@ def test_a_plan_that_cannot_fit_is_refused_with_numbers(tmp_path):
     assert proc.returncode == 2
     assert "the sharding plan cannot fit" in proc.stdout
     assert not run.exists()  # refused before launch: nothing written, no rank started
+
+
+def test_plan_json_table_row_wise_bytes_by_hand(tmp_path):
+    """A 300 x 8 table_row_wise on 2 hosts x 2 ranks, batch 64: rows split over one host's
+    ranks g0, g1 (150 each); ids 8 bytes, values 4, W = 4, one id per sample."""
+    config = {
+        "tables": [{"name": "twrw", "rows": 300, "dim": 8, "features": ["f"]}],
+        "features": {"dense": 4},
+        "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+        "training": {"batch_size": 64},
+        "sharding": {"constraints": {"twrw": {"sharding_types": ["table_row_wise"]}}},
+    }
+    report = _plan(tmp_path, "--world-size", "4", "--local-world-size", "2", config=config)
+    (table,) = report["tables"]
+    assert {s["rank"] // 2 for s in table["shards"]} in ({0}, {1})
+    got = {(x["phase"], x["collective"]): (x["within_host"], x["cross_host"])
+           for x in table["traffic"]}  # fmt: skip
+    assert got == {
+        # every rank sends half its 64 ids to each of g0, g1 (256 bytes): 2 flows inside the
+        # host (the other member), 4 from the other host's ranks
+        ("input_dist", "all_to_all"): (2 * 256, 4 * 256),
+        # g0 and g1 reduce-scatter partial sums of 4 ranks' samples: each sends the other
+        # 2 ranks' worth, 2 x 64 x 8 x 4 = 4096
+        ("forward", "reduce_scatter"): (2 * 4096, 0),
+        # then each sends its reduced rows to the same local rank on the other host: 2048 each
+        ("forward", "all_to_all"): (0, 2 * 2048),
+        ("backward", "all_to_all"): (0, 2 * 2048),
+        ("backward", "all_gather"): (2 * 4096, 0),
+    }
