@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -120,3 +121,8 @@ def gather_rows(t: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
     return torch.cat([p[: int(k)] for p, k in zip(parts, sizes, strict=True)])
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

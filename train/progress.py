@@ -74,6 +74,21 @@ class Progress:
                            for k, v in metrics.items())  # fmt: skip
         print(f"eval @ step {step}: {parts}", flush=True)
 
+    def memory(self, step: int, peak_rss: list[int], planned: list[int]) -> None:
+        """Per rank: peak RSS against the plan's estimate for the rank's shards (tables,
+        optimizer state, buffers); the rest is the process (torch, the dense model, data)."""
+        self.write({"kind": "memory", "step": step, "peak_rss_bytes": peak_rss,
+                    "plan_shard_bytes": planned})  # fmt: skip
+        for rank, (peak, plan) in enumerate(zip(peak_rss, planned, strict=True)):
+            log(
+                f"rank {rank}: peak RSS {_gib(peak)}; the plan's estimate for its shards "
+                f"{_gib(plan)}"
+            )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1024**3:.3f} GiB"
+
 
 def log(msg: str) -> None:
     print(f"[rec train] {msg}", file=sys.stdout, flush=True)

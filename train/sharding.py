@@ -215,8 +215,10 @@ def format_plan(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def write_plan(path: Path, rows: list[dict[str, Any]], world_size: int) -> None:
-    path.write_text(json.dumps({"world_size": world_size, "tables": rows}, indent=2) + "\n")
+def write_plan(path: Path, report: dict[str, Any]) -> None:
+    """plan.json: the plan rows under "tables" (with "world_size"), and rec.train.plan_stats'
+    numbers beside them (memory and time per rank, bytes per collective, host totals)."""
+    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def plan_for(cfg: RecConfig, model: nn.Module, world_size: int, compute_device: str = "cpu"):

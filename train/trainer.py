@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -25,9 +26,15 @@ from rec.config import RecConfig
 from rec.data import make_source
 from rec.data.source import empty_rows
 from rec.model import TrainModel, build_model, embedding_modules, table_rows
-from rec.train import sharding
+from rec.train import plan_stats, sharding
 from rec.train.checkpoint import Checkpointer
-from rec.train.distributed import DistContext, all_mean, gather_rows, init_distributed
+from rec.train.distributed import (
+    DistContext,
+    all_mean,
+    gather_rows,
+    init_distributed,
+    peak_rss_bytes,
+)
 from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
 from rec.train.progress import Progress, log, plot_metrics
 from rec.versions import library_versions
@@ -90,9 +97,13 @@ class Trainer:
             TrainPipelineSparseDist if cfg.training.pipeline == "sparse_dist" else TrainPipelineBase
         )
         self.pipeline = pipeline_cls(self.dmp, self.optimizer, ctx.device)
-        if ctx.is_main:
+        self.plan_report: dict[str, Any] = {}
+        if ctx.is_main:  # the planner ran here (collective_plan), so its estimates are here
+            topology = dataclasses.asdict(cfg.sharding.topology)
+            capture = sharding.planner_capture(planner)
+            self.plan_report = plan_stats.plan_report(plan, capture, topology)
             print(sharding.format_plan(self.plan_rows), flush=True)
-            sharding.write_plan(self.run / run_dir.PLAN_FILE, self.plan_rows, ctx.world_size)
+            sharding.write_plan(self.run / run_dir.PLAN_FILE, self.plan_report)
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -236,7 +247,18 @@ class Trainer:
                 self.save(metrics)
             if progress:
                 progress.pause(time.perf_counter() - t0)
+        self._report_memory(progress)
         return metrics
+
+    def _report_memory(self, progress: Progress | None) -> None:
+        """Every rank's peak RSS, gathered, next to the plan's estimate for its shards."""
+        peak = torch.tensor([peak_rss_bytes()], dtype=torch.int64, device=self.ctx.device)
+        peaks = [torch.zeros_like(peak) for _ in range(self.ctx.world_size)]
+        dist.all_gather(peaks, peak)
+        if progress:
+            planned = [r["host_memory"]["used"] + r["device_memory"]["used"]
+                       for r in self.plan_report["ranks"]]  # fmt: skip
+            progress.memory(self.pos.step, [int(p) for p in peaks], planned)
 
     def _train_segment(self, batches, positions: deque, total: int, progress) -> None:
         log_every = self.cfg.training.log_every
