@@ -305,7 +305,10 @@ def _least_storage(search_space: list[ShardingOption]) -> dict[str, tuple[int, i
 
 
 def refusal(cfg: RecConfig, planner, error: PlannerError) -> str:
-    """Why no plan fits, per rank: the least memory a rank needs against what it has."""
+    """Why no plan fits, per rank: the least memory a rank needs against what it has.
+
+    TorchRec's error names global totals only; the per-shard estimates it planned with are in
+    its enumerator's search space (planner._enumerator, not public API in torchrec 1.8.0)."""
     capture = planner_capture(planner)
     topology = capture.topology or planner._topology
     reserved = (capture.reserved or topology).devices[0].storage

@@ -169,6 +169,8 @@ def make_planner(
 
 
 def planner_capture(planner: EmbeddingShardingPlanner) -> PlanCapture:
+    # The planner keeps the stats it was given in `_stats` (torchrec 1.8.0); make_planner put
+    # exactly one PlanCapture there.
     return next(s for s in planner._stats if isinstance(s, PlanCapture))
 
 
