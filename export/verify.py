@@ -16,6 +16,9 @@ from typing import Any
 import torch
 
 from rec.batch import RecBatch
+from rec.metrics import AUC, AUC_PER_TASK, auc, log_loss, quality
+
+__all__ = ["auc", "log_loss", "quality"]  # the metrics live in rec.metrics; these names stay
 
 # Exported / float AUC: MLPerf DLRM's high-accuracy ratio for 8 bits; int4 gets 99 %.
 AUC_RATIO_BAR = {"int8": 0.999, "int4": 0.99, "fp16": 0.999, "fp32": 0.999}
@@ -27,43 +30,6 @@ Scorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 class VerificationError(RuntimeError):
     """An exported artifact does not compute what the in-memory model computes."""
-
-
-def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """Area under the ROC curve of one task (ties get their average rank); nan if one class."""
-    scores, labels = scores.double().reshape(-1), labels.double().reshape(-1)
-    n_pos = float(labels.sum())
-    n_neg = labels.numel() - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return math.nan
-    order = torch.argsort(scores)
-    sorted_scores = scores[order]
-    _, inverse, counts = torch.unique_consecutive(
-        sorted_scores, return_inverse=True, return_counts=True
-    )
-    ends = torch.cumsum(counts, 0).double()
-    avg_rank = (ends - (counts.double() - 1) / 2)[inverse]  # 1-based average rank per position
-    rank_pos = float((avg_rank * labels[order]).sum())
-    return (rank_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-
-
-def log_loss(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    p = scores.double().clamp(1e-7, 1 - 1e-7)
-    y = labels.double()
-    return float(-(y * p.log() + (1 - y) * (1 - p).log()).mean())
-
-
-def quality(
-    scores: torch.Tensor, labels: torch.Tensor, tasks: list[str] | None = None
-) -> dict[str, Any]:
-    """Mean AUC and log loss over tasks; scores and labels [S, T]. With several tasks, also
-    each task's AUC under its name (`tasks`, default task_0, task_1, ...)."""
-    aucs = [auc(scores[:, t], labels[:, t]) for t in range(scores.shape[1])]
-    out: dict[str, Any] = {"auc": sum(aucs) / len(aucs), "log_loss": log_loss(scores, labels)}
-    if len(aucs) > 1:
-        names = tasks or [f"task_{t}" for t in range(len(aucs))]
-        out["auc_per_task"] = dict(zip(names, aucs, strict=True))
-    return out
 
 
 def score_all(
@@ -120,12 +86,12 @@ def summarize(
         if fmt == "float":
             continue
         q = quality(s, labels, tasks)
-        q["auc_ratio"] = _ratio(q["auc"], base["auc"])
+        q["auc_ratio"] = _ratio(q[AUC], base[AUC])
         ratios = [q["auc_ratio"]]
-        if "auc_per_task" in q:
+        if AUC_PER_TASK in q:
             q["auc_ratio_per_task"] = {
-                name: _ratio(value, base["auc_per_task"][name])
-                for name, value in q["auc_per_task"].items()
+                name: _ratio(value, base[AUC_PER_TASK][name])
+                for name, value in q[AUC_PER_TASK].items()
             }
             ratios += q["auc_ratio_per_task"].values()
         q["max_abs_diff_vs_float"] = max_diff(s, scores["float"])

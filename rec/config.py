@@ -455,21 +455,34 @@ class TableConstraint:
 
 @dataclass
 class TopologyConfig:
-    """The planner's view of the hardware. 0 means: take it from the environment / TorchRec."""
+    """The planner's view of the hardware, per rank. Defaults are TorchRec's own
+    (torchrec.distributed.planner.constants: HBM_CAP, DDR_CAP, INTRA_NODE_BANDWIDTH,
+    CROSS_NODE_BANDWIDTH; its planner's 15% storage reservation)."""
 
     local_world_size: int = 0
-    """Ranks per host (default: LOCAL_WORLD_SIZE from the launcher). Smaller than the world
-    size simulates several hosts, which is what table_row_wise and grid_shard plan over."""
-    hbm_cap_gb: float = 0
-    """Accelerator memory per rank in GiB (GPU only)."""
-    ddr_cap_gb: float = 0
-    """Host memory per rank in GiB."""
-    intra_host_bw_gbps: float = 0
-    inter_host_bw_gbps: float = 0
+    """Ranks per host (0: LOCAL_WORLD_SIZE from the launcher). Smaller than the world size
+    simulates several hosts, which is what table_row_wise and grid_shard plan over."""
+    device_memory_gib: float = 32
+    """Accelerator (HBM) memory per rank in GiB; counted only with a CUDA compute device."""
+    host_memory_gib: float = 128
+    """Host (DDR) memory per rank in GiB; on a CPU compute device the tables live here."""
+    intra_host_bandwidth_gib_s: float = 600
+    """Bandwidth between two ranks of one host (NVLink, shared memory), GiB/s."""
+    cross_host_bandwidth_gib_s: float = 12.5
+    """Bandwidth between ranks of different hosts (the network), GiB/s."""
     storage_reserve_percent: float = 15
-    """Share of memory the planner keeps free for activations and other tensors."""
+    """Share of device memory the planner keeps free for activations and other tensors
+    (TorchRec's FixedPercentageStorageReservation, which reserves device memory only)."""
 
     def __post_init__(self) -> None:
+        _check(
+            isinstance(self.local_world_size, int) and self.local_world_size >= 0,
+            f"sharding.topology.local_world_size={self.local_world_size!r} must be >= 0 "
+            "(0: from the launcher)",
+        )
+        for name in ("device_memory_gib", "host_memory_gib", "intra_host_bandwidth_gib_s",
+                     "cross_host_bandwidth_gib_s"):  # fmt: skip
+            _positive(f"sharding.topology.{name}", getattr(self, name))
         _check(
             0 <= self.storage_reserve_percent < 100,
             f"sharding.topology.storage_reserve_percent={self.storage_reserve_percent!r} "

@@ -129,14 +129,15 @@ def predict(cfg: PredictConfig) -> Prediction:
     if labels is not None:
         import torch
 
-        from rec.export.verify import quality as measure
+        from rec import metrics
 
-        quality = measure(torch.from_numpy(scores), torch.from_numpy(labels), spec.labels)
+        quality = metrics.quality(torch.from_numpy(scores), torch.from_numpy(labels), spec.labels)
         print(
-            f"{len(scores)} rows: AUC {quality['auc']:.6f}, log loss {quality['log_loss']:.6f}",
+            f"{len(scores)} rows: AUC {quality[metrics.AUC]:.6f}, "
+            f"log loss {quality[metrics.LOG_LOSS]:.6f}",
             file=sys.stderr,
         )
-        for task, value in quality.get("auc_per_task", {}).items():
+        for task, value in quality.get(metrics.AUC_PER_TASK, {}).items():
             print(f"  {task}: AUC {value:.6f}", file=sys.stderr)
     return Prediction(scores, quality)
 

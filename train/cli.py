@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -61,19 +62,16 @@ def train_command(config, run_dir, nproc, resume, max_restarts) -> None:
     "--local-world-size",
     type=click.IntRange(min=1),
     default=None,
-    help="Ranks per host (default: all on one host).",
+    help="Ranks per host (default: sharding.topology.local_world_size, else all on one host).",
 )
-def plan_command(config, world_size, local_world_size) -> None:
-    """Print the sharding plan for a config and world size, without training."""
-    from rec.config import load_config
-    from rec.model import TrainModel, build_model
-    from rec.train import sharding
+@click.option("--json", "as_json", is_flag=True, help="The whole report as JSON, for scripts.")
+def plan_command(config, world_size, local_world_size, as_json) -> None:
+    """The sharding plan for a config and world size, with memory per rank against capacity,
+    estimated step time and bytes per collective within and across hosts; no training."""
+    from rec.train.plan_stats import format_report, plan_report_for
 
-    cfg = load_config(config)
-    if local_world_size:
-        cfg.sharding.topology.local_world_size = local_world_size
-    plan = sharding.plan_for(cfg, TrainModel(build_model(cfg, "meta")), world_size)
-    click.echo(sharding.format_plan(sharding.plan_rows(plan)))
+    report = plan_report_for(config, world_size, local_world_size)
+    click.echo(json.dumps(report, indent=1) if as_json else format_report(report))
 
 
 COMMANDS = [train_command, plan_command]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -40,6 +41,12 @@ def _restart_scoped_store(timeout: timedelta) -> dist.Store | None:
     With the c10d rendezvous the workers of every attempt share the agent's TCPStore, and gloo
     found the dead attempt's peer addresses there: the restarted ranks failed with "Gloo
     connectFullMesh failed ... Connection refused". Prefixing by attempt keeps them apart.
+
+    The attempt is counted by the store, not TORCHELASTIC_RESTART_COUNT: on several hosts,
+    the agents whose own workers did not fail restart them for the membership change, which
+    torchelastic does not count as a restart, so two attempts had one count (measured with
+    scripts/multihost.sh: the second attempt dialled the first's dead ports). Every rank joins
+    once per attempt, so rank r's join count is the attempt's number on every rank.
     """
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None or "MASTER_ADDR" not in os.environ:
@@ -53,7 +60,8 @@ def _restart_scoped_store(timeout: timedelta) -> dist.Store | None:
         timeout=timeout,
         multi_tenant=not agent_hosts,
     )
-    return dist.PrefixStore(f"rec/attempt_{restart}/", store)
+    attempt = store.add(f"rec/joins/rank_{os.environ['RANK']}", 1)
+    return dist.PrefixStore(f"rec/attempt_{attempt}/", store)
 
 
 def init_distributed(cfg: TrainingConfig) -> DistContext:
@@ -99,3 +107,22 @@ def all_mean(value: float, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t.item()) / dist.get_world_size()
+
+
+def gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows of `t` ([n_rank, ...], n_rank may differ), concatenated in rank order,
+    on every rank."""
+    world = dist.get_world_size()
+    n = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    padded = t.new_zeros((int(max(sizes)), *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(k)] for p, k in zip(parts, sizes, strict=True)])
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -17,6 +17,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from rec import factory, resources, run_dir
 from rec.config import RecConfig, load_config
 from rec.features import SPEC_FILE, feature_spec
+from rec.train.plan_stats import check_plan_fits
 
 
 class RunDirExistsError(FileExistsError):
@@ -106,9 +107,11 @@ def train(
     if cfg is not None:  # before the run directory is made: a refused run leaves nothing
         factory.check(cfg)
         resources.check_training(cfg, nproc, run)
+        check_plan_fits(cfg, nproc)
     cfg = prepare_run_dir(cfg, run, resume)
     if resume:
         factory.check(cfg)
         resources.check_training(cfg, nproc, run, resume=True)
+        check_plan_fits(cfg, nproc)
     launch(run, nproc, resume, max_restarts)
     return run

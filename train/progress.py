@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rec.metrics import AUC, LOG_LOSS
+
 
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
@@ -66,11 +68,26 @@ class Progress:
         )
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
-        self.last_auc = metrics["auc"]
+        self.last_auc = metrics[AUC]
         self.write({"kind": "eval", "step": step, **metrics})
         parts = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                            for k, v in metrics.items())  # fmt: skip
         print(f"eval @ step {step}: {parts}", flush=True)
+
+    def memory(self, step: int, peak_rss: list[int], planned: list[int]) -> None:
+        """Per rank: peak RSS against the plan's estimate for the rank's shards (tables,
+        optimizer state, buffers); the rest is the process (torch, the dense model, data)."""
+        self.write({"kind": "memory", "step": step, "peak_rss_bytes": peak_rss,
+                    "plan_shard_bytes": planned})  # fmt: skip
+        for rank, (peak, plan) in enumerate(zip(peak_rss, planned, strict=True)):
+            log(
+                f"rank {rank}: peak RSS {_gib(peak)}; the plan's estimate for its shards "
+                f"{_gib(plan)}"
+            )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1024**3:.3f} GiB"
 
 
 def log(msg: str) -> None:
@@ -89,11 +106,12 @@ def plot_metrics(metrics_path: Path, out: Path) -> Path:
     evals = [r for r in records if r["kind"] == "eval"]
     fig, (ax_loss, ax_auc) = plt.subplots(1, 2, figsize=(10, 3.6))
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
-    ax_loss.plot([r["step"] for r in evals], [r["logloss"] for r in evals], "o-",
-                 label="held-out log loss")  # fmt: skip
+    # Runs started before rec.metrics named it log_loss logged "logloss".
+    losses = [r.get(LOG_LOSS, r.get("logloss")) for r in evals]
+    ax_loss.plot([r["step"] for r in evals], losses, "o-", label="held-out log loss")
     ax_loss.set_xlabel("step")
     ax_loss.legend()
-    ax_auc.plot([r["step"] for r in evals], [r["auc"] for r in evals], "o-", color="C2")
+    ax_auc.plot([r["step"] for r in evals], [r[AUC] for r in evals], "o-", color="C2")
     ax_auc.set_xlabel("step")
     ax_auc.set_ylabel("held-out AUC")
     for ax in (ax_loss, ax_auc):

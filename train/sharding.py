@@ -19,11 +19,12 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Stats
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
-from rec.config import SEQUENCE_SHARDING_TYPES, RecConfig
+from rec.config import SEQUENCE_SHARDING_TYPES, ConfigError, RecConfig
 
 GiB = 1024**3
 # The planner warns on every directly built Topology and on dry-run size estimates; neither
@@ -55,24 +56,25 @@ def make_sharders() -> list[ModuleSharder]:
 
 
 def make_topology(cfg: RecConfig, world_size: int, compute_device: str) -> Topology:
-    """The planner's view of the hardware: config values where given, else the launcher's env."""
+    """The planner's view of the hardware: the config's `sharding.topology` (TorchRec's
+    defaults unless set), and ranks per host from it or else from the launcher's env."""
     topo = cfg.sharding.topology
     local = topo.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if world_size % local != 0:
-        raise ValueError(
+        raise ConfigError(
             f"sharding.topology.local_world_size={local} does not divide the world size "
             f"{world_size}; hosts must have the same number of ranks"
         )
-    kwargs: dict[str, Any] = {"local_world_size": local}
-    if topo.hbm_cap_gb:
-        kwargs["hbm_cap"] = int(topo.hbm_cap_gb * GiB)
-    if topo.ddr_cap_gb:
-        kwargs["ddr_cap"] = int(topo.ddr_cap_gb * GiB)
-    if topo.intra_host_bw_gbps:
-        kwargs["intra_host_bw"] = topo.intra_host_bw_gbps * GiB
-    if topo.inter_host_bw_gbps:
-        kwargs["inter_host_bw"] = topo.inter_host_bw_gbps * GiB
-    return Topology(world_size=world_size, compute_device=compute_device, **kwargs)
+    return Topology(
+        world_size=world_size,
+        compute_device=compute_device,
+        local_world_size=local,
+        hbm_cap=int(topo.device_memory_gib * GiB),
+        ddr_cap=int(topo.host_memory_gib * GiB),
+        # TorchRec's bandwidths are in bytes per millisecond.
+        intra_host_bw=topo.intra_host_bandwidth_gib_s * GiB / 1000,
+        inter_host_bw=topo.cross_host_bandwidth_gib_s * GiB / 1000,
+    )
 
 
 def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, ParameterConstraints]:
@@ -102,18 +104,74 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
     return out
 
 
+class OrderedEnumerator(EmbeddingEnumerator):
+    """TorchRec's enumerator with the sharding types and kernels in the sharder's order.
+
+    With constraints, TorchRec intersects the allowed and constrained types as Python sets,
+    whose order changes with the interpreter's string-hash seed (PYTHONHASHSEED). Where two
+    options rate the same (a column_wise table of one shard costs what table_wise does), the
+    planner keeps the first it met, so `rec plan` printed column_wise in one run and
+    table_wise in the next. Keeping the sharder's list order makes the plan a function of
+    the config alone.
+    """
+
+    def _filter_sharding_types(
+        self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
+    ) -> list[str]:
+        kept = set(super()._filter_sharding_types(name, allowed_sharding_types, sharder_key))
+        return [t for t in allowed_sharding_types if t in kept]
+
+    def _filter_compute_kernels(
+        self, name: str, allowed_compute_kernels: list[str], sharding_type: str
+    ) -> list[str]:
+        kept = set(super()._filter_compute_kernels(name, allowed_compute_kernels, sharding_type))
+        return [k for k in allowed_compute_kernels if k in kept]
+
+
+class PlanCapture(Stats):
+    """Keeps what the planner reports at the end of `plan()`: the chosen sharding options
+    (each shard with its rank, storage and perf estimate), the topology and the reservation.
+    On failure TorchRec reports its last proposal instead, with every shard at rank -1."""
+
+    def __init__(self) -> None:
+        self.best_plan: list[ShardingOption] = []
+        self.topology: Topology | None = None
+        self.reserved: Topology | None = None
+        self.batch_size = 0
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals,
+            num_plans, run_time, best_plan, *args, **kwargs) -> None:  # fmt: skip
+        self.best_plan = list(best_plan)
+        self.topology = topology
+        self.batch_size = batch_size
+        self.reserved = getattr(storage_reservation, "last_reserved_topology", None)
+
+
 def make_planner(
     cfg: RecConfig, world_size: int, compute_device: str, batch_size: int | None = None
 ) -> EmbeddingShardingPlanner:
+    """TorchRec's planner over the config's topology and constraints; its `stats` is a
+    PlanCapture (`planner_capture(planner)`), which `rec plan` turns into numbers."""
+    topology = make_topology(cfg, world_size, compute_device)
+    batch_size = batch_size or cfg.training.batch_size
+    constraints = make_constraints(cfg, compute_device)
     return EmbeddingShardingPlanner(
-        topology=make_topology(cfg, world_size, compute_device),
-        batch_size=batch_size or cfg.training.batch_size,
+        topology=topology,
+        batch_size=batch_size,
+        enumerator=OrderedEnumerator(topology, batch_size, constraints),
         storage_reservation=FixedPercentageStorageReservation(
             percentage=cfg.sharding.topology.storage_reserve_percent / 100
         ),
-        constraints=make_constraints(cfg, compute_device),
+        constraints=constraints,
+        stats=PlanCapture(),
         debug=False,
     )
+
+
+def planner_capture(planner: EmbeddingShardingPlanner) -> PlanCapture:
+    # The planner keeps the stats it was given in `_stats` (torchrec 1.8.0); make_planner put
+    # exactly one PlanCapture there.
+    return next(s for s in planner._stats if isinstance(s, PlanCapture))
 
 
 def plan_rows(plan: ShardingPlan) -> list[dict[str, Any]]:
@@ -159,14 +217,19 @@ def format_plan(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def write_plan(path: Path, rows: list[dict[str, Any]], world_size: int) -> None:
-    path.write_text(json.dumps({"world_size": world_size, "tables": rows}, indent=2) + "\n")
+def write_plan(path: Path, report: dict[str, Any]) -> None:
+    """plan.json: the plan rows under "tables" (with "world_size"), and rec.train.plan_stats'
+    numbers beside them (memory and time per rank, bytes per collective, host totals)."""
+    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def plan_for(cfg: RecConfig, model: nn.Module, world_size: int, compute_device: str = "cpu"):
-    """Plans `model` for `world_size` ranks in this one process (no process group): `rec plan`."""
+    """Plans `model` for `world_size` ranks in this one process (no process group): `rec plan`.
+
+    Returns the ShardingPlan and the planner's PlanCapture (per-shard storage and perf)."""
     planner = make_planner(cfg, world_size, compute_device)
-    return planner.plan(model, make_sharders())
+    plan = planner.plan(model, make_sharders())
+    return plan, planner_capture(planner)
 
 
 def compute_device_type(device: torch.device) -> str:

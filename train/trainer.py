@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -14,21 +15,26 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torchmetrics
 from torchrec.datasets.utils import Batch
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingEnv
 
-from rec import run_dir
+from rec import metrics, run_dir
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data import make_source
 from rec.data.source import empty_rows
 from rec.model import TrainModel, build_model, embedding_modules, table_rows
-from rec.train import sharding
+from rec.train import plan_stats, sharding
 from rec.train.checkpoint import Checkpointer
-from rec.train.distributed import DistContext, all_mean, init_distributed
+from rec.train.distributed import (
+    DistContext,
+    all_mean,
+    gather_rows,
+    init_distributed,
+    peak_rss_bytes,
+)
 from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
 from rec.train.progress import Progress, log, plot_metrics
 from rec.versions import library_versions
@@ -91,9 +97,13 @@ class Trainer:
             TrainPipelineSparseDist if cfg.training.pipeline == "sparse_dist" else TrainPipelineBase
         )
         self.pipeline = pipeline_cls(self.dmp, self.optimizer, ctx.device)
-        if ctx.is_main:
+        self.plan_report: dict[str, Any] = {}
+        if ctx.is_main:  # the planner ran here (collective_plan), so its estimates are here
+            topology = dataclasses.asdict(cfg.sharding.topology)
+            capture = sharding.planner_capture(planner)
+            self.plan_report = plan_stats.plan_report(plan, capture, topology)
             print(sharding.format_plan(self.plan_rows), flush=True)
-            sharding.write_plan(self.run / run_dir.PLAN_FILE, self.plan_rows, ctx.world_size)
+            sharding.write_plan(self.run / run_dir.PLAN_FILE, self.plan_report)
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -145,42 +155,22 @@ class Trainer:
     # ---- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """AUC (per task and their mean) and log loss on the held-out split, gathered over all
-        ranks by torchmetrics."""
-        num_tasks = self.cfg.model.num_tasks
-        aucs = [
-            torchmetrics.classification.BinaryAUROC().to(self.ctx.device) for _ in range(num_tasks)
-        ]
-        logloss = torchmetrics.MeanMetric().to(self.ctx.device)
+        """AUC (their mean, and per task with several) and log loss on the held-out split:
+        every rank's probabilities and labels gathered, then rec.metrics, as export's
+        verification and `rec predict` compute them."""
+        probs, labels = [], []
         self.dmp.eval()
         try:
             for _, all_logits, all_labels in self._eval_outputs(self._eval_batches()):
-                # Every rank updates every batch, with no rows if all are padding: a metric
-                # never updated on one rank would not take part in the gather across ranks.
-                real = all_labels[:, 0] != PAD_LABEL
-                logits, labels = all_logits[real], all_labels[real]
-                per_sample = torch.nn.functional.binary_cross_entropy_with_logits(
-                    logits, labels, reduction="none"
-                )
-                logloss.update(per_sample)
-                probs = torch.sigmoid(logits)
-                for t, auc in enumerate(aucs):
-                    auc.update(probs[:, t], labels[:, t].long())
+                real = all_labels[:, 0] != PAD_LABEL  # padding rows are left out
+                probs.append(torch.sigmoid(all_logits[real]).float())
+                labels.append(all_labels[real].float())
         finally:
             self.dmp.train()
-        per_task = [float(a.compute()) for a in aucs]
-        # "auc" is the mean over tasks (what export's verification compares); with several
-        # tasks each has its own, auc_<task name>.
-        out = {"auc": sum(per_task) / num_tasks}
-        if num_tasks > 1:
-            out.update(
-                {
-                    f"auc_{name}": a
-                    for name, a in zip(self.cfg.model.task_names, per_task, strict=True)
-                }
-            )
-        out["logloss"] = float(logloss.compute())
-        return out
+        # Every rank takes part in the gather, with no rows if all of its rows were padding.
+        all_probs, all_labels = gather_rows(torch.cat(probs)), gather_rows(torch.cat(labels))
+        return metrics.flat(metrics.quality(all_probs.cpu(), all_labels.cpu(),
+                                            self.cfg.model.task_names))  # fmt: skip
 
     def _eval_batches(self) -> Iterator[Batch]:
         """Every held-out sample once (up to training.eval_batches per rank). Sharded forwards
@@ -257,7 +247,18 @@ class Trainer:
                 self.save(metrics)
             if progress:
                 progress.pause(time.perf_counter() - t0)
+        self._report_memory(progress)
         return metrics
+
+    def _report_memory(self, progress: Progress | None) -> None:
+        """Every rank's peak RSS, gathered, next to the plan's estimate for its shards."""
+        peak = torch.tensor([peak_rss_bytes()], dtype=torch.int64, device=self.ctx.device)
+        peaks = [torch.zeros_like(peak) for _ in range(self.ctx.world_size)]
+        dist.all_gather(peaks, peak)
+        if progress:
+            planned = [r["host_memory"]["used"] + r["device_memory"]["used"]
+                       for r in self.plan_report["ranks"]]  # fmt: skip
+            progress.memory(self.pos.step, [int(p) for p in peaks], planned)
 
     def _train_segment(self, batches, positions: deque, total: int, progress) -> None:
         log_every = self.cfg.training.log_every

@@ -10,6 +10,19 @@ def test_default_config_is_valid_and_consistent():
     assert len(cfg.features.dense_names) == cfg.features.dense
 
 
+def test_topology_defaults_are_torchrecs():
+    """The planner's defaults, in the config's units (GiB, GiB/s; TorchRec: bytes, bytes/ms)."""
+    from torchrec.distributed.planner import constants
+
+    topo = default_config().sharding.topology
+    gib = 1024**3
+    assert topo.device_memory_gib * gib == constants.HBM_CAP
+    assert topo.host_memory_gib * gib == constants.DDR_CAP
+    assert topo.intra_host_bandwidth_gib_s * gib / 1000 == constants.INTRA_NODE_BANDWIDTH
+    assert topo.cross_host_bandwidth_gib_s * gib / 1000 == constants.CROSS_NODE_BANDWIDTH
+    assert topo.storage_reserve_percent == 15  # EmbeddingShardingPlanner's default reservation
+
+
 def test_yaml_round_trip(tmp_path):
     cfg = config_from_dict({"training": {"batch_size": 32}})
     path = tmp_path / "c.yaml"
@@ -32,6 +45,23 @@ def test_yaml_round_trip(tmp_path):
         ({"model": {"dense_arch": [64, 32]}}, "must end in the embedding dim 16"),
         ({"training": {"steps": "many"}}, "training.steps='many' must be of type int"),
         ({"data": {"source": "csv"}}, "needs data.train_paths"),
+        (
+            {"sharding": {"topology": {"cross_host_bandwidth_gib_s": 0}}},
+            "sharding.topology.cross_host_bandwidth_gib_s=0.0 must be a positive number",
+        ),
+        (
+            {"sharding": {"topology": {"host_memory_gib": -2}}},
+            "sharding.topology.host_memory_gib=-2.0 must be a positive number",
+        ),
+        (
+            {"sharding": {"topology": {"storage_reserve_percent": 100}}},
+            "storage_reserve_percent=100.0 must be in [0, 100)",
+        ),
+        (
+            {"sharding": {"topology": {"local_world_size": -1}}},
+            "sharding.topology.local_world_size=-1 must be >= 0",
+        ),
+        ({"sharding": {"topology": {"hbm_cap_gb": 8}}}, "unknown key(s) ['hbm_cap_gb']"),
     ],
 )
 def test_bad_values_are_named(data, needle):

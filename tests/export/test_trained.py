@@ -24,7 +24,7 @@ def test_sharded_checkpoint_loads_the_trained_model(trained_runs, layout):
     assert samples == 1850
     trainer = loaded.meta["eval"]
     assert q["auc"] == pytest.approx(trainer["auc"], abs=2e-6)
-    assert q["log_loss"] == pytest.approx(trainer["logloss"], abs=2e-6)
+    assert q["log_loss"] == pytest.approx(trainer["log_loss"], abs=2e-6)
     assert trainer["auc"] > 0.55  # it did learn something
 
 

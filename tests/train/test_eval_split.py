@@ -21,4 +21,4 @@ def test_a_rank_without_held_out_samples_still_evaluates(tmp_path):
     q, samples, _ = unsharded_eval(run)
     assert samples == 100
     assert q["auc"] == pytest.approx(meta["eval"]["auc"], abs=2e-6)
-    assert q["log_loss"] == pytest.approx(meta["eval"]["logloss"], abs=2e-6)
+    assert q["log_loss"] == pytest.approx(meta["eval"]["log_loss"], abs=2e-6)

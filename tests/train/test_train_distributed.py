@@ -81,7 +81,22 @@ def test_every_sharding_type_trains_and_saves(mixed_run):
     assert meta["world_size"] == 2 and meta["step"] == 40
     evals = [m for m in _metrics(run) if m["kind"] == "eval"]
     assert [m["step"] for m in evals] == [20, 40]
-    assert 0.0 < evals[-1]["logloss"] < 1.0
+    assert 0.0 < evals[-1]["log_loss"] < 1.0
+
+
+def test_run_records_the_plans_numbers_and_memory_per_rank(mixed_run):
+    """plan.json carries rec plan's numbers; the end of the run puts each rank's peak RSS next
+    to the plan's estimate for its shards, in metrics.jsonl and the output."""
+    run, out = mixed_run
+    plan = json.loads((run / run_dir.PLAN_FILE).read_text())
+    assert [r["rank"] for r in plan["ranks"]] == [0, 1]
+    assert all(t["traffic"] or t["sharding_type"] == "data_parallel" for t in plan["tables"])
+    (memory,) = [m for m in _metrics(run) if m["kind"] == "memory"]
+    assert memory["step"] == 40
+    assert memory["plan_shard_bytes"] == [r["host_memory"]["used"] for r in plan["ranks"]]
+    # a rank's process (torch, torchrec, fbgemm) is far above its few KiB of tables
+    assert all(peak > 100 * 2**20 for peak in memory["peak_rss_bytes"])
+    assert "rank 1: peak RSS" in out and "the plan's estimate for its shards" in out
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
