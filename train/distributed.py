@@ -20,6 +20,9 @@ class DistContext:
     local_rank: int
     device: torch.device
     backend: str
+    # Which start of the workers this is, counted by the store (1: the first). Every rank of an
+    # attempt sees the same number, unlike TORCHELASTIC_RESTART_COUNT (see _restart_scoped_store).
+    attempt: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -35,8 +38,9 @@ def pick_device(cfg: TrainingConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _restart_scoped_store(timeout: timedelta) -> dist.Store | None:
-    """After an elastic restart, a store whose keys belong to this attempt alone.
+def _restart_scoped_store(timeout: timedelta) -> tuple[dist.Store, int] | None:
+    """Under torchelastic, a store whose keys belong to this attempt alone, and the attempt's
+    number (1 for the first start of the workers).
 
     With the c10d rendezvous the workers of every attempt share the agent's TCPStore, and gloo
     found the dead attempt's peer addresses there: the restarted ranks failed with "Gloo
@@ -61,7 +65,7 @@ def _restart_scoped_store(timeout: timedelta) -> dist.Store | None:
         multi_tenant=not agent_hosts,
     )
     attempt = store.add(f"rec/joins/rank_{os.environ['RANK']}", 1)
-    return dist.PrefixStore(f"rec/attempt_{attempt}/", store)
+    return dist.PrefixStore(f"rec/attempt_{attempt}/", store), attempt
 
 
 def init_distributed(cfg: TrainingConfig) -> DistContext:
@@ -80,12 +84,14 @@ def init_distributed(cfg: TrainingConfig) -> DistContext:
     backend = (
         cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     )
+    attempt = 1
     if not dist.is_initialized():
         timeout = timedelta(seconds=cfg.pg_timeout_s)
-        store = _restart_scoped_store(timeout)
-        if store is None:
+        scoped = _restart_scoped_store(timeout)
+        if scoped is None:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:
+            store, attempt = scoped
             dist.init_process_group(
                 backend=backend,
                 store=store,
@@ -99,6 +105,7 @@ def init_distributed(cfg: TrainingConfig) -> DistContext:
         local_rank=local_rank,
         device=device,
         backend=backend,
+        attempt=attempt,
     )
 
 

@@ -295,13 +295,23 @@ class Trainer:
             log(f"checkpoint committed: {step_dir}")
 
 
+def _resume_point(run: Path, resume: bool) -> Path | None:
+    """The checkpoint every rank resumes from, or None for a fresh start: rank 0's view, sent to
+    all. Ranks that decided apart hung: after a host's ranks were killed, the other host's agent
+    restarted its workers for the membership change without counting a restart, so its ranks
+    started fresh while the killed host's resumed, and their collectives never met."""
+    latest = run_dir.latest_checkpoint(run) if resume else None
+    choice = [str(latest) if latest is not None else None]
+    dist.broadcast_object_list(choice, src=0)
+    return Path(choice[0]) if choice[0] is not None else None
+
+
 def run_training(cfg: RecConfig, run: Path, resume: bool) -> dict[str, float]:
     """The body of every rank. Resumes from LATEST when asked, or after an elastic restart."""
     ctx = init_distributed(cfg.training)
     trainer = Trainer(cfg, run, ctx)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    latest = run_dir.latest_checkpoint(run)
-    if latest is not None and (resume or restarted):
+    latest = _resume_point(run, resume or ctx.attempt > 1)
+    if latest is not None:
         trainer.resume(latest)
     metrics = trainer.fit()
     if ctx.is_main:

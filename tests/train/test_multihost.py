@@ -68,10 +68,24 @@ def two_hosts(tmp_path, tiny_config):
         path = write_config(tmp_path / "cfg.yaml", config)
         env = {**os.environ, "NPROC": "2", "PORT": str(29600 + os.getpid() % 300),
                "MAX_RESTARTS": str(max_restarts)}  # fmt: skip
+        # Its own session, so a hung run is killed whole (torchrun agents and ranks included).
         return subprocess.Popen(["bash", str(SCRIPT), str(path), str(run)], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
 
     return tiny_config, run, start
+
+
+def _finish(script: subprocess.Popen, timeout: float = 300) -> str:
+    """The script's output once it exits; a run still going after `timeout` is killed, with
+    every process it started, and fails the test with the end of its output."""
+    try:
+        out, _ = script.communicate(timeout=timeout)
+        return out
+    except subprocess.TimeoutExpired:
+        os.killpg(script.pid, signal.SIGKILL)
+        out, _ = script.communicate()
+        pytest.fail(f"the two-host run hung for {timeout} s; it ended with:\n{out[-4000:]}")
 
 
 def _kill_second_host_ranks(script: subprocess.Popen, run: Path) -> None:
@@ -95,7 +109,7 @@ def _kill_second_host_ranks(script: subprocess.Popen, run: Path) -> None:
 def test_two_namespace_hosts_train_to_a_committed_checkpoint(two_hosts):
     config, run, start = two_hosts
     script = start(config)
-    out, _ = script.communicate(timeout=300)
+    out = _finish(script)
     assert script.returncode == 0, out[-4000:]
     latest = run_dir.latest_checkpoint(run)
     assert latest is not None and (latest / "COMMITTED").exists()
@@ -119,7 +133,7 @@ def test_one_host_killed_mid_run_every_host_resumes_and_finishes(two_hosts):
     config["checkpoint"]["every_steps"] = 50
     script = start(config, max_restarts=1)
     _kill_second_host_ranks(script, run)
-    out, _ = script.communicate(timeout=300)
+    out = _finish(script)
     assert script.returncode == 0, out[-4000:]
     assert "exitcode: -9" in out  # the kill landed
     assert out.count("[rec train] resumed from") == 1  # rank 0 prints it, once
@@ -135,8 +149,8 @@ def test_resume_a_two_host_run_on_one_host(two_hosts):
     config["checkpoint"]["every_steps"] = 50
     script = start(config)
     _kill_second_host_ranks(script, run)
-    out, _ = script.communicate(timeout=300)
-    assert script.returncode != 0
+    out = _finish(script)
+    assert script.returncode != 0, out[-4000:]
     stopped = run_dir.latest_checkpoint(run)
     assert stopped is not None and run_dir.read_meta(stopped)["world_size"] == 4
     resumed = run_rec("train", "--resume", str(run), "--nproc", "2").stdout
