@@ -46,18 +46,35 @@ def cpp(tiny_repo):
 # scripts/test_sanitized.sh runs the server suites against the ASan/UBSan build with
 # ASAN_OPTIONS/UBSAN_OPTIONS log_path under $REC_SANITIZER_LOGS. A report is written there by
 # whichever process hit it (a server a fixture started, or one `rec serve` spawned), so the run
-# fails on any report even when no test happened to watch that process die.
-def pytest_sessionfinish(session, exitstatus):
+# fails on any report even when no test happened to watch that process die. Each report is
+# named with the test during which it appeared, so a finding can be reproduced alone.
+def _sanitizer_reports() -> set[Path]:
     log_dir = os.environ.get("REC_SANITIZER_LOGS")
     if not log_dir or not Path(log_dir).is_dir():
-        return
-    reports = sorted(p for p in Path(log_dir).iterdir() if p.is_file() and p.stat().st_size)
+        return set()
+    return {p for p in Path(log_dir).iterdir() if p.is_file() and p.stat().st_size}
+
+
+_report_origin: dict[Path, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    for report in _sanitizer_reports() - _report_origin.keys():
+        _report_origin[report] = item.nodeid
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reports = sorted(_sanitizer_reports())
     if not reports:
         return
     terminal = session.config.pluginmanager.get_plugin("terminalreporter")
     terminal.ensure_newline()
     for report in reports:
-        terminal.write_line(f"--- sanitizer report {report.name} ---", red=True)
+        origin = _report_origin.get(report, "session teardown (a shared server)")
+        terminal.write_line(f"--- sanitizer report {report.name}, during {origin} ---", red=True)
         terminal.write_line(report.read_text(errors="replace")[-20000:])
-    terminal.write_line(f"{len(reports)} sanitizer report(s) in {log_dir}", red=True, bold=True)
+    where = reports[0].parent
+    terminal.write_line(f"{len(reports)} sanitizer report(s) in {where}", red=True, bold=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
