@@ -42,6 +42,8 @@ from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear)
+from rec.config import ConfigError
+from rec.cpu import cpu_info
 
 # No `from __future__ import annotations`: TorchScript resolves these annotations at runtime.
 
@@ -172,7 +174,23 @@ def invariant_linear(
         return Int8Linear(weight, bias)
     if dtype != torch.bfloat16 or weight.numel() <= SMALL_LAYER:
         return InvariantLinear(weight, bias)
+    require_bf16_cpu()
     return PackedLinear(weight, bias, dtype)
+
+
+def require_bf16_cpu() -> None:
+    """Refuses bf16 layers on a CPU whose oneDNN has no bf16 inner product: it needs AVX-512
+    (BW, VL, DQ) or AVX-NE-CONVERT (an AVX2-only AMD EPYC has neither; oneDNN's own error
+    there was "mkldnn_reorder_linear_weight: bf16 path needs the cpu support ...")."""
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return
+    info = cpu_info()
+    raise ConfigError(
+        "export.dense_dtype: bf16 runs oneDNN's bf16 inner product, which needs a CPU with "
+        f"AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this one, {info['model']} (kernel flags: "
+        f"{', '.join(info['flags']) or 'none'}), has neither. Use export.dense_dtype: int8 "
+        "(batch invariant on every CPU, and faster) or fp32"
+    )
 
 
 class CrossNet(nn.Module):

@@ -7,9 +7,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+
+# bf16 dense layers are oneDNN's bf16 inner product, which needs AVX-512 (BW, VL, DQ) or
+# AVX-NE-CONVERT; on other CPUs (an AVX2-only AMD EPYC) export refuses bf16, and
+# tests/export/test_torchscript.py checks that refusal instead.
+BF16_CPU = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+needs_bf16_cpu = pytest.mark.skipif(
+    not BF16_CPU,
+    reason="this CPU has no oneDNN bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); export refuses "
+    "bf16 here, which test_bf16_on_a_cpu_without_it_is_refused checks",
+)
 REC = str(Path(sys.executable).parent / "rec")
 
 

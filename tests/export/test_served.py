@@ -16,6 +16,7 @@ from rec.export.module import ServingModule, sample_batch, split_requests
 from rec.export.stream import BITS, quantize_rows
 from rec.model import build_model, table_keys, table_rows
 from tests.export.conftest import tiny_dict
+from tests.helpers import needs_bf16_cpu
 
 I64 = torch.iinfo(torch.int64)
 # Ids that break a naive modulo: int64's extremes, -1, around 2^31, and table sizes' multiples.
@@ -144,7 +145,7 @@ def test_mixed_table_dtypes_read_what_was_stored(arch):
     ("arch", "dense_dtype"),
     [
         ("dlrm_dcn", "fp32"),
-        ("dlrm_dcn", "bf16"),
+        pytest.param("dlrm_dcn", "bf16", marks=needs_bf16_cpu),
         ("dlrm_dcn", "int8"),
         ("dcn_v2", "fp32"),
         ("din", "int8"),

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from rec.config import config_from_dict
+from rec.cpu import cpu_info
 from rec.export.load import load_run
 from rec.export.module import ServingModule, split_requests
 from rec.model import table_rows
 from tests.export.conftest import random_request, tiny_dict
+from tests.helpers import BF16_CPU, needs_bf16_cpu, run_rec
 
 NUM_DENSE, NUM_SPARSE = 4, 5
 
@@ -97,6 +99,7 @@ def test_dlrm_dcn_exports_batch_invariant(tmp_path):
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
 
 
+@needs_bf16_cpu
 @pytest.mark.parametrize("invariant", [True, False])
 def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
     """bf16 dense layers, batch invariant (padded to oneDNN's minimum rows) or not (the same
@@ -130,6 +133,25 @@ def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
     ratio = checks["eval"]["torchscript"]["auc_ratio"]
     assert 0.5 < ratio < 1.5
     assert ("accepted_quality_loss" in checks["eval"]) == (ratio < 0.999)
+
+
+@pytest.mark.skipif(BF16_CPU, reason="this CPU runs oneDNN's bf16; the test above exports it")
+def test_bf16_on_a_cpu_without_it_is_refused(tmp_path):
+    """Where oneDNN has no bf16 inner product, a bf16 export stops with one line naming the
+    CPU and what to use instead, before writing anything."""
+    from tests.export.conftest import write_seeded_run
+
+    data = tiny_dict(dense_dtype="bf16", accept_quality_loss=True)
+    data["model"] = {"arch": "dlrm_dcn", "dense_arch": [16, 8], "over_arch": [96, 1],
+                     "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
+    run = write_seeded_run(tmp_path / "run", data)
+    proc = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), check=False)
+    assert proc.returncode == 2, proc.stdout
+    error = proc.stdout.strip().splitlines()[-1]
+    assert error.startswith("error: export.dense_dtype: bf16"), proc.stdout
+    assert cpu_info()["model"] in error and "dense_dtype: int8" in error
+    assert "Traceback" not in proc.stdout
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").rglob("model.pt"))
 
 
 def test_bf16_that_applies_to_no_layer_says_so(tmp_path):
