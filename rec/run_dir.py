@@ -23,6 +23,7 @@ from typing import Any
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files: `tensorboard --logdir <run>`
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "LATEST"
 COMMITTED_FILE = "COMMITTED"

@@ -1,4 +1,4 @@
-"""Rank 0's progress lines and the run's metrics.jsonl."""
+"""Rank 0's progress lines, the run's metrics.jsonl and its TensorBoard event files."""
 
 from __future__ import annotations
 
@@ -19,13 +19,21 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Prints `step, loss, AUC, samples/s, ETA` lines and appends every record to metrics.jsonl.
+    """Prints `step, loss, AUC, samples/s, ETA` lines and appends every record to metrics.jsonl,
+    and its numbers as scalars to TensorBoard event files in `tensorboard_dir` when given.
 
     Only rank 0 makes one; other ranks pass `None` around.
     """
 
-    def __init__(self, metrics_path: Path, total_steps: int, samples_per_step: int) -> None:
+    def __init__(
+        self,
+        metrics_path: Path,
+        total_steps: int,
+        samples_per_step: int,
+        tensorboard_dir: Path | None = None,
+    ) -> None:
         self.metrics_path = metrics_path
+        self._board = _Board(tensorboard_dir) if tensorboard_dir is not None else None
         self.total_steps = total_steps
         self.samples_per_step = samples_per_step
         self.last_auc: float | None = None
@@ -38,6 +46,12 @@ class Progress:
         record = {"time": round(time.time(), 3), **record}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self._board is not None:
+            self._board.add(record)
+
+    def close(self) -> None:
+        if self._board is not None:
+            self._board.close()
 
     def start(self, step: int) -> None:
         self._step_last = self._step_start = step
@@ -84,6 +98,36 @@ class Progress:
                 f"rank {rank}: peak RSS {_gib(peak)}; the plan's estimate for its shards "
                 f"{_gib(plan)}"
             )
+
+
+class _Board:
+    """metrics.jsonl's records as TensorBoard scalars, through torch's SummaryWriter (the
+    `tensorboard` package's event-file format): `<kind>/<name>` at the record's step, and
+    `<kind>/<name>/rank_<r>` for per-rank lists. A resumed run adds an event file beside the
+    first one; TensorBoard reads them as one run."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def add(self, record: dict[str, Any]) -> None:
+        kind, step = record.get("kind"), record.get("step")
+        if kind is None or step is None:
+            return
+        for name, value in record.items():
+            if name in ("kind", "step", "time"):
+                continue
+            values = value if isinstance(value, list) else [value]
+            for rank, v in enumerate(values):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    continue
+                tag = f"{kind}/{name}/rank_{rank}" if isinstance(value, list) else f"{kind}/{name}"
+                self.writer.add_scalar(tag, v, global_step=step, walltime=record["time"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def _gib(n: float) -> str:

@@ -224,7 +224,8 @@ class Trainer:
         total = self.total_steps()
         progress = None
         if self.ctx.is_main:
-            progress = Progress(self.run / run_dir.METRICS_FILE, total, self.global_batch)
+            progress = Progress(self.run / run_dir.METRICS_FILE, total, self.global_batch,
+                                self.run / run_dir.TENSORBOARD_DIR)  # fmt: skip
             progress.start(self.pos.step)
             log(f"training {total} steps, {self.ctx.world_size} ranks x batch {self.batch_size}")
         positions: deque = deque()
@@ -248,6 +249,8 @@ class Trainer:
             if progress:
                 progress.pause(time.perf_counter() - t0)
         self._report_memory(progress)
+        if progress:
+            progress.close()
         return metrics
 
     def _report_memory(self, progress: Progress | None) -> None:

@@ -99,6 +99,36 @@ def test_run_records_the_plans_numbers_and_memory_per_rank(mixed_run):
     assert "rank 1: peak RSS" in out and "the plan's estimate for its shards" in out
 
 
+def test_tensorboard_reads_the_runs_numbers(mixed_run):
+    """The run's TensorBoard event files, read by TensorBoard's own reader, hold metrics.jsonl's
+    numbers under `<kind>/<name>` (per rank: `/rank_<r>`), at the same steps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, _ = mixed_run
+    board = EventAccumulator(str(run / run_dir.TENSORBOARD_DIR))
+    board.Reload()
+    tags = set(board.Tags()["scalars"])
+    for tag in ("train/loss", "train/samples_per_s", "train/lr", "eval/auc", "eval/log_loss",
+                "memory/peak_rss_bytes/rank_0", "memory/peak_rss_bytes/rank_1",
+                "memory/plan_shard_bytes/rank_1"):  # fmt: skip
+        assert tag in tags, sorted(tags)
+    records = _metrics(run)
+    train = [m for m in records if m["kind"] == "train"]
+    assert [e.step for e in board.Scalars("train/loss")] == [m["step"] for m in train]
+    assert [e.value for e in board.Scalars("train/loss")] == pytest.approx(
+        [m["loss"] for m in train], rel=1e-6
+    )
+    evals = [m for m in records if m["kind"] == "eval"]
+    assert [e.value for e in board.Scalars("eval/auc")] == pytest.approx(
+        [m["auc"] for m in evals], rel=1e-6
+    )
+    (memory,) = [m for m in records if m["kind"] == "memory"]
+    (peak,) = board.Scalars("memory/peak_rss_bytes/rank_1")
+    assert peak.step == memory["step"] and peak.value == pytest.approx(
+        memory["peak_rss_bytes"][1], rel=1e-6
+    )
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_load_then_save_at_another_world_size_is_exact(mixed_run, tmp_path, nproc):
     run, _ = mixed_run
