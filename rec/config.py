@@ -408,6 +408,10 @@ class TrainingConfig:
     """auto, cpu or cuda."""
     pg_timeout_s: int = 600
     """Process-group timeout in seconds; a rank stuck longer than this fails the job."""
+    profile_steps: int = 10
+    """Steps profiled on every rank (after 5 warm-up steps) for the end-of-run step-time split
+    into data, forward, backward, optimizer and communication, and bytes sent per collective;
+    0: none."""
 
     def __post_init__(self) -> None:
         _positive("training.batch_size", self.batch_size)
@@ -433,6 +437,10 @@ class TrainingConfig:
         _one_of("training.backend", self.backend, ("auto", "gloo", "nccl"))
         _one_of("training.device", self.device, ("auto", "cpu", "cuda"))
         _positive("training.pg_timeout_s", self.pg_timeout_s)
+        _check(
+            isinstance(self.profile_steps, int) and self.profile_steps >= 0,
+            f"training.profile_steps={self.profile_steps!r} must be >= 0",
+        )
 
 
 @dataclass

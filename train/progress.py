@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rec.metrics import AUC, LOG_LOSS
+from rec.train.step_profile import COLLECTIVES, PHASES
 
 
 def _duration(seconds: float) -> str:
@@ -88,6 +89,18 @@ class Progress:
                            for k, v in metrics.items())  # fmt: skip
         print(f"eval @ step {step}: {parts}", flush=True)
 
+    def steps(self, step: int, per_rank: list[dict[str, Any]]) -> None:
+        """Per rank: the profiled steps' time split and bytes sent (train.step_profile), one
+        list per field in metrics.jsonl, a line per rank in the output."""
+        fields = [k for k in per_rank[0] if k != "steps"]
+        self.write({"kind": "step_time", "step": step, "profiled_steps": per_rank[0]["steps"],
+                    **{k: [r[k] for r in per_rank] for k in fields}})  # fmt: skip
+        for rank, r in enumerate(per_rank):
+            split = " + ".join(f"{p} {r[p + '_ms']:.2f}" for p in PHASES)
+            sent = ", ".join(f"{c} {_kib(r[c + '_bytes'])}" for c in COLLECTIVES)
+            log(f"rank {rank}: step {r['step_ms']:.2f} ms = {split} ms "
+                f"({r['steps']} steps profiled); sends per step: {sent}")  # fmt: skip
+
     def memory(self, step: int, peak_rss: list[int], planned: list[int]) -> None:
         """Per rank: peak RSS against the plan's estimate for the rank's shards (tables,
         optimizer state, buffers); the rest is the process (torch, the dense model, data)."""
@@ -128,6 +141,10 @@ class _Board:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _kib(n: float) -> str:
+    return f"{n / 1024:.1f} KiB"
 
 
 def _gib(n: float) -> str:

@@ -37,7 +37,12 @@ from rec.train.distributed import (
 )
 from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
 from rec.train.progress import Progress, log, plot_metrics
+from rec.train.step_profile import StepProfiler
 from rec.versions import library_versions
+
+# Steps run before the profiled window (train.step_profile): the first ones build the
+# pipeline and warm caches, and are slower than the rest.
+PROFILE_WARMUP = 5
 
 
 @dataclass
@@ -228,6 +233,8 @@ class Trainer:
                                 self.run / run_dir.TENSORBOARD_DIR)  # fmt: skip
             progress.start(self.pos.step)
             log(f"training {total} steps, {self.ctx.world_size} ranks x batch {self.batch_size}")
+        self.step_profiler = StepProfiler(self.pos.step + PROFILE_WARMUP,
+                                          self.cfg.training.profile_steps)  # fmt: skip
         positions: deque = deque()
         stream = self._train_stream(positions)
         metrics: dict[str, float] = {}
@@ -249,6 +256,7 @@ class Trainer:
             if progress:
                 progress.pause(time.perf_counter() - t0)
         self._report_memory(progress)
+        self._report_steps(progress)
         if progress:
             progress.close()
         return metrics
@@ -263,18 +271,32 @@ class Trainer:
                        for r in self.plan_report["ranks"]]  # fmt: skip
             progress.memory(self.pos.step, [int(p) for p in peaks], planned)
 
+    def _report_steps(self, progress: Progress | None) -> None:
+        """Every rank's profiled step split and bytes sent (train.step_profile), gathered."""
+        results: list[dict | None] = [None] * self.ctx.world_size
+        dist.all_gather_object(results, self.step_profiler.result)
+        if progress and all(r is not None for r in results):
+            progress.steps(self.pos.step, results)  # type: ignore[arg-type]
+
     def _train_segment(self, batches, positions: deque, total: int, progress) -> None:
         log_every = self.cfg.training.log_every
         loss_sum, loss_n = 0.0, 0
         while True:
             factor = lr_factor(self.pos.step, total, self.cfg.training)
             set_dense_lr(self.optimizer, factor, self.cfg.training)
+            spent = self.step_profiler.before(self.pos.step)
             try:
                 loss, _, _ = self.pipeline.progress(batches)
             except StopIteration:
+                spent += self.step_profiler.close()  # an evaluation or a checkpoint is next
+                if progress:
+                    progress.pause(spent)
                 return
             self.pos.epoch, self.pos.offset = positions.popleft()
             self.pos.step += 1
+            spent += self.step_profiler.after(self.pos.step)
+            if progress and spent:
+                progress.pause(spent)
             loss_sum, loss_n = loss_sum + float(loss), loss_n + 1
             if self.pos.step % log_every == 0 or self.pos.step == total:
                 mean = all_mean(loss_sum / loss_n, self.ctx.device)

@@ -129,6 +129,28 @@ def test_tensorboard_reads_the_runs_numbers(mixed_run):
     )
 
 
+def test_run_splits_its_step_time_and_counts_the_bytes_it_sends(mixed_run):
+    """The profiled steps' split adds up to the step, and the reduce-scatter and all-gather of
+    the tables row-sharded over both ranks (row_wise, table_row_wise, grid_shard) send exactly
+    their pooled embeddings: batch x ranks x dims x 4 bytes forward, batch x dims x 4 back."""
+    from rec.train.step_profile import PHASES
+    from tests.helpers import TINY
+
+    run, out = mixed_run
+    (split,) = [m for m in _metrics(run) if m["kind"] == "step_time"]
+    assert split["profiled_steps"] == 10
+    for rank in range(2):
+        parts = {p: split[f"{p}_ms"][rank] for p in PHASES}
+        assert all(v >= 0 for v in parts.values()), parts
+        assert sum(parts.values()) == pytest.approx(split["step_ms"][rank], abs=0.01), parts
+        assert all(parts[p] > 0 for p in ("forward", "backward", "optimizer", "communication"))
+    batch, dims = TINY["training"]["batch_size"], 3 * 8  # t1, t4, t5: dim 8 each
+    assert split["reduce_scatter_bytes"] == [batch * 2 * dims * 4] * 2
+    assert split["all_gather_bytes"] == [batch * dims * 4] * 2
+    assert all(b > 0 for b in split["all_to_all_bytes"] + split["all_reduce_bytes"])
+    assert "rank 1: step" in out and "sends per step: all_to_all" in out
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_load_then_save_at_another_world_size_is_exact(mixed_run, tmp_path, nproc):
     run, _ = mixed_run
