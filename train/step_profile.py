@@ -42,7 +42,6 @@ _RANGES = {
 _OPS = {
     "c10d::alltoall_base_": ("all_to_all", 1),
     "c10d::_reduce_scatter_base_": ("reduce_scatter", 1),
-    "c10d::reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
     "c10d::_allgather_base_": ("all_gather", 1),
 }
 _DTYPE_BYTES = {
