@@ -453,8 +453,15 @@ class TableConstraint:
     """Allowed compute kernels (empty: any)."""
     min_partition: int = 0
     """Smallest column shard for column-wise sharding; 0 leaves TorchRec's default."""
+    pooling_factor: float = 0.0
+    """Mean ids per sample of each of the table's features, which the planner sizes the ids'
+    all-to-all and the lookups with; 0 leaves TorchRec's 1.0."""
 
     def __post_init__(self) -> None:
+        _check(
+            isinstance(self.pooling_factor, (int, float)) and self.pooling_factor >= 0,
+            f"sharding.constraints.*.pooling_factor={self.pooling_factor!r} must be a number >= 0",
+        )
         for t in self.sharding_types:
             _one_of("sharding.constraints.*.sharding_types[]", t, SHARDING_TYPES)
         for k in self.compute_kernels:

@@ -22,12 +22,20 @@ TorchRec's shardings exchange data, for `B` samples per rank per step:
       forward  reduce_scatter within G (each sends the partials of W / |G| ranks' samples),
                then all_to_all from G's rank i to rank i of every other host
       backward the same two in reverse (all_to_all, then all_gather within G)
+    (TorchRec skips a collective over a group of one rank: one rank, one host, a one-rank G)
     data_parallel
       backward all_reduce    ring over the ranks in order: each sends 2 (W-1)/W x table bytes
 
 Bytes a rank sends to itself are not counted; the rest is within_host when both ranks are on
 one host (rank // local_world_size) and cross_host otherwise. Lengths and offsets that travel
 with the ids are not counted. A plan's totals per host count what its ranks send.
+
+Each rank's `send_buffer_bytes` is the same model counted as training measures it
+(train.step_profile): the send buffers its collectives take per step, its own slice included.
+An all-to-all's or a reduce-scatter's buffer is everything the rank sends, itself included; an
+all-gather's is the one chunk every peer receives; an all-reduce's is the gradient itself. Ids'
+all-to-alls are `ids_all_to_all`, apart from the embeddings' `all_to_all`: ids per sample are
+the planner's assumption and their lengths are not counted, while embedding sizes are exact.
 """
 
 from __future__ import annotations
@@ -108,11 +116,11 @@ def _host_row_wise(so: ShardingOption, world: int, local: int, batch: int) -> li
             out_bytes = outs * d * VALUE_BYTES
             for s in range(world):
                 flows.append(("input_dist", "all_to_all", s, g, ids * share * ID_BYTES))
-            for peer in ranks:
+            for peer in ranks if len(ranks) > 1 else ():
                 flows.append(("forward", "reduce_scatter", g, peer, per_peer * out_bytes))
                 flows.append(("backward", "all_gather", peer, g, per_peer * out_bytes))
-            for s in range(world):
-                if s // local != g // local and s % local == g % local:
+            for s in range(world) if world > local else ():
+                if s % local == g % local:  # the same local rank on every host, g's own too
                     flows.append(("forward", "all_to_all", g, s, out_bytes))
                     flows.append(("backward", "all_to_all", s, g, out_bytes))
     return flows
@@ -129,6 +137,8 @@ def _data_parallel(so: ShardingOption, world: int) -> list[Flow]:
 def table_flows(so: ShardingOption, world: int, local: int, batch: int) -> list[Flow]:
     """Every transfer one step of this table makes, rank to rank (see the module docstring)."""
     kind = so.sharding_type
+    if world == 1:
+        return []
     if kind in ("table_wise", "column_wise", "table_column_wise"):
         return _to_shards(so, world, batch)
     if kind == "row_wise":
@@ -154,6 +164,23 @@ def _traffic(flows: list[Flow], local: int) -> list[dict[str, Any]]:
         {"phase": p, "collective": c, **{k: round(v) for k, v in sums.items()}}
         for (p, c), sums in sorted(out.items(), key=lambda kv: (order[kv[0][0]], kv[0][1]))
     ]
+
+
+BUFFERS = ("ids_all_to_all", "all_to_all", "reduce_scatter", "all_gather", "all_reduce")
+
+
+def send_buffers(flows: list[Flow], world: int) -> list[dict[str, int]]:
+    """Per rank, bytes of send buffer per step by collective (BUFFERS), self-sends included."""
+    out = [dict.fromkeys(BUFFERS, 0.0) for _ in range(world)]
+    for phase, collective, src, dst, n in flows:
+        key = "ids_all_to_all" if phase == "input_dist" else collective
+        if collective == "all_gather":  # one chunk to every member: its copy to itself is it
+            out[src][key] += n if src == dst else 0
+        elif collective == "all_reduce":  # a ring step carries 2 (W-1)/W of the buffer
+            out[src][key] += n * world / (2 * (world - 1))
+        else:
+            out[src][key] += n
+    return [{k: round(v) for k, v in rank.items()} for rank in out]
 
 
 def _memory(used: int, capacity: int, available: int) -> dict[str, int]:
@@ -219,6 +246,8 @@ def plan_report(plan, capture: PlanCapture, topology_cfg: dict[str, Any]) -> dic
         tables.append({**row, "ids_per_sample": sum(so.input_lengths),
                        "traffic": _traffic(flows, local)})  # fmt: skip
     ranks = _rank_stats(capture, topology)
+    for rank, buffers in zip(ranks, send_buffers(all_flows, world), strict=True):
+        rank["send_buffer_bytes"] = buffers
     return {
         "world_size": world,
         "local_world_size": local,

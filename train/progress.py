@@ -89,15 +89,19 @@ class Progress:
                            for k, v in metrics.items())  # fmt: skip
         print(f"eval @ step {step}: {parts}", flush=True)
 
-    def steps(self, step: int, per_rank: list[dict[str, Any]]) -> None:
-        """Per rank: the profiled steps' time split and bytes sent (train.step_profile), one
-        list per field in metrics.jsonl, a line per rank in the output."""
+    def steps(self, step: int, per_rank: list[dict[str, Any]],
+              planned: list[dict[str, int]]) -> None:  # fmt: skip
+        """Per rank: the profiled steps' time split and bytes sent (train.step_profile) next to
+        the plan's send buffers (plan_stats.send_buffers), one list per field in metrics.jsonl
+        (`plan_<collective>_bytes` for the plan's), a line per rank in the output."""
         fields = [k for k in per_rank[0] if k != "steps"]
+        plan = {f"plan_{c}_bytes": [p[c] for p in planned] for c in COLLECTIVES}
         self.write({"kind": "step_time", "step": step, "profiled_steps": per_rank[0]["steps"],
-                    **{k: [r[k] for r in per_rank] for k in fields}})  # fmt: skip
-        for rank, r in enumerate(per_rank):
+                    **{k: [r[k] for r in per_rank] for k in fields}, **plan})  # fmt: skip
+        for rank, (r, plan) in enumerate(zip(per_rank, planned, strict=True)):
             split = " + ".join(f"{p} {r[p + '_ms']:.2f}" for p in PHASES)
-            sent = ", ".join(f"{c} {_kib(r[c + '_bytes'])}" for c in COLLECTIVES)
+            sent = ", ".join(f"{c} {_kib(r[c + '_bytes'])} (plan {_kib(plan[c])})"
+                             for c in COLLECTIVES)  # fmt: skip
             log(f"rank {rank}: step {r['step_ms']:.2f} ms = {split} ms "
                 f"({r['steps']} steps profiled); sends per step: {sent}")  # fmt: skip
 

@@ -99,6 +99,9 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
             compute_kernels=[EmbeddingComputeKernel(k).value for k in c.compute_kernels] or None,
             min_partition=c.min_partition or None,
         )
+        if c.pooling_factor:
+            features = next(t.features for t in cfg.tables if t.name == table)
+            out[table].pooling_factors = [float(c.pooling_factor)] * len(features)
         if not c.sharding_types and stocks[kind[table]] is not None:
             out[table].sharding_types = list(stocks[kind[table]])
     return out

@@ -12,7 +12,9 @@ the step, exactly.
 
 Bytes are each rank's send buffers per step, from the collectives' recorded tensor shapes and
 dtypes: an all-to-all's input (the slice a rank keeps for itself included), a reduce-scatter's
-input, an all-gather's input, an all-reduce's tensors (DDP's dense gradient buckets).
+input, an all-gather's input, an all-reduce's tensors (DDP's dense gradient buckets). An
+all-to-all of integers moves ids (with their lengths and split sizes: `ids_all_to_all`), one of
+floats moves pooled embeddings or their gradients (`all_to_all`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from torch.profiler import ProfilerActivity, profile
 
 PHASES = ("data", "forward", "backward", "optimizer", "communication", "other")
-COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
+COLLECTIVES = ("ids_all_to_all", "all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 
 # TorchRec's pipeline range names (their first word) -> phase; the sparse data dist is the
 # input all-to-all, counted as communication through its gloo events like every other.
@@ -44,6 +46,7 @@ _OPS = {
     "c10d::_reduce_scatter_base_": ("reduce_scatter", 1),
     "c10d::_allgather_base_": ("all_gather", 1),
 }
+_FLOATS = ("float", "double", "c10::Half", "c10::BFloat16")
 _DTYPE_BYTES = {
     "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
     "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
@@ -75,6 +78,11 @@ def _input_bytes(event, i: int) -> int:
     return n * _DTYPE_BYTES.get(dtypes[i], 4)
 
 
+def _is_float(event, i: int) -> bool:
+    dtypes = getattr(event, "input_dtypes", None) or []
+    return i < len(dtypes) and dtypes[i] in _FLOATS
+
+
 def summarize(events, window: tuple[float, float], steps: int) -> dict[str, Any]:
     """Per step: milliseconds in each of PHASES and send bytes per collective, from the
     profiler's events (times in µs) over the `window` [start, end) of `steps` steps."""
@@ -92,6 +100,8 @@ def summarize(events, window: tuple[float, float], steps: int) -> dict[str, Any]
             spans[_RANGES[name.split()[1]]].append(span)
         elif name in _OPS:
             kind, i = _OPS[name]
+            if kind == "all_to_all" and not _is_float(e, i):
+                kind = "ids_all_to_all"
             sent[kind] += _input_bytes(e, i)
     # c10d's allreduce_ takes a tensor list, whose shapes the profiler does not record; the
     # process group's own all_reduce events have them. gloo runs a reduce-scatter as an

@@ -276,7 +276,8 @@ class Trainer:
         results: list[dict | None] = [None] * self.ctx.world_size
         dist.all_gather_object(results, self.step_profiler.result)
         if progress and all(r is not None for r in results):
-            progress.steps(self.pos.step, results)  # type: ignore[arg-type]
+            planned = [r["send_buffer_bytes"] for r in self.plan_report["ranks"]]
+            progress.steps(self.pos.step, results, planned)  # type: ignore[arg-type]
 
     def _train_segment(self, batches, positions: deque, total: int, progress) -> None:
         log_every = self.cfg.training.log_every

@@ -68,12 +68,37 @@ def test_plan_json_bytes_match_a_count_by_hand(tmp_path, hosts):
         got = {(x["phase"], x["collective"]): x[where] for x in tables[name]["traffic"]}
         assert got == expected, name
         assert all(x[other] == 0 for x in tables[name]["traffic"])
+    # Send buffers per rank, as training measures them (own slices included): rw's ids 2 x 32,
+    # reduce-scatter 2 x 512, one all-gather chunk of 512; tw's owner sends the forward
+    # all-to-all's 2 x 512, and every rank sends 64 ids and a 512 gradient to the owner.
+    owner = tables["tw"]["ranks"][0]
+    buffers = {r["rank"]: r["send_buffer_bytes"] for r in report["ranks"]}
+    for rank in (0, 1):
+        assert buffers[rank] == {
+            "ids_all_to_all": 64 + 64,
+            "all_to_all": 512 + (1024 if rank == owner else 0),
+            "reduce_scatter": 1024,
+            "all_gather": 512,
+            "all_reduce": 0,
+        }, rank
     sent = [h[f"sent_{where}"] for h in report["host_totals"]]
     assert sum(sent) == sum(sum(v.values()) for v in BY_HAND.values())  # 3200
     if hosts == 2:  # each host sends its own ranks' bytes: rw's are symmetric, tw's one-sided
         tw_owner = tables["tw"]["ranks"][0]
         rw_half = 32 + 512 + 512
         assert sent[tw_owner] == rw_half + 512 and sent[1 - tw_owner] == rw_half + 64 + 512
+
+
+def test_plan_json_pooling_factor_scales_the_ids(tmp_path):
+    """A table's pooling_factor is the ids per sample the plan sends: 2.5 x rw's 64 bytes."""
+    config = json.loads(json.dumps(HAND))
+    config["sharding"]["constraints"]["rw"]["pooling_factor"] = 2.5
+    report = _plan(tmp_path, "--world-size", "2", config=config)
+    rw = {t["table"]: t for t in report["tables"]}["rw"]
+    assert rw["ids_per_sample"] == 2.5
+    (ids,) = [x for x in rw["traffic"] if x["phase"] == "input_dist"]
+    assert ids["within_host"] == 160
+    assert all(r["send_buffer_bytes"]["ids_all_to_all"] == 160 + 64 for r in report["ranks"])
 
 
 def test_plan_json_memory_and_time_per_rank(tmp_path):
@@ -168,3 +193,16 @@ def test_plan_json_table_row_wise_bytes_by_hand(tmp_path):
         ("backward", "all_to_all"): (0, 2 * 2048),
         ("backward", "all_gather"): (2 * 4096, 0),
     }
+    # Send buffers, own slices included: each rank sends 256 ids to each of g0, g1 and its 2048
+    # gradient to the member with its local rank; g0, g1 reduce-scatter 2 x 4096, all-to-all
+    # 2048 to themselves and to the other host, and all-gather one 4096 chunk.
+    group = {s["rank"] for s in table["shards"]}
+    for rank in report["ranks"]:
+        member = rank["rank"] in group
+        assert rank["send_buffer_bytes"] == {
+            "ids_all_to_all": 512,
+            "all_to_all": 2048 + (4096 if member else 0),
+            "reduce_scatter": 8192 if member else 0,
+            "all_gather": 4096 if member else 0,
+            "all_reduce": 0,
+        }, rank["rank"]

@@ -148,7 +148,13 @@ def test_run_splits_its_step_time_and_counts_the_bytes_it_sends(mixed_run):
     assert split["reduce_scatter_bytes"] == [batch * 2 * dims * 4] * 2
     assert split["all_gather_bytes"] == [batch * dims * 4] * 2
     assert all(b > 0 for b in split["all_to_all_bytes"] + split["all_reduce_bytes"])
-    assert "rank 1: step" in out and "sends per step: all_to_all" in out
+    # Next to the plan's send buffers: embeddings' sizes are exact; the ids' all-to-all also
+    # carries lengths and split sizes, which the plan leaves out.
+    for kind in ("all_to_all", "reduce_scatter", "all_gather"):
+        assert split[f"{kind}_bytes"] == split[f"plan_{kind}_bytes"], (kind, split)
+    ids = zip(split["ids_all_to_all_bytes"], split["plan_ids_all_to_all_bytes"], strict=True)
+    assert all(measured > planned > 0 for measured, planned in ids), split
+    assert "rank 1: step" in out and "sends per step: ids_all_to_all" in out and "(plan " in out
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
