@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "busy_poll.h"
+#include "log.h"
 
 namespace rec {
 
@@ -179,6 +180,13 @@ void Batcher::Execute(PendingList* batch) {
   stats_->compute_input_ns.fetch_add(input_done - start, std::memory_order_relaxed);
   stats_->compute_infer_ns.fetch_add(infer_done - input_done, std::memory_order_relaxed);
   stats_->last_inference_ms.store(WallMs(), std::memory_order_relaxed);
+  if (LogVerboseOn(1)) {
+    LogVerbose(1, "model '" + spec_.name + "' version " + (runner ? runner->version() : "-") +
+                      ": batch of " + std::to_string(rows) + " rows from " +
+                      std::to_string(batch->size()) + " request(s) in " +
+                      std::to_string((infer_done - input_done) / 1000) +
+                      " us: " + (status.ok() ? "ok" : status.message()));
+  }
   int64_t begin = 0;
   for (auto& p : *batch) {
     InferResult r;

@@ -1,5 +1,6 @@
 #include "grpc_api.h"
 
+#include "log.h"
 #include "version.h"
 
 namespace rec {
@@ -78,8 +79,37 @@ grpc::Status GrpcApi::ServerMetadata(const inference::ServerMetadataRequest&,
                                      inference::ServerMetadataResponse* response) {
   response->set_name(kServerName);
   response->set_version(kServerVersion);
-  for (const char* ext : {"binary_tensor_data", "statistics", "model_repository"}) {
-    response->add_extensions(ext);
+  for (const char* ext : kServerExtensions) response->add_extensions(ext);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcApi::LogSettings(const inference::LogSettingsRequest& request,
+                                  inference::LogSettingsResponse* response) {
+  rec::LogSettings updates;
+  for (const auto& [name, v] : request.settings()) {
+    using V = inference::LogSettingsRequest::SettingValue;
+    switch (v.parameter_choice_case()) {
+      case V::kBoolParam:
+        updates.emplace_back(name, v.bool_param());
+        break;
+      case V::kUint32Param:
+        updates.emplace_back(name, v.uint32_param());
+        break;
+      case V::kStringParam:
+        updates.emplace_back(name, v.string_param());
+        break;
+      default:
+        return ToGrpc(InvalidArgument("log setting '" + name + "' has no value"));
+    }
+  }
+  Status st = UpdateLogSettings(updates);
+  if (!st.ok()) return ToGrpc(st);
+  auto* out = response->mutable_settings();
+  for (const auto& [name, value] : CurrentLogSettings()) {
+    auto& setting = (*out)[name];
+    if (const bool* b = std::get_if<bool>(&value)) setting.set_bool_param(*b);
+    if (const uint32_t* u = std::get_if<uint32_t>(&value)) setting.set_uint32_param(*u);
+    if (const std::string* s = std::get_if<std::string>(&value)) setting.set_string_param(*s);
   }
   return grpc::Status::OK;
 }

@@ -45,6 +45,9 @@ class GrpcApi {
                            inference::ModelConfigResponse* response);
   grpc::Status ModelStatistics(const inference::ModelStatisticsRequest& request,
                                inference::ModelStatisticsResponse* response);
+  // Reads and changes the log settings (Triton's logging extension), as GET/POST /v2/logging.
+  grpc::Status LogSettings(const inference::LogSettingsRequest& request,
+                           inference::LogSettingsResponse* response);
   grpc::Status RepositoryIndex(const inference::RepositoryIndexRequest&,
                                inference::RepositoryIndexResponse* response);
   // Blocks for a model load and warm-up: the caller runs it on a thread of its own.

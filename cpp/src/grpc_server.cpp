@@ -430,7 +430,7 @@ Status GrpcServer::Start(int* port) {
       ServeUnimplemented(s, &S::RequestCudaSharedMemoryRegister, q),
       ServeUnimplemented(s, &S::RequestCudaSharedMemoryUnregister, q),
       ServeUnimplemented(s, &S::RequestTraceSetting, q),
-      ServeUnimplemented(s, &S::RequestLogSettings, q),
+      ServeQuick(s, &S::RequestLogSettings, api_, &GrpcApi::LogSettings, q),
   };
   for (const auto& queue : queues_) StreamCall::Listen(s, api_, queue.get());
   for (const auto& queue : queues_) {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infer_json.h"
+#include "log.h"
 #include "model_config.pb.h"
 #include "version.h"
 
@@ -164,11 +165,11 @@ void HttpApi::Handle(HttpRequest&& request, HttpResponder respond) {
   const std::string& m = request.method;
   if (p.empty() || p[0] != "v2") return respond(ErrorResponse(NotFound("unknown path")));
   if (p.size() == 1) {
-    json meta = {{"name", kServerName},
-                 {"version", kServerVersion},
-                 {"extensions", {"binary_tensor_data", "statistics", "model_repository"}}};
+    json meta = {{"name", kServerName}, {"version", kServerVersion}, {"extensions", json::array()}};
+    for (const char* ext : kServerExtensions) meta["extensions"].push_back(ext);
     return respond(JsonResponse(200, meta));
   }
+  if (p.size() == 2 && p[1] == "logging") return respond(LoggingRoute(request.body, m));
   if (p.size() == 3 && p[1] == "health") {
     if (p[2] == "live") return respond(Empty(200));
     if (p[2] == "ready") return respond(Empty(Ready() ? 200 : 503));
@@ -245,6 +246,38 @@ HttpResponse HttpApi::RepositoryRoute(const std::vector<std::string>& p,
     return st.ok() ? Empty(200) : ErrorResponse(st);
   }
   return ErrorResponse(NotFound("unknown repository route"));
+}
+
+HttpResponse HttpApi::LoggingRoute(const std::string& body, const std::string& method) {
+  if (method == "POST") {
+    json in = json::parse(body, nullptr, false);
+    if (in.is_discarded() || !in.is_object()) {
+      return ErrorResponse(InvalidArgument("log settings must be a JSON object"));
+    }
+    LogSettings updates;
+    for (auto& [name, v] : in.items()) {
+      if (v.is_boolean()) {
+        updates.emplace_back(name, v.get<bool>());
+      } else if (v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX) {
+        updates.emplace_back(name, static_cast<uint32_t>(v.get<uint64_t>()));
+      } else if (v.is_string()) {
+        updates.emplace_back(name, v.get<std::string>());
+      } else {
+        return ErrorResponse(InvalidArgument("log setting '" + name + "' must be a bool, an " +
+                                             "unsigned 32-bit integer or a string, got " +
+                                             v.dump().substr(0, 80)));
+      }
+    }
+    Status st = UpdateLogSettings(updates);
+    if (!st.ok()) return ErrorResponse(st);
+  } else if (method != "GET") {
+    return ErrorResponse(NotFound("unknown route for " + method));
+  }
+  json out = json::object();
+  for (const auto& [name, value] : CurrentLogSettings()) {
+    std::visit([&out, &name = name](const auto& x) { out[name] = x; }, value);
+  }
+  return JsonResponse(200, out);
 }
 
 HttpResponse HttpApi::Statistics(const std::vector<ModelEntry*>& entries) {

@@ -35,6 +35,8 @@ class HttpApi {
   HttpResponse ModelRoute(ModelEntry* entry, const std::string& version, const std::string& verb,
                           const std::string& method);
   HttpResponse RepositoryRoute(const std::vector<std::string>& parts, const std::string& method);
+  // GET /v2/logging reads the log settings, POST changes them (Triton's logging extension).
+  HttpResponse LoggingRoute(const std::string& body, const std::string& method);
   HttpResponse Statistics(const std::vector<ModelEntry*>& entries);
   bool Ready();
 

@@ -1,26 +1,34 @@
-// One line per event (start, load, swap, shutdown, error) on stderr; nothing per request.
+// One line per event (start, load, swap, shutdown, error) on stderr or the log file; per request
+// or per batch only at a verbose level a client asks for. The settings are Triton's logging
+// extension (GET/POST /v2/logging, the LogSettings RPC) and change on a running server.
 #pragma once
 
-#include <chrono>
-#include <cstdio>
-#include <ctime>
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "status.h"
 
 namespace rec {
 
-inline void LogLine(const char* level, const std::string& message) {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  std::fprintf(stderr, "%s %s rec-server: %s\n", stamp, level, message.c_str());
-  std::fflush(stderr);
-}
+// A setting's value as both protocols carry it: a bool, an unsigned integer or a string.
+using LogSettingValue = std::variant<bool, uint32_t, std::string>;
+using LogSettings = std::vector<std::pair<std::string, LogSettingValue>>;
 
-inline void LogInfo(const std::string& message) { LogLine("INFO", message); }
-inline void LogWarning(const std::string& message) { LogLine("WARNING", message); }
-inline void LogError(const std::string& message) { LogLine("ERROR", message); }
+// Every setting, in Triton's names: log_file ("" is stderr), log_info, log_warning, log_error,
+// log_verbose_level, log_format ("default" or "ISO8601").
+LogSettings CurrentLogSettings();
+// Checks every update (names, types, the format, that the file opens) before applying any:
+// a bad one is InvalidArgument naming it and changes nothing.
+Status UpdateLogSettings(const LogSettings& updates);
+
+void LogInfo(const std::string& message);
+void LogWarning(const std::string& message);
+void LogError(const std::string& message);
+// Written when the verbose level is at least `level` (1: a line per executed batch).
+bool LogVerboseOn(uint32_t level);
+void LogVerbose(uint32_t level, const std::string& message);
 
 }  // namespace rec

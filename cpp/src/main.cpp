@@ -156,5 +156,6 @@ int main(int argc, char** argv) {
     std::cerr << "rec-server: " << st.message() << "\n";
     return 2;
   }
+  (void)rec::UpdateLogSettings({{"log_verbose_level", static_cast<uint32_t>(options.log_verbose)}});
   return Serve(options);
 }

@@ -63,6 +63,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--fbgemm-lib-dir", str(&o->fbgemm_lib_dir)},
       {"--ops-library", str(&o->ops_library)},
       {"--poll-repository-s", i32(&o->poll_repository_s, 0, 86400)},
+      {"--log-verbose", i32(&o->log_verbose, 0, 1000)},
   };
 }
 
@@ -157,6 +158,9 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "                           RepositoryModelLoad) to load a new version\n"
          "  --poll-repository-s N    every N s, load a newer version directory if one appeared\n"
          "                           (default 0 = off)\n"
+         "  --log-verbose N          verbose log level at start (default 0; 1: a line per\n"
+         "                           executed batch); GET/POST /v2/logging and the\n"
+         "                           LogSettings RPC read and change it while running\n"
          "  --help                   this text\n"
          "\n"
          "Prints 'rec-server ready http=H:P grpc=H:P metrics=H:P' once serving. SIGTERM or "

@@ -155,3 +155,27 @@ def test_a_batch_variant_model_is_refused_at_load_unless_allowed(tmp_path):
         metrics = urllib.request.urlopen(f"http://{server.endpoints.metrics}/metrics").read()
         assert b'rec_model_batch_variant{model="rec",version="1"} 1' in metrics
         assert "serving it anyway (--allow-batch-variant)" in server.log_tail(100_000)
+
+
+def test_log_settings_are_tritons(triton, cpp):
+    """The logging extension answers alike: the same settings, names and types from both
+    servers over both protocols, and a change of verbosity reads back the same."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    def read(server) -> tuple[dict, dict]:
+        with httpclient.InferenceServerClient(server.endpoints.http) as h:
+            http = h.get_log_settings()
+        with grpcclient.InferenceServerClient(server.endpoints.grpc) as g:
+            grpc = g.get_log_settings(as_json=True)["settings"]
+        return http, {k: next(iter(v.items()), None) for k, v in grpc.items()}
+
+    theirs, ours = read(triton), read(cpp)
+    assert {k: type(v) for k, v in theirs[0].items()} == {k: type(v) for k, v in ours[0].items()}
+    assert {k: (v or ("", ""))[0] for k, v in theirs[1].items()} == {
+        k: (v or ("", ""))[0] for k, v in ours[1].items()
+    }
+    for server in (triton, cpp):
+        with httpclient.InferenceServerClient(server.endpoints.http) as h:
+            assert h.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+            assert h.update_log_settings({"log_verbose_level": 0})["log_verbose_level"] == 0
