@@ -102,7 +102,7 @@ grpc::Status GrpcApi::LogSettings(const inference::LogSettingsRequest& request,
         return ToGrpc(InvalidArgument("log setting '" + name + "' has no value"));
     }
   }
-  Status st = UpdateLogSettings(updates);
+  Status st = UpdateLogSettings(updates, /*from_network=*/true);
   if (!st.ok()) return ToGrpc(st);
   auto* out = response->mutable_settings();
   for (const auto& [name, value] : CurrentLogSettings()) {

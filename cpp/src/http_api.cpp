@@ -268,7 +268,7 @@ HttpResponse HttpApi::LoggingRoute(const std::string& body, const std::string& m
                                              v.dump().substr(0, 80)));
       }
     }
-    Status st = UpdateLogSettings(updates);
+    Status st = UpdateLogSettings(updates, /*from_network=*/true);
     if (!st.ok()) return ErrorResponse(st);
   } else if (method != "GET") {
     return ErrorResponse(NotFound("unknown route for " + method));

@@ -64,7 +64,7 @@ LogSettings CurrentLogSettings() {
           {"log_format", std::string(s.iso_format ? "ISO8601" : "default")}};
 }
 
-Status UpdateLogSettings(const LogSettings& updates) {
+Status UpdateLogSettings(const LogSettings& updates, bool from_network) {
   auto expect = [](const std::string& name, const LogSettingValue& v, const char* want,
                    bool ok) -> Status {
     if (ok) return Status::Ok();
@@ -89,6 +89,11 @@ Status UpdateLogSettings(const LogSettings& updates) {
         if (f != "default" && f != "ISO8601") {
           st = InvalidArgument("log_format must be \"default\" or \"ISO8601\", got \"" + f + "\"");
         }
+      }
+      if (st.ok() && name == "log_file" && from_network) {
+        st = InvalidArgument(
+            "log_file cannot be changed over the network (it names a file the server would "
+            "write); start rec-server with --log-file PATH");
       }
       if (st.ok() && name == "log_file") new_path = &std::get<std::string>(value);
     } else {

@@ -21,8 +21,10 @@ using LogSettings = std::vector<std::pair<std::string, LogSettingValue>>;
 // log_verbose_level, log_format ("default" or "ISO8601").
 LogSettings CurrentLogSettings();
 // Checks every update (names, types, the format, that the file opens) before applying any:
-// a bad one is InvalidArgument naming it and changes nothing.
-Status UpdateLogSettings(const LogSettings& updates);
+// a bad one is InvalidArgument naming it and changes nothing. A network client may not move
+// the log to a file (`from_network`): it would choose a path the server appends to, so as in
+// Triton only the command line (--log-file) sets it.
+Status UpdateLogSettings(const LogSettings& updates, bool from_network);
 
 void LogInfo(const std::string& message);
 void LogWarning(const std::string& message);

@@ -156,6 +156,12 @@ int main(int argc, char** argv) {
     std::cerr << "rec-server: " << st.message() << "\n";
     return 2;
   }
-  (void)rec::UpdateLogSettings({{"log_verbose_level", static_cast<uint32_t>(options.log_verbose)}});
+  st = rec::UpdateLogSettings({{"log_verbose_level", static_cast<uint32_t>(options.log_verbose)},
+                               {"log_file", options.log_file}},
+                              /*from_network=*/false);
+  if (!st.ok()) {
+    std::cerr << "rec-server: " << st.message() << "\n";
+    return 2;
+  }
   return Serve(options);
 }

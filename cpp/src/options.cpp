@@ -64,6 +64,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--ops-library", str(&o->ops_library)},
       {"--poll-repository-s", i32(&o->poll_repository_s, 0, 86400)},
       {"--log-verbose", i32(&o->log_verbose, 0, 1000)},
+      {"--log-file", str(&o->log_file)},
   };
 }
 
@@ -161,6 +162,7 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "  --log-verbose N          verbose log level at start (default 0; 1: a line per\n"
          "                           executed batch); GET/POST /v2/logging and the\n"
          "                           LogSettings RPC read and change it while running\n"
+         "  --log-file PATH          append the log to PATH instead of stderr\n"
          "  --help                   this text\n"
          "\n"
          "Prints 'rec-server ready http=H:P grpc=H:P metrics=H:P' once serving. SIGTERM or "

@@ -87,16 +87,29 @@ def test_verbosity_changes_at_run_time_over_http_and_grpc(fresh, tmp_path):
         time.sleep(0.2)
         assert len(_verbose_lines(s)) == count
 
-        # To a file and back: lines go where log_file says, from the next line on.
-        path = tmp_path / "rec-server.log"
-        h.update_log_settings({"log_file": str(path), "log_verbose_level": 1})
+        # Like Triton, no network client may point the log at a file: it would pick a path
+        # the server appends to.
+        for update in (h.update_log_settings, g.update_log_settings):
+            with pytest.raises(InferenceServerException) as e:
+                update({"log_file": str(tmp_path / "x.log")})
+            assert "log_file cannot be changed over the network" in e.value.message()
+        assert not (tmp_path / "x.log").exists()
+
+
+def test_log_file_from_the_command_line(repo, tmp_path):
+    path = tmp_path / "rec-server.log"
+    s = Server(repo, "--log-file", str(path), "--log-verbose", "1")
+    try:
         _infer(s, 9)
-        _wait_for(lambda: path.exists() and "batch of 9 rows" in path.read_text(), "the file")
-        assert not any("batch of 9 rows" in line for line in s.log)
-        h.update_log_settings({"log_file": ""})
-        _infer(s, 11)
-        _wait_for(lambda: any("batch of 11 rows" in line for line in s.log), "stderr again")
-        assert "batch of 11 rows" not in path.read_text()
+        _wait_for(lambda: "batch of 9 rows" in path.read_text(), "the batch line in the file")
+        assert "loaded model 'rec' version 1" in path.read_text()
+        with httpclient.InferenceServerClient(s.http) as c:
+            assert c.get_log_settings()["log_file"] == str(path)
+            assert c.get_log_settings()["log_verbose_level"] == 1
+    finally:
+        assert s.stop() == 0, s.stderr()
+    assert "shutdown complete" in path.read_text()
+    assert "batch of 9 rows" not in s.stderr()
 
 
 def _post(address: str, body: bytes) -> tuple[int, str]:
@@ -123,7 +136,7 @@ def _post(address: str, body: bytes) -> tuple[int, str]:
         (b'{"log_info": 1}', "log setting 'log_info' must be a bool, got an unsigned integer"),
         (b'{"log_file": null}', "log setting 'log_file' must be a bool, an unsigned"),
         (b'{"log_format": "json"}', 'log_format must be "default" or "ISO8601", got "json"'),
-        (b'{"log_file": "/no/such/dir/x.log"}', "log_file '/no/such/dir/x.log' cannot be opened"),
+        (b'{"log_file": "/tmp/x.log"}', "log_file cannot be changed over the network"),
         (b'{"log_verbose_level": 3, "nope": true}', "unknown log setting 'nope'"),
     ],
 )
