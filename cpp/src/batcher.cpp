@@ -196,6 +196,14 @@ void Batcher::Execute(PendingList* batch) {
       r.outputs = SliceOutputs(outputs, begin, p->request.batch_size);
     }
     begin += p->request.batch_size;
+    if (Trace* t = p->request.trace.get()) {
+      if (runner) t->SetVersion(runner->version());
+      t->Stamp("QUEUE_START", p->enqueue_ns);
+      t->Stamp("COMPUTE_START", start);
+      t->Stamp("COMPUTE_INPUT_END", input_done);
+      t->Stamp("COMPUTE_OUTPUT_START", infer_done);
+      t->Stamp("COMPUTE_END");
+    }
     Finish(p.get(), std::move(r), NowNs());
   }
   stats_->compute_output_ns.fetch_add(NowNs() - infer_done, std::memory_order_relaxed);

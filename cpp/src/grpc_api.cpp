@@ -1,6 +1,8 @@
 #include "grpc_api.h"
 
 #include "log.h"
+#include "metrics.h"
+#include "trace.h"
 #include "version.h"
 
 namespace rec {
@@ -114,6 +116,29 @@ grpc::Status GrpcApi::LogSettings(const inference::LogSettingsRequest& request,
   return grpc::Status::OK;
 }
 
+grpc::Status GrpcApi::TraceSetting(const inference::TraceSettingRequest& request,
+                                   inference::TraceSettingResponse* response) {
+  const std::string& model = request.model_name();
+  if (!model.empty() && models_->Find(model) == nullptr) {
+    return ToGrpc(NotFound("unknown model '" + model + "'"));
+  }
+  TraceUpdates updates;
+  for (const auto& [name, v] : request.settings()) {
+    if (v.value().empty()) {
+      updates.emplace_back(name, std::nullopt);
+    } else {
+      updates.emplace_back(name, std::vector<std::string>(v.value().begin(), v.value().end()));
+    }
+  }
+  Status st = Tracer::Get().Update(model, updates);
+  if (!st.ok()) return ToGrpc(st);
+  auto* out = response->mutable_settings();
+  for (const auto& [name, values] : Tracer::Get().Settings(model)) {
+    for (const std::string& value : values) (*out)[name].add_value(value);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status GrpcApi::ModelMetadata(const inference::ModelMetadataRequest& request,
                                     inference::ModelMetadataResponse* response) {
   ModelEntry* e = nullptr;
@@ -173,6 +198,7 @@ grpc::Status GrpcApi::RepositoryModelLoad(const inference::RepositoryModelLoadRe
 void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
                          inference::ModelInferResponse* response,
                          std::function<void(const Status&)> done) {
+  const uint64_t request_start = NowNs();
   ModelEntry* e = nullptr;
   Status st = FindModel(request->model_name(), request->model_version(), &e);
   if (!st.ok()) return done(st);
@@ -185,13 +211,23 @@ void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
     e->stats()->RecordFailure(0);
     return done(st);
   }
+  if ((r.trace = Tracer::Get().Start(r.model_name))) {
+    r.trace->Stamp("GRPC_WAITREAD_END", request_start);
+    r.trace->Stamp("REQUEST_START", request_start);
+  }
   InferRequest meta;
   meta.model_name = r.model_name;
   meta.id = r.id;
   meta.outputs = r.outputs;
+  meta.trace = r.trace;
   auto finish = [meta = std::move(meta), response, done](InferResult&& result) {
     if (result.status.ok()) {
       EncodeGrpcResponse(meta, result.model_version, result.outputs, response);
+    }
+    if (meta.trace) {
+      meta.trace->Stamp("REQUEST_END");
+      meta.trace->Stamp("GRPC_SEND_START");  // the write itself completes on the poller
+      Tracer::Get().Finish(meta.trace);
     }
     done(result.status);
   };

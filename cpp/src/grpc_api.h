@@ -48,6 +48,9 @@ class GrpcApi {
   // Reads and changes the log settings (Triton's logging extension), as GET/POST /v2/logging.
   grpc::Status LogSettings(const inference::LogSettingsRequest& request,
                            inference::LogSettingsResponse* response);
+  // Reads and changes the trace settings (Triton's trace extension), as /v2/trace/setting.
+  grpc::Status TraceSetting(const inference::TraceSettingRequest& request,
+                            inference::TraceSettingResponse* response);
   grpc::Status RepositoryIndex(const inference::RepositoryIndexRequest&,
                                inference::RepositoryIndexResponse* response);
   // Blocks for a model load and warm-up: the caller runs it on a thread of its own.

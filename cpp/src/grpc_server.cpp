@@ -429,7 +429,7 @@ Status GrpcServer::Start(int* port) {
       ServeUnimplemented(s, &S::RequestCudaSharedMemoryStatus, q),
       ServeUnimplemented(s, &S::RequestCudaSharedMemoryRegister, q),
       ServeUnimplemented(s, &S::RequestCudaSharedMemoryUnregister, q),
-      ServeUnimplemented(s, &S::RequestTraceSetting, q),
+      ServeQuick(s, &S::RequestTraceSetting, api_, &GrpcApi::TraceSetting, q),
       ServeQuick(s, &S::RequestLogSettings, api_, &GrpcApi::LogSettings, q),
   };
   for (const auto& queue : queues_) StreamCall::Listen(s, api_, queue.get());

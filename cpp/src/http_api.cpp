@@ -6,7 +6,9 @@
 
 #include "infer_json.h"
 #include "log.h"
+#include "metrics.h"
 #include "model_config.pb.h"
+#include "trace.h"
 #include "version.h"
 
 namespace rec {
@@ -170,6 +172,15 @@ void HttpApi::Handle(HttpRequest&& request, HttpResponder respond) {
     return respond(JsonResponse(200, meta));
   }
   if (p.size() == 2 && p[1] == "logging") return respond(LoggingRoute(request.body, m));
+  if (p.size() == 3 && p[1] == "trace" && p[2] == "setting") {
+    return respond(TraceRoute("", request.body, m));
+  }
+  if (p.size() == 5 && p[1] == "models" && p[3] == "trace" && p[4] == "setting") {
+    if (models_->Find(p[2]) == nullptr) {
+      return respond(ErrorResponse(NotFound("unknown model '" + p[2] + "'")));
+    }
+    return respond(TraceRoute(p[2], request.body, m));
+  }
   if (p.size() == 3 && p[1] == "health") {
     if (p[2] == "live") return respond(Empty(200));
     if (p[2] == "ready") return respond(Empty(Ready() ? 200 : 503));
@@ -280,6 +291,42 @@ HttpResponse HttpApi::LoggingRoute(const std::string& body, const std::string& m
   return JsonResponse(200, out);
 }
 
+HttpResponse HttpApi::TraceRoute(const std::string& model, const std::string& body,
+                                 const std::string& method) {
+  if (method == "POST") {
+    json in = json::parse(body, nullptr, false);
+    if (in.is_discarded() || !in.is_object()) {
+      return ErrorResponse(InvalidArgument("trace settings must be a JSON object"));
+    }
+    TraceUpdates updates;
+    for (auto& [name, v] : in.items()) {
+      std::vector<std::string> values;
+      bool ok = v.is_null() || v.is_string() || v.is_array();
+      if (v.is_string()) values.push_back(v.get<std::string>());
+      for (const json& x : v.is_array() ? v : json::array()) {
+        ok = ok && x.is_string();
+        if (x.is_string()) values.push_back(x.get<std::string>());
+      }
+      if (!ok) {
+        return ErrorResponse(InvalidArgument("trace setting '" + name +
+                                             "' must be a string, an array of strings or null, "
+                                             "got " +
+                                             v.dump().substr(0, 80)));
+      }
+      updates.emplace_back(name, v.is_null() ? std::nullopt : std::optional(std::move(values)));
+    }
+    Status st = Tracer::Get().Update(model, updates);
+    if (!st.ok()) return ErrorResponse(st);
+  } else if (method != "GET") {
+    return ErrorResponse(NotFound("unknown route for " + method));
+  }
+  json out = json::object();
+  for (const auto& [name, values] : Tracer::Get().Settings(model)) {
+    out[name] = name == "trace_level" ? json(values) : json(values.at(0));
+  }
+  return JsonResponse(200, out);
+}
+
 HttpResponse HttpApi::Statistics(const std::vector<ModelEntry*>& entries) {
   json stats = json::array();
   for (ModelEntry* e : entries) stats.push_back(ModelStatsJson(e));
@@ -300,6 +347,7 @@ namespace rec {
 
 void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&& http,
                     HttpResponder respond) {
+  const uint64_t request_start = NowNs();
   ModelStats* stats = entry->stats();
   auto fail = [&](const Status& st) {
     stats->RecordFailure(0);
@@ -328,21 +376,38 @@ void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&&
   }
   st = ValidateRequest(entry->spec(), request.get());
   if (!st.ok()) return fail(st);
+  if ((request->trace = Tracer::Get().Start(request->model_name))) {
+    request->trace->Stamp("HTTP_RECV_START", http.recv_start_ns);
+    request->trace->Stamp("HTTP_RECV_END", http.recv_end_ns);
+    request->trace->Stamp("REQUEST_START", request_start);
+  }
   // What the response needs once the request itself has moved into the batcher.
   InferRequest meta;
   meta.model_name = request->model_name;
   meta.id = request->id;
   meta.outputs = request->outputs;
   meta.binary_output_default = request->binary_output_default;
+  meta.trace = request->trace;
   st = entry->batcher().Enqueue(
       std::move(*request), [meta = std::move(meta), respond](InferResult&& result) {
-        if (!result.status.ok()) return respond(ErrorResponse(result.status));
         HttpResponse r;
-        long long json_size = -1;
-        EncodeInferResponse(meta, result.model_version, result.outputs, &r.body, &json_size);
-        if (json_size >= 0) {
-          r.content_type = "application/octet-stream";
-          r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(json_size));
+        if (!result.status.ok()) {
+          r = ErrorResponse(result.status);
+        } else {
+          long long json_size = -1;
+          EncodeInferResponse(meta, result.model_version, result.outputs, &r.body, &json_size);
+          if (json_size >= 0) {
+            r.content_type = "application/octet-stream";
+            r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(json_size));
+          }
+        }
+        if (meta.trace) {
+          meta.trace->Stamp("REQUEST_END");
+          r.on_sent = [trace = meta.trace](uint64_t start, uint64_t end) {
+            trace->Stamp("HTTP_SEND_START", start);
+            trace->Stamp("HTTP_SEND_END", end);
+            Tracer::Get().Finish(trace);
+          };
         }
         respond(std::move(r));
       });

@@ -37,6 +37,9 @@ class HttpApi {
   HttpResponse RepositoryRoute(const std::vector<std::string>& parts, const std::string& method);
   // GET /v2/logging reads the log settings, POST changes them (Triton's logging extension).
   HttpResponse LoggingRoute(const std::string& body, const std::string& method);
+  // GET /v2[/models/<m>]/trace/setting reads the trace settings, POST changes them.
+  HttpResponse TraceRoute(const std::string& model, const std::string& body,
+                          const std::string& method);
   HttpResponse Statistics(const std::vector<ModelEntry*>& entries);
   bool Ready();
 

@@ -46,12 +46,14 @@ struct Conn {
   bool want_out = false;     // EPOLLOUT registered
   bool paused = false;       // EPOLLIN dropped: enough read ahead while nothing can be parsed
   bool continue_sent = false;
+  uint64_t first_byte_ns = 0;  // of the request being received (0: none yet)
 };
 
 struct Done {
   uint64_t conn_id;
   std::string bytes;
   bool close;
+  std::function<void(uint64_t, uint64_t)> on_sent;
 };
 
 thread_local HttpServer::Loop* current_loop = nullptr;
@@ -105,7 +107,8 @@ class HttpServer::Loop {
   }
 
   void Complete(uint64_t conn_id, HttpResponse&& response, bool keep_alive) {
-    Done d{conn_id, SerializeHttpResponse(response, keep_alive), !keep_alive};
+    Done d{conn_id, SerializeHttpResponse(response, keep_alive), !keep_alive,
+           std::move(response.on_sent)};
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_.push_back(std::move(d));
@@ -282,6 +285,7 @@ class HttpServer::Loop {
     while (true) {
       ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
       if (n > 0) {
+        if (c->first_byte_ns == 0) c->first_byte_ns = NowNs();
         c->in.append(buf, static_cast<size_t>(n));
         c->last_activity = Clock::now();
         unparsed += static_cast<size_t>(n);
@@ -331,6 +335,10 @@ class HttpServer::Loop {
         return Flush(id, c);
       }
       c->in_off += consumed;
+      req.recv_end_ns = NowNs();
+      req.recv_start_ns = c->first_byte_ns != 0 ? c->first_byte_ns : req.recv_end_ns;
+      // Pipelined bytes behind it start the next request's receiving now.
+      c->first_byte_ns = c->in_off < c->in.size() ? req.recv_end_ns : 0;
       c->continue_sent = false;
       c->receiving = false;
       c->busy = true;
@@ -426,7 +434,10 @@ class HttpServer::Loop {
       c->busy = false;
       c->last_activity = Clock::now();
       c->close_after = c->close_after || d.close;
-      if (!Flush(d.conn_id, c)) continue;
+      uint64_t send_start = d.on_sent ? NowNs() : 0;
+      bool open = Flush(d.conn_id, c);
+      if (d.on_sent) d.on_sent(send_start, NowNs());
+      if (!open) continue;
       if (c->paused && !c->close_after) {
         c->paused = false;
         UpdateInterest(d.conn_id, c);

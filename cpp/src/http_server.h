@@ -24,6 +24,8 @@ struct HttpRequest {
   std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
   std::string body;
   bool keep_alive = true;
+  uint64_t recv_start_ns = 0;  // steady clock: the request's first byte read, its last parsed
+  uint64_t recv_end_ns = 0;
 
   // Value of the header with lower-case `name`, or nullptr.
   const std::string* Header(const std::string& name) const;
@@ -34,6 +36,9 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // Called on the I/O thread with the steady-clock ns around the write of this response (the
+  // bytes handed to the kernel, as far as it takes them at once); for traces.
+  std::function<void(uint64_t send_start_ns, uint64_t send_end_ns)> on_sent;
 };
 
 // Answers one request; call exactly once, from any thread.

@@ -14,6 +14,7 @@
 #include "model_manager.h"
 #include "options.h"
 #include "torch_model.h"
+#include "trace.h"
 
 namespace {
 
@@ -138,6 +139,7 @@ int Serve(const rec::ServerOptions& o) {
   api.SetShuttingDown();
   grpc_api.SetShuttingDown();
   Drain(&http, &grpc_server, &models);
+  rec::Tracer::Get().Flush();  // every traced request has been answered
   metrics_http.Stop(0);
   rec::LogInfo("shutdown complete");
   return 0;
@@ -163,5 +165,6 @@ int main(int argc, char** argv) {
     std::cerr << "rec-server: " << st.message() << "\n";
     return 2;
   }
+  rec::Tracer::Get().Configure(options.trace_file);
   return Serve(options);
 }

@@ -65,6 +65,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--poll-repository-s", i32(&o->poll_repository_s, 0, 86400)},
       {"--log-verbose", i32(&o->log_verbose, 0, 1000)},
       {"--log-file", str(&o->log_file)},
+      {"--trace-file", str(&o->trace_file)},
   };
 }
 
@@ -163,6 +164,10 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "                           executed batch); GET/POST /v2/logging and the\n"
          "                           LogSettings RPC read and change it while running\n"
          "  --log-file PATH          append the log to PATH instead of stderr\n"
+         "  --trace-file PATH        where request traces go (Triton's JSON trace format),\n"
+         "                           once POST /v2/trace/setting or the TraceSetting RPC\n"
+         "                           sets trace_level TIMESTAMPS; PATH.N every\n"
+         "                           log_frequency traces\n"
          "  --help                   this text\n"
          "\n"
          "Prints 'rec-server ready http=H:P grpc=H:P metrics=H:P' once serving. SIGTERM or "

@@ -32,9 +32,9 @@ struct ServerOptions {
   bool enable_model_control = false;
   bool allow_batch_variant = false;
   int poll_repository_s = 0;
-  int log_verbose = 0;
-  std::string
-      log_file;  // empty: stderr  // the starting log_verbose_level (POST /v2/logging changes it)
+  int log_verbose = 0;     // the starting log_verbose_level (POST /v2/logging changes it)
+  std::string log_file;    // empty: stderr
+  std::string trace_file;  // empty: tracing cannot be turned on
   bool help = false;
 };
 

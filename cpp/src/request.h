@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model_spec.h"
 #include "status.h"
 #include "tensor.h"
+#include "trace.h"
 
 namespace rec {
 
@@ -27,6 +29,7 @@ struct InferRequest {
   std::vector<RequestedOutput> outputs;  // empty: every output
   bool binary_output_default = false;    // HTTP request parameter binary_data_output
   int64_t batch_size = 0;                // set by ValidateRequest
+  std::shared_ptr<Trace> trace;          // set when this request is sampled for a trace
 };
 
 // The input that carries a request's sparse ids as text (BYTES [N], ragged like the values) in

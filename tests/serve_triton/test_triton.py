@@ -179,3 +179,24 @@ def test_log_settings_are_tritons(triton, cpp):
         with httpclient.InferenceServerClient(server.endpoints.http) as h:
             assert h.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
             assert h.update_log_settings({"log_verbose_level": 0})["log_verbose_level"] == 0
+
+
+def test_trace_settings_are_tritons(triton, cpp):
+    """The trace extension answers alike: the same default settings over HTTP and gRPC, the
+    same refusal of trace_file over the network, the same rate read back."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    answers = []
+    for server in (triton, cpp):
+        with httpclient.InferenceServerClient(server.endpoints.http) as h:
+            http = h.get_trace_settings(model_name="rec")
+            with pytest.raises(InferenceServerException) as e:
+                h.update_trace_settings(settings={"trace_file": "/tmp/elsewhere.json"})
+            assert "trace" in e.value.message() and "file" in e.value.message()
+            assert h.update_trace_settings(settings={"trace_rate": "7"})["trace_rate"] == "7"
+            assert h.update_trace_settings(settings={"trace_rate": "1000"})["trace_rate"] == "1000"
+        with grpcclient.InferenceServerClient(server.endpoints.grpc) as g:
+            grpc = g.get_trace_settings(as_json=True)["settings"]
+        answers.append((http, {k: v.get("value") for k, v in grpc.items()}))
+    assert answers[0] == answers[1]
