@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 BUILD=build/fuzz
 PY=${PYTHON:-.venv/bin/python}
-TARGETS=(fuzz_http_request fuzz_infer_body fuzz_grpc_infer)
+TARGETS=(fuzz_http_request fuzz_infer_body fuzz_grpc_infer fuzz_settings_body)
 
 command -v clang++ > /dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then

@@ -2,10 +2,11 @@
 request builders, so the seeds are what the stock client sends.
 
 Usage: python benchmarks/fuzz_seeds.py OUT_DIR
-Writes OUT_DIR/{fuzz_http_request,fuzz_infer_body,fuzz_grpc_infer}/seed_*.
+Writes OUT_DIR/{fuzz_http_request,fuzz_infer_body,fuzz_grpc_infer,fuzz_settings_body}/seed_*.
 """
 
 import gzip
+import json
 import sys
 import zlib
 from pathlib import Path
@@ -18,6 +19,17 @@ import tritonclient.http._utils as http_utils
 
 # The fuzz targets' model spec (cpp/tests/test_util.h): dense [B, 2], lengths [B, 3], values ragged.
 NUM_DENSE, NUM_SPARSE = 2, 3
+# fuzz_settings_body: first byte 0 = a logging body, 1 = global trace settings, 3 = a model's; the
+# bodies are what the stock client's update_log_settings / update_trace_settings send (json.dumps).
+SETTINGS = [
+    (0, {"log_verbose_level": 1}),
+    (0, {"log_info": False, "log_warning": True, "log_format": "ISO8601"}),
+    (0, {"log_file": ""}),
+    (1, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "10",
+         "log_frequency": "2"}),
+    (1, {"trace_level": ["OFF"], "trace_mode": "triton"}),
+    (3, {"trace_rate": None, "trace_count": "-1"}),
+]  # fmt: skip
 
 
 def _batch(rows: int, seed: int) -> dict[str, np.ndarray]:
@@ -73,7 +85,13 @@ def _grpc_request(arrays: dict[str, np.ndarray]) -> bytes:
 
 def main(out: Path) -> None:
     dirs = {
-        name: out / name for name in ("fuzz_http_request", "fuzz_infer_body", "fuzz_grpc_infer")
+        name: out / name
+        for name in (
+            "fuzz_http_request",
+            "fuzz_infer_body",
+            "fuzz_grpc_infer",
+            "fuzz_settings_body",
+        )
     }
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
@@ -98,6 +116,9 @@ def main(out: Path) -> None:
     (dirs["fuzz_http_request"] / "seed_pipelined").write_bytes(
         _http_request(body, header_length) * 2
     )
+    for i, (kind, settings) in enumerate(SETTINGS):
+        body = json.dumps(settings).encode()
+        (dirs["fuzz_settings_body"] / f"seed_{i}").write_bytes(bytes([kind]) + body)
     print(f"seeds written under {out}")
 
 

@@ -8,6 +8,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "model_config.pb.h"
+#include "settings_json.h"
 #include "trace.h"
 #include "version.h"
 
@@ -261,70 +262,31 @@ HttpResponse HttpApi::RepositoryRoute(const std::vector<std::string>& p,
 
 HttpResponse HttpApi::LoggingRoute(const std::string& body, const std::string& method) {
   if (method == "POST") {
-    json in = json::parse(body, nullptr, false);
-    if (in.is_discarded() || !in.is_object()) {
-      return ErrorResponse(InvalidArgument("log settings must be a JSON object"));
-    }
     LogSettings updates;
-    for (auto& [name, v] : in.items()) {
-      if (v.is_boolean()) {
-        updates.emplace_back(name, v.get<bool>());
-      } else if (v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX) {
-        updates.emplace_back(name, static_cast<uint32_t>(v.get<uint64_t>()));
-      } else if (v.is_string()) {
-        updates.emplace_back(name, v.get<std::string>());
-      } else {
-        return ErrorResponse(InvalidArgument("log setting '" + name + "' must be a bool, an " +
-                                             "unsigned 32-bit integer or a string, got " +
-                                             v.dump().substr(0, 80)));
-      }
-    }
-    Status st = UpdateLogSettings(updates, /*from_network=*/true);
+    Status st = LogUpdatesFromJson(body, &updates);
+    if (st.ok()) st = UpdateLogSettings(updates, /*from_network=*/true);
     if (!st.ok()) return ErrorResponse(st);
   } else if (method != "GET") {
     return ErrorResponse(NotFound("unknown route for " + method));
   }
-  json out = json::object();
-  for (const auto& [name, value] : CurrentLogSettings()) {
-    std::visit([&out, &name = name](const auto& x) { out[name] = x; }, value);
-  }
-  return JsonResponse(200, out);
+  HttpResponse r;
+  r.body = LogSettingsToJson(CurrentLogSettings());
+  return r;
 }
 
 HttpResponse HttpApi::TraceRoute(const std::string& model, const std::string& body,
                                  const std::string& method) {
   if (method == "POST") {
-    json in = json::parse(body, nullptr, false);
-    if (in.is_discarded() || !in.is_object()) {
-      return ErrorResponse(InvalidArgument("trace settings must be a JSON object"));
-    }
     TraceUpdates updates;
-    for (auto& [name, v] : in.items()) {
-      std::vector<std::string> values;
-      bool ok = v.is_null() || v.is_string() || v.is_array();
-      if (v.is_string()) values.push_back(v.get<std::string>());
-      for (const json& x : v.is_array() ? v : json::array()) {
-        ok = ok && x.is_string();
-        if (x.is_string()) values.push_back(x.get<std::string>());
-      }
-      if (!ok) {
-        return ErrorResponse(InvalidArgument("trace setting '" + name +
-                                             "' must be a string, an array of strings or null, "
-                                             "got " +
-                                             v.dump().substr(0, 80)));
-      }
-      updates.emplace_back(name, v.is_null() ? std::nullopt : std::optional(std::move(values)));
-    }
-    Status st = Tracer::Get().Update(model, updates);
+    Status st = TraceUpdatesFromJson(body, &updates);
+    if (st.ok()) st = Tracer::Get().Update(model, updates);
     if (!st.ok()) return ErrorResponse(st);
   } else if (method != "GET") {
     return ErrorResponse(NotFound("unknown route for " + method));
   }
-  json out = json::object();
-  for (const auto& [name, values] : Tracer::Get().Settings(model)) {
-    out[name] = name == "trace_level" ? json(values) : json(values.at(0));
-  }
-  return JsonResponse(200, out);
+  HttpResponse r;
+  r.body = TraceSettingsToJson(Tracer::Get().Settings(model));
+  return r;
 }
 
 HttpResponse HttpApi::Statistics(const std::vector<ModelEntry*>& entries) {
