@@ -139,6 +139,35 @@ grpc::Status GrpcApi::TraceSetting(const inference::TraceSettingRequest& request
   return grpc::Status::OK;
 }
 
+grpc::Status GrpcApi::SystemSharedMemoryRegister(
+    const inference::SystemSharedMemoryRegisterRequest& request,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  return ToGrpc(SharedMemoryRegistry::Get().Register(request.name(), request.key(),
+                                                     request.offset(), request.byte_size()));
+}
+
+grpc::Status GrpcApi::SystemSharedMemoryUnregister(
+    const inference::SystemSharedMemoryUnregisterRequest& request,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  return ToGrpc(SharedMemoryRegistry::Get().Unregister(request.name()));
+}
+
+grpc::Status GrpcApi::SystemSharedMemoryStatus(
+    const inference::SystemSharedMemoryStatusRequest& request,
+    inference::SystemSharedMemoryStatusResponse* response) {
+  std::vector<std::shared_ptr<const SharedMemoryRegion>> regions;
+  Status st = SharedMemoryRegistry::Get().List(request.name(), &regions);
+  if (!st.ok()) return ToGrpc(st);
+  for (const auto& r : regions) {
+    auto& out = (*response->mutable_regions())[r->name];
+    out.set_name(r->name);
+    out.set_key(r->key);
+    out.set_offset(r->offset);
+    out.set_byte_size(r->byte_size);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status GrpcApi::ModelMetadata(const inference::ModelMetadataRequest& request,
                                     inference::ModelMetadataResponse* response) {
   ModelEntry* e = nullptr;
@@ -221,6 +250,7 @@ void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
   meta.outputs = r.outputs;
   meta.trace = r.trace;
   auto finish = [meta = std::move(meta), response, done](InferResult&& result) {
+    if (result.status.ok()) result.status = WriteSharedMemoryOutputs(meta, result.outputs);
     if (result.status.ok()) {
       EncodeGrpcResponse(meta, result.model_version, result.outputs, response);
     }

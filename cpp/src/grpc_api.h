@@ -51,6 +51,14 @@ class GrpcApi {
   // Reads and changes the trace settings (Triton's trace extension), as /v2/trace/setting.
   grpc::Status TraceSetting(const inference::TraceSettingRequest& request,
                             inference::TraceSettingResponse* response);
+  // Triton's system shared memory extension, as /v2/systemsharedmemory/...
+  grpc::Status SystemSharedMemoryRegister(const inference::SystemSharedMemoryRegisterRequest& r,
+                                          inference::SystemSharedMemoryRegisterResponse*);
+  grpc::Status SystemSharedMemoryUnregister(
+      const inference::SystemSharedMemoryUnregisterRequest& request,
+      inference::SystemSharedMemoryUnregisterResponse*);
+  grpc::Status SystemSharedMemoryStatus(const inference::SystemSharedMemoryStatusRequest& request,
+                                        inference::SystemSharedMemoryStatusResponse* response);
   grpc::Status RepositoryIndex(const inference::RepositoryIndexRequest&,
                                inference::RepositoryIndexResponse* response);
   // Blocks for a model load and warm-up: the caller runs it on a thread of its own.

@@ -23,6 +23,10 @@ class Tag {
   virtual void Proceed(bool ok) = 0;
 };
 
+constexpr const char* kNoCuda =
+    "CUDA shared memory is not supported on this server (it has no GPU); use system shared "
+    "memory";
+
 }  // namespace
 
 class GrpcServer::Service final : public AsyncBase {};
@@ -359,9 +363,10 @@ std::shared_ptr<void> ServeUnimplemented(
     GrpcServer::Service* service,
     void (Base::*request)(grpc::ServerContext*, Req*, grpc::ServerAsyncResponseWriter<Resp>*,
                           grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*),
-    const std::vector<std::unique_ptr<GrpcServer::Queue>>& queues) {
-  auto handle = [](Call<Req, Resp>* c) {
-    c->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not implemented by rec-server"));
+    const std::vector<std::unique_ptr<GrpcServer::Queue>>& queues,
+    const char* message = "not implemented by rec-server") {
+  auto handle = [message](Call<Req, Resp>* c) {
+    c->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message));
   };
   return ServeUnary<Req, Resp>(service, request, handle, queues);
 }
@@ -423,12 +428,15 @@ Status GrpcServer::Start(int* port) {
           },
           q),
       ServeUnimplemented(s, &S::RequestRepositoryModelUnload, q),
-      ServeUnimplemented(s, &S::RequestSystemSharedMemoryStatus, q),
-      ServeUnimplemented(s, &S::RequestSystemSharedMemoryRegister, q),
-      ServeUnimplemented(s, &S::RequestSystemSharedMemoryUnregister, q),
-      ServeUnimplemented(s, &S::RequestCudaSharedMemoryStatus, q),
-      ServeUnimplemented(s, &S::RequestCudaSharedMemoryRegister, q),
-      ServeUnimplemented(s, &S::RequestCudaSharedMemoryUnregister, q),
+      ServeQuick(s, &S::RequestSystemSharedMemoryStatus, api_, &GrpcApi::SystemSharedMemoryStatus,
+                 q),
+      ServeQuick(s, &S::RequestSystemSharedMemoryRegister, api_,
+                 &GrpcApi::SystemSharedMemoryRegister, q),
+      ServeQuick(s, &S::RequestSystemSharedMemoryUnregister, api_,
+                 &GrpcApi::SystemSharedMemoryUnregister, q),
+      ServeUnimplemented(s, &S::RequestCudaSharedMemoryStatus, q, kNoCuda),
+      ServeUnimplemented(s, &S::RequestCudaSharedMemoryRegister, q, kNoCuda),
+      ServeUnimplemented(s, &S::RequestCudaSharedMemoryUnregister, q, kNoCuda),
       ServeQuick(s, &S::RequestTraceSetting, api_, &GrpcApi::TraceSetting, q),
       ServeQuick(s, &S::RequestLogSettings, api_, &GrpcApi::LogSettings, q),
   };

@@ -187,6 +187,12 @@ void HttpApi::Handle(HttpRequest&& request, HttpResponder respond) {
     if (p[2] == "ready") return respond(Empty(Ready() ? 200 : 503));
   }
   if (p[1] == "repository") return respond(RepositoryRoute(p, m));
+  if (p[1] == "systemsharedmemory") return respond(SharedMemoryRoute(p, request.body, m));
+  if (p[1] == "cudasharedmemory") {
+    return respond(ErrorResponse(
+        InvalidArgument("CUDA shared memory is not supported on this server (it has no GPU); "
+                        "use system shared memory")));
+  }
   if (p[1] != "models" || p.size() < 3) return respond(ErrorResponse(NotFound("unknown path")));
   if (p.size() == 3 && p[2] == "stats") return respond(Statistics(models_->All()));
   ModelEntry* entry = models_->Find(p[2]);
@@ -289,6 +295,50 @@ HttpResponse HttpApi::TraceRoute(const std::string& model, const std::string& bo
   return r;
 }
 
+HttpResponse HttpApi::SharedMemoryRoute(const std::vector<std::string>& p, const std::string& body,
+                                        const std::string& method) {
+  // v2/systemsharedmemory[/region/<name>]/{status,register,unregister}
+  std::string name, verb;
+  if (p.size() == 3) {
+    verb = p[2];
+  } else if (p.size() == 5 && p[2] == "region") {
+    name = p[3];
+    verb = p[4];
+  } else {
+    return ErrorResponse(NotFound("unknown shared memory route"));
+  }
+  SharedMemoryRegistry& registry = SharedMemoryRegistry::Get();
+  if (verb == "status" && method == "GET") {
+    std::vector<std::shared_ptr<const SharedMemoryRegion>> regions;
+    Status st = registry.List(name, &regions);
+    if (!st.ok()) return ErrorResponse(st);
+    json out = json::array();
+    for (const auto& r : regions) {
+      out.push_back(
+          {{"name", r->name}, {"key", r->key}, {"offset", r->offset}, {"byte_size", r->byte_size}});
+    }
+    return JsonResponse(200, out);
+  }
+  if (verb == "unregister" && method == "POST") {
+    Status st = registry.Unregister(name);
+    return st.ok() ? Empty(200) : ErrorResponse(st);
+  }
+  if (verb == "register" && method == "POST" && !name.empty()) {
+    json in = json::parse(body, nullptr, false);
+    if (in.is_discarded() || !in.is_object() || !in.contains("key") || !in["key"].is_string() ||
+        !in.contains("byte_size") || !in["byte_size"].is_number_unsigned() ||
+        (in.contains("offset") && !in["offset"].is_number_unsigned())) {
+      return ErrorResponse(InvalidArgument(
+          "register needs a JSON object with 'key' (a string), 'byte_size' and optionally "
+          "'offset' (numbers >= 0)"));
+    }
+    Status st = registry.Register(name, in["key"].get<std::string>(),
+                                  in.value("offset", uint64_t{0}), in["byte_size"].get<uint64_t>());
+    return st.ok() ? Empty(200) : ErrorResponse(st);
+  }
+  return ErrorResponse(NotFound("unknown shared memory route '" + verb + "' for " + method));
+}
+
 HttpResponse HttpApi::Statistics(const std::vector<ModelEntry*>& entries) {
   json stats = json::array();
   for (ModelEntry* e : entries) stats.push_back(ModelStatsJson(e));
@@ -353,6 +403,7 @@ void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&&
   st = entry->batcher().Enqueue(
       std::move(*request), [meta = std::move(meta), respond](InferResult&& result) {
         HttpResponse r;
+        if (result.status.ok()) result.status = WriteSharedMemoryOutputs(meta, result.outputs);
         if (!result.status.ok()) {
           r = ErrorResponse(result.status);
         } else {

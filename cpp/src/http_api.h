@@ -37,6 +37,9 @@ class HttpApi {
   HttpResponse RepositoryRoute(const std::vector<std::string>& parts, const std::string& method);
   // GET /v2/logging reads the log settings, POST changes them (Triton's logging extension).
   HttpResponse LoggingRoute(const std::string& body, const std::string& method);
+  // Triton's system shared memory extension: register, status, unregister.
+  HttpResponse SharedMemoryRoute(const std::vector<std::string>& parts, const std::string& body,
+                                 const std::string& method);
   // GET /v2[/models/<m>]/trace/setting reads the trace settings, POST changes them.
   HttpResponse TraceRoute(const std::string& model, const std::string& body,
                           const std::string& method);

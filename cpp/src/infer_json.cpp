@@ -109,6 +109,23 @@ Status AppendJsonData(const json& v, DataType dtype, const std::string& name, st
   }
 }
 
+// shared_memory_region / _byte_size / _offset parameters (Triton's names) to a checked slice.
+Status SharedMemoryParams(const json& params, const std::string& what, SharedMemorySlice* slice) {
+  const json& region = params["shared_memory_region"];
+  auto size = params.find("shared_memory_byte_size");
+  auto offset = params.find("shared_memory_offset");
+  if (!region.is_string()) return InvalidArgument(what + ": shared_memory_region must be a string");
+  if (size == params.end() || !size->is_number_unsigned()) {
+    return InvalidArgument(what + ": shared_memory_byte_size must be given, a number >= 0");
+  }
+  if (offset != params.end() && !offset->is_number_unsigned()) {
+    return InvalidArgument(what + ": shared_memory_offset must be a number >= 0");
+  }
+  return SharedMemoryRegistry::Get().Slice(region.get<std::string>(),
+                                           offset == params.end() ? 0 : offset->get<uint64_t>(),
+                                           size->get<uint64_t>(), what, slice);
+}
+
 Status DecodeInput(const json& in, const char* binary, size_t binary_size, size_t* binary_offset,
                    Tensor* t) {
   if (!in.is_object() || !in.contains("name") || !in["name"].is_string()) {
@@ -129,6 +146,15 @@ Status DecodeInput(const json& in, const char* binary, size_t binary_size, size_
     t->shape.push_back(d.get<int64_t>());
   }
   auto params = in.find("parameters");
+  if (params != in.end() && params->is_object() && params->contains("shared_memory_region")) {
+    if (params->contains("binary_data_size") || in.contains("data")) {
+      return InvalidArgument("input '" + t->name +
+                             "': shared_memory_region and data in the body are exclusive");
+    }
+    SharedMemorySlice slice;
+    REC_RETURN_IF_ERROR(SharedMemoryParams(*params, "input '" + t->name + "'", &slice));
+    return ReadSlice(slice, &t->data);
+  }
   if (params != in.end() && params->contains("binary_data_size")) {
     const json& size_json = (*params)["binary_data_size"];
     if (!size_json.is_number_unsigned()) {
@@ -160,10 +186,15 @@ Status DecodeOutputs(const json& root, InferRequest* r) {
     if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) {
       return InvalidArgument("each requested output needs a string 'name'");
     }
-    RequestedOutput ro{o["name"].get<std::string>(), r->binary_output_default};
+    RequestedOutput ro{o["name"].get<std::string>(), r->binary_output_default, std::nullopt};
     auto op = o.find("parameters");
     if (op != o.end() && op->is_object() && op->contains("binary_data")) {
       ro.binary = (*op)["binary_data"].is_boolean() && (*op)["binary_data"].get<bool>();
+    }
+    if (op != o.end() && op->is_object() && op->contains("shared_memory_region")) {
+      SharedMemorySlice slice;
+      REC_RETURN_IF_ERROR(SharedMemoryParams(*op, "output '" + ro.name + "'", &slice));
+      ro.shm = std::move(slice);
     }
     r->outputs.push_back(ro);
   }
@@ -290,15 +321,21 @@ void EncodeInferResponse(const InferRequest& request, const std::string& model_v
   for (const Tensor& t : outputs) {
     bool as_binary = request.binary_output_default;
     bool wanted = request.outputs.empty();
+    const SharedMemorySlice* shm = nullptr;
     for (const RequestedOutput& o : request.outputs) {
       if (o.name == t.name) {
         as_binary = o.binary;
         wanted = true;
+        if (o.shm) shm = &*o.shm;
       }
     }
     if (!wanted) continue;
     json o = {{"name", t.name}, {"datatype", DataTypeName(t.dtype)}, {"shape", t.shape}};
-    if (as_binary) {
+    if (shm != nullptr) {  // written there already (WriteSharedMemoryOutputs)
+      o["parameters"] = {{"shared_memory_region", shm->region->name},
+                         {"shared_memory_byte_size", t.data.size()}};
+      if (shm->offset != 0) o["parameters"]["shared_memory_offset"] = shm->offset;
+    } else if (as_binary) {
       o["parameters"] = {{"binary_data_size", t.data.size()}};
       binary += t.data;
     } else {

@@ -276,4 +276,15 @@ std::vector<Tensor> SliceOutputs(const std::vector<Tensor>& outputs, int64_t beg
   return sliced;
 }
 
+Status WriteSharedMemoryOutputs(const InferRequest& request, const std::vector<Tensor>& outputs) {
+  for (const RequestedOutput& o : request.outputs) {
+    if (!o.shm) continue;
+    for (const Tensor& t : outputs) {
+      if (t.name == o.name)
+        REC_RETURN_IF_ERROR(WriteSlice(*o.shm, "output '" + t.name + "'", t.data));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace rec

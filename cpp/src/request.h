@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model_spec.h"
+#include "shared_memory.h"
 #include "status.h"
 #include "tensor.h"
 #include "trace.h"
@@ -18,7 +20,8 @@ namespace rec {
 
 struct RequestedOutput {
   std::string name;
-  bool binary = false;  // HTTP only: send as binary tensor data
+  bool binary = false;                   // HTTP only: send as binary tensor data
+  std::optional<SharedMemorySlice> shm;  // write it there instead of into the response
 };
 
 struct InferRequest {
@@ -50,6 +53,10 @@ std::vector<IoSpec> RequestInputs(const ModelSpec& spec);
 // Concatenates validated requests (inputs in spec order) into one batch of inputs.
 std::vector<Tensor> ConcatenateInputs(const ModelSpec& spec,
                                       const std::vector<const InferRequest*>& requests);
+
+// Writes each output the request asked for in shared memory into its slice (before the response
+// is encoded; those outputs carry no data in it). InvalidArgument naming one that does not fit.
+Status WriteSharedMemoryOutputs(const InferRequest& request, const std::vector<Tensor>& outputs);
 
 // Checks the model's outputs for a batch of `batch_size` rows against the spec.
 Status CheckOutputs(const ModelSpec& spec, int64_t batch_size, const std::vector<Tensor>& outputs);

@@ -161,7 +161,7 @@ TEST(InferJson, BytesThroughValidationInEveryHttpForm) {
 TEST(InferJson, EncodesBinaryAndJsonOutputs) {
   InferRequest meta;
   meta.model_name = "m";
-  meta.outputs = {{"scores", true}};
+  meta.outputs = {{"scores", true, std::nullopt}};
   Tensor scores = testing::MakeTensor<float>("scores", DataType::kFp32, {2, 1}, {0.5f, 0.25f});
   std::string body;
   long long header = -1;
@@ -172,7 +172,7 @@ TEST(InferJson, EncodesBinaryAndJsonOutputs) {
   EXPECT_EQ(j["outputs"][0]["parameters"]["binary_data_size"], 8);
   EXPECT_EQ(body.substr(static_cast<size_t>(header)), scores.data);
 
-  meta.outputs = {{"scores", false}};
+  meta.outputs = {{"scores", false, std::nullopt}};
   EncodeInferResponse(meta, "3", {scores}, &body, &header);
   EXPECT_EQ(header, -1);
   j = nlohmann::json::parse(body);

@@ -87,7 +87,7 @@ TEST(Validate, EachProblemNamesTheTensor) {
        "given more than once"},
       {"bad output",
        [](InferRequest* r) {
-         r->outputs.push_back({"nope", true});
+         r->outputs.push_back({"nope", true, std::nullopt});
        },
        "'nope'"},
   };

@@ -133,7 +133,7 @@ def test_grpc_streaming(server, reference):
 
 def test_grpc_unimplemented_methods_answer_unimplemented(server):
     with grpcclient.InferenceServerClient(server.grpc) as c:
-        for call in (c.get_system_shared_memory_status, c.get_cuda_shared_memory_status):
+        for call in (c.get_cuda_shared_memory_status, lambda: c.unload_model("rec")):
             with pytest.raises(InferenceServerException) as e:
                 call()
             assert e.value.status() == "StatusCode.UNIMPLEMENTED"
