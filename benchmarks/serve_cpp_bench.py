@@ -14,8 +14,11 @@ tables scaled by --kaggle-scale (1.0: Criteo Kaggle's 33.8M rows).
 For each model and intra-op thread count (server and in-process loop alike): the in-process
 forward at B = 1 and B = 512; with batching off, bare round trips (`live`) and B = 1 p50 with
 one client, HTTP and gRPC alternating in short rounds, with the server's threads polling for
-work (`--busy-poll-us`, the default) and sleeping (`--busy-poll-us 0`); saturation throughput
-of B = 1 requests (16 clients) with batching off and on; and B = 512 throughput (2 clients).
+work (`--busy-poll-us`, the default) and sleeping (`--busy-poll-us 0`); B = 512 p50 with one
+client, the tensors through the socket and through system shared memory (rec-bench
+`--shared-memory system`: what is left over the in-process forward is the transport);
+saturation throughput of B = 1 requests (16 clients) with batching off and on; and B = 512
+throughput (2 clients).
 The server runs one executor thread, one HTTP and one gRPC thread. Client and server share the
 machine's cores, so the numbers are a lower bound of what the server does alone.
 
@@ -28,6 +31,7 @@ Markdown tables; `--report` redraws the plot and tables from the JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -157,6 +161,13 @@ def run(repo: Path, model: str, seconds: float, delay_us: int, threads: int, rou
                 if not batching:
                     servers = {"": server, "_sleep": sleeping}
                     results.update(run_unbatched(servers, copy, model, seconds, rounds))
+                    # B = 512, one client, tensors through the socket and through shared memory:
+                    # the p50 over the in-process forward is the transport's cost.
+                    for proto, shm in itertools.product(("http", "grpc"), ("none", "system")):
+                        target = server.http if proto == "http" else server.grpc
+                        key = f"{proto}_b512_c1{'_shm' if shm == 'system' else ''}_batching_off"
+                        results[key] = bench(proto, copy, model, 512, 1, seconds, "--target",
+                                             target, "--shared-memory", shm)  # fmt: skip
                     continue
                 for proto in ("http", "grpc"):
                     target = server.http if proto == "http" else server.grpc
@@ -199,6 +210,14 @@ def summarize(r: dict) -> dict:
             r[f"{proto}_b1_sat_batching_on"]["rows_per_s"]
             / r[f"{proto}_b1_sat_batching_off"]["rows_per_s"]
         )
+        if f"{proto}_b512_c1_shm_batching_off" in r:  # runs from before shared memory lack it
+            fwd512_us = r["forward_b512"]["p50_us"]
+            s[f"{proto}_b512_transport_us"] = (
+                r[f"{proto}_b512_c1_batching_off"]["p50_us"] - fwd512_us
+            )
+            s[f"{proto}_b512_transport_us_shm"] = (
+                r[f"{proto}_b512_c1_shm_batching_off"]["p50_us"] - fwd512_us
+            )
         s[f"{proto}_b512_fraction_of_in_process"] = (
             max(
                 r[f"{proto}_b512_batching_off"]["rows_per_s"],

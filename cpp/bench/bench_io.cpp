@@ -1,8 +1,10 @@
 #include "bench_io.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -134,6 +136,75 @@ int HttpConnection::RoundTrip(const std::string& request) {
   }
   Connect();
   return 0;
+}
+
+SharedMemoryInputs::SharedMemoryInputs(Registrar registrar, const std::string& tag,
+                                       const std::vector<Tensor>& inputs, size_t output_bytes)
+    : registrar_(std::move(registrar)), tag_(tag), key_("/" + tag), output_bytes_(output_bytes) {
+  for (const Tensor& t : inputs) {
+    offsets_.push_back(in_bytes_);
+    in_bytes_ += t.data.size();
+  }
+  int fd = shm_open(key_.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  if (fd < 0) return;
+  void* map = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(in_bytes_ + output_bytes_)) == 0) {
+    map = mmap(nullptr, in_bytes_ + output_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  if (map == MAP_FAILED) return;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::memcpy(static_cast<char*>(map) + offsets_[i], inputs[i].data.data(),
+                inputs[i].data.size());
+  }
+  munmap(map, in_bytes_ + output_bytes_);
+  ok_ = registrar_.add(in_region(), key_, 0, in_bytes_) &&
+        registrar_.add(out_region(), key_, in_bytes_, output_bytes_);
+}
+
+SharedMemoryInputs::~SharedMemoryInputs() {
+  registrar_.remove(in_region());
+  registrar_.remove(out_region());
+  shm_unlink(key_.c_str());
+}
+
+SharedMemoryInputs::Registrar HttpRegistrar(const std::string& target) {
+  auto conn = std::make_shared<HttpConnection>(target);
+  auto post = [conn, target](const std::string& path, const std::string& body) {
+    return conn->RoundTrip("POST " + path + " HTTP/1.1\r\nHost: " + target +
+                           "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+                           body) == 200;
+  };
+  return {[post](const std::string& region, const std::string& key, size_t offset, size_t size) {
+            nlohmann::json body = {{"key", key}, {"offset", offset}, {"byte_size", size}};
+            return post("/v2/systemsharedmemory/region/" + region + "/register", body.dump());
+          },
+          [post](const std::string& region) {
+            post("/v2/systemsharedmemory/region/" + region + "/unregister", "");
+          }};
+}
+
+std::string HttpSharedMemoryRequest(const std::string& host, const std::string& model,
+                                    const std::vector<Tensor>& inputs,
+                                    const SharedMemoryInputs& shm) {
+  nlohmann::json header;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    header["inputs"].push_back({{"name", t.name},
+                                {"datatype", DataTypeName(t.dtype)},
+                                {"shape", t.shape},
+                                {"parameters",
+                                 {{"shared_memory_region", shm.in_region()},
+                                  {"shared_memory_offset", shm.offsets()[i]},
+                                  {"shared_memory_byte_size", t.data.size()}}}});
+  }
+  header["outputs"] = {{{"name", "scores"},
+                        {"parameters",
+                         {{"shared_memory_region", shm.out_region()},
+                          {"shared_memory_byte_size", shm.output_bytes()}}}}};
+  std::string body = header.dump();
+  return "POST /v2/models/" + model + "/infer HTTP/1.1\r\nHost: " + host +
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 }  // namespace rec::bench

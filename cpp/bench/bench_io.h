@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,44 @@ std::string NewestVersion(const std::string& model_dir);
 // The full HTTP request (binary tensor data extension, binary output) for `inputs`.
 std::string HttpInferRequest(const std::string& host, const std::string& model,
                              const std::vector<Tensor>& inputs);
+
+// A client's system shared memory for --shared-memory system: one POSIX object holding `inputs`
+// one after another, then room for the outputs; registered with the server as two regions
+// (<tag>_in, <tag>_out) through `registrar` (the protocol's register / unregister calls), and
+// unregistered and unlinked by the destructor.
+class SharedMemoryInputs {
+ public:
+  struct Registrar {
+    std::function<bool(const std::string& region, const std::string& key, size_t offset,
+                       size_t size)>
+        add;
+    std::function<void(const std::string& region)> remove;
+  };
+  SharedMemoryInputs(Registrar registrar, const std::string& tag, const std::vector<Tensor>& inputs,
+                     size_t output_bytes);
+  ~SharedMemoryInputs();
+  bool ok() const { return ok_; }
+  std::string in_region() const { return tag_ + "_in"; }
+  std::string out_region() const { return tag_ + "_out"; }
+  size_t output_bytes() const { return output_bytes_; }
+  // Each input's offset in the input region, in order.
+  const std::vector<size_t>& offsets() const { return offsets_; }
+
+ private:
+  Registrar registrar_;
+  std::string tag_, key_;
+  size_t in_bytes_ = 0, output_bytes_ = 0;
+  std::vector<size_t> offsets_;
+  bool ok_ = false;
+};
+
+// The HTTP request for `inputs` read from, and the outputs written into, `shm`'s regions.
+std::string HttpSharedMemoryRequest(const std::string& host, const std::string& model,
+                                    const std::vector<Tensor>& inputs,
+                                    const SharedMemoryInputs& shm);
+
+// Register / unregister over HTTP at `target` ("host:port").
+SharedMemoryInputs::Registrar HttpRegistrar(const std::string& target);
 
 class HttpConnection {
  public:

@@ -8,16 +8,22 @@
 //                     [--call infer|live]
 //   rec-bench grpc    --model-repository DIR --target H:P --batch B [--concurrency C] [--seconds S]
 //                     [--call infer|live] [--grpc-client generic|stub] [--grpc-arg NAME=INT]...
+//                     [--shared-memory none|system]
 //
 // --call live: a bare liveness round trip (GET /v2/health/live, ServerLive), no model involved.
+// --shared-memory system (http, grpc): each thread's inputs sit in a POSIX shared memory region
+// it registers with the server, and the scores are written into another; the request carries
+// only their names, so no tensor crosses the socket.
 // Prints one JSON object: requests/s, rows/s and latency percentiles in microseconds.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -43,6 +49,7 @@ struct Options {
   std::vector<std::pair<std::string, int>> grpc_args;  // --grpc-arg NAME=INT, repeatable
   std::string call = "infer";           // or "live": a bare liveness round trip, no model involved
   std::string grpc_client = "generic";  // or "stub"
+  std::string shared_memory = "none";   // or "system": inputs and scores in shared memory
   int64_t batch = 1;
   int concurrency = 1;
   int intra_op_threads = 1;  // forward only
@@ -126,17 +133,59 @@ std::shared_ptr<grpc::Channel> GrpcChannel(const Options& o) {
   return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
 }
 
-inference::ModelInferRequest GrpcInferRequest(const Options& o, const std::vector<Tensor>& inputs) {
+inference::ModelInferRequest GrpcInferRequest(const Options& o, const std::vector<Tensor>& inputs,
+                                              const SharedMemoryInputs* shm = nullptr) {
   inference::ModelInferRequest request;
   request.set_model_name(o.model);
-  for (const Tensor& tensor : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& tensor = inputs[i];
     auto* in = request.add_inputs();
     in->set_name(tensor.name);
     in->set_datatype(DataTypeName(tensor.dtype));
     for (int64_t d : tensor.shape) in->add_shape(d);
-    request.add_raw_input_contents(tensor.data);
+    if (shm == nullptr) {
+      request.add_raw_input_contents(tensor.data);
+      continue;
+    }
+    auto& params = *in->mutable_parameters();
+    params["shared_memory_region"].set_string_param(shm->in_region());
+    params["shared_memory_offset"].set_int64_param(static_cast<int64_t>(shm->offsets()[i]));
+    params["shared_memory_byte_size"].set_int64_param(static_cast<int64_t>(tensor.data.size()));
+  }
+  if (shm != nullptr) {
+    auto* out = request.add_outputs();
+    out->set_name("scores");
+    auto& params = *out->mutable_parameters();
+    params["shared_memory_region"].set_string_param(shm->out_region());
+    params["shared_memory_byte_size"].set_int64_param(static_cast<int64_t>(shm->output_bytes()));
   }
   return request;
+}
+
+// Bytes of the model's outputs for `rows` rows (what the output region must hold).
+size_t OutputBytes(const ModelSpec& spec, int64_t rows) {
+  size_t bytes = 0;
+  for (const IoSpec& io : spec.outputs) {
+    int64_t n = rows;
+    for (int64_t d : io.dims) n *= d;
+    bytes += static_cast<size_t>(n) * ElementSize(io.dtype);
+  }
+  return bytes;
+}
+
+// --shared-memory system: the thread's inputs in regions of its own (kept for the run).
+std::shared_ptr<SharedMemoryInputs> ThreadSharedMemory(const Options& o, const ModelSpec& spec,
+                                                       const std::vector<Tensor>& inputs, int t,
+                                                       SharedMemoryInputs::Registrar registrar) {
+  if (o.shared_memory != "system") return nullptr;
+  std::string tag = "rec_bench_" + std::to_string(getpid()) + "_" + std::to_string(t);
+  auto shm = std::make_shared<SharedMemoryInputs>(std::move(registrar), tag, inputs,
+                                                  OutputBytes(spec, o.batch));
+  if (!shm->ok()) {
+    std::cerr << "rec-bench: could not set up shared memory " << tag << "\n";
+    std::exit(1);
+  }
+  return shm;
 }
 
 // --grpc-client generic (default): like the HTTP client, the request is serialized once and
@@ -146,8 +195,30 @@ inference::ModelInferRequest GrpcInferRequest(const Options& o, const std::vecto
 ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
   return [&o, &spec](int t) -> RequestFn {
     auto channel = GrpcChannel(o);
-    auto request = std::make_shared<inference::ModelInferRequest>(
-        GrpcInferRequest(o, RandomBatch(spec, o.batch, 1000 + t)));
+    std::vector<Tensor> inputs = RandomBatch(spec, o.batch, 1000 + t);
+    std::shared_ptr<inference::GRPCInferenceService::Stub> control =
+        inference::GRPCInferenceService::NewStub(channel);
+    SharedMemoryInputs::Registrar registrar{
+        [control](const std::string& region, const std::string& key, size_t offset, size_t size) {
+          grpc::ClientContext ctx;
+          inference::SystemSharedMemoryRegisterRequest r;
+          r.set_name(region);
+          r.set_key(key);
+          r.set_offset(offset);
+          r.set_byte_size(size);
+          inference::SystemSharedMemoryRegisterResponse response;
+          return control->SystemSharedMemoryRegister(&ctx, r, &response).ok();
+        },
+        [control](const std::string& region) {
+          grpc::ClientContext ctx;
+          inference::SystemSharedMemoryUnregisterRequest r;
+          r.set_name(region);
+          inference::SystemSharedMemoryUnregisterResponse response;
+          (void)control->SystemSharedMemoryUnregister(&ctx, r, &response);
+        }};
+    std::shared_ptr<SharedMemoryInputs> shm = ThreadSharedMemory(o, spec, inputs, t, registrar);
+    auto request =
+        std::make_shared<inference::ModelInferRequest>(GrpcInferRequest(o, inputs, shm.get()));
     if (o.grpc_client == "stub" || o.call == "live") {
       auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
           inference::GRPCInferenceService::NewStub(channel));
@@ -158,7 +229,7 @@ ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
           return stub->ServerLive(&ctx, inference::ServerLiveRequest(), &response).ok();
         };
       }
-      return [stub, request] {
+      return [stub, request, shm] {
         grpc::ClientContext ctx;
         inference::ModelInferResponse response;
         return stub->ModelInfer(&ctx, *request, &response).ok();
@@ -169,7 +240,7 @@ ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
     auto payload = std::make_shared<grpc::ByteBuffer>(&slice, 1);
     auto stub = std::make_shared<grpc::GenericStub>(channel);
     auto cq = std::make_shared<grpc::CompletionQueue>();
-    return [stub, cq, payload] {
+    return [stub, cq, payload, shm] {
       grpc::ClientContext ctx;
       grpc::ByteBuffer response;
       grpc::Status status;
@@ -187,11 +258,14 @@ ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
 ClientFactory HttpClients(const Options& o, const ModelSpec& spec) {
   return [&o, &spec](int t) -> RequestFn {
     auto conn = std::make_shared<HttpConnection>(o.target);
+    std::vector<Tensor> inputs = RandomBatch(spec, o.batch, 1000 + t);
+    std::shared_ptr<SharedMemoryInputs> shm =
+        ThreadSharedMemory(o, spec, inputs, t, HttpRegistrar(o.target));
     auto request = std::make_shared<std::string>(
-        o.call == "live"
-            ? "GET /v2/health/live HTTP/1.1\r\nHost: " + o.target + "\r\n\r\n"
-            : HttpInferRequest(o.target, o.model, RandomBatch(spec, o.batch, 1000 + t)));
-    return [conn, request] { return conn->RoundTrip(*request) == 200; };
+        o.call == "live" ? "GET /v2/health/live HTTP/1.1\r\nHost: " + o.target + "\r\n\r\n"
+        : shm            ? HttpSharedMemoryRequest(o.target, o.model, inputs, *shm)
+                         : HttpInferRequest(o.target, o.model, inputs));
+    return [conn, request, shm] { return conn->RoundTrip(*request) == 200; };
   };
 }
 
@@ -201,7 +275,7 @@ int Main(int argc, char** argv) {
     std::cerr << "usage: rec-bench forward|http|grpc --model-repository DIR [--target H:P]"
                  " [--model NAME] [--batch B] [--concurrency C] [--seconds S]"
                  " [--intra-op-threads N] [--call infer|live] [--grpc-client generic|stub]"
-                 " [--grpc-arg NAME=INT]\n";
+                 " [--grpc-arg NAME=INT] [--shared-memory none|system]\n";
     return 2;
   }
   o.mode = argv[1];
@@ -212,6 +286,7 @@ int Main(int argc, char** argv) {
     if (flag == "--target") o.target = value;
     if (flag == "--call") o.call = value;
     if (flag == "--grpc-client") o.grpc_client = value;
+    if (flag == "--shared-memory") o.shared_memory = value;
     if (flag == "--intra-op-threads") o.intra_op_threads = std::stoi(value);
     if (flag == "--grpc-arg") {
       size_t eq = value.find('=');
