@@ -5,7 +5,8 @@
 # those two addresses, so no traffic leaves the namespaces. Needs root (ip netns).
 #
 #   scripts/multihost.sh CONFIG RUN_DIR [--resume]
-#   NPROC=2 (ranks per host)  PORT=29500  PYTHON=.venv/bin/python  MAX_RESTARTS=0
+#   NPROC=2 (ranks per host)  HOSTS=2 (1 runs host 0 alone, for comparison)  PORT=29500
+#   PYTHON=.venv/bin/python  MAX_RESTARTS=0
 #
 # The namespaces and the veth pair are named after this script's PID and removed on exit.
 set -euo pipefail
@@ -20,10 +21,12 @@ CONFIG=$(realpath "$1")
 RUN=$(realpath -m "$2")
 RESUME=${3:-}
 NPROC=${NPROC:-2}
+HOSTS=${HOSTS:-2}
 PORT=${PORT:-29500}
 PYTHON=${PYTHON:-$PWD/.venv/bin/python}
 MAX_RESTARTS=${MAX_RESTARTS:-0}
 [ -f "$CONFIG" ] || die "config $CONFIG does not exist"
+[ "$HOSTS" = 1 ] || [ "$HOSTS" = 2 ] || die "HOSTS must be 1 or 2, got $HOSTS"
 [ -z "$RESUME" ] || [ "$RESUME" = "--resume" ] || die "third argument must be --resume, got $RESUME"
 
 TAG=rec$$
@@ -48,18 +51,20 @@ done
 host() {  # one host: torchrun in namespace $1, with gloo on its veth
   local i=$1
   ip netns exec "${TAG}h$i" env GLOO_SOCKET_IFNAME="${TAG}v$i" OMP_NUM_THREADS=1 \
-    "$PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node "$NPROC" \
+    "$PYTHON" -m torch.distributed.run --nnodes "$HOSTS" --nproc-per-node "$NPROC" \
     --rdzv-backend c10d --rdzv-endpoint "${ADDRS[0]}:$PORT" --rdzv-id "$TAG" \
     --rdzv-conf "is_host=$([ "$i" = 0 ] && echo true || echo false)" --local-addr "${ADDRS[$i]}" \
     --max-restarts "$MAX_RESTARTS" --monitor-interval 0.5 \
     -m rec.train.worker --config "$CONFIG" --run-dir "$RUN" $RESUME
 }
 
-echo "[multihost] 2 hosts x $NPROC ranks: ${TAG}h0 (${ADDRS[0]}), ${TAG}h1 (${ADDRS[1]}) -> $RUN"
-host 0 & first=$!
-host 1 & second=$!
+echo "[multihost] $HOSTS host(s) x $NPROC ranks: ${TAG}h0 (${ADDRS[0]}), ${TAG}h1 (${ADDRS[1]}) -> $RUN"
+pids=()
+for ((i = 0; i < HOSTS; i++)); do
+  host "$i" &
+  pids+=($!)
+done
 status=0
-wait "$first" || status=$?
-wait "$second" || status=$?
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
 [ "$status" -eq 0 ] && echo "[multihost] done: $RUN" || echo "[multihost] failed (exit $status)" >&2
 exit "$status"
