@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -96,3 +98,13 @@ def assert_same_rows(got: np.ndarray, want: np.ndarray) -> None:
     (the matmul blocks differently), while a wrong row differs by far more."""
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def http_post(address: str, route: str, body: bytes) -> tuple[int, str]:
+    """POSTs raw bytes (bodies the stock client would not send); the status and the text."""
+    request = urllib.request.Request(f"http://{address}{route}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from clients import infer_inputs
+from clients import http_post, infer_inputs
 from server import Server
 from tiny_model import make_batch
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -112,15 +110,6 @@ def test_log_file_from_the_command_line(repo, tmp_path):
     assert "batch of 9 rows" not in s.stderr()
 
 
-def _post(address: str, body: bytes) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://{address}/v2/logging", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
@@ -141,7 +130,7 @@ def _post(address: str, body: bytes) -> tuple[int, str]:
     ],
 )
 def test_bad_log_settings_are_400_and_change_nothing(server, body, expected):
-    status, text = _post(server.http, body)
+    status, text = http_post(server.http, "/v2/logging", body)
     assert status == 400, text
     assert expected in json.loads(text)["error"]
     with httpclient.InferenceServerClient(server.http) as c:

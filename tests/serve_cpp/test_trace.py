@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from clients import infer_inputs
+from clients import http_post, infer_inputs
 from server import Server
 from tiny_model import make_batch
 from tritonclient.utils import InferenceServerException
@@ -160,15 +158,6 @@ def test_rate_log_frequency_and_model_settings(traced):
     assert not path.exists()
 
 
-def _post(address: str, route: str, body: bytes) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://{address}{route}", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
@@ -188,7 +177,7 @@ def _post(address: str, route: str, body: bytes) -> tuple[int, str]:
 )
 def test_bad_trace_settings_are_400_and_change_nothing(server, body, expected):
     for route in ("/v2/trace/setting", "/v2/models/rec/trace/setting"):
-        status, text = _post(server.http, route, body)
+        status, text = http_post(server.http, route, body)
         assert status == 400, text
         assert expected in json.loads(text)["error"]
     with httpclient.InferenceServerClient(server.http) as c:
