@@ -12,8 +12,12 @@
 // kernel by batch size without changing any bit: large batches go to `at::_int_mm` (oneDNN's
 // int8 GEMM through PyTorch: VNNI / AMX-INT8 kernels, weights reordered per call, which pays
 // from ~32 rows on), small ones to the AVX-512 VNNI kernel below, which reads the weights in
-// their stored layout with no per-call set-up. Without AVX-512 VNNI every batch goes to
-// `at::_int_mm`.
+// their stored layout with no per-call set-up. Without AVX-512 VNNI, an AVX2 kernel of ours runs
+// every batch: PyTorch's `at::_int_mm` then falls back to a scalar loop (measured 22x slower
+// than fp32 at 512 x 1728 x 1728 on an AVX2-only AMD EPYC), so the op does not use it there.
+// The AVX2 kernel widens codes and weights to int16 (vpmovsxbw) and multiplies pairs into int32
+// (vpmaddwd): |q * W| <= 127 * 127, so a pair's sum fits in int16's product range and nothing
+// saturates, unlike vpmaddubsw's u8 x s8 form, whose +128 shift could overflow int16.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -66,12 +70,59 @@ __attribute__((target("avx512f,avx512bw"))) void QuantizeRowAvx512(const float* 
   for (; c < k; ++c) out[c] = Code(row[c], s, shift);
 }
 
+// 8 codes as int32: clamp(round-half-even(v / s), -127, 127).
+__attribute__((target("avx2"))) inline __m256i Codes8(const float* v, __m256 s, __m256 lo,
+                                                      __m256 hi) {
+  const __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(v), s),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, q)));
+}
+
+// The same, 16 values at a time with AVX2. Codes are packed with signed saturation (they are in
+// [-127, 127] already) and the +128 shift, when asked for, is a flip of the top bit.
+__attribute__((target("avx2"))) void QuantizeRowAvx2(const float* row, int64_t k, uint8_t* out,
+                                                     float* scale, int shift) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= k; c += 8)
+    vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(row + c), abs_mask));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = 0.0f;
+  for (float v : lanes) amax = std::max(amax, v);
+  for (; c < k; ++c) amax = std::max(amax, std::fabs(row[c]));
+  const float s = RowScale(amax);
+  *scale = s;
+  const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m128i flip = _mm_set1_epi8(shift ? static_cast<char>(0x80) : 0);
+  for (c = 0; c + 16 <= k; c += 16) {
+    // packs interleaves 128-bit lanes: [a0-3 b0-3 a4-7 b4-7]; the permute puts a before b.
+    const __m256i words = _mm256_permute4x64_epi64(
+        _mm256_packs_epi32(Codes8(row + c, vs, lo, hi), Codes8(row + c + 8, vs, lo, hi)), 0xD8);
+    const __m128i bytes =
+        _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), _mm_xor_si128(bytes, flip));
+  }
+  for (; c < k; ++c) out[c] = Code(row[c], s, shift);
+}
+
 bool HasAvx512() {
   static const bool yes = [] {
     __builtin_cpu_init();
     const char* cap = std::getenv("REC_MAX_CPU_ISA");
     if (cap && std::string(cap) != "avx512") return false;
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return yes;
+}
+
+bool HasAvx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    const char* cap = std::getenv("REC_MAX_CPU_ISA");  // scalar: no AVX2 kernel
+    if (cap && std::string(cap) == "scalar") return false;
+    return __builtin_cpu_supports("avx2") != 0;
   }();
   return yes;
 }
@@ -85,11 +136,15 @@ void QuantizeRows(const at::Tensor& x, int shift, at::Tensor* codes, at::Tensor*
   const float* xp = x.data_ptr<float>();
   auto* qp = static_cast<uint8_t*>(codes->data_ptr());
   float* sp = scales->data_ptr<float>();
-  const bool wide = HasAvx512();
+  const bool wide = HasAvx512(), avx2 = HasAvx2();
   for (int64_t i = 0; i < m; ++i) {
     const float* row = xp + i * k;
     if (wide) {
       QuantizeRowAvx512(row, k, qp + i * k, sp + i, shift);
+      continue;
+    }
+    if (avx2) {
+      QuantizeRowAvx2(row, k, qp + i * k, sp + i, shift);
       continue;
     }
     float amax = 0.0f;
@@ -168,6 +223,90 @@ at::Tensor VnniProduct(const at::Tensor& shifted, const at::Tensor& w) {
   return acc;
 }
 
+// 16 codes widened to int16 lanes.
+__attribute__((target("avx2"))) inline __m256i Load16(const int8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// AVX2, without VNNI: acc[r][c] = sum_k q[r][k] * W[c][k] over R rows x C outputs. 16 k at a
+// time widened to int16 lanes, pairs multiplied and added into int32 by vpmaddwd; the k % 16
+// tail is added in scalar code (integers: the same sum). 4 x 3 tiles use 12 + 3 + 1 of the 16
+// ymm registers. vpmaddwd's throughput bounds it, 16 products per instruction where an fp32 FMA
+// does 8 but issues twice per cycle on Zen 3, so on such a CPU int8 runs at about fp32's speed
+// at large batches and wins only where fp32 is bound by the weight's bytes (small batches).
+// Widening codes and weights to int16 once per call instead was measured no faster.
+template <int R, int C>
+__attribute__((target("avx2"))) void Avx2Tile(const int8_t* x, const int8_t* w, int64_t k,
+                                              int64_t row0, int64_t col0, int64_t n,
+                                              int32_t* acc_out) {
+  __m256i acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_si256();
+  const int64_t body = k - k % 16;
+  for (int64_t kk = 0; kk < body; kk += 16) {
+    __m256i wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = Load16(w + (col0 + c) * k + kk);
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv = Load16(x + (row0 + r) * k + kk);
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(xv, wv[c]));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const int8_t* xr = x + (row0 + r) * k;
+    for (int c = 0; c < C; ++c) {
+      const int8_t* wc = w + (col0 + c) * k;
+      __m128i s =
+          _mm_add_epi32(_mm256_castsi256_si128(acc[r][c]), _mm256_extracti128_si256(acc[r][c], 1));
+      s = _mm_hadd_epi32(s, s);
+      s = _mm_hadd_epi32(s, s);
+      int32_t total = _mm_cvtsi128_si32(s);
+      for (int64_t kk = body; kk < k; ++kk) total += int32_t{xr[kk]} * int32_t{wc[kk]};
+      acc_out[(row0 + r) * n + col0 + c] = total;
+    }
+  }
+}
+
+using Avx2Fn = void (*)(const int8_t*, const int8_t*, int64_t, int64_t, int64_t, int64_t, int32_t*);
+
+template <int R, int C>
+constexpr Avx2Fn kAvx2 = &Avx2Tile<R, C>;
+
+constexpr int kAvx2Rows = 4, kAvx2Cols = 3;
+const Avx2Fn kAvx2Table[kAvx2Rows][kAvx2Cols] = {
+    {kAvx2<1, 1>, kAvx2<1, 2>, kAvx2<1, 3>},
+    {kAvx2<2, 1>, kAvx2<2, 2>, kAvx2<2, 3>},
+    {kAvx2<3, 1>, kAvx2<3, 2>, kAvx2<3, 3>},
+    {kAvx2<4, 1>, kAvx2<4, 2>, kAvx2<4, 3>},
+};
+
+// Rows are taken kAvx2RowBlock at a time so that their codes stay in L2 while every output
+// tile passes over them (a block of 32 rows of K = 1728 is 55 KB).
+constexpr int64_t kAvx2RowBlock = 32;
+
+// acc [M, N] = sum_k q W, exact, by the AVX2 tiles (any M).
+at::Tensor Avx2Product(const at::Tensor& codes, const at::Tensor& w) {
+  const int64_t m = codes.size(0), k = codes.size(1), n = w.size(0);
+  at::Tensor acc = at::empty({m, n}, codes.options().dtype(at::kInt));
+  const int8_t* xp = codes.data_ptr<int8_t>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  int32_t* out = acc.data_ptr<int32_t>();
+  const int64_t tiles = (n + kAvx2Cols - 1) / kAvx2Cols;
+  for (int64_t block = 0; block < m; block += kAvx2RowBlock) {
+    const int64_t block_end = std::min(m, block + kAvx2RowBlock);
+    at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t col = t0 * kAvx2Cols; col < std::min(n, t1 * kAvx2Cols); col += kAvx2Cols) {
+        const int cols = static_cast<int>(std::min<int64_t>(kAvx2Cols, n - col));
+        for (int64_t row = block; row < block_end; row += kAvx2Rows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kAvx2Rows, block_end - row));
+          kAvx2Table[rows - 1][cols - 1](xp, wp, k, row, col, n, out);
+        }
+      }
+    });
+  }
+  return acc;
+}
+
 // y = (float(acc - shift * w_sum_j) * s_i) * w_scale_j + b_j, element by element, in this order
 // on every path (plain IEEE operations: vectorized or not, the same bits).
 at::Tensor Dequantize(const at::Tensor& acc, const at::Tensor& scales, const at::Tensor& w_scale,
@@ -210,7 +349,10 @@ at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const int shift = small ? 128 : 0;
   at::Tensor codes, scales;
   QuantizeRows(x.contiguous(), shift, &codes, &scales);
-  at::Tensor acc = small ? VnniProduct(codes, w) : at::_int_mm(codes, w.t());
+  at::Tensor acc = small       ? VnniProduct(codes, w)
+                   : HasVnni() ? at::_int_mm(codes, w.t())
+                   : HasAvx2() ? Avx2Product(codes, w)
+                               : at::_int_mm(codes, w.t());
   at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
   return Dequantize(acc, scales, w_scale.contiguous(), w_sum.contiguous(), shift,
                     has_bias ? b.data_ptr<float>() : nullptr);
