@@ -240,6 +240,7 @@ def swap_dense(module: nn.Module, batch_invariant: bool, dtype: str = "fp32") ->
         if batch_invariant or torch_dtype == torch.int8:
             return invariant_linear(weight, bias, torch_dtype)
         if weight.numel() > SMALL_LAYER:  # bf16
+            require_bf16_cpu()
             return PackedLinear(weight, bias, torch_dtype)
         return _plain_linear(weight, bias)
 

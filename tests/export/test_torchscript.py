@@ -136,12 +136,13 @@ def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
 
 
 @pytest.mark.skipif(BF16_CPU, reason="this CPU runs oneDNN's bf16; the test above exports it")
-def test_bf16_on_a_cpu_without_it_is_refused(tmp_path):
+@pytest.mark.parametrize("invariant", [True, False])
+def test_bf16_on_a_cpu_without_it_is_refused(tmp_path, invariant):
     """Where oneDNN has no bf16 inner product, a bf16 export stops with one line naming the
-    CPU and what to use instead, before writing anything."""
+    CPU and what to use instead, before writing anything, batch invariant or not."""
     from tests.export.conftest import write_seeded_run
 
-    data = tiny_dict(dense_dtype="bf16", accept_quality_loss=True)
+    data = tiny_dict(dense_dtype="bf16", accept_quality_loss=True, batch_invariant=invariant)
     data["model"] = {"arch": "dlrm_dcn", "dense_arch": [16, 8], "over_arch": [96, 1],
                      "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
     run = write_seeded_run(tmp_path / "run", data)
