@@ -239,8 +239,9 @@ def swap_dense(module: nn.Module, batch_invariant: bool, dtype: str = "fp32") ->
     def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         if batch_invariant or torch_dtype == torch.int8:
             return invariant_linear(weight, bias, torch_dtype)
-        if weight.numel() > SMALL_LAYER:  # bf16
-            require_bf16_cpu()
+        if weight.numel() > SMALL_LAYER:  # oneDNN: bf16, or the cross net's layers in fp32
+            if torch_dtype == torch.bfloat16:
+                require_bf16_cpu()
             return PackedLinear(weight, bias, torch_dtype)
         return _plain_linear(weight, bias)
 
