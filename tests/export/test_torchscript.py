@@ -272,3 +272,22 @@ def test_a_batch_dependent_model_is_refused_with_the_reason():
     with pytest.raises(verify.VerificationError, match="batch of 8 samples.*AMX"):
         check_batching("torchscript", scorer, sample, True, BF16_NOT_INVARIANT)
     assert check_batching("torchscript", scorer, sample, False) > 0
+
+
+def test_plain_fp32_cross_net_swaps_on_any_cpu():
+    """batch_invariant: false keeps the cross net's large layers on oneDNN in fp32, which every
+    CPU runs: the bf16 CPU check must not refuse them (it did on an AVX2-only EPYC)."""
+    from torchrec.modules.crossnet import LowRankCrossNet
+
+    from rec.export.dense import SMALL_LAYER, PackedLinear, swap_dense
+
+    net = LowRankCrossNet(in_features=128, num_layers=2, low_rank=64)
+    assert SMALL_LAYER < 128 * 64  # large enough for the oneDNN branch
+    x = torch.randn(5, 128)
+    with torch.no_grad():
+        want = net(x)
+        holder = swap_dense(torch.nn.Sequential(net), batch_invariant=False, dtype="fp32")
+        got = holder(x)
+    layers = [m for m in holder.modules() if isinstance(m, PackedLinear)]
+    assert layers and all(m.weight.dtype == torch.float32 for m in layers)
+    assert torch.allclose(got, want, atol=1e-5)
