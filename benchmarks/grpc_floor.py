@@ -1,0 +1,184 @@
+"""gRPC's per-call floor on this machine against rec-server's gRPC, and HTTP beside both.
+
+    .venv/bin/python benchmarks/grpc_floor.py            # ~3 min: trains and exports the default
+    .venv/bin/python benchmarks/grpc_floor.py --repo REPO [--model rec]
+
+One client (rec-bench, gRPC's generated stub; HTTP over one keep-alive connection), one call in
+flight, batching off. Servers:
+- rec-server (1 HTTP, 1 gRPC, 1 executor thread), its threads polling for work (the default)
+  and sleeping (`--busy-poll-us 0`);
+- grpc-pingpong (cpp/bench): the smallest server that answers ServerLive, built against the same
+  gRPC, on an async completion queue with one polling thread (rec-server's design) and on gRPC's
+  callback API.
+Calls: bare liveness (`ServerLive`, `GET /v2/health/live`) on all, `ModelInfer` / HTTP infer at
+B = 1 on rec-server. The servers take turns in short rounds and the median round is kept.
+With `--perf`, each rec-server call is also sampled with `perf record` on the server's
+process and the top symbols written beside the results.
+
+Writes benchmarks/results/grpc_floor.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_cpp_bench import BUILD, RESULTS, Server, batching_repo, bench, median_run  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PingPong:
+    def __init__(self, api: str) -> None:
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [str(BUILD / "grpc-pingpong"), "--port", str(port), "--api", api],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        line = self.proc.stdout.readline()
+        if "listening" not in line:
+            raise SystemExit(f"grpc-pingpong ({api}) did not start")
+        self.grpc = f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def default_repo(tmp: Path) -> Path:
+    from export_bench import REC, model_configs
+
+    config = model_configs(tmp, 0.0001)["default"]
+    run, repo = tmp / "run", tmp / "repo"
+    print("[default] rec train, rec export", flush=True)
+    subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run([REC, "export", str(run), "--repo", str(repo)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return repo
+
+
+def perf_top(pid: int, argv: list[str], out: Path, top: int = 25) -> list[str]:
+    """Samples `pid` while `argv` runs; returns the top symbols by self time."""
+    data = out.with_suffix(".data")
+    rec = subprocess.Popen(["perf", "record", "-F", "4999", "-g", "-o", str(data), "-p", str(pid)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(0.5)
+    subprocess.run(argv, check=True, capture_output=True)
+    rec.send_signal(2)
+    rec.wait(timeout=60)
+    report = subprocess.run(
+        ["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,sym", "--stdio",
+         "-g", "none", "--percent-limit", "0.5"],
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    lines = [ln for ln in report.splitlines() if ln.strip() and not ln.startswith("#")][:top]
+    out.write_text("\n".join(lines) + "\n")
+    data.unlink(missing_ok=True)
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repo", type=Path)
+    p.add_argument("--model", default="rec")
+    p.add_argument("--seconds", type=float, default=2.0, help="per round and call")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--perf", action="store_true", help="also profile rec-server with perf")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        src = args.repo or default_repo(tmp)
+        repo = batching_repo(src, args.model, tmp / "unbatched", False, 0)
+        result = measure(repo, args.model, args.seconds, args.rounds, args.perf)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "grpc_floor.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+
+
+def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) -> dict:
+    servers = {
+        "rec-server": Server(repo, model, 1),
+        "rec-server --busy-poll-us 0": Server(repo, model, 1, 0),
+    }
+    pingpongs = {f"grpc-pingpong {api}": PingPong(api) for api in ("async", "callback")}
+    calls = []  # (name, mode, target, call)
+    for name, s in servers.items():
+        calls += [(f"{name} gRPC ServerLive", "grpc", s.grpc, "live"),
+                  (f"{name} HTTP live", "http", s.http, "live"),
+                  (f"{name} gRPC ModelInfer B=1", "grpc", s.grpc, "infer"),
+                  (f"{name} HTTP infer B=1", "http", s.http, "infer")]  # fmt: skip
+    for name, pp in pingpongs.items():
+        calls.append((f"{name} gRPC ServerLive", "grpc", pp.grpc, "live"))
+    runs: dict[str, list] = {}
+    try:
+        for _ in range(rounds):
+            for name, mode, target, call in calls:
+                extra = ("--target", target, "--call", call, "--grpc-client", "stub")
+                runs.setdefault(name, []).append(bench(mode, repo, model, 1, 1, seconds, *extra))
+        profiles = {}
+        if profile and shutil.which("perf"):
+            s = servers["rec-server"]
+            for name, mode, target, call in calls[:4]:
+                argv = [str(BUILD / "rec-bench"), mode, "--model-repository", str(repo),
+                        "--model", model, "--batch", "1", "--seconds", str(seconds),
+                        "--target", target, "--call", call, "--grpc-client", "stub"]  # fmt: skip
+                slug = name.replace(" ", "_").replace("=", "")
+                profiles[name] = perf_top(s.proc.pid, argv, RESULTS / f"grpc_floor_{slug}.txt")
+    finally:
+        for s in [*servers.values(), *pingpongs.values()]:
+            s.stop()
+    p50 = {name: median_run(r)["p50_us"] for name, r in runs.items()}
+    sleep = "rec-server --busy-poll-us 0"
+    pairs = {  # ratio -> (numerator, denominator)
+        "rec-server ServerLive / pingpong async": (
+            "rec-server gRPC ServerLive", "grpc-pingpong async gRPC ServerLive"),
+        "rec-server ServerLive / pingpong callback": (
+            "rec-server gRPC ServerLive", "grpc-pingpong callback gRPC ServerLive"),
+        "gRPC / HTTP, live": ("rec-server gRPC ServerLive", "rec-server HTTP live"),
+        "gRPC / HTTP, infer B=1": ("rec-server gRPC ModelInfer B=1", "rec-server HTTP infer B=1"),
+        "gRPC / HTTP, infer B=1, --busy-poll-us 0": (
+            f"{sleep} gRPC ModelInfer B=1", f"{sleep} HTTP infer B=1"),
+    }  # fmt: skip
+    ratios = {name: p50[a] / p50[b] for name, (a, b) in pairs.items()}
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model_name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
+                       if ln.startswith("Model name")), platform.processor())  # fmt: skip
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    return {
+        "cpu": model_name,
+        "amx": "amx_tile" in flags,
+        "avx512f": "avx512f" in flags,
+        "date": time.strftime("%Y-%m-%d"),
+        "p50_us": p50,
+        "p99_us": {name: median_run(r)["p99_us"] for name, r in runs.items()},
+        "ratios": ratios,
+        "perf_top": profiles,
+    }
+
+
+def table(r: dict) -> str:
+    amx = "AMX" if r["amx"] else "no AMX"
+    lines = [f"CPU: {r['cpu']} ({'AVX-512' if r['avx512f'] else 'AVX2 only'}, {amx}), {r['date']}",
+             "", "| call | p50 (µs) | p99 (µs) |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {n} | {v:,.0f} | {r['p99_us'][n]:,.0f} |" for n, v in r["p50_us"].items()]
+    lines += ["", "| ratio | value |", "|---|---|"]
+    lines += [f"| {n} | {v:.2f} |" for n, v in r["ratios"].items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
