@@ -9,7 +9,8 @@ flight, batching off. Servers:
   and sleeping (`--busy-poll-us 0`);
 - grpc-pingpong (cpp/bench): the smallest server that answers ServerLive, built against the same
   gRPC, on an async completion queue with one polling thread (rec-server's design) and on gRPC's
-  callback API.
+  callback API, both with abseil's Mutex deadlock detection off, and the async one again with
+  it on (Debian's abseil default, which rec-server keeps).
 Calls: bare liveness (`ServerLive`, `GET /v2/health/live`) on all, `ModelInfer` / HTTP infer at
 B = 1 on rec-server. The servers take turns in short rounds and the median round is kept.
 With `--perf`, each rec-server call is also sampled with `perf record` on the server's
@@ -42,10 +43,11 @@ def free_port() -> int:
 
 
 class PingPong:
-    def __init__(self, api: str) -> None:
+    def __init__(self, api: str, deadlock_detection: str = "off") -> None:
         port = free_port()
         self.proc = subprocess.Popen(
-            [str(BUILD / "grpc-pingpong"), "--port", str(port), "--api", api],
+            [str(BUILD / "grpc-pingpong"), "--port", str(port), "--api", api,
+             "--absl-deadlock-detection", deadlock_detection],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
@@ -115,6 +117,7 @@ def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) 
         "rec-server --busy-poll-us 0": Server(repo, model, 1, 0),
     }
     pingpongs = {f"grpc-pingpong {api}": PingPong(api) for api in ("async", "callback")}
+    pingpongs["grpc-pingpong async, absl deadlock detection on"] = PingPong("async", "on")
     calls = []  # (name, mode, target, call)
     for name, s in servers.items():
         calls += [(f"{name} gRPC ServerLive", "grpc", s.grpc, "live"),
@@ -148,6 +151,9 @@ def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) 
             "rec-server gRPC ServerLive", "grpc-pingpong async gRPC ServerLive"),
         "rec-server ServerLive / pingpong callback": (
             "rec-server gRPC ServerLive", "grpc-pingpong callback gRPC ServerLive"),
+        "pingpong async, absl deadlock detection on / off": (
+            "grpc-pingpong async, absl deadlock detection on gRPC ServerLive",
+            "grpc-pingpong async gRPC ServerLive"),
         "gRPC / HTTP, live": ("rec-server gRPC ServerLive", "rec-server HTTP live"),
         "gRPC / HTTP, infer B=1": ("rec-server gRPC ModelInfer B=1", "rec-server HTTP infer B=1"),
         "gRPC / HTTP, infer B=1, --busy-poll-us 0": (

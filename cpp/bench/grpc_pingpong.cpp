@@ -3,11 +3,14 @@
 // server on this machine can reach, which rec-server's own ServerLive is compared with
 // (benchmarks/grpc_floor.py).
 //
-//   grpc-pingpong --port P [--api async|callback]
+//   grpc-pingpong --port P [--api async|callback] [--absl-deadlock-detection on|off]
 //
 // async: one completion queue polled by one thread, one call requested at a time, the way
 // gRPC's own async examples (and rec-server) drive it. callback: gRPC's callback API, with the
-// library's own threads.
+// library's own threads. --absl-deadlock-detection off turns off what Debian's abseil (built
+// without NDEBUG) does on every Mutex lock, gRPC's included: a deadlock-cycle check (a nested
+// lock pair costs 147 ns with it, 25 without, measured here). It moved ServerLive's p50 by 2 %.
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
@@ -63,22 +66,27 @@ void ServeAsync(Svc::AsyncService* service, grpc::ServerCompletionQueue* cq) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string port, api = "async";
+  std::string port, api = "async", detection = "on";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--port") {
       port = argv[i + 1];
     } else if (flag == "--api") {
       api = argv[i + 1];
+    } else if (flag == "--absl-deadlock-detection") {
+      detection = argv[i + 1];
     } else {
       std::cerr << "unknown flag " << flag << "\n";
       return 2;
     }
   }
-  if (port.empty() || (api != "async" && api != "callback")) {
-    std::cerr << "usage: grpc-pingpong --port P [--api async|callback]\n";
+  if (port.empty() || (api != "async" && api != "callback") ||
+      (detection != "on" && detection != "off")) {
+    std::cerr << "usage: grpc-pingpong --port P [--api async|callback] "
+                 "[--absl-deadlock-detection on|off]\n";
     return 2;
   }
+  if (detection == "off") absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:" + port, grpc::InsecureServerCredentials());
   Svc::AsyncService async_service;
