@@ -23,37 +23,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from rec.cpu import cpu_info
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_cpp_bench import BUILD, RESULTS, Server, batching_repo, bench, median_run  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PingPong:
     def __init__(self, api: str, deadlock_detection: str = "off") -> None:
-        port = free_port()
         self.proc = subprocess.Popen(
-            [str(BUILD / "grpc-pingpong"), "--port", str(port), "--api", api,
+            [str(BUILD / "grpc-pingpong"), "--port", "0", "--api", api,
              "--absl-deadlock-detection", deadlock_detection],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
         if "listening" not in line:
             raise SystemExit(f"grpc-pingpong ({api}) did not start")
-        self.grpc = f"127.0.0.1:{port}"
+        self.grpc = line.split()[2]  # "listening on 127.0.0.1:PORT (api)"
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -160,14 +153,11 @@ def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) 
             f"{sleep} gRPC ModelInfer B=1", f"{sleep} HTTP infer B=1"),
     }  # fmt: skip
     ratios = {name: p50[a] / p50[b] for name, (a, b) in pairs.items()}
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
-                       if ln.startswith("Model name")), platform.processor())  # fmt: skip
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    cpu = cpu_info()
     return {
-        "cpu": model_name,
-        "amx": "amx_tile" in flags,
-        "avx512f": "avx512f" in flags,
+        "cpu": cpu["model"],
+        "amx": "amx_tile" in cpu["flags"],
+        "avx512f": "avx512f" in cpu["flags"],
         "date": time.strftime("%Y-%m-%d"),
         "p50_us": p50,
         "p99_us": {name: median_run(r)["p99_us"] for name, r in runs.items()},

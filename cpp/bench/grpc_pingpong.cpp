@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
   }
   if (detection == "off") absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:" + port, grpc::InsecureServerCredentials());
+  int bound = 0;  // --port 0: the kernel picks one, printed below
+  builder.AddListeningPort("127.0.0.1:" + port, grpc::InsecureServerCredentials(), &bound);
   Svc::AsyncService async_service;
   LiveCallback callback_service;
   std::unique_ptr<grpc::ServerCompletionQueue> cq;
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
     std::cerr << "grpc-pingpong: cannot listen on 127.0.0.1:" << port << "\n";
     return 1;
   }
-  std::cout << "listening on 127.0.0.1:" << port << " (" << api << ")" << std::endl;
+  std::cout << "listening on 127.0.0.1:" << bound << " (" << api << ")" << std::endl;
   if (api == "async") {
     ServeAsync(&async_service, cq.get());
   } else {
