@@ -259,7 +259,8 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& packed,
 
 at::Tensor LinearMeta(const at::Tensor& x, const at::Tensor& packed,
                       const c10::optional<at::Tensor>& bias, int64_t out_features) {
-  return at::empty({x.size(0), out_features}, x.options());
+  // sym_size: under torch.export the batch is symbolic, and size(0) would pin it to the example's.
+  return at::empty_symint({x.sym_size(0), c10::SymInt(out_features)}, x.options());
 }
 
 }  // namespace

@@ -360,7 +360,7 @@ at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 
 at::Tensor LinearInt8Meta(const at::Tensor& x, const at::Tensor& w, const at::Tensor&,
                           const at::Tensor&, const c10::optional<at::Tensor>&) {
-  return at::empty({x.size(0), w.size(0)}, x.options());
+  return at::empty_symint({x.sym_size(0), w.sym_size(0)}, x.options());  // batch stays symbolic
 }
 
 }  // namespace
