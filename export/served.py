@@ -163,8 +163,13 @@ def table_indices(
     order = torch.arange(batch * columns, dtype=torch.int32).view(batch, columns).t()
     if column_of is not None:
         order = order.index_select(0, column_of)
+    # When every column is read, the permuted ids are all the ids: their count passed in keeps
+    # it a known size under torch.export (otherwise one read from the data). din's lookups
+    # read a subset of the columns, whose count is the data's.
+    every_column = column_of is None or column_of.shape[0] == columns
+    total: int | None = values.shape[0] if every_column else None
     lengths_fm, ids, _ = torch.ops.fbgemm.permute_1D_sparse_data(
-        order.reshape(-1), lengths.reshape(-1), values, None, None
+        order.reshape(-1), lengths.reshape(-1), values, None, total
     )
     offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths_fm.to(torch.int64))
     # Feature k's ids end at offsets[(k + 1) * B]: each id's feature by binary search
@@ -329,11 +334,18 @@ class TbeSequenceLookup(TbeLookup):
         batch = lengths.shape[0]
         counts = (offsets[1:] - offsets[:-1]).view(2, batch)
         samples = torch.arange(batch)
-        first = int(offsets[batch])  # the candidate's ids come first (feature-major)
-        candidate = rows.new_zeros(batch, rows.shape[1]).index_add(
-            0, torch.repeat_interleave(samples, counts[0]), rows[:first]
-        )
-        return candidate, rows[first:], torch.repeat_interleave(samples, counts[1])
+        # The candidate's ids come first (feature-major): there are `first` of them.
+        if torch.jit.is_scripting():
+            first = int(offsets[batch])
+        else:  # torch.export: a count read from the data, which lies within the ids
+            first = offsets[batch].item()
+            torch._check(first >= 0)
+            torch._check(first <= rows.shape[0])
+        # output_size: the sizes known, so that an exported graph need not read them again.
+        owner = torch.repeat_interleave(samples, counts[0], output_size=first)
+        candidate = rows.new_zeros(batch, rows.shape[1]).index_add(0, owner, rows[:first])
+        history = torch.repeat_interleave(samples, counts[1], output_size=rows.shape[0] - first)
+        return candidate, rows[first:], history
 
 
 class DinLookup(nn.Module):
@@ -369,7 +381,8 @@ class DinHead(nn.Module):
     ) -> torch.Tensor:
         pooled, candidate, items, owner = looked
         x0 = torch.cat([self.dense_arch(dense), pooled], 1)
-        if items.shape[0] < self.min_rows:
+        # min_rows first: a history's length is data-dependent, which torch.export cannot test.
+        if self.min_rows > 1 and items.shape[0] < self.min_rows:
             # The attention's layers see one row per history item; oneDNN's (bf16) are batch
             # invariant from MIN_ROWS rows on. Zero rows added to sample 0 add w * 0 = 0.
             pad = self.min_rows - items.shape[0]
