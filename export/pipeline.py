@@ -57,7 +57,12 @@ _LOAD_REQUIRES = {
     "in Python; in C++ dlopen the fbgemm_gpu package's .so files and rec's rec/_ops.so with "
     "RTLD_GLOBAL",
     "onnx": "onnxruntime (standard ONNX ops only)",
+    "aoti": "torch's AOTInductor package loader (torch._inductor.aoti_load_package in Python, "
+    "torch::inductor::AOTIModelPackageLoader in C++) with FBGEMM's and rec's op libraries "
+    "loaded as for torchscript, a CPU with the package's ISA (the `aoti` section), and "
+    "tables.bin memory-mapped and passed after the three inputs (rec.export.aoti)",
 }
+FORMAT_SETS = {"both": ["torchscript", "onnx"], "all": ["torchscript", "onnx", "aoti"]}
 
 
 @dataclass
@@ -193,19 +198,59 @@ def build_torchscript(src: Source, out: Path) -> Built:
     invariant = cfg.export.batch_invariant
     hint = BF16_NOT_INVARIANT if cfg.export.dense_dtype == "bf16" else ""
     batching = check_batching("torchscript", reloaded, request, invariant, hint)
-    extra = {
+    extra = {**_dense_extra(cfg, layers, request), "raw_rows": raw_rows.round_trip(cfg, reloaded)}
+    return Built(scores, _score(reloaded, src.batches), batching, tables, extra)
+
+
+def _dense_extra(cfg: RecConfig, layers: dict[str, int], request) -> dict[str, Any]:
+    """rec.json's "dense" and "batch_probe" sections of a format with rec's dense layers."""
+    return {
         "dense": {
             "dtype": cfg.export.dense_dtype,
-            "batch_invariant": invariant,
+            "batch_invariant": cfg.export.batch_invariant,
             "layers": layers,
             # Where the batching check passed; servers re-run it on their own CPU at load.
             "verified_on": {**cpu_info(), "rec_linear_isa": rec_ops.linear_isa()},
         },
         # The same request for the servers' load-time probe on their own CPU (rec.batch_probe).
         "batch_probe": batch_probe.to_manifest(request),
-        "raw_rows": raw_rows.round_trip(cfg, reloaded),
     }
-    return Built(scores, _score(reloaded, src.batches), batching, tables, extra)
+
+
+def build_aoti(src: Source, out: Path) -> Built:
+    """The served module (as for TorchScript) -> torch.export -> AOTInductor -> model.pt2, its
+    tables in tables.bin beside it; the in-memory module scored and released, then the package
+    loaded from disk (tables memory-mapped) and scored."""
+    from rec.export import aoti, served, torchscript
+
+    cfg = src.cfg
+    module, tbe = torchscript.served_module(src.loaded.model, cfg, table_dtypes(cfg))
+    aoti.refuse_unexportable(module, cfg)
+    aoti.require_target(cfg.export.cpu_isa)
+    layers = dense_layer_dtypes(module)
+    src.stream_into(served.TbeSink(tbe))
+    tables = served.table_storage(tbe)
+    program = aoti.export_program(module, cfg)
+    src.log(f"aoti: exported; compiling for {cfg.export.cpu_isa} (AOTInductor, ~1 min)")
+    target = aoti.compile_package(program, out, cfg.export.cpu_isa)
+    del program
+    index = aoti.write_tables(module, out.parent)
+    scores = _score(module, src.batches)
+    del module, tbe  # the TBE storage: the package reads tables.bin's mapping instead
+    gc.collect()
+    reloaded = aoti.AotiModel(out.parent, target)
+    request = _batching_request(cfg)
+    batching = check_batching("aoti", reloaded, request, cfg.export.batch_invariant)
+    reloaded_scores = _score(reloaded, src.batches)
+    diff = verify.check_close(
+        "the AOTInductor package vs the in-memory module",
+        reloaded_scores, scores, verify.AOTI_TOLERANCE,
+    )  # fmt: skip
+    section = {**target, "tables_file": aoti.TABLES_FILE, "tables": index,
+               "max_abs_diff_vs_module": diff, "tolerance": verify.AOTI_TOLERANCE}  # fmt: skip
+    extra = {**_dense_extra(cfg, layers, request), "aoti": section,
+             "raw_rows": raw_rows.round_trip(cfg, reloaded)}  # fmt: skip
+    return Built(scores, reloaded_scores, batching, tables, extra)
 
 
 def build_onnx(src: Source, out: Path) -> Built:
@@ -239,7 +284,7 @@ def build_onnx(src: Source, out: Path) -> Built:
     return Built(scores, _score(run, src.batches), batching, tables)
 
 
-BUILDERS = {"torchscript": build_torchscript, "onnx": build_onnx}
+BUILDERS = {"torchscript": build_torchscript, "onnx": build_onnx, "aoti": build_aoti}
 
 
 class Reiterable:
@@ -370,6 +415,7 @@ def manifest(
         },  # fmt: skip
         "dense": built.extra.get("dense", {"dtype": "fp32", "batch_invariant": False}),
         **({"batch_probe": built.extra["batch_probe"]} if "batch_probe" in built.extra else {}),
+        **({"aoti": built.extra["aoti"]} if "aoti" in built.extra else {}),
         "serving": {
             "max_batch_size": cfg.export.max_batch_size,
             "max_queue_delay_us": cfg.export.max_queue_delay_us,
@@ -422,6 +468,10 @@ def run_checks(
         verify.check_identical("TorchScript reloaded from disk", b.reloaded, b.scores)
         checks["torchscript_reload_identical"] = True
         checks["raw_rows"] = b.extra["raw_rows"]
+    if "aoti" in built:  # checked against its module in build_aoti
+        extra = built["aoti"].extra
+        checks["aoti_vs_module_max_abs_diff"] = extra["aoti"]["max_abs_diff_vs_module"]
+        checks.setdefault("raw_rows", extra["raw_rows"])
     if "onnx" in built:  # its `scores` are the torch module the file was exported from
         checks["onnx_runtime_vs_source_max_abs_diff"] = verify.check_close(
             "ONNX Runtime vs the module it was exported from",
@@ -444,16 +494,17 @@ def run_checks(
         checks["eval"] = {"skipped": "the held-out split could not be read where export ran"}
         for fmt, s in exported.items():
             checks["eval"][f"{fmt}_max_abs_diff_vs_float"] = verify.max_diff(s, reference)
-    if "torchscript" in built and cfg.export.dense_dtype != "fp32":
-        check_reduced_precision(cfg, checks["eval"])
+    rec_dense = [f for f in ("torchscript", "aoti") if f in built]
+    if rec_dense and cfg.export.dense_dtype != "fp32":
+        check_reduced_precision(cfg, checks["eval"], rec_dense[0])
     return checks
 
 
-def check_reduced_precision(cfg: RecConfig, ev: dict[str, Any]) -> None:
+def check_reduced_precision(cfg: RecConfig, ev: dict[str, Any], fmt: str = "torchscript") -> None:
     """Refuses a model whose dense layers lost precision (dense_dtype) and held-out AUC with
     it, or whose AUC could not be measured, unless export.accept_quality_loss says otherwise."""
     bar = verify.AUC_RATIO_BAR["fp32"]
-    q = ev.get("torchscript")
+    q = ev.get(fmt)
     ratios = {} if q is None else {"": q["auc_ratio"], **q.get("auc_ratio_per_task", {})}
     low = {task: r for task, r in ratios.items() if not r >= bar}
     if q is not None and not low:
@@ -548,7 +599,7 @@ def export_run(
     cfg = resolve_config(run, quantize, fmt, config)
     loaded = load_dense(run, checkpoint, cfg)
     log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
-    formats = ["torchscript", "onnx"] if cfg.export.format == "both" else [cfg.export.format]
+    formats = FORMAT_SETS.get(cfg.export.format, [cfg.export.format])
     targets = repo_lib.plan_targets(repo, cfg.export.model_name, formats, version, force)
     labelled = list(eval_data) if eval_data is not None else eval_batches(cfg, log)
     src = _source(cfg, loaded, labelled, formats, repo, log)

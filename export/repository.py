@@ -52,8 +52,9 @@ from typing import Any
 
 from rec.config import ExportConfig
 
-PLATFORMS = {"torchscript": "pytorch_libtorch", "onnx": "onnxruntime_onnx"}
-FILES = {"torchscript": "model.pt", "onnx": "model.onnx"}
+# torch_aoti: Triton's PyTorch backend for AOTInductor packages (beta from release 26.03).
+PLATFORMS = {"torchscript": "pytorch_libtorch", "onnx": "onnxruntime_onnx", "aoti": "torch_aoti"}
+FILES = {"torchscript": "model.pt", "onnx": "model.onnx", "aoti": "model.pt2"}
 MANIFEST = "rec.json"
 TRITON_CONFIG = "config.pbtxt"
 _STAGING_PREFIX = ".staging-"

@@ -60,7 +60,9 @@ SEQUENCE_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wi
 """What TorchRec's EmbeddingCollectionSharder offers a sequence table on CPU."""
 COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "quant")
 QUANT_DTYPES = ("int8", "int4", "fp16", "fp32")
-EXPORT_FORMATS = ("torchscript", "onnx", "both")
+EXPORT_FORMATS = ("torchscript", "onnx", "aoti", "both", "all")
+"""both: torchscript and onnx; all: every format."""
+EXPORT_CPU_ISAS = ("avx2", "avx512")
 
 
 @dataclass
@@ -546,7 +548,11 @@ class ExportConfig:
     instances: int = 1
     """Model instances (executor threads) per server."""
     format: str = "torchscript"
-    """What `rec export` writes: torchscript, onnx or both (each its own model directory)."""
+    """What `rec export` writes: torchscript, onnx, aoti (torch.export + AOTInductor, model.pt2),
+    both (torchscript and onnx) or all (each its own model directory)."""
+    cpu_isa: str = "avx2"
+    """The ISA an aoti package is compiled for: avx2 (x86-64-v3, any x86-64 server since 2013)
+    or avx512 (x86-64-v4). Servers refuse a package whose ISA their CPU lacks."""
     triton_batching: str = "none"
     """config.pbtxt form. none: max_batch_size 0 with explicit -1 batch dims (stock Triton takes
     requests of any size but never merges them; rec-server batches them with rec.json's
@@ -581,6 +587,7 @@ class ExportConfig:
         )
         _one_of("export.quantize", self.quantize, QUANT_DTYPES)
         _one_of("export.format", self.format, EXPORT_FORMATS)
+        _one_of("export.cpu_isa", self.cpu_isa, EXPORT_CPU_ISAS)
         _one_of("export.triton_batching", self.triton_batching, ("ragged", "none"))
         _one_of("export.dense_dtype", self.dense_dtype, ("fp32", "int8", "bf16"))
         _check(self.eval_batches >= 0, f"export.eval_batches={self.eval_batches!r} must be >= 0")
@@ -652,9 +659,10 @@ class RecConfig:
         self._check_sequences(names)
         if self.model.factory:
             _check(
-                self.export.format == "torchscript",
+                self.export.format in ("torchscript", "aoti"),
                 f"export.format={self.export.format!r}: a model.factory model exports to "
-                "TorchScript only (its forward takes a KeyedJaggedTensor, which has no ONNX form)",
+                "TorchScript and AOTInductor (aoti) only (its forward takes a KeyedJaggedTensor, "
+                "which has no ONNX form)",
             )
         columns = self.data.columns
         if self.model.tasks and not columns.labels and (len(self.model.tasks) > 1
@@ -691,9 +699,9 @@ class RecConfig:
             "model.candidate and model.history must be different features",
         )
         _check(
-            self.export.format == "torchscript",
-            f"export.format={self.export.format!r}: model.arch din exports to TorchScript only "
-            "for now (its unpooled lookup has no ONNX form in rec yet)",
+            self.export.format in ("torchscript", "aoti"),
+            f"export.format={self.export.format!r}: model.arch din exports to TorchScript and "
+            "AOTInductor (aoti) only for now (its unpooled lookup has no ONNX form in rec yet)",
         )
         dims = {t.dim for t in sequence}
         _check(len(dims) == 1, f"sequence tables have dims {sorted(dims)}; they need one dim")

@@ -115,7 +115,7 @@ def check_export(cfg: RecConfig, formats: list[str], stored: int, reference_rows
                  chunk_bytes: int, repo: Path, **machine) -> None:  # fmt: skip
     """Refuses an export whose quantized model (`stored` bytes per format) would not fit."""
     dim = max(t.dim for t in cfg.tables)
-    per_format = {"torchscript": stored, "onnx": 2 * stored}
+    per_format = {"torchscript": stored, "onnx": 2 * stored, "aoti": stored}
     ref = reference_rows * dim * 4
     ram = PROCESS_BASE + max(per_format[f] for f in formats) + ref + 3 * chunk_bytes
     counted = (f"{gb(stored)} quantized tables per format, {gb(ref)} of rows for verification, "

@@ -78,8 +78,8 @@ def test_bad_factory_keys_are_refused(model, message):
         config_from_dict({"tables": TABLES, "model": model})
 
 
-def test_a_factory_model_exports_to_torchscript_only():
-    with pytest.raises(ConfigError, match=r"exports to TorchScript only"):
+def test_a_factory_model_exports_to_torchscript_and_aoti_only():
+    with pytest.raises(ConfigError, match=r"exports to TorchScript and AOTInductor \(aoti\) only"):
         config_from_dict({"tables": TABLES, "model": {"factory": "tests.factories:good"},
                           "export": {"format": "onnx"}})  # fmt: skip
 

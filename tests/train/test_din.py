@@ -66,5 +66,5 @@ def test_rec_export_refuses_onnx_for_din(din_run, tmp_path):
     proc = run_rec("export", str(din_run), "--repo", str(tmp_path / "repo"), "--format", "onnx",
                    check=False)  # fmt: skip
     assert proc.returncode == 2, proc.stdout
-    assert "model.arch din exports to TorchScript only" in proc.stdout
+    assert "model.arch din exports to TorchScript and AOTInductor (aoti) only" in proc.stdout
     assert "Traceback" not in proc.stdout and not (tmp_path / "repo").exists()

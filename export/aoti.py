@@ -1,0 +1,255 @@
+"""AOTInductor format: the served module through torch.export and AOTInductor, PyTorch's
+supported successor to TorchScript.
+
+    served module (rec.export.served, the same one TorchScript scripts)
+      -> TablesAsInputs: the TBE storage made inputs, not constants
+      -> torch.export (batch 1 ... export.max_batch_size, any number of ids)
+      -> AOTInductor, compiled for export.cpu_isa -> model.pt2
+    the TBE storage -> tables.bin, beside it (raw bytes, each table 64-byte aligned)
+
+Why the tables are not in the package: AOTInductor embeds constants in its compiled library
+by default, which copies GB-sized tables through the compiler and loads them into memory a
+second time. Here they are inputs of the compiled graph: a loader memory-maps tables.bin
+(read-only pages shared with the page cache, loaded as ids touch them) and hands the mapped
+tensors to every call, which costs a pointer. The dense weights (MBs) stay compiled in.
+
+The ISA: Inductor compiles for the CPU it runs on (-march=native) unless told otherwise, and a
+package compiled for AVX-512 dies with SIGILL on a CPU without it. export.cpu_isa picks the
+target (`avx2`: x86-64-v3, any x86-64 server since 2013; `avx512`: x86-64-v4); rec.json
+records it with the CPU flags it needs, and loading refuses a CPU that lacks one, naming both.
+
+Not exportable: oneDNN-packed dense layers (export.dense_dtype bf16, or the fp32 cross net with
+batch_invariant false): their weight is an opaque oneDNN tensor packed at load, which an
+exported graph cannot hold.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rec.config import ConfigError, RecConfig
+from rec.cpu import cpu_info
+from rec.export.dense import PackedLinear
+from rec.export.module import sample_batch
+
+TABLES_FILE = "tables.bin"
+TABLES_INDEX = "tables.json"
+_ALIGN = 64
+# The TBE storage buffers of the served module (TbeLookup registers its TBE's `weights_host`).
+_TABLE_BUFFER = "weights_host"
+
+
+@dataclass(frozen=True)
+class CpuIsa:
+    """A compile target: gcc's -march level, Inductor's vector width, and the CPU flags (as
+    /proc/cpuinfo names them) a CPU needs to run the code."""
+
+    march: str
+    simdlen: int
+    flags: tuple[str, ...]
+
+
+CPU_ISAS = {
+    "avx2": CpuIsa("x86-64-v3", 256, ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe")),
+    "avx512": CpuIsa(
+        "x86-64-v4",
+        512,
+        (
+            "avx",
+            "avx2",
+            "fma",
+            "f16c",
+            "bmi1",
+            "bmi2",
+            "movbe",
+            "avx512f",
+            "avx512bw",
+            "avx512cd",
+            "avx512dq",
+            "avx512vl",
+        ),
+    ),  # fmt: skip
+}
+
+
+class IsaError(RuntimeError):
+    """A package compiled for an ISA this CPU lacks: running it would die with SIGILL."""
+
+
+def missing_flags(flags: Sequence[str], have: Sequence[str] | None = None) -> list[str]:
+    """The flags of `flags` this CPU (or `have`) lacks."""
+    present = set(have if have is not None else _cpu_flags())
+    return [f for f in flags if f not in present]
+
+
+def _cpu_flags() -> list[str]:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].split()
+    return []
+
+
+def check_cpu(target: dict[str, Any], where: str) -> None:
+    """Refuses to run a package (rec.json's "aoti" section `target`) on a CPU without its ISA."""
+    lacking = missing_flags(target["required_cpu_flags"])
+    if lacking:
+        raise IsaError(
+            f"{where} was compiled for {target['cpu_isa']} ({target['march']}), which needs CPU "
+            f"flags {', '.join(target['required_cpu_flags'])}; this CPU, {cpu_info()['model']}, "
+            f"lacks {', '.join(lacking)}. Export it again with export.cpu_isa: avx2, which runs "
+            "on any x86-64 server since 2013"
+        )
+
+
+class TablesAsInputs(nn.Module):
+    """`module` with the buffers `names` taken from the call's trailing arguments, so that an
+    exported graph reads them as inputs instead of holding them as constants."""
+
+    def __init__(self, module: nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.module = module
+        self.names = list(names)
+
+    def forward(self, dense_features, sparse_lengths, sparse_values, *tables):
+        buffers = dict(zip(self.names, tables, strict=True))
+        args = (dense_features, sparse_lengths, sparse_values)
+        return torch.func.functional_call(self.module, buffers, args, strict=False)
+
+
+def table_buffers(module: nn.Module) -> list[str]:
+    """The names of the served module's TBE storage buffers, in a fixed order."""
+    return [name for name, _ in module.named_buffers() if name.endswith(_TABLE_BUFFER)]
+
+
+def refuse_unexportable(module: nn.Module, cfg: RecConfig) -> None:
+    if any(isinstance(m, PackedLinear) for m in module.modules()):
+        raise ConfigError(
+            "export.format aoti cannot hold oneDNN-packed dense layers (export.dense_dtype bf16, "
+            "or the fp32 cross net with export.batch_invariant: false): their weight is packed "
+            "at load into an opaque oneDNN tensor, which torch.export cannot trace. Use "
+            f"dense_dtype fp32 or int8 with batch_invariant: true (this run: dense_dtype "
+            f"{cfg.export.dense_dtype}, batch_invariant {cfg.export.batch_invariant})"
+        )
+
+
+def export_program(module: nn.Module, cfg: RecConfig) -> torch.export.ExportedProgram:
+    """torch.export of `module` with its tables as inputs: batch 1 ... export.max_batch_size."""
+    names = table_buffers(module)
+    tables = tuple(module.get_buffer(n) for n in names)
+    # An example of 8 samples: export specializes sizes 0 and 1, so neither may appear.
+    sample = sample_batch(cfg.features.dense, len(cfg.features.sparse), 8, seed=3)
+    batch = torch.export.Dim("batch", min=1, max=max(2, cfg.export.max_batch_size))
+    ids = torch.export.Dim("ids")
+    shapes = ({0: batch}, {0: batch}, {0: ids}, tuple(None for _ in tables))
+    with torch.no_grad():
+        return torch.export.export(
+            TablesAsInputs(module, names), sample + tables, dynamic_shapes=shapes, strict=False
+        )
+
+
+def require_target(isa: str) -> CpuIsa:
+    """export.cpu_isa's target, refused when this CPU cannot run it: the package is verified
+    by running it here."""
+    target = CPU_ISAS[isa]
+    lacking = missing_flags(target.flags)
+    if lacking:
+        raise ConfigError(
+            f"export.cpu_isa: {isa} needs a CPU with {', '.join(target.flags)} to compile and "
+            f"verify on; this one, {cpu_info()['model']}, lacks {', '.join(lacking)}. Use "
+            "export.cpu_isa: avx2"
+        )
+    return target
+
+
+def compile_package(program: torch.export.ExportedProgram, out: Path, isa: str) -> dict[str, Any]:
+    """AOTInductor: `program` -> the package `out` (model.pt2), compiled for `isa`; returns
+    rec.json's record of the target."""
+    from torch._inductor import aoti_compile_and_package
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    target = require_target(isa)
+    # The vector ISA Inductor will pick at this width: its flags join the required ones.
+    vec = next((v for v in valid_vec_isa_list() if v.bit_width() == target.simdlen), None)
+    vec_flags = str(vec).split() if vec else []
+    started = time.perf_counter()
+    aoti_compile_and_package(
+        program,
+        package_path=str(out),
+        inductor_configs={
+            "cpp.simdlen": target.simdlen,
+            "cpp.march": target.march,
+            # Folds the dense weights' constant arithmetic once, at compile time.
+            "freezing": True,
+        },
+    )
+    return {
+        "cpu_isa": isa,
+        "march": target.march,
+        "vector_isa": str(vec) if vec else "none",
+        "required_cpu_flags": sorted(set(target.flags) | set(vec_flags)),
+        "compiled_on": cpu_info(),
+        "compile_seconds": round(time.perf_counter() - started, 1),
+        "package_bytes": out.stat().st_size,
+    }
+
+
+def write_tables(module: nn.Module, directory: Path) -> list[dict[str, Any]]:
+    """The module's TBE storage into tables.bin (64-byte aligned) and its index tables.json;
+    returns the index."""
+    index, offset = [], 0
+    with open(directory / TABLES_FILE, "wb") as f:
+        for name in table_buffers(module):
+            data = module.get_buffer(name).contiguous().view(torch.uint8).numpy()
+            pad = -offset % _ALIGN
+            f.write(b"\0" * pad)
+            offset += pad
+            f.write(memoryview(data))
+            index.append({"name": name, "offset": offset, "bytes": int(data.nbytes)})
+            offset += data.nbytes
+    (directory / TABLES_INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    return index
+
+
+def map_tables(directory: Path) -> list[torch.Tensor]:
+    """tables.bin's tables, memory-mapped read-only (private pages: nothing writes the file)."""
+    index = json.loads((directory / TABLES_INDEX).read_text())
+    path = directory / TABLES_FILE
+    size = path.stat().st_size
+    whole = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8) if size else None
+    return [
+        whole[t["offset"] : t["offset"] + t["bytes"]] if whole is not None
+        else torch.empty(0, dtype=torch.uint8)
+        for t in index
+    ]  # fmt: skip
+
+
+class AotiModel:
+    """A model.pt2 version directory, loaded to score requests: (dense, lengths, values) ->
+    scores, as the served module. Refuses a CPU without the package's ISA (rec.json)."""
+
+    def __init__(self, directory: str | Path, target: dict[str, Any] | None = None) -> None:
+        from torch._inductor import aoti_load_package
+
+        import rec.ops  # noqa: F401  (rec::linear, which the package calls)
+
+        directory = Path(directory)
+        manifest = directory / "rec.json"
+        if target is None and manifest.is_file():
+            target = json.loads(manifest.read_text()).get("aoti")
+        if target:
+            check_cpu(target, str(directory / "model.pt2"))
+        self.tables = map_tables(directory)
+        self.package = aoti_load_package(str(directory / "model.pt2"))
+
+    def __call__(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
+        out = self.package(dense, lengths, values, *self.tables)
+        return out[0] if isinstance(out, (list, tuple)) else out
