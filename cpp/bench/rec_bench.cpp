@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -31,6 +32,7 @@
 #include <random>
 #include <thread>
 
+#include "aoti_model.h"
 #include "bench_io.h"
 #include "grpc_service.grpc.pb.h"
 #include "model_spec.h"
@@ -310,9 +312,11 @@ int Main(int argc, char** argv) {
     if (st.ok()) st = LoadOpsLibrary(DefaultOpsLibrary());  // rec::linear, the dense layers
     ConfigureTorchThreads(o.intra_op_threads);
     std::string version = NewestVersion(o.repository + "/" + o.model);
-    if (st.ok()) {
-      st = LoadTorchModel(o.repository + "/" + o.model + "/" + version + "/model.pt", spec, version,
-                          &runner);
+    const std::string dir = o.repository + "/" + o.model + "/" + version;
+    if (st.ok() && std::filesystem::exists(dir + "/model.pt2")) {  // rec export --format aoti
+      st = LoadAotiModel(dir + "/model.pt2", dir + "/rec.json", spec, version, 1, &runner);
+    } else if (st.ok()) {
+      st = LoadTorchModel(dir + "/model.pt", spec, version, &runner);
     }
     factory = ForwardClients(spec, runner, o.batch);
   } else if (o.mode == "grpc") {

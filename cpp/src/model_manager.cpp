@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "aoti_model.h"
 #include "batch_probe.h"
 #include "log.h"
 #include "torch_model.h"
@@ -16,8 +17,25 @@ bool IsNumber(const std::string& s) {
   return !s.empty() && s.size() < 18 && s.find_first_not_of("0123456789") == std::string::npos;
 }
 
+constexpr char kTorchScriptFile[] = "model.pt";
+constexpr char kAotiFile[] = "model.pt2";
+
+bool IsAoti(const std::string& platform) { return platform == "torch_aoti"; }
+
 std::string ModelFileName(const ModelSpec& spec) {
-  return spec.default_model_filename.empty() ? "model.pt" : spec.default_model_filename;
+  if (!spec.default_model_filename.empty()) return spec.default_model_filename;
+  return IsAoti(spec.platform) ? kAotiFile : kTorchScriptFile;
+}
+
+// The model file of a version directory: the config's own, else the other format rec-server
+// runs, so one model can move between TorchScript and AOTInductor versions by hot swap.
+std::string VersionModelFile(const ModelSpec& spec, const fs::path& version_dir) {
+  const std::string own = ModelFileName(spec);
+  if (fs::exists(version_dir / own)) return own;
+  for (const char* other : {kAotiFile, kTorchScriptFile}) {
+    if (fs::exists(version_dir / other)) return other;
+  }
+  return "";
 }
 
 }  // namespace
@@ -58,17 +76,20 @@ Status ModelManager::LoadAll() {
     for (const auto& e : fs::directory_iterator(options_.repository)) {
       if (!fs::exists(e.path() / "config.pbtxt")) continue;
       ModelSpec probe;
-      // Other formats (ONNX, Python backend) share the repository; serve only TorchScript.
+      // Other formats (ONNX, Python backend) share the repository; serve TorchScript and
+      // AOTInductor packages.
       Status st = LoadModelSpec(e.path().string(), e.path().filename().string(), &probe);
-      bool torchscript = probe.platform == "pytorch_libtorch" || probe.backend == "pytorch";
-      bool other_format = !torchscript && (!probe.platform.empty() || !probe.backend.empty());
+      bool torch = probe.platform == "pytorch_libtorch" || probe.backend == "pytorch" ||
+                   IsAoti(probe.platform);
+      bool other_format = !torch && (!probe.platform.empty() || !probe.backend.empty());
       if (other_format) continue;
       if (!st.ok()) return st;
       names.push_back(e.path().filename().string());
     }
   }
   if (names.empty()) {
-    return NotFound("no pytorch_libtorch model in repository '" + options_.repository + "'");
+    return NotFound("no pytorch_libtorch or torch_aoti model in repository '" +
+                    options_.repository + "'");
   }
   for (const std::string& name : names) REC_RETURN_IF_ERROR(LoadModel(name));
   return Status::Ok();
@@ -93,7 +114,7 @@ Status ModelManager::PickVersion(const ModelEntry& entry, std::string* version) 
   const std::string file = ModelFileName(entry.spec());
   for (const auto& e : fs::directory_iterator(entry.dir())) {
     std::string v = e.path().filename().string();
-    if (!IsNumber(v) || !fs::exists(e.path() / file)) continue;
+    if (!IsNumber(v) || VersionModelFile(entry.spec(), e.path()).empty()) continue;
     int64_t n = std::stoll(v);
     if (options_.pinned_version > 0 && n != options_.pinned_version) continue;
     best = std::max(best, n);
@@ -116,9 +137,20 @@ Status ModelManager::Reload(const std::string& name) {
   REC_RETURN_IF_ERROR(PickVersion(*entry, &version));
   std::shared_ptr<Runner> current = entry->Current();
   if (current && current->version() == version) return Status::Ok();
-  std::string path = entry->dir() + "/" + version + "/" + ModelFileName(entry->spec());
+  const fs::path version_dir = fs::path(entry->dir()) / version;
+  const std::string file = VersionModelFile(entry->spec(), version_dir);
+  std::string path = (version_dir / file).string();
   std::shared_ptr<Runner> runner;
-  Status st = LoadTorchModel(path, entry->spec(), version, &runner);
+  Status st;
+  if (file == kAotiFile) {
+    const int concurrency = options_.batcher.executor_threads > 0
+                                ? options_.batcher.executor_threads
+                                : entry->spec().instance_count;
+    st = LoadAotiModel(path, (version_dir / "rec.json").string(), entry->spec(), version,
+                       concurrency, &runner);
+  } else {
+    st = LoadTorchModel(path, entry->spec(), version, &runner);
+  }
   if (st.ok()) st = ProbeBatching(entry, version, runner.get());
   if (!st.ok()) {
     // Polling retries a broken version every interval; say so once, not every time.

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "request.h"
+#include "torch_io.h"
 
 namespace rec {
 namespace {
@@ -78,18 +79,6 @@ DataType FromTorch(c10::ScalarType t) {
   }
 }
 
-Status ToTensor(const std::string& name, const at::Tensor& value, Tensor* out) {
-  at::Tensor t = value.contiguous();
-  out->name = name;
-  out->dtype = FromTorch(t.scalar_type());
-  out->shape.assign(t.sizes().begin(), t.sizes().end());
-  if (out->dtype == DataType::kInvalid) {
-    return Internal("output '" + name + "' has an unsupported dtype");
-  }
-  out->data.assign(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  return Status::Ok();
-}
-
 class TorchRunner : public Runner {
  public:
   TorchRunner(torch::jit::Module module, const ModelSpec& spec, std::string version)
@@ -110,11 +99,7 @@ class TorchRunner : public Runner {
     c10::InferenceMode guard;
     std::vector<c10::IValue> args;
     args.reserve(inputs.size());
-    for (const Tensor& t : inputs) {
-      // from_blob: the batch owns the bytes for the duration of the call.
-      args.emplace_back(torch::from_blob(const_cast<char*>(t.data.data()), t.shape,
-                                         torch::TensorOptions().dtype(ToTorch(t.dtype))));
-    }
+    for (const Tensor& t : inputs) args.emplace_back(WrapInput(t));
     c10::IValue result = module_.forward(args);
     std::vector<at::Tensor> tensors;
     if (result.isTensor()) {
@@ -138,6 +123,35 @@ class TorchRunner : public Runner {
   const ModelSpec& spec_;
   std::string version_;
 };
+
+}  // namespace
+
+at::Tensor WrapInput(const Tensor& t) {
+  // from_blob: the batch owns the bytes for the duration of the call.
+  return torch::from_blob(const_cast<char*>(t.data.data()), t.shape,
+                          torch::TensorOptions().dtype(ToTorch(t.dtype)));
+}
+
+Status ToTensor(const std::string& name, const at::Tensor& value, Tensor* out) {
+  at::Tensor t = value.contiguous();
+  out->name = name;
+  out->dtype = FromTorch(t.scalar_type());
+  out->shape.assign(t.sizes().begin(), t.sizes().end());
+  if (out->dtype == DataType::kInvalid) {
+    return Internal("output '" + name + "' has an unsupported dtype");
+  }
+  out->data.assign(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  return Status::Ok();
+}
+
+std::string FirstLine(const std::exception& e) {
+  std::string what = e.what();
+  const size_t start = what.find_first_not_of('\n');
+  what = what.substr(start == std::string::npos ? 0 : start);
+  return what.substr(0, what.find('\n'));
+}
+
+namespace {
 
 // A small valid batch: lengths of 1 and distinct ids, so every embedding path runs.
 std::vector<Tensor> WarmupBatch(const ModelSpec& spec, int64_t rows) {
@@ -255,24 +269,24 @@ Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
     module = torch::jit::load(model_path, torch::kCPU);
     module.eval();
   } catch (const std::exception& e) {
-    // The first non-empty line: LibTorch's messages may start with a newline.
-    std::string what = e.what();
-    what = what.substr(
-        what.find_first_not_of("\n") == std::string::npos ? 0 : what.find_first_not_of("\n"));
-    what = what.substr(0, what.find('\n'));
-    return InvalidArgument("cannot load " + model_path + ": " + what);
+    return InvalidArgument("cannot load " + model_path + ": " + FirstLine(e));
   }
   REC_RETURN_IF_ERROR(CheckSignature(module, spec));
   auto candidate = std::make_shared<TorchRunner>(std::move(module), spec, version);
+  REC_RETURN_IF_ERROR(WarmUp(candidate.get(), spec, model_path));
+  *runner = std::move(candidate);
+  return Status::Ok();
+}
+
+Status WarmUp(Runner* runner, const ModelSpec& spec, const std::string& model_path) {
   int64_t rows = std::min<int64_t>(2, spec.max_batch_size);
   std::vector<Tensor> outputs;
-  Status st = candidate->Run(WarmupBatch(spec, rows), &outputs);
+  Status st = runner->Run(WarmupBatch(spec, rows), &outputs);
   if (st.ok()) st = CheckOutputs(spec, rows, outputs);
   if (!st.ok()) {
     return InvalidArgument("model " + model_path +
                            " disagrees with config.pbtxt in a warm-up batch: " + st.message());
   }
-  *runner = std::move(candidate);
   return Status::Ok();
 }
 
