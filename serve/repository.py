@@ -52,7 +52,9 @@ class ServedModel:
 
     @property
     def model_path(self) -> Path:
-        return self.dir / str(self.version) / "model.pt"
+        """The version's model.pt (TorchScript) or model.pt2 (AOTInductor): the config's own
+        format first, so one model can move between the two by a new version."""
+        return _model_file(self.dir / str(self.version), self.config.platform)
 
     @property
     def max_batch_size(self) -> int:
@@ -132,15 +134,26 @@ def _maybe_torchscript(model_dir: Path) -> bool:
     return config.platform == "pytorch_libtorch" or config.backend == "pytorch"
 
 
+MODEL_FILES = {"pytorch_libtorch": "model.pt", "torch_aoti": "model.pt2"}
+
+
+def _model_file(version_dir: Path, platform: str) -> Path:
+    names = [MODEL_FILES.get(platform, "model.pt"), *MODEL_FILES.values()]
+    return next(
+        (version_dir / n for n in names if (version_dir / n).is_file()), version_dir / names[0]
+    )
+
+
 def _newest_version(model_dir: Path) -> int:
     versions = [
         int(p.name)
         for p in model_dir.iterdir()
-        if p.is_dir() and p.name.isdigit() and (p / "model.pt").is_file()
+        if p.is_dir() and p.name.isdigit() and any((p / n).is_file() for n in MODEL_FILES.values())
     ]
     if not versions:
         raise ServeError(
-            f"{model_dir} has no version directory with a model.pt (<version>/model.pt)"
+            f"{model_dir} has no version directory with a model.pt or model.pt2 "
+            "(<version>/model.pt)"
         )
     return max(versions)
 

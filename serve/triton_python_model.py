@@ -15,6 +15,7 @@ are mapped with the model's feature spec by rec.features, the code the training 
 """
 
 import json
+import os
 
 import fbgemm_gpu  # noqa: F401  (registers the torch.ops.fbgemm kernels model.pt calls)
 import numpy as np
@@ -75,7 +76,12 @@ class TritonPythonModel:
         threads = int(params.get("intra_op_threads", {}).get("string_value", "1"))
         if threads > 0:
             torch.set_num_threads(threads)
-        self.model = torch.jit.load(path, map_location="cpu").eval()
+        if path.endswith(".pt2"):  # AOTInductor: tables memory-mapped, the CPU's ISA checked
+            from rec.export.aoti import AotiModel
+
+            self.model = AotiModel(os.path.dirname(path))
+        else:
+            self.model = torch.jit.load(path, map_location="cpu").eval()
         allow = params.get("allow_batch_variant", {}).get("string_value") == "true"
         self._probe_batching(path, args["model_name"], args["model_version"], allow)
         spec = params.get("feature_spec", {}).get("string_value")
