@@ -1,5 +1,5 @@
-"""Export benchmark: the served TorchScript model against ONNX Runtime, in-process, on the small
-default model and the Criteo Kaggle-size one, side by side in one run.
+"""Export benchmark: the served TorchScript and AOTInductor models against ONNX Runtime,
+in-process, on the small default model and the Criteo Kaggle-size one, side by side in one run.
 
 For each model: `rec train` (a short run: the weights only need to be real), then `rec export`
 of the same checkpoint (int8 tables) five ways: TorchScript with batch-invariant fp32 dense
@@ -8,7 +8,9 @@ int8`, rec::linear_int8), TorchScript with plain nn.Linear (`export.batch_invari
 the comparison for what invariance costs), TorchScript with bf16 dense layers
 (`export.dense_dtype: bf16`, `batch_invariant: false`: invariant bf16 needs a CPU without AMX)
 and ONNX; the ONNX model is also quantized by ONNX Runtime's own dynamic quantization
-(`quantize_dynamic`: int8 MatMulInteger with per-tensor activation scales), the int8 peer.
+(`quantize_dynamic`: int8 MatMulInteger with per-tensor activation scales), the int8 peer;
+and AOTInductor packages (`--format aoti`, fp32 and int8 dense layers; compile time and
+package size recorded).
 Each model is then timed at B = 1, 64, 512 in this
 process with one and with two intra-op threads (ONNX Runtime with the same), models taking
 turns round after round so bursts of other work on the 2 shared cores hit all alike.
@@ -44,6 +46,7 @@ THREADS = (1, 2)
 DEFAULT, INT8 = "TorchScript, invariant fp32 (default)", "TorchScript, int8 dense"
 PLAIN, BF16 = "TorchScript, plain fp32", "TorchScript, bf16 (not invariant)"
 ORT, ORT_INT8 = "ONNX Runtime fp32", "ONNX Runtime int8 (dynamic)"
+AOTI, AOTI_INT8 = "AOTInductor, invariant fp32", "AOTInductor, int8 dense"
 VARIANTS = {  # name -> (format, export overrides)
     DEFAULT: ("torchscript", {"dense_dtype": "fp32"}),  # criteo_kaggle.yaml's own is int8
     INT8: ("torchscript", {"dense_dtype": "int8"}),
@@ -55,6 +58,9 @@ VARIANTS = {  # name -> (format, export overrides)
         {"dense_dtype": "bf16", "accept_quality_loss": True, "batch_invariant": False},
     ),
     ORT: ("onnx", {}),
+    # torch.export + AOTInductor (model.pt2, tables memory-mapped from tables.bin), for AVX2.
+    AOTI: ("aoti", {"dense_dtype": "fp32"}),
+    AOTI_INT8: ("aoti", {"dense_dtype": "int8"}),
 }
 # oneDNN has no bf16 inner product without AVX-512 or AVX-NE-CONVERT (an AVX2-only EPYC), and
 # export refuses bf16 there: the row is left out and the results say why.
@@ -115,12 +121,19 @@ def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
             "batched_vs_single_max_diff":
                 manifest["verification"]["batched_vs_single_max_diff"][fmt],
         }  # fmt: skip
+        if "aoti" in manifest:  # compile time and package size (the tables are beside it)
+            out[variant]["aoti"] = {k: manifest["aoti"][k] for k in
+                                    ("cpu_isa", "compile_seconds", "package_bytes")}  # fmt: skip
         if variant == ORT:
             out[ORT_INT8] = ort_int8(out[ORT], tmp / f"{name}-ort-int8")
     return out
 
 
 def load(entry: dict, threads: int) -> Callable:
+    if entry["format"] == "aoti":
+        from rec.export.aoti import AotiModel
+
+        return AotiModel(Path(entry["path"]).parent)
     if entry["format"] == "torchscript":
         import fbgemm_gpu  # noqa: F401  (the TBE op, registered before the load)
 
@@ -199,6 +212,9 @@ def ratios(latency: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
         "int8 throughput / fp32": ratio(default, int8),
         "int8 throughput / ONNX Runtime int8": ratio(ort_int8, int8),
     }
+    out["AOTInductor / TorchScript"] = ratio(latency[AOTI], default)
+    out["AOTInductor / ONNX Runtime"] = ratio(latency[AOTI], ort)
+    out["AOTInductor int8 / TorchScript int8"] = ratio(latency[AOTI_INT8], int8)
     if BF16 in latency:
         out["bf16 throughput / fp32"] = ratio(default, latency[BF16])
         out["bf16 throughput / ONNX Runtime"] = ratio(ort, latency[BF16])
@@ -226,6 +242,15 @@ def markdown(results: dict) -> str:
             for what, per_b in m["ratios"][str(threads)].items():
                 lines.append(f"| {name} | {threads} | {what} | "
                              + " | ".join(f"{per_b[b]:.2f}x" for b in BATCHES) + " |")  # fmt: skip
+    lines += ["", "| model | variant | AOTInductor compile s | package MB | export s |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for name, m in results["models"].items():
+        for variant, facts in m["variants"].items():
+            if "aoti" in facts:
+                a = facts["aoti"]
+                size, took = a["package_bytes"] / 1e6, facts["export_s"]
+                lines.append(f"| {name} | {variant} | {a['compile_seconds']:.0f} | {size:.1f} | "
+                             f"{took:.0f} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -280,7 +280,8 @@ def plot(runs: dict[str, dict], path: Path) -> None:
 def build_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
     """Trains the default and the Kaggle-size model briefly and exports each (int8 tables) into
     repositories of their own: the default export (fp32 dense layers, rec::linear) as `NAME`,
-    and with `export.dense_dtype: int8` as `NAME-int8`."""
+    with `export.dense_dtype: int8` as `NAME-int8`, and the fp32 one as an AOTInductor package
+    (`--format aoti`, model `rec_aoti`) as `NAME-aoti`."""
     from export_bench import REC, model_configs
 
     fp32, int8 = tmp / "fp32.yaml", tmp / "int8.yaml"
@@ -292,10 +293,12 @@ def build_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
         print(f"[{name}] rec train, rec export (fp32 and int8 dense)", flush=True)
         subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run_dir)], check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
-        for key, dtype in ((name, fp32), (f"{name}-int8", int8)):
+        for key, dtype, fmt in ((name, fp32, "torchscript"), (f"{name}-int8", int8, "torchscript"),
+                                (f"{name}-aoti", fp32, "aoti")):  # fmt: skip
             repos[key] = tmp / f"{key}-repo"
             subprocess.run(
-                [REC, "export", str(run_dir), "--repo", str(repos[key]), "--config", str(dtype)],
+                [REC, "export", str(run_dir), "--repo", str(repos[key]), "--config", str(dtype),
+                 "--format", fmt],
                 check=True, stdout=subprocess.DEVNULL,
             )  # fmt: skip
         shutil.rmtree(run_dir)  # the checkpoint: 8.9 GB at full size
@@ -318,9 +321,11 @@ def main() -> None:
     p.add_argument("--threads", default="1,2", help="intra-op thread counts to run, e.g. 1,2")
     p.add_argument("--delay-us", type=int, default=500, help="batching window when batching is on")
     p.add_argument("--report", action="store_true", help="redraw from serve_cpp.json and exit")
+    p.add_argument("--out", default="serve_cpp",
+                   help="results name: benchmarks/results/OUT.json and OUT.png")  # fmt: skip
     args = p.parse_args()
     if args.report:
-        report(json.loads((RESULTS / "serve_cpp.json").read_text())["runs"])
+        report(json.loads((RESULTS / f"{args.out}.json").read_text())["runs"], args.out)
         return
     if not (BUILD / "rec-bench").exists():
         raise SystemExit(f"{BUILD / 'rec-bench'} is missing: run scripts/setup.sh")
@@ -339,9 +344,9 @@ def bench_all(args: argparse.Namespace, repos: dict[str, Path]) -> None:
     for name, repo in repos.items():
         for threads in (int(t) for t in args.threads.split(",")):
             print(f"== {name} ({repo}), {threads} intra-op thread(s)")
-            results = run(
-                repo.resolve(), args.model, args.seconds, args.delay_us, threads, args.rounds
-            )
+            # An AOTInductor repository's model is <name>_aoti (rec export --format aoti).
+            model = args.model if (repo / args.model).is_dir() else f"{args.model}_aoti"
+            results = run(repo.resolve(), model, args.seconds, args.delay_us, threads, args.rounds)
             runs[f"{name}/intra_op_{threads}"] = {
                 "repository": str(repo),
                 "intra_op_threads": threads,
@@ -363,12 +368,12 @@ def bench_all(args: argparse.Namespace, repos: dict[str, Path]) -> None:
         "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serve_cpp.json").write_text(json.dumps(out, indent=2))
-    report(runs)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2))
+    report(runs, args.out)
 
 
-def report(runs: dict[str, dict]) -> None:
-    plot(runs, RESULTS / "serve_cpp.png")
+def report(runs: dict[str, dict], out: str = "serve_cpp") -> None:
+    plot(runs, RESULTS / f"{out}.png")
     for key, run_ in runs.items():
         print(f"\n### {key}\n")
         print(table(run_["results"]))
