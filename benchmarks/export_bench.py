@@ -129,6 +129,36 @@ def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
     return out
 
 
+SERVED = (DEFAULT, AOTI)  # rec-server's memory: TorchScript (tables in model.pt) vs AOTI (mapped)
+
+
+def server_rss(entry: dict, requests: int = 64) -> dict:
+    """rec-server's resident memory serving the variant's repository: after load, and its peak
+    after `requests` requests of 512 random samples (every table read where ids land)."""
+    from rec.serve.client import ScoreClient, synthetic_rows
+    from rec.serve.cpp import start_cpp
+
+    repo = Path(entry["path"]).parents[2]
+    manifest = json.loads((Path(entry["path"]).parent / "rec.json").read_text())
+    dense, sparse = len(manifest["features"]["dense"]), len(manifest["features"]["sparse"])
+    model = manifest["model_name"]
+
+    def status(pid: int) -> dict[str, int]:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        return {k: int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM", "RssFile")}
+
+    with start_cpp(repo, model, http_port=0, grpc_port=0, metrics_port=0) as server:
+        loaded = status(server.proc.pid)
+        client = ScoreClient(server.endpoints.http, "http", model=model)
+        for seed in range(requests):
+            client.score(synthetic_rows(dense, sparse, batch=512, seed=seed))
+        client.close()
+        served = status(server.proc.pid)
+    return {"after_load_rss_bytes": loaded["VmRSS"], "peak_rss_bytes": served["VmHWM"],
+            "file_backed_rss_bytes": served["RssFile"], "requests_of_512": requests}  # fmt: skip
+
+
 def load(entry: dict, threads: int) -> Callable:
     if entry["format"] == "aoti":
         from rec.export.aoti import AotiModel
@@ -242,6 +272,16 @@ def markdown(results: dict) -> str:
             for what, per_b in m["ratios"][str(threads)].items():
                 lines.append(f"| {name} | {threads} | {what} | "
                              + " | ".join(f"{per_b[b]:.2f}x" for b in BATCHES) + " |")  # fmt: skip
+    lines += ["", "| model | variant | rec-server RSS after load GB | peak RSS after 64 x B=512 GB "
+              "| of it file-backed GB | fp32 tables GB |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, m in results["models"].items():
+        for variant, facts in m["variants"].items():
+            if "server" in facts:
+                s = facts["server"]
+                lines.append(f"| {name} | {variant} | {s['after_load_rss_bytes'] / 1e9:.2f} | "
+                             f"{s['peak_rss_bytes'] / 1e9:.2f} | "
+                             f"{s['file_backed_rss_bytes'] / 1e9:.2f} | "
+                             f"{m['fp32_table_bytes'] / 1e9:.2f} |")  # fmt: skip
     lines += ["", "| model | variant | AOTInductor compile s | package MB | export s |",
               "|---|---|---|---|---|"]  # fmt: skip
     for name, m in results["models"].items():
@@ -328,6 +368,9 @@ def run(args) -> dict:
                         for b in BATCHES}  # fmt: skip
             entry = {"fp32_table_bytes": sum(t.rows * t.dim * 4 for t in cfg.tables),
                      "variants": variants, "latency_us": {}, "ratios": {}}  # fmt: skip
+            for variant in SERVED:
+                print(f"[{name}] rec-server memory: {variant}", flush=True)
+                variants[variant]["server"] = server_rss(variants[variant])
             for threads in THREADS:
                 torch.set_num_threads(threads)
                 print(f"[{name}] timing, {threads} thread(s)", flush=True)
