@@ -142,18 +142,36 @@ def refuse_unexportable(module: nn.Module, cfg: RecConfig) -> None:
 
 
 def export_program(module: nn.Module, cfg: RecConfig) -> torch.export.ExportedProgram:
-    """torch.export of `module` with its tables as inputs: batch 1 ... export.max_batch_size."""
+    """torch.export of `module` with its tables as inputs: batch 1 ... export.max_batch_size.
+
+    Traced and compiled with 64-byte stand-ins for the tables (their size a dynamic dimension):
+    nothing reads their values before run time, and AOTInductor keeps a copy of its example
+    inputs, which for real tables doubled the export's memory. The module's own table buffers
+    are swapped for the stand-ins too while it is traced, then put back."""
     names = table_buffers(module)
-    tables = tuple(module.get_buffer(n) for n in names)
+    real = {n: module.get_buffer(n) for n in names}
+    stand_ins = tuple(torch.zeros(_ALIGN, dtype=torch.uint8) for _ in names)
     # An example of 8 samples: export specializes sizes 0 and 1, so neither may appear.
     sample = sample_batch(cfg.features.dense, len(cfg.features.sparse), 8, seed=3)
     batch = torch.export.Dim("batch", min=1, max=max(2, cfg.export.max_batch_size))
     ids = torch.export.Dim("ids")
-    shapes = ({0: batch}, {0: batch}, {0: ids}, tuple(None for _ in tables))
-    with torch.no_grad():
-        return torch.export.export(
-            TablesAsInputs(module, names), sample + tables, dynamic_shapes=shapes, strict=False
-        )
+    sizes = tuple({0: torch.export.Dim(f"table_bytes_{i}", min=2)} for i in range(len(names)))
+    try:
+        for name, t in zip(names, stand_ins, strict=True):
+            _set_buffer(module, name, t)
+        with torch.no_grad():
+            return torch.export.export(
+                TablesAsInputs(module, names), sample + stand_ins, strict=False,
+                dynamic_shapes=({0: batch}, {0: batch}, {0: ids}, sizes),
+            )  # fmt: skip
+    finally:
+        for name, t in real.items():
+            _set_buffer(module, name, t)
+
+
+def _set_buffer(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(owner), leaf, value)
 
 
 def require_target(isa: str) -> CpuIsa:
