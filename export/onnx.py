@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from rec.config import RecConfig
-from rec.export.served import INPUT_NAMES, OUTPUT_NAME, ServedModule, flat_lookup, make_head
+from rec.contract import DENSE, INPUT_NAMES, LENGTHS, OUTPUT_NAME, VALUES
+from rec.export.served import ServedModule, flat_lookup, make_head
 from rec.export.stream import BITS, quantize_rows
 from rec.features import feature_spec
 from rec.model import table_rows
@@ -184,9 +185,9 @@ def export_onnx(module: ServedModule, sample: tuple[torch.Tensor, ...], path: Pa
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     ids = torch.export.Dim("ids", min=0, max=1 << 30)
     dynamic_shapes = {
-        "dense_features": {0: batch},
-        "sparse_lengths": {0: batch},
-        "sparse_values": {0: ids},
+        DENSE: {0: batch},
+        LENGTHS: {0: batch},
+        VALUES: {0: ids},
     }
     with torch.no_grad():
         program = torch.onnx.export(
@@ -216,8 +217,8 @@ def onnx_session(path: Path, threads: int = 1):
 def run_onnx(session, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
     """Scores [B, T] from an ONNX Runtime session, as a torch tensor."""
     feeds = {
-        "dense_features": dense.numpy().astype(np.float32, copy=False),
-        "sparse_lengths": lengths.numpy().astype(np.int32, copy=False),
-        "sparse_values": values.numpy().astype(np.int64, copy=False),
+        DENSE: dense.numpy().astype(np.float32, copy=False),
+        LENGTHS: lengths.numpy().astype(np.int32, copy=False),
+        VALUES: values.numpy().astype(np.int64, copy=False),
     }
-    return torch.from_numpy(session.run(["scores"], feeds)[0])
+    return torch.from_numpy(session.run([OUTPUT_NAME], feeds)[0])

@@ -38,6 +38,7 @@ from rec import ops as rec_ops
 from rec import versions as rec_versions
 from rec.batch import RecBatch
 from rec.config import ConfigError, RecConfig, load_config
+from rec.contract import EMBEDDING_DTYPES, io_manifest
 from rec.cpu import cpu_info
 from rec.export import raw_rows, stream, verify
 from rec.export import reference as reference_lib
@@ -46,7 +47,6 @@ from rec.export.dcp_reader import CheckpointReader
 from rec.export.dense import DENSE_DTYPES, Int8Linear, InvariantLinear, PackedLinear
 from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch
-from rec.export.served import INPUT_NAMES, OUTPUT_NAME
 from rec.features import feature_spec
 from rec.model import table_keys
 
@@ -139,22 +139,11 @@ def table_dtypes(cfg: RecConfig) -> dict[str, str]:
     return {t.name: cfg.export.table_dtypes.get(t.name, cfg.export.quantize) for t in cfg.tables}
 
 
-_BYTES_PER_VALUE = {"int8": 1.0, "int4": 0.5, "fp16": 2.0, "fp32": 4.0}
-
-
 def stored_bytes(cfg: RecConfig) -> int:
     """The quantized tables' size: values plus the fp16 scale and bias of int8/int4 rows."""
     dtypes = table_dtypes(cfg)
-    return sum(
-        int(
-            t.rows
-            * (
-                t.dim * _BYTES_PER_VALUE[dtypes[t.name]]
-                + (4 if dtypes[t.name] in ("int8", "int4") else 0)
-            )
-        )
-        for t in cfg.tables
-    )
+    return sum(int(t.rows * EMBEDDING_DTYPES[dtypes[t.name]].bytes_per_row(t.dim))
+               for t in cfg.tables)  # fmt: skip
 
 
 def _score(scorer: verify.Scorer, batches: Iterable[RecBatch]) -> torch.Tensor:
@@ -391,12 +380,7 @@ def manifest(
         "model_name": target.model_dir.name,
         "version": target.version,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "inputs": [
-            {"name": INPUT_NAMES[0], "dtype": "FP32", "shape": [-1, cfg.features.dense]},
-            {"name": INPUT_NAMES[1], "dtype": "INT32", "shape": [-1, num_sparse]},
-            {"name": INPUT_NAMES[2], "dtype": "INT64", "shape": [-1]},
-        ],
-        "outputs": [{"name": OUTPUT_NAME, "dtype": "FP32", "shape": [-1, num_tasks]}],
+        **io_manifest(cfg.features.dense, num_sparse, num_tasks),
         "features": {
             "dense": list(cfg.features.dense_names),
             "sparse": list(cfg.features.sparse),

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rec import contract
 from rec.config import ExportConfig
 
 # torch_aoti: Triton's PyTorch backend for AOTInductor packages (beta from release 26.03).
@@ -128,36 +129,27 @@ def triton_config(
 ) -> str:
     """config.pbtxt text for one format's model (see the module docstring for batching)."""
     ragged = export.triton_batching == "ragged"
-    batch = [] if ragged else [-1]
-    ragged_line = "\n    allow_ragged_batch: true" if ragged else ""
+    io = contract.io_manifest(num_dense, num_sparse, num_tasks)
+
+    def tensor(spec: dict, last: bool) -> list[str]:
+        # rec.json's shapes have the batch dimension (-1) first; a ragged config leaves it out,
+        # but for the ids, whose [-1] is N, merged across requests.
+        ids = spec["name"] == contract.VALUES
+        dims = spec["shape"][1:] if ragged and not ids else spec["shape"]
+        extra = ["    allow_ragged_batch: true"] if ragged and ids else []
+        return ["  {", f'    name: "{spec["name"]}"', f"    data_type: TYPE_{spec['dtype']}",
+                f"    dims: {_dims(dims)}", *extra, "  }" if last else "  },"]  # fmt: skip
+
     lines = [
         "# Written by `rec export`; rec.json beside it describes features, tables and checks.",
         f'name: "{name}"',
         f'platform: "{PLATFORMS[fmt]}"',
         f"max_batch_size: {export.max_batch_size if ragged else 0}",
         "input [",
-        "  {",
-        '    name: "dense_features"',
-        "    data_type: TYPE_FP32",
-        f"    dims: {_dims(batch + [num_dense])}",
-        "  },",
-        "  {",
-        '    name: "sparse_lengths"',
-        "    data_type: TYPE_INT32",
-        f"    dims: {_dims(batch + [num_sparse])}",
-        "  },",
-        "  {",
-        '    name: "sparse_values"',
-        "    data_type: TYPE_INT64",
-        f"    dims: [ -1 ]{ragged_line}",
-        "  }",
+        *[line for i, s in enumerate(io["inputs"]) for line in tensor(s, i == 2)],
         "]",
         "output [",
-        "  {",
-        '    name: "scores"',
-        "    data_type: TYPE_FP32",
-        f"    dims: {_dims(batch + [num_tasks])}",
-        "  }",
+        *tensor(io["outputs"][0], True),
         "]",
         f"instance_group [ {{ count: {export.instances} kind: KIND_CPU }} ]",
         "version_policy: { latest: { num_versions: 1 } }",

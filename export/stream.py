@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from rec.config import RecConfig
+from rec.contract import EMBEDDING_DTYPES
 from rec.export.dcp_reader import CheckpointReader
 
 CHECKPOINT_PREFIX = "model.model."
@@ -28,7 +29,7 @@ CHECKPOINT_PREFIX = "model.model."
 # Rows per chunk when export.chunk_rows is 0: 32 MiB of fp32, small against any table worth
 # streaming and large enough that the per-chunk overhead does not show.
 CHUNK_BYTES = 32 << 20
-BITS = {"int8": 8, "int4": 4}
+BITS = {name: d.bits for name, d in EMBEDDING_DTYPES.items() if d.rowwise}
 """Bits per value of the rowwise-quantized dtypes."""
 
 Log = Callable[[str], None]

@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from rec.batch import RecBatch
+from rec.contract import EMBEDDING_DTYPES
 from rec.metrics import AUC, AUC_PER_TASK, auc, log_loss, quality
 
 __all__ = ["auc", "log_loss", "quality"]  # the metrics live in rec.metrics; these names stay
 
-# Exported / float AUC: MLPerf DLRM's high-accuracy ratio for 8 bits; int4 gets 99 %.
-AUC_RATIO_BAR = {"int8": 0.999, "int4": 0.99, "fp16": 0.999, "fp32": 0.999}
+# Exported / float AUC per embedding dtype (rec.contract).
+AUC_RATIO_BAR = {name: d.auc_ratio_bar for name, d in EMBEDDING_DTYPES.items()}
 # ONNX Runtime vs TorchScript: same quantized values, other summation order and kernels.
 ONNX_TOLERANCE = 1e-4
 # The AOTInductor package vs the module it was exported from: the same ops on the same values,

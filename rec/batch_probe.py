@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from rec.batch import split_requests
+from rec.contract import INPUT_NAMES
 
-INPUT_NAMES = ("dense_features", "sparse_lengths", "sparse_values")
 _DTYPES = (torch.float32, torch.int32, torch.int64)
 Request = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from rec.contract import EMBEDDING_DTYPES
+
 DENSE_TRANSFORMS = ("identity", "log1p")
 """What features.transforms may name; rec.features implements them."""
 
@@ -59,7 +61,7 @@ SHARDING_TYPES = (
 SEQUENCE_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise")
 """What TorchRec's EmbeddingCollectionSharder offers a sequence table on CPU."""
 COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "quant")
-QUANT_DTYPES = ("int8", "int4", "fp16", "fp32")
+QUANT_DTYPES = tuple(EMBEDDING_DTYPES)
 EXPORT_FORMATS = ("torchscript", "onnx", "aoti", "both", "all")
 """both: torchscript and onnx; all: every format."""
 EXPORT_CPU_ISAS = ("avx2", "avx512")

@@ -20,12 +20,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-# Input and output names of the served model (DESIGN.md I/O table).
-DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
-STRINGS = "sparse_strings"
-"""The string form of VALUES (BYTES tokens, mapped to ids by the server with the model's feature
-spec); a request carries one of the two. Served by rec-server and rec's Triton model; not an
-input of the exported model itself."""
+from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES  # noqa: F401  (serve's names)
 
 
 class ServeError(Exception):

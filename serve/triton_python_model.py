@@ -24,11 +24,9 @@ import triton_python_backend_utils as pb_utils
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, the dense layers model.pt calls)
 from rec import batch_probe
+from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES
 from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
-
-DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
-STRINGS = "sparse_strings"
 
 
 def _invalid(message):

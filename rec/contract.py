@@ -1,0 +1,63 @@
+"""Contract 2's facts in one place: the served model's inputs and output, and the embedding
+dtypes a table may be stored in. Every format, server, client and check reads them from here.
+
+The model's I/O (DESIGN.md's table; every format, both servers):
+
+    dense_features  FP32  [B, num_dense]   raw dense values (the model applies the transforms)
+    sparse_lengths  INT32 [B, num_sparse]  ids per sample per sparse feature
+    sparse_values   INT64 [N]              raw ids, batch-major
+    scores          FP32  [B, num_tasks]   a sigmoid per task
+
+A request may carry `sparse_strings` (BYTES [N], tokens) in place of `sparse_values`: the
+servers map them to ids with the model's feature spec; it is not an input of the model itself.
+
+Example:
+    >>> io_manifest(13, 26, 1)["inputs"][2]
+    {'name': 'sparse_values', 'dtype': 'INT64', 'shape': [-1]}
+    >>> EMBEDDING_DTYPES["int4"].bytes_per_row(64)
+    36.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
+STRINGS = "sparse_strings"
+INPUT_NAMES = (DENSE, LENGTHS, VALUES)
+OUTPUT_NAME = SCORES
+# Triton's / KServe's dtype names (config.pbtxt writes them as TYPE_<name>).
+DTYPES = {DENSE: "FP32", LENGTHS: "INT32", VALUES: "INT64", STRINGS: "BYTES", SCORES: "FP32"}
+
+
+def io_manifest(num_dense: int, num_sparse: int, num_tasks: int) -> dict[str, list[dict]]:
+    """rec.json's "inputs" and "outputs": name, dtype and shape (-1: any size)."""
+    shapes = {DENSE: [-1, num_dense], LENGTHS: [-1, num_sparse], VALUES: [-1]}
+    return {
+        "inputs": [{"name": n, "dtype": DTYPES[n], "shape": shapes[n]} for n in INPUT_NAMES],
+        "outputs": [{"name": SCORES, "dtype": DTYPES[SCORES], "shape": [-1, num_tasks]}],
+    }
+
+
+@dataclass(frozen=True)
+class EmbeddingDtype:
+    """How a table's rows are stored in the exported model."""
+
+    bits: int
+    """Per value."""
+    rowwise: bool
+    """Quantized per row, with an fp16 scale and bias (4 bytes) after each row's codes."""
+    auc_ratio_bar: float
+    """The exported / float held-out AUC a model with such tables must reach (MLPerf DLRM's
+    high-accuracy ratio for 8 bits and more; 99 % for int4)."""
+
+    def bytes_per_row(self, dim: int) -> float:
+        return dim * self.bits / 8 + (4 if self.rowwise else 0)
+
+
+EMBEDDING_DTYPES = {
+    "int8": EmbeddingDtype(8, True, 0.999),
+    "int4": EmbeddingDtype(4, True, 0.99),
+    "fp16": EmbeddingDtype(16, False, 0.999),
+    "fp32": EmbeddingDtype(32, False, 0.999),
+}
