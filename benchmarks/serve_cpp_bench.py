@@ -5,6 +5,7 @@ with the C++ load generator rec-bench.
     .venv/bin/python benchmarks/serve_cpp_bench.py              # ~10 min, ~12 GB of RAM at peak
     .venv/bin/python benchmarks/serve_cpp_bench.py --kaggle-scale 0.05   # a quick look
     .venv/bin/python benchmarks/serve_cpp_bench.py --repo REPO [--kaggle-repo REPO2]
+    .venv/bin/python benchmarks/serve_cpp_bench.py --repos ts=REPO aoti=REPO2 --out NAME
 
 Without --repo it trains both models briefly and exports each twice (int8 tables; fp32 dense
 layers, the default, and int8 dense layers, `export.dense_dtype: int8`), as
@@ -313,6 +314,9 @@ def main() -> None:
         type=Path,
         help="with --repo: a second repository, with the Kaggle-size model (benchmarks both)",
     )
+    p.add_argument("--repos", nargs="+", metavar="NAME=DIR",
+                   help="benchmark these repositories side by side (e.g. a TorchScript and an "
+                   "AOTI export of one model)")  # fmt: skip
     p.add_argument("--kaggle-scale", type=float, default=1.0,
                    help="rows of every Kaggle table x this (1.0: 33.8M rows)")  # fmt: skip
     p.add_argument("--model", default="rec")
@@ -330,7 +334,9 @@ def main() -> None:
     if not (BUILD / "rec-bench").exists():
         raise SystemExit(f"{BUILD / 'rec-bench'} is missing: run scripts/setup.sh")
     with tempfile.TemporaryDirectory(prefix="serve_cpp_bench-") as tmp:
-        if args.repo:
+        if args.repos:
+            repos = {n: Path(d) for n, d in (r.split("=", 1) for r in args.repos)}
+        elif args.repo:
             repos = {"default": args.repo}
             if args.kaggle_repo:
                 repos["kaggle"] = args.kaggle_repo
@@ -363,7 +369,7 @@ def bench_all(args: argparse.Namespace, repos: dict[str, Path]) -> None:
         },
         "model": args.model,
         "server": "--executor-threads 1 --intra-op-threads T --http-threads 1 --grpc-threads 1",
-        "kaggle_scale": None if args.repo else args.kaggle_scale,
+        "kaggle_scale": None if args.repo or args.repos else args.kaggle_scale,
         "targets": TARGETS,
         "runs": runs,
     }
