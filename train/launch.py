@@ -92,6 +92,16 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0) -> None:
         raise TrainingFailedError(f"rank {rank} failed: {message}") from None
 
 
+def completed_checkpoint(run: Path, cfg: RecConfig) -> Path | None:
+    """LATEST, when a run of `cfg`'s length saved it at its last step."""
+    latest = run_dir.latest_checkpoint(run)
+    if latest is None or not (latest / run_dir.META_FILE).is_file():
+        return None
+    meta = run_dir.read_meta(latest)
+    length = {"steps": cfg.training.steps, "epochs": cfg.training.epochs}
+    return latest if meta.get("complete") and meta.get("length") == length else None
+
+
 def train(
     config: Path | None,
     run: Path | None,
@@ -109,6 +119,9 @@ def train(
         resources.check_training(cfg, nproc, run)
         check_plan_fits(cfg, nproc)
     cfg = prepare_run_dir(cfg, run, resume)
+    if resume and (done := completed_checkpoint(run, cfg)) is not None:
+        print(f"[rec train] {run} is complete (final checkpoint {done.name}): nothing to train")
+        return run
     if resume:
         factory.check(cfg)
         resources.check_training(cfg, nproc, run, resume=True)

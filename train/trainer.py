@@ -252,7 +252,7 @@ class Trainer:
                 if progress:
                     progress.eval(self.pos.step, metrics)
             if last or self.checkpointer.due(boundary):
-                self.save(metrics)
+                self.save(metrics, complete=last)
             if progress:
                 progress.pause(time.perf_counter() - t0)
         self._report_memory(progress)
@@ -305,7 +305,7 @@ class Trainer:
                 if progress:
                     progress.train(self.pos.step, mean, self.cfg.training.dense_lr * factor)
 
-    def save(self, metrics: dict[str, float]) -> None:
+    def save(self, metrics: dict[str, float], complete: bool = False) -> None:
         plan_json = (self.run / run_dir.PLAN_FILE).read_bytes() if self.ctx.is_main else b""
         meta = {
             "world_size": self.ctx.world_size,
@@ -315,6 +315,10 @@ class Trainer:
             "eval": metrics,
             "skipped_rows": self.train_source.skipped_rows,
             "versions": library_versions(),
+            # The last step of this length of run: `rec train --resume` has nothing to do unless
+            # config.yaml's steps or epochs were raised since.
+            "complete": complete,
+            "length": {"steps": self.cfg.training.steps, "epochs": self.cfg.training.epochs},
         }
         step_dir = self.checkpointer.save(self.pos.step, self._state(), meta)
         if self.ctx.is_main:

@@ -75,6 +75,19 @@ def finished_run(tmp_path_factory):
     return run
 
 
+def test_resume_of_a_finished_run_trains_nothing(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    latest = run_dir.latest_checkpoint(run)
+    assert run_dir.read_meta(latest)["complete"] is True
+    metrics = (run / run_dir.METRICS_FILE).read_text()
+    out = run_rec("train", "--resume", str(run), "--nproc", "1").stdout
+    assert f"complete (final checkpoint {latest.name}): nothing to train" in out
+    assert "resumed from" not in out  # no rank was started
+    assert (run / run_dir.METRICS_FILE).read_text() == metrics
+    assert run_dir.latest_checkpoint(run) == latest
+
+
 def test_torn_checkpoint_is_ignored_by_resume(finished_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
