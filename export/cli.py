@@ -46,12 +46,19 @@ from rec.config import EXPORT_FORMATS, QUANT_DTYPES
     help="Version directory to write (default: the next one).",
 )
 @click.option("--force", is_flag=True, help="Replace an existing --version.")
-def export_command(run, repo, checkpoint, quantize, fmt, config, version, force) -> None:
+@click.option(
+    "--skip-exported",
+    is_flag=True,
+    help="Write nothing if the newest version already holds this checkpoint (for deployments "
+    "that export on every start).",
+)
+def export_command(run, repo, checkpoint, quantize, fmt, config, version, force, skip_exported):
     """Export RUN's checkpoint, verify it, and write it into the model repository."""
     from rec.export.pipeline import export_run
 
     result = export_run(run, repo, checkpoint=checkpoint, quantize=quantize, fmt=fmt,
-                        config=config, version=version, force=force)  # fmt: skip
+                        config=config, version=version, force=force,
+                        skip_exported=skip_exported)  # fmt: skip
     for fmt_name, path in result.models.items():
         click.echo(f"{fmt_name}: {path}")
 

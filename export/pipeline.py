@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 import itertools
+import json
 import platform
 import resource
 import shutil
@@ -557,6 +558,25 @@ def _stage_manifest(cfg: RecConfig, loaded: LoadedRun, t: repo_lib.Target, built
     return m
 
 
+def _already_exported(
+    repo: Path, model_name: str, formats: list[str], run: Path, checkpoint: str | None
+) -> dict[str, Path] | None:
+    """Each format's newest version dir, when every rec.json names this checkpoint as source."""
+    step_dir = run_dir.resolve_checkpoint(run, checkpoint).resolve()
+    models = {}
+    for fmt in formats:
+        model_dir = repo / repo_lib.model_dir_name(model_name, fmt)
+        versions = repo_lib.existing_versions(model_dir)
+        manifest = model_dir / repo_lib.MANIFEST
+        if not versions or not manifest.is_file():
+            return None
+        source = json.loads(manifest.read_text()).get("source", {}).get("checkpoint")
+        if source != str(step_dir):
+            return None
+        models[fmt] = model_dir / str(versions[-1])
+    return models
+
+
 def export_run(
     run: str | Path,
     repo: str | Path = "model_repository",
@@ -567,6 +587,7 @@ def export_run(
     config: str | Path | None = None,
     version: int | None = None,
     force: bool = False,
+    skip_exported: bool = False,
     eval_data: Iterable[RecBatch] | None = None,
     log: Log = print,
 ) -> ExportResult:
@@ -577,13 +598,20 @@ def export_run(
         quantize, fmt: override export.quantize / export.format of the run's config.
         config: YAML file whose `export:` section overrides the run's export settings.
         version: version directory to write; default the next one. force: replace it.
+        skip_exported: write nothing when every format's newest version already holds this
+            checkpoint (a deployment that runs export on every start exports each one once).
         eval_data: held-out batches for the quality checks; default rec.data's eval split.
     """
     run, repo = Path(run), Path(repo)
     cfg = resolve_config(run, quantize, fmt, config)
+    formats = FORMAT_SETS.get(cfg.export.format, [cfg.export.format])
+    if skip_exported and version is None:
+        done = _already_exported(repo, cfg.export.model_name, formats, run, checkpoint)
+        if done is not None:
+            log(f"already exported, kept: {', '.join(map(str, done.values()))}")
+            return ExportResult(repo, done, {})
     loaded = load_dense(run, checkpoint, cfg)
     log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
-    formats = FORMAT_SETS.get(cfg.export.format, [cfg.export.format])
     targets = repo_lib.plan_targets(repo, cfg.export.model_name, formats, version, force)
     labelled = list(eval_data) if eval_data is not None else eval_batches(cfg, log)
     src = _source(cfg, loaded, labelled, formats, repo, log)

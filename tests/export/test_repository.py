@@ -134,6 +134,24 @@ def test_versions_force_and_overrides(tmp_path):
     ]
 
 
+def test_skip_exported_exports_each_checkpoint_once(tmp_path):
+    run = write_seeded_run(tmp_path / "run", seed=1)
+    repo = tmp_path / "repo"
+    first = export_run(run, repo, fmt="torchscript", skip_exported=True, **quiet)
+    model = first.models["torchscript"] / "model.pt"
+    stamp = model.stat().st_mtime_ns
+    again = export_run(run, repo, fmt="torchscript", skip_exported=True, **quiet)
+    assert again.models == first.models and model.stat().st_mtime_ns == stamp
+    assert repo_versions(repo / "rec") == ["1"]
+    # rec_onnx does not hold it yet: both formats are written, the TorchScript one as version 2.
+    both = export_run(run, repo, fmt="both", skip_exported=True, **quiet)
+    assert both.models == {"torchscript": repo / "rec" / "2", "onnx": repo / "rec_onnx" / "1"}
+
+
+def repo_versions(model_dir):
+    return sorted(p.name for p in model_dir.iterdir() if p.name.isdigit())
+
+
 def test_onnx_only(tmp_path, seeded_run):
     result = export_run(seeded_run, tmp_path / "repo", fmt="onnx", quantize="int4", **quiet)
     assert sorted(result.models) == ["onnx"]
