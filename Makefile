@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sanitized lint format bench clean
+.PHONY: setup demo test test-sanitized test-deploy lint format bench clean
 
 setup:
 	bash scripts/setup.sh
@@ -20,6 +20,10 @@ test: setup
 # The server suites again, against an ASan/UBSan build of rec-server (build/asan).
 test-sanitized: setup
 	bash scripts/test_sanitized.sh
+
+# The docker-compose stack in containers (tests/deploy): Docker, root, ~25 min on a cold cache.
+test-deploy:
+	bash scripts/test_deploy.sh
 
 lint: setup
 	$(BIN)/ruff check .
