@@ -30,10 +30,12 @@ fail() {
 "$PIP" download -q --disable-pip-version-check --retries 2 --timeout 30 -d "$OUT" \
   --no-deps torchrec==1.8.0 "setuptools>=68" wheel || fail "torchrec and setuptools"
 # A few pins exist only as source (iopath 0.1.10): built into wheels here, so that the image
-# installs wheels only and needs no build tools for them.
+# installs wheels only and needs no build tools for them. SOURCE_DATE_EPOCH makes the wheel the
+# same bytes on every host and run, so Docker's layer cache holds across fresh clones.
 for sdist in "$OUT"/*.tar.gz; do
   [ -e "$sdist" ] || continue
-  "$PIP" wheel -q --disable-pip-version-check --no-deps -w "$OUT" "$sdist" || fail "$sdist (build)"
+  SOURCE_DATE_EPOCH=315532800 "$PIP" wheel -q --disable-pip-version-check --no-deps -w "$OUT" \
+    "$sdist" || fail "$sdist (build)"
   rm -f "$sdist"
 done
 echo "$key" > "$OUT/.stamp"
