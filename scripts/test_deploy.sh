@@ -47,11 +47,16 @@ bash scripts/setup.sh > build/test-deploy-setup.log 2>&1 || { tail -20 build/tes
 start=$(date +%s)
 bash deploy/build_base.sh "$BASE_IMAGE"
 bash deploy/wheelhouse.sh
-log "docker build rec:latest (base $BASE_IMAGE, from deploy/wheelhouse)"
-docker build -q --build-arg BASE="$BASE_IMAGE" -t rec:latest . > /dev/null \
-  || die "docker build of rec:latest failed (run it without -q to see why)"
-docker build -q -f deploy/prometheus.Dockerfile --build-arg BASE="$BASE_IMAGE" \
-  -t rec-prometheus:latest deploy > /dev/null || die "docker build of rec-prometheus failed"
+# Full build output goes to a log (CI keeps only the tail of a failure, not 2,000 lines).
+build_image() {  # build_image NAME LOG docker-build-args...
+  local name=$1 out=$2
+  shift 2
+  log "docker build $name (log: $out)"
+  docker build "$@" > "$out" 2>&1 || { tail -30 "$out" >&2; die "docker build of $name failed (whole output: $out)"; }
+}
+build_image rec:latest build/docker-build-rec.log --build-arg BASE="$BASE_IMAGE" -t rec:latest .
+build_image rec-prometheus:latest build/docker-build-prometheus.log -f deploy/prometheus.Dockerfile \
+  --build-arg BASE="$BASE_IMAGE" -t rec-prometheus:latest deploy
 log "images built in $(( $(date +%s) - start )) s; rec:latest is $(docker image inspect -f '{{.Size}}' rec:latest | awk '{printf "%.2f GB", $1/1e9}')"
 REC_DEPLOY=1 REC_BASE_IMAGE="$BASE_IMAGE" .venv/bin/python -m pytest -q -ra -s tests/deploy "$@"
 log "done in $(( $(date +%s) - start )) s"
