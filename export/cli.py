@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from rec.config import EXPORT_FORMATS, QUANT_DTYPES
+from rec.config import QUANT_DTYPES, export_formats
 
 
 @click.command("export")
@@ -28,7 +28,7 @@ from rec.config import EXPORT_FORMATS, QUANT_DTYPES
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(EXPORT_FORMATS),
+    type=click.Choice(export_formats()),
     default=None,
     help="Formats to write (default: export.format).",
 )

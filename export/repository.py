@@ -2,7 +2,8 @@
 
     <repo>/<model>/config.pbtxt       Triton model config of the newest version
     <repo>/<model>/rec.json           manifest of the newest version (features, tables, checks)
-    <repo>/<model>/<version>/model.pt (or model.onnx) and a copy of that version's rec.json
+    <repo>/<model>/<version>/model.pt (model.onnx, model.pt2: each format's own file, from
+                                      rec.export.formats) and a copy of that version's rec.json
 
 Everything is built in a staging directory inside <repo> (same filesystem) and moved into place
 with renames: a new model directory in one rename; a new version directory in one rename, then
@@ -52,10 +53,8 @@ from typing import Any
 
 from rec import contract
 from rec.config import ExportConfig
+from rec.export import formats
 
-# torch_aoti: Triton's PyTorch backend for AOTInductor packages (beta from release 26.03).
-PLATFORMS = {"torchscript": "pytorch_libtorch", "onnx": "onnxruntime_onnx", "aoti": "torch_aoti"}
-FILES = {"torchscript": "model.pt", "onnx": "model.onnx", "aoti": "model.pt2"}
 MANIFEST = "rec.json"
 TRITON_CONFIG = "config.pbtxt"
 _STAGING_PREFIX = ".staging-"
@@ -67,11 +66,6 @@ class VersionExistsError(FileExistsError):
 
 class RepositoryError(FileExistsError):
     """The repository path cannot hold models (e.g. it is a file)."""
-
-
-def model_dir_name(model_name: str, fmt: str) -> str:
-    """TorchScript takes the configured name; other formats are models of their own beside it."""
-    return model_name if fmt == "torchscript" else f"{model_name}_{fmt}"
 
 
 def existing_versions(model_dir: Path) -> list[int]:
@@ -96,7 +90,7 @@ class Target:
 
 
 def plan_targets(
-    repo: Path, model_name: str, formats: list[str], version: int | None, force: bool
+    repo: Path, model_name: str, names: list[str], version: int | None, force: bool
 ) -> list[Target]:
     """Decides the version of every format's model before any work, so errors come first.
 
@@ -106,8 +100,8 @@ def plan_targets(
     if repo.exists() and not repo.is_dir():
         raise RepositoryError(f"model repository {str(repo)!r} exists and is not a directory")
     targets = []
-    for fmt in formats:
-        model_dir = repo / model_dir_name(model_name, fmt)
+    for fmt in names:
+        model_dir = repo / formats.get(fmt).model_dir_name(model_name)
         have = existing_versions(model_dir)
         v = version if version is not None else (have[-1] + 1 if have else 1)
         exists = (model_dir / str(v)).exists()
@@ -125,9 +119,10 @@ def _dims(values: list[int]) -> str:
 
 
 def triton_config(
-    name: str, fmt: str, num_dense: int, num_sparse: int, num_tasks: int, export: ExportConfig
+    name: str, platform: str, num_dense: int, num_sparse: int, num_tasks: int, export: ExportConfig
 ) -> str:
-    """config.pbtxt text for one format's model (see the module docstring for batching)."""
+    """config.pbtxt text for a model on Triton's `platform` (see the module docstring for
+    batching); each format's `Format.triton_config` calls it with its own."""
     ragged = export.triton_batching == "ragged"
     io = contract.io_manifest(num_dense, num_sparse, num_tasks)
 
@@ -143,7 +138,7 @@ def triton_config(
     lines = [
         "# Written by `rec export`; rec.json beside it describes features, tables and checks.",
         f'name: "{name}"',
-        f'platform: "{PLATFORMS[fmt]}"',
+        f'platform: "{platform}"',
         f"max_batch_size: {export.max_batch_size if ragged else 0}",
         "input [",
         *[line for i, s in enumerate(io["inputs"]) for line in tensor(s, i == 2)],

@@ -42,6 +42,25 @@ def _one_of(name: str, value: Any, allowed: typing.Iterable[Any]) -> None:
     _check(value in allowed, f"{name}={value!r} is not allowed; choose one of {allowed}")
 
 
+def export_formats() -> list[str]:
+    """export.format's choices: the plug-ins of rec.export.formats, `both` and `all`."""
+    from rec.export import formats  # light: format modules import their heavy parts lazily
+
+    return formats.choices()
+
+
+def _not_keyed_jagged(export_format: str) -> tuple[str, str] | None:
+    """None when every format `export_format` means takes model.factory and din models; else
+    the titles of those that do and of those that don't, for the error."""
+    from rec.export import formats
+
+    meant = [formats.get(name) for name in formats.resolve(export_format)]
+    if all(f.keyed_jagged for f in meant):
+        return None
+    able = " and ".join(f.title for f in formats.registry().values() if f.keyed_jagged)
+    return able, " or ".join(f.title for f in meant if not f.keyed_jagged)
+
+
 def _positive(name: str, value: Any) -> None:
     _check(
         isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
@@ -62,8 +81,6 @@ SEQUENCE_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wi
 """What TorchRec's EmbeddingCollectionSharder offers a sequence table on CPU."""
 COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "quant")
 QUANT_DTYPES = tuple(EMBEDDING_DTYPES)
-EXPORT_FORMATS = ("torchscript", "onnx", "aoti", "both", "all")
-"""both: torchscript and onnx; all: every format."""
 EXPORT_CPU_ISAS = ("avx2", "avx512")
 
 
@@ -588,7 +605,7 @@ class ExportConfig:
             f"export.chunk_rows={self.chunk_rows!r} must be an integer >= 0",
         )
         _one_of("export.quantize", self.quantize, QUANT_DTYPES)
-        _one_of("export.format", self.format, EXPORT_FORMATS)
+        _one_of("export.format", self.format, export_formats())
         _one_of("export.cpu_isa", self.cpu_isa, EXPORT_CPU_ISAS)
         _one_of("export.triton_batching", self.triton_batching, ("ragged", "none"))
         _one_of("export.dense_dtype", self.dense_dtype, ("fp32", "int8", "bf16"))
@@ -659,12 +676,13 @@ class RecConfig:
         for table in list(self.sharding.constraints) + list(self.export.table_dtypes):
             _check(table in names, f"unknown table {table!r}; tables are {names}")
         self._check_sequences(names)
+        refused = _not_keyed_jagged(self.export.format)
         if self.model.factory:
             _check(
-                self.export.format in ("torchscript", "aoti"),
+                refused is None,
                 f"export.format={self.export.format!r}: a model.factory model exports to "
-                "TorchScript and AOTInductor (aoti) only (its forward takes a KeyedJaggedTensor, "
-                "which has no ONNX form)",
+                f"{refused and refused[0]} only (its forward takes a KeyedJaggedTensor, which "
+                f"has no {refused and refused[1]} form)",
             )
         columns = self.data.columns
         if self.model.tasks and not columns.labels and (len(self.model.tasks) > 1
@@ -700,10 +718,12 @@ class RecConfig:
             self.model.candidate != self.model.history,
             "model.candidate and model.history must be different features",
         )
+        refused = _not_keyed_jagged(self.export.format)
         _check(
-            self.export.format in ("torchscript", "aoti"),
-            f"export.format={self.export.format!r}: model.arch din exports to TorchScript and "
-            "AOTInductor (aoti) only for now (its unpooled lookup has no ONNX form in rec yet)",
+            refused is None,
+            f"export.format={self.export.format!r}: model.arch din exports to "
+            f"{refused and refused[0]} only for now (its unpooled lookup has no "
+            f"{refused and refused[1]} form in rec yet)",
         )
         dims = {t.dim for t in sequence}
         _check(len(dims) == 1, f"sequence tables have dims {sorted(dims)}; they need one dim")

@@ -113,11 +113,14 @@ def check_training(cfg: RecConfig, nproc: int, run: Path, resume: bool = False, 
 
 def check_export(cfg: RecConfig, formats: list[str], stored: int, reference_rows: int,
                  chunk_bytes: int, repo: Path, **machine) -> None:  # fmt: skip
-    """Refuses an export whose quantized model (`stored` bytes per format) would not fit."""
+    """Refuses an export whose quantized model (`stored` bytes per format) would not fit.
+    Formats are built one after another, so RAM holds the hungriest one's copies."""
+    from rec.export import formats as registry
+
     dim = max(t.dim for t in cfg.tables)
-    per_format = {"torchscript": stored, "onnx": 2 * stored, "aoti": stored}
+    copies = max(registry.get(f).ram_copies for f in formats)
     ref = reference_rows * dim * 4
-    ram = PROCESS_BASE + max(per_format[f] for f in formats) + ref + 3 * chunk_bytes
+    ram = PROCESS_BASE + int(copies * stored) + ref + 3 * chunk_bytes
     counted = (f"{gb(stored)} quantized tables per format, {gb(ref)} of rows for verification, "
                f"{gb(PROCESS_BASE)} for the process")  # fmt: skip
     require("export", ram, len(formats) * stored, repo, counted, **machine)

@@ -21,6 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES  # noqa: F401  (serve's names)
+from rec.export import formats
 
 
 class ServeError(Exception):
@@ -129,25 +130,30 @@ def _maybe_torchscript(model_dir: Path) -> bool:
     return config.platform == "pytorch_libtorch" or config.backend == "pytorch"
 
 
-MODEL_FILES = {"pytorch_libtorch": "model.pt", "torch_aoti": "model.pt2"}
+def model_files() -> dict[str, str]:
+    """Triton platform -> model file, of the export formats rec's servers load
+    (rec.export.formats: `rec_serves`)."""
+    return {f.platform: f.file for f in formats.registry().values() if f.rec_serves}
 
 
 def _model_file(version_dir: Path, platform: str) -> Path:
-    names = [MODEL_FILES.get(platform, "model.pt"), *MODEL_FILES.values()]
+    files = model_files()
+    names = [files.get(platform, "model.pt"), *files.values()]
     return next(
         (version_dir / n for n in names if (version_dir / n).is_file()), version_dir / names[0]
     )
 
 
 def _newest_version(model_dir: Path) -> int:
+    files = model_files().values()
     versions = [
         int(p.name)
         for p in model_dir.iterdir()
-        if p.is_dir() and p.name.isdigit() and any((p / n).is_file() for n in MODEL_FILES.values())
+        if p.is_dir() and p.name.isdigit() and any((p / n).is_file() for n in files)
     ]
     if not versions:
         raise ServeError(
-            f"{model_dir} has no version directory with a model.pt or model.pt2 "
+            f"{model_dir} has no version directory with a {' or a '.join(files)} "
             "(<version>/model.pt)"
         )
     return max(versions)

@@ -24,7 +24,7 @@ def test_stored_row_sizes_are_fbgemms(dtype, dim):
 @pytest.mark.parametrize("batching", ["none", "ragged"])
 def test_triton_config_says_what_rec_json_says(batching):
     io = contract.io_manifest(13, 26, 2)
-    text = triton_config("m", "aoti", 13, 26, 2, ExportConfig(triton_batching=batching))
+    text = triton_config("m", "torch_aoti", 13, 26, 2, ExportConfig(triton_batching=batching))
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
     dtype = model_config_pb2.DataType.Name
     got = [(t.name, dtype(t.data_type)) for t in [*config.input, *config.output]]

@@ -263,7 +263,7 @@ def test_a_batch_dependent_model_is_refused_with_the_reason():
     """The batching check compares a batch with its samples one by one; an export that claims
     invariance and differs is refused, with what to do for bf16 (BF16_NOT_INVARIANT)."""
     from rec.export import verify
-    from rec.export.pipeline import BF16_NOT_INVARIANT, check_batching
+    from rec.export.build import BF16_NOT_INVARIANT, check_batching
 
     def scorer(dense, lengths, values):  # a score that depends on the batch's size
         return dense[:, :1] * (1 + 1e-3 * dense.shape[0])

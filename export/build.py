@@ -1,0 +1,140 @@
+"""What every format's builder shares (rec.export.formats): its input (`Source`: the dense
+layers, the checkpoint's tables to stream, the verification batches), its output (`Built`: the
+staged model's scores and what rec.json records of it) and the checks every builder runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rec import batch_probe
+from rec import ops as rec_ops
+from rec.batch import RecBatch
+from rec.config import RecConfig
+from rec.cpu import cpu_info
+from rec.export import reference as reference_lib
+from rec.export import stream, verify
+from rec.export.dcp_reader import CheckpointReader
+from rec.export.dense import DENSE_DTYPES, Int8Linear, InvariantLinear, PackedLinear
+from rec.export.load import LoadedRun
+from rec.export.module import sample_batch
+from rec.model import table_keys
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Source:
+    """What every format's builder reads: the dense layers, the checkpoint's tables (streamed),
+    and the batches it is verified on."""
+
+    cfg: RecConfig
+    loaded: LoadedRun
+    """The float model with its dense weights; its tables stay on the meta device."""
+    reader: CheckpointReader
+    sample: tuple[torch.Tensor, ...]
+    batches: Iterable[RecBatch]
+    """The verification batches (held-out, or random requests when there is no held-out data),
+    re-iterable: every scoring pass reads them again."""
+    log: Log
+    reference: reference_lib.ReferenceSink
+    """Gathers the rows verification's float reference needs, on the first streaming pass."""
+    extra_sinks: list[stream.TableSink] = field(default_factory=list)
+    """Also fed by the next streaming pass (the reference rows, on the first one)."""
+
+    def stream_into(self, *sinks: stream.TableSink) -> None:
+        extra, self.extra_sinks = self.extra_sinks, []
+        stream.stream_tables(self.reader, self.cfg, [*sinks, *extra], self.cfg.export.chunk_rows,
+                             self.log, keys=table_keys(self.loaded.model))  # fmt: skip
+
+
+@dataclass
+class Built:
+    """One format's staged model, scored on the verification batches, then released."""
+
+    scores: torch.Tensor
+    """Of the model as built in memory (for ONNX: the torch module it was exported from)."""
+    reloaded: torch.Tensor
+    """Of the file read back from disk (ONNX: through ONNX Runtime)."""
+    batched_vs_single_max_diff: float
+    tables: dict[str, dict[str, Any]]
+    """rec.json's per-table storage facts (stored_dtype, bytes_stored, ...)."""
+    sections: dict[str, Any] = field(default_factory=dict)
+    """rec.json sections of this format's own ("dense", "batch_probe", "aoti", ...)."""
+    checks: dict[str, Any] = field(default_factory=dict)
+    """Results measured while building (e.g. the raw-row round trip), for its verifier."""
+
+
+def table_dtypes(cfg: RecConfig) -> dict[str, str]:
+    return {t.name: cfg.export.table_dtypes.get(t.name, cfg.export.quantize) for t in cfg.tables}
+
+
+def score(scorer: verify.Scorer, batches: Iterable[RecBatch]) -> torch.Tensor:
+    with torch.no_grad():
+        scores = [scorer(b.dense, b.lengths, b.values).float() for b in batches]
+    if not scores:
+        raise verify.VerificationError("the held-out split yielded no batches to verify with")
+    return torch.cat(scores)
+
+
+def batching_request(cfg: RecConfig):
+    # 37 samples: past the sizes where CPU kernels switch paths (GEMM at 16, SIMD tails).
+    return sample_batch(cfg.features.dense, len(cfg.features.sparse), 37, seed=7)
+
+
+def dense_sections(cfg: RecConfig, layers: dict[str, int], request) -> dict[str, Any]:
+    """rec.json's "dense" and "batch_probe" sections of a format with rec's dense layers."""
+    return {
+        "dense": {
+            "dtype": cfg.export.dense_dtype,
+            "batch_invariant": cfg.export.batch_invariant,
+            "layers": layers,
+            # Where the batching check passed; servers re-run it on their own CPU at load.
+            "verified_on": {**cpu_info(), "rec_linear_isa": rec_ops.linear_isa()},
+        },
+        # The same request for the servers' load-time probe on their own CPU (rec.batch_probe).
+        "batch_probe": batch_probe.to_manifest(request),
+    }
+
+
+def dense_layer_dtypes(module: torch.nn.Module) -> dict[str, int]:
+    """How many of the served module's linear layers compute in each dtype: {"fp32": n, ...}."""
+    names = {dtype: name for name, dtype in DENSE_DTYPES.items()}
+    counts: dict[str, int] = {}
+    for m in module.modules():
+        if isinstance(m, PackedLinear):
+            key = names[m.weight.dtype]
+        elif isinstance(m, Int8Linear):
+            key = "int8"
+        elif isinstance(m, (InvariantLinear, torch.nn.Linear)):
+            key = "fp32"
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# Why a bf16 model can fail the batching check, and what to do (rec.export.dense).
+BF16_NOT_INVARIANT = (
+    "; bf16 dense layers are batch invariant only where oneDNN runs them on AVX-512 BF16 alone: "
+    "on a CPU with AMX it picks kernels by batch size. Export with export.batch_invariant: false "
+    "(bf16 at full speed, scores that depend on the batch at bf16 precision), set "
+    "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 for the export and every server (invariant, no AMX), "
+    "or use export.dense_dtype: int8 (batch invariant on every CPU, and faster)"
+)
+
+
+def check_batching(name: str, scorer: verify.Scorer, sample, exact: bool, hint: str = "") -> float:
+    """Single-sample requests vs the same samples as one batch; returns the max difference.
+    exact: refuse any difference (VerificationError, ending with `hint`)."""
+    diff = batch_probe.batch_variance(scorer, sample)
+    if exact and diff != 0:
+        raise verify.VerificationError(
+            f"{name}: a batch of {len(sample[0])} samples scores them differently from the same "
+            f"samples sent one by one (max diff {diff:g}), but the export is batch invariant{hint}"
+        )
+    return diff

@@ -1,0 +1,79 @@
+"""AOTInductor: the served module (as for TorchScript) through torch.export and AOTInductor into
+model.pt2, its tables in tables.bin beside it (memory-mapped at load; rec.export.aoti). Served
+by rec-server, rec's Triton Python model and Triton's `torch_aoti` platform (beta from 26.03)."""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING, Any
+
+from rec.export.formats import Format
+
+if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for a build
+    from pathlib import Path
+
+    from rec.export import build as b
+
+
+def build(src: b.Source, out: Path) -> b.Built:
+    """torch.export -> AOTInductor -> model.pt2 and tables.bin; the in-memory module scored and
+    released, then the package loaded from disk (tables memory-mapped) and scored."""
+    from rec.export import aoti, raw_rows, served, torchscript
+    from rec.export import build as b
+    from rec.export import verify as v
+
+    cfg = src.cfg
+    module, tbe = torchscript.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    aoti.refuse_unexportable(module, cfg)
+    aoti.require_target(cfg.export.cpu_isa)
+    layers = b.dense_layer_dtypes(module)
+    src.stream_into(served.TbeSink(tbe))
+    tables = served.table_storage(tbe)
+    program = aoti.export_program(module, cfg)
+    src.log(f"aoti: exported; compiling for {cfg.export.cpu_isa} (AOTInductor, ~1 min)")
+    target = aoti.compile_package(program, out, cfg.export.cpu_isa)
+    del program
+    index = aoti.write_tables(module, out.parent)
+    scores = b.score(module, src.batches)
+    del module, tbe  # the TBE storage: the package reads tables.bin's mapping instead
+    gc.collect()
+    reloaded = aoti.AotiModel(out.parent, target)
+    request = b.batching_request(cfg)
+    batching = b.check_batching("aoti", reloaded, request, cfg.export.batch_invariant)
+    reloaded_scores = b.score(reloaded, src.batches)
+    diff = v.check_close(
+        "the AOTInductor package vs the in-memory module",
+        reloaded_scores, scores, v.AOTI_TOLERANCE,
+    )  # fmt: skip
+    section = {**target, "tables_file": aoti.TABLES_FILE, "tables": index,
+               "max_abs_diff_vs_module": diff, "tolerance": v.AOTI_TOLERANCE}  # fmt: skip
+    return b.Built(
+        scores, reloaded_scores, batching, tables,
+        sections={**b.dense_sections(cfg, layers, request), "aoti": section},
+        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded)},
+    )  # fmt: skip
+
+
+def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:
+    """Checked against its module while building (within AOTI_TOLERANCE); recorded here."""
+    mine = built["aoti"]
+    checks["aoti_vs_module_max_abs_diff"] = mine.sections["aoti"]["max_abs_diff_vs_module"]
+    checks.setdefault("raw_rows", mine.checks["raw_rows"])
+
+
+FORMAT = Format(
+    name="aoti",
+    title="AOTInductor (aoti)",
+    file="model.pt2",
+    platform="torch_aoti",  # Triton's PyTorch backend for AOTInductor packages (beta, 26.03+)
+    load_requires="torch's AOTInductor package loader (torch._inductor.aoti_load_package in "
+    "Python, torch::inductor::AOTIModelPackageLoader in C++) with FBGEMM's and rec's op "
+    "libraries loaded as for torchscript, a CPU with the package's ISA (the `aoti` section), and "
+    "tables.bin memory-mapped and passed after the three inputs (rec.export.aoti)",
+    build=build,
+    verify=verify,
+    order=2,
+    keyed_jagged=True,
+    rec_dense=True,
+    rec_serves=True,
+)

@@ -1,0 +1,79 @@
+"""TorchScript: the served module (FBGEMM TBE tables, rec's dense layers) scripted into model.pt.
+Served by rec-server, rec's Triton Python model and Triton's `pytorch_libtorch` backend."""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING, Any
+
+from rec.export.formats import Format
+
+if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for a build
+    from pathlib import Path
+
+    from rec.export import build as b
+
+
+def build(src: b.Source, out: Path) -> b.Built:
+    """The served module's TBE storage filled from the streamed tables -> script -> model.pt;
+    scored in memory, released, reloaded from disk and scored again."""
+    import torch
+
+    from rec.export import build as b
+    from rec.export import raw_rows, served, torchscript
+
+    cfg = src.cfg
+    module, tbe = torchscript.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    layers = b.dense_layer_dtypes(module)
+    if cfg.export.dense_dtype != "fp32" and not layers.get(cfg.export.dense_dtype):
+        src.log(
+            f"warning: export.dense_dtype {cfg.export.dense_dtype} applies to no layer: each is "
+            "too small to gain from it and stays fp32 (rec.export.dense.invariant_linear)"
+        )
+    what = f"the model of model.factory {cfg.model.factory!r}" if cfg.model.factory else "the model"
+    if cfg.model.factory:  # refuse what TorchScript cannot compile before streaming the tables
+        torchscript.script(module, what)
+    src.stream_into(served.TbeSink(tbe))
+    tables = served.table_storage(tbe)
+    scripted = torchscript.to_torchscript(module, src.sample, what)
+    torch.jit.save(scripted, str(out))
+    scores = b.score(scripted, src.batches)
+    del scripted, module, tbe  # the TBE storage: make room for the reloaded copy
+    gc.collect()
+    reloaded = torch.jit.load(str(out))
+    request = b.batching_request(cfg)
+    hint = b.BF16_NOT_INVARIANT if cfg.export.dense_dtype == "bf16" else ""
+    batching = b.check_batching("torchscript", reloaded, request, cfg.export.batch_invariant, hint)
+    return b.Built(
+        scores, b.score(reloaded, src.batches), batching, tables,
+        sections=b.dense_sections(cfg, layers, request),
+        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded)},
+    )  # fmt: skip
+
+
+def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:
+    from rec.export import verify as v
+
+    mine = built["torchscript"]
+    v.check_identical("TorchScript reloaded from disk", mine.reloaded, mine.scores)
+    checks["torchscript_reload_identical"] = True
+    checks["raw_rows"] = mine.checks["raw_rows"]
+
+
+FORMAT = Format(
+    name="torchscript",
+    title="TorchScript",
+    file="model.pt",
+    platform="pytorch_libtorch",
+    load_requires="FBGEMM's ops and classes and rec's dense-layer ops (rec::linear, "
+    "rec::linear_int8) registered before torch.jit.load: `import fbgemm_gpu` and `import rec.ops` "
+    "in Python; in C++ dlopen the fbgemm_gpu package's .so files and rec's rec/_ops.so with "
+    "RTLD_GLOBAL",
+    build=build,
+    verify=verify,
+    order=0,
+    default_name=True,
+    keyed_jagged=True,
+    rec_dense=True,
+    rec_serves=True,
+)
