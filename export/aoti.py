@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from rec.config import ConfigError, RecConfig
-from rec.cpu import cpu_info
+from rec.cpu import all_flags, cpu_info
 from rec.export.dense import PackedLinear
 from rec.export.module import sample_batch
 
@@ -86,16 +86,8 @@ class IsaError(RuntimeError):
 
 def missing_flags(flags: Sequence[str], have: Sequence[str] | None = None) -> list[str]:
     """The flags of `flags` this CPU (or `have`) lacks."""
-    present = set(have if have is not None else _cpu_flags())
+    present = set(have if have is not None else all_flags())
     return [f for f in flags if f not in present]
-
-
-def _cpu_flags() -> list[str]:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].split()
-    return []
 
 
 def check_cpu(target: dict[str, Any], where: str) -> None:

@@ -12,19 +12,30 @@ KERNEL_FLAGS = (
 )  # fmt: skip
 
 
-def cpu_info() -> dict:
-    """{"model": lscpu's model name, "flags": the KERNEL_FLAGS it has, "machine": x86_64...}."""
-    model, flags = platform.processor() or "unknown", set()
+def _read_cpuinfo() -> tuple[str, list[str]]:
+    """(model name, every flag) of the first CPU in /proc/cpuinfo."""
+    model, flags = platform.processor() or "unknown", []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name" and model in ("unknown", platform.processor()):
                 model = value.strip()
             elif key.strip() == "flags":
-                flags = set(value.split())
+                flags = value.split()
                 break
     except OSError:
         pass
+    return model, flags
+
+
+def all_flags() -> list[str]:
+    """Every flag /proc/cpuinfo lists (what a compiled package may require)."""
+    return _read_cpuinfo()[1]
+
+
+def cpu_info() -> dict:
+    """{"model": lscpu's model name, "flags": the KERNEL_FLAGS it has, "machine": x86_64...}."""
+    model, flags = _read_cpuinfo()
     return {
         "model": model,
         "machine": platform.machine(),

@@ -4,9 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <string>
+
+#include "test_util.h"
 
 namespace rec {
 namespace {
@@ -16,18 +16,7 @@ const char* kSection = R"({"aoti": {"cpu_isa": "avx512", "march": "x86-64-v4",
   "tables": [{"name": "lookup.weights_host", "offset": 0, "bytes": 96},
              {"name": "lookup.sequences.weights_host", "offset": 128, "bytes": 32}]}})";
 
-class ManifestFile : public ::testing::Test {
- protected:
-  std::string Write(const std::string& text) {
-    path_ = std::filesystem::temp_directory_path() /
-            ("aoti_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".json");
-    std::ofstream(path_) << text;
-    return path_.string();
-  }
-  void TearDown() override { std::filesystem::remove(path_); }
-  std::filesystem::path path_;
-};
+using ManifestFile = testing::TempFileTest;
 
 TEST_F(ManifestFile, ReadsTheTargetAndTheTables) {
   AotiManifest m;

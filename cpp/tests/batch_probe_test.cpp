@@ -4,8 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "test_util.h"
@@ -19,18 +17,7 @@ const char* kProbe = R"("batch_probe": {
   "sparse_lengths": [[1, 0, 2], [0, 1, 0]],
   "sparse_values": [7, -9223372036854775807, 42, 5]})";
 
-class ProbeFile : public ::testing::Test {
- protected:
-  std::string Write(const std::string& text) {
-    path_ = std::filesystem::temp_directory_path() /
-            ("probe_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".json");
-    std::ofstream(path_) << text;
-    return path_.string();
-  }
-  void TearDown() override { std::filesystem::remove(path_); }
-  std::filesystem::path path_;
-};
+using ProbeFile = testing::TempFileTest;
 
 std::string Manifest(const std::string& probe, bool invariant = true) {
   return std::string(R"({"dense": {"batch_invariant": )") + (invariant ? "true" : "false") +
