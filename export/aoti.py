@@ -39,12 +39,11 @@ from rec.config import ConfigError, RecConfig
 from rec.cpu import all_flags, cpu_info
 from rec.export.dense import PackedLinear
 from rec.export.module import sample_batch
+from rec.export.served import table_buffers
 
 TABLES_FILE = "tables.bin"
 TABLES_INDEX = "tables.json"
 _ALIGN = 64
-# The TBE storage buffers of the served module (TbeLookup registers its TBE's `weights_host`).
-_TABLE_BUFFER = "weights_host"
 
 
 @dataclass(frozen=True)
@@ -115,11 +114,6 @@ class TablesAsInputs(nn.Module):
         buffers = dict(zip(self.names, tables, strict=True))
         args = (dense_features, sparse_lengths, sparse_values)
         return torch.func.functional_call(self.module, buffers, args, strict=False)
-
-
-def table_buffers(module: nn.Module) -> list[str]:
-    """The names of the served module's TBE storage buffers, in a fixed order."""
-    return [name for name, _ in module.named_buffers() if name.endswith(_TABLE_BUFFER)]
 
 
 def refuse_unexportable(module: nn.Module, cfg: RecConfig) -> None:

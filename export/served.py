@@ -450,6 +450,12 @@ class TbeSink:
             scale_bias[start:stop].copy_(sb)
 
 
+def table_buffers(module: nn.Module) -> list[str]:
+    """The names of the served module's TBE storage buffers (each TbeLookup's `weights_host`:
+    the tables), in a fixed order."""
+    return [name for name, _ in module.named_buffers() if name.endswith("weights_host")]
+
+
 def table_storage(tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> dict[str, dict]:
     """Per table: stored dtype and bytes as the TBE holds them (rows padded to its alignment)."""
     out: dict[str, dict] = {}
