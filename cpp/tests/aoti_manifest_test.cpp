@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "temp_file_test.h"
 #include "test_util.h"
 
 namespace rec {

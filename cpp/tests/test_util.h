@@ -1,11 +1,7 @@
 // Helpers shared by the unit tests: a small spec shaped like the exported model's.
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -112,22 +108,5 @@ inline InferRequest MakeRequest(int64_t rows, float base) {
   r.inputs.push_back(MakeTensor("sparse_lengths", DataType::kInt32, {rows, 3}, lengths));
   return r;
 }
-
-// A test that writes one file (a manifest) into the temp directory, named after the test, and
-// removes it afterwards.
-class TempFileTest : public ::testing::Test {
- protected:
-  std::string Write(const std::string& text) {
-    const ::testing::UnitTest* unit = ::testing::UnitTest::GetInstance();
-    path_ = std::filesystem::temp_directory_path() /
-            ("rec_" + std::to_string(unit->random_seed()) + "_" +
-             unit->current_test_info()->test_suite_name() + "_" +
-             unit->current_test_info()->name() + ".json");
-    std::ofstream(path_) << text;
-    return path_.string();
-  }
-  void TearDown() override { std::filesystem::remove(path_); }
-  std::filesystem::path path_;
-};
 
 }  // namespace rec::testing
