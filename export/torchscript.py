@@ -151,7 +151,13 @@ def freeze(scripted: torch.jit.ScriptModule, module: nn.Module) -> torch.jit.Scr
     (preserved): freezing them would copy them, one more copy of the tables in export's memory.
     Not for a model with oneDNN-packed layers (PackedLinear: bf16, or plain fp32 when not batch
     invariant), whose packed weights must be repacked on the CPU that loads them (their
-    __setstate__), which a frozen graph would skip."""
+    __setstate__), which a frozen graph would skip.
+
+    optimize_numerics=False: freeze's default folds conv/linear with a following batch norm or
+    add/mul, which changes the arithmetic; the export must score as the trained module does, bit
+    for bit, so a factory model with batch norm would otherwise be refused by the check above."""
     if any(isinstance(m, PackedLinear) for m in module.modules()):
         return scripted
-    return torch.jit.freeze(scripted.eval(), preserved_attrs=table_buffers(module))
+    return torch.jit.freeze(
+        scripted.eval(), preserved_attrs=table_buffers(module), optimize_numerics=False
+    )

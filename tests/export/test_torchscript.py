@@ -291,3 +291,19 @@ def test_plain_fp32_cross_net_swaps_on_any_cpu():
     layers = [m for m in holder.modules() if isinstance(m, PackedLinear)]
     assert layers and all(m.weight.dtype == torch.float32 for m in layers)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_freezing_keeps_a_batch_norm_models_bits():
+    """torch.jit.freeze folds a linear layer into the batch norm after it by default, which
+    changes the scores by an ulp; export's freeze must not (a factory model with batch norm
+    would be refused by the scripting check)."""
+    from rec.export.torchscript import freeze
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.BatchNorm1d(64)).eval()
+    with torch.no_grad():
+        net[1].running_mean.normal_()
+        net[1].running_var.uniform_(0.5, 2.0)
+        net[1].weight.normal_()
+        x = torch.randn(37, 13)
+        assert torch.equal(freeze(torch.jit.script(net), net)(x), net(x))
