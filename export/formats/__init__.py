@@ -86,6 +86,8 @@ class Format:
 def _discover() -> dict[str, Format]:
     found: list[Format] = []
     for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):  # a private helper shared by formats, not a format
+            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         fmt = getattr(module, "FORMAT", None)
         if not isinstance(fmt, Format):

@@ -60,6 +60,16 @@ def test_every_format_has_its_own_file_platform_and_model_dir():
     assert formats.resolve("both") == ["torchscript", "onnx"]
 
 
+def test_a_private_helper_module_is_not_a_format(tmp_path, monkeypatch):
+    """Formats may share a helper module; a leading underscore keeps it out of the registry."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "_shared.py").write_text("HELPER = 1\n")
+    monkeypatch.setattr(formats, "__path__", [*formats.__path__, str(plugins)])
+    assert "_shared" not in formats.names()
+    assert formats.names() == ["torchscript", "onnx", "aoti"]
+
+
 def test_an_unknown_format_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match=r"export.format='tflite' is not allowed.*'aoti'"):
         config_from_dict(tiny_dict(format="tflite"))
