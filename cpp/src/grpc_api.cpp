@@ -225,12 +225,11 @@ grpc::Status GrpcApi::RepositoryModelLoad(const inference::RepositoryModelLoadRe
 }
 
 void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
-                         inference::ModelInferResponse* response,
-                         std::function<void(const Status&)> done) {
+                         inference::ModelInferResponse* response, InferDone done) {
   const uint64_t request_start = NowNs();
   ModelEntry* e = nullptr;
   Status st = FindModel(request->model_name(), request->model_version(), &e);
-  if (!st.ok()) return done(st);
+  if (!st.ok()) return done(st, nullptr);
   // The tensors take the request's raw bytes instead of copying them (a B = 512 request is
   // hundreds of KB); the request is not read again.
   InferRequest r;
@@ -238,7 +237,7 @@ void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
   if (st.ok()) st = ValidateRequest(e->spec(), &r);
   if (!st.ok()) {
     e->stats()->RecordFailure(0);
-    return done(st);
+    return done(st, nullptr);
   }
   if ((r.trace = Tracer::Get().Start(r.model_name))) {
     r.trace->Stamp("GRPC_WAITREAD_END", request_start);
@@ -254,17 +253,13 @@ void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
     if (result.status.ok()) {
       EncodeGrpcResponse(meta, result.model_version, result.outputs, response);
     }
-    if (meta.trace) {
-      meta.trace->Stamp("REQUEST_END");
-      meta.trace->Stamp("GRPC_SEND_START");  // the write itself completes on the poller
-      Tracer::Get().Finish(meta.trace);
-    }
-    done(result.status);
+    if (meta.trace) meta.trace->Stamp("REQUEST_END");
+    done(result.status, meta.trace);
   };
   st = e->batcher().Enqueue(std::move(r), std::move(finish));
   if (!st.ok()) {
     e->stats()->RecordFailure(0);
-    done(st);
+    done(st, nullptr);
   }
 }
 

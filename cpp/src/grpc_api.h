@@ -13,6 +13,7 @@
 #include "grpc_service.grpc.pb.h"
 #include "model_manager.h"
 #include "request.h"
+#include "trace.h"
 
 namespace rec {
 
@@ -66,9 +67,12 @@ class GrpcApi {
                                    inference::RepositoryModelLoadResponse*);
 
   // Decodes, validates and queues `request` (its raw inputs are moved out); fills `response`
-  // and calls `done` exactly once: at once on an error, else on the batcher's thread.
+  // and calls `done` exactly once: at once on an error, else on the batcher's thread. A traced
+  // request's trace comes with it, stamped up to REQUEST_END: the caller stamps the send and
+  // finishes it (Tracer::Finish).
+  using InferDone = std::function<void(const Status&, std::shared_ptr<Trace>)>;
   void ModelInfer(inference::ModelInferRequest* request, inference::ModelInferResponse* response,
-                  std::function<void(const Status&)> done);
+                  InferDone done);
 
  private:
   Status FindModel(const std::string& name, const std::string& version, ModelEntry** entry);

@@ -125,9 +125,14 @@ class UnaryCall final : public Tag {
         return;
       case State::kWaking:  // posted by FinishOnQueue: now on the polling thread
         state_ = State::kFinishing;
+        if (trace_) trace_->Stamp("GRPC_SEND_START");
         writer_.Finish(response_, status_, this);
         return;
-      case State::kFinishing:
+      case State::kFinishing:  // the answer is written (or the call broke)
+        if (trace_) {
+          trace_->Stamp("GRPC_SEND_END");
+          Tracer::Get().Finish(trace_);
+        }
         break;
     }
     delete this;
@@ -138,9 +143,11 @@ class UnaryCall final : public Tag {
   Resp* response() { return &response_; }
   // On the polling thread.
   void Finish(const grpc::Status& status) { writer_.Finish(response_, status, this); }
-  // From any thread: the polling thread writes the answer (Queue::Post).
-  void FinishOnQueue(const grpc::Status& status) {
+  // From any thread: the polling thread writes the answer (Queue::Post). A traced request's
+  // trace gets the write's start and end, then is finished.
+  void FinishOnQueue(const grpc::Status& status, std::shared_ptr<Trace> trace = nullptr) {
     status_ = status;
+    trace_ = std::move(trace);
     state_ = State::kWaking;
     queue_->Post(this);
   }
@@ -158,6 +165,7 @@ class UnaryCall final : public Tag {
   Writer writer_{&context_};
   State state_ = State::kRequested;
   grpc::Status status_;
+  std::shared_ptr<Trace> trace_;
 };
 
 // ModelStreamInfer: one read in flight; each request read goes to the batcher, and its response
@@ -244,8 +252,12 @@ class StreamCall final {
     // cannot finish before `done` runs (pending_ > 0).
     queue_->answers_due.fetch_add(1);
     GrpcServer::Queue* q = queue_;  // outlives the call, which may end once mu_ is released
-    api_->ModelInfer(&request_, out->mutable_infer_response(), [this, q, out](const Status& st) {
+    auto done = [this, q, out](const Status& st, std::shared_ptr<Trace> trace) {
       if (!st.ok()) out->set_error_message(st.message());
+      if (trace) {  // the stream's writes are not tracked per response: stamped as queued
+        trace->Stamp("GRPC_SEND_START");
+        Tracer::Get().Finish(trace);
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         --pending_;
@@ -256,7 +268,8 @@ class StreamCall final {
         }
       }
       q->answers_due.fetch_sub(1);
-    });
+    };
+    api_->ModelInfer(&request_, out->mutable_infer_response(), std::move(done));
     std::lock_guard<std::mutex> lock(mu_);
     stream_.Read(&request_, &read_);
   }
@@ -421,10 +434,11 @@ Status GrpcServer::Start(int* port) {
           [this](auto* c) {
             GrpcServer::Queue* q = c->queue();
             q->answers_due.fetch_add(1);
-            api_->ModelInfer(c->request(), c->response(), [c, q](const Status& st) {
-              c->FinishOnQueue(ToGrpc(st));
-              q->answers_due.fetch_sub(1);
-            });
+            api_->ModelInfer(c->request(), c->response(),
+                             [c, q](const Status& st, std::shared_ptr<Trace> trace) {
+                               c->FinishOnQueue(ToGrpc(st), std::move(trace));
+                               q->answers_due.fetch_sub(1);
+                             });
           },
           q),
       ServeUnimplemented(s, &S::RequestRepositoryModelUnload, q),

@@ -28,7 +28,7 @@ HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START"
               "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
 GRPC_ORDER = ["GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
               "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END",
-              "GRPC_SEND_START"]  # fmt: skip
+              "GRPC_SEND_START", "GRPC_SEND_END"]  # fmt: skip
 
 
 def _grpc_settings(c: grpcclient.InferenceServerClient, model: str = "") -> dict:
