@@ -58,24 +58,54 @@ struct GrpcServer::Queue {
   void Post(Tag* tag) {
     std::lock_guard<std::mutex> lock(post_mu);
     posted.push_back(tag);
-    if (waking) return;
+    has_posted.store(true, std::memory_order_release);
+    if (waking || spinning) return;  // a spinning poller takes it without a wake (TakePosted)
     waking = true;
     alarm = std::make_unique<grpc::Alarm>();
     alarm->Set(cq.get(), gpr_time_0(GPR_CLOCK_MONOTONIC), &woken);
   }
 
+  // The busy-polling poller, between its checks of the queue: runs what was posted. An alarm is
+  // what wakes a poller asleep in Next, and it is the larger part of a posted answer's cost
+  // (allocated, set, delivered through the queue); a poller that is spinning needs none.
+  bool TakePosted() {
+    if (!has_posted.load(std::memory_order_acquire)) return false;
+    RunPosted();
+    return true;
+  }
+
+  // The poller starts (true) or stops (false) spinning. Under post_mu, so a Post either sees it
+  // spinning and is taken by TakePosted, or sets the alarm: none is left behind when it sleeps.
+  void SetSpinning(bool on) {
+    std::lock_guard<std::mutex> lock(post_mu);
+    spinning = on;
+    if (!on && !posted.empty() && !waking) {
+      waking = true;
+      alarm = std::make_unique<grpc::Alarm>();
+      alarm->Set(cq.get(), gpr_time_0(GPR_CLOCK_MONOTONIC), &woken);
+    }
+  }
+
  private:
+  void RunPosted() {
+    std::vector<Tag*> tags;
+    {
+      std::lock_guard<std::mutex> lock(post_mu);
+      tags.swap(posted);
+      has_posted.store(false, std::memory_order_relaxed);
+    }
+    for (Tag* t : tags) t->Proceed(true);
+  }
+
   class Woken final : public Tag {
    public:
     explicit Woken(Queue* q) : q_(q) {}
     void Proceed(bool) override {
-      std::vector<Tag*> tags;
       {
         std::lock_guard<std::mutex> lock(q_->post_mu);
-        tags.swap(q_->posted);
         q_->waking = false;
       }
-      for (Tag* t : tags) t->Proceed(true);
+      q_->RunPosted();
     }
 
    private:
@@ -84,7 +114,9 @@ struct GrpcServer::Queue {
 
   std::mutex post_mu;
   std::vector<Tag*> posted;
-  bool waking = false;  // alarm is set and has not been taken yet
+  std::atomic<bool> has_posted{false};
+  bool waking = false;    // alarm is set and has not been taken yet
+  bool spinning = false;  // the poller is busy-polling and checks `posted` (TakePosted)
   std::unique_ptr<grpc::Alarm> alarm;
   Woken woken{this};
 };
@@ -359,10 +391,16 @@ void Poll(GrpcServer::Queue* q, int64_t busy_poll_us) {
   while (true) {
     Status st = Status::TIMEOUT;
     if (busy_poll_us > 0 && q->answers_due.load(std::memory_order_relaxed) > 0) {
+      q->SetSpinning(true);
+      bool took = false;
       PollFor(busy_poll_us, [&] {
+        took = q->TakePosted();
+        if (took) return true;
         st = cq->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
         return st != Status::TIMEOUT;
       });
+      q->SetSpinning(false);
+      if (took) continue;
     }
     if (st == Status::TIMEOUT) st = cq->Next(&tag, &ok) ? Status::GOT_EVENT : Status::SHUTDOWN;
     if (st == Status::SHUTDOWN) return;
