@@ -12,7 +12,15 @@ flight, batching off. Servers:
   callback API, both with abseil's Mutex deadlock detection off, and the async one again with
   it on (Debian's abseil default, which rec-server keeps).
 Calls: bare liveness (`ServerLive`, `GET /v2/health/live`) on all, `ModelInfer` / HTTP infer at
-B = 1 on rec-server. The servers take turns in short rounds and the median round is kept.
+B = 1 on rec-server, and `ModelInfer` at B = 1 on the async ping-pong, which answers at once with
+zero scores: the floor of a call of ModelInfer's size, without a model or a thread hop; and on a
+ping-pong that answers it after the model's in-process p50 (`--infer-delay-us`, spent on its
+polling thread): the floor of a call that waits for a model. The servers take turns in short
+rounds and the median round is kept.
+With perf installed, CPU time per call (`perf stat -e task-clock`, the server's process and the
+client's, calls counted by the client) is measured for each call in one more pass, sleeping
+servers (`--busy-poll-us 0`, so a polling thread's spin is not counted as work): where the
+time goes, server or client.
 With `--perf`, each rec-server call is also sampled with `perf record` on the server's
 process and the top symbols written beside the results.
 
@@ -37,10 +45,10 @@ from serve_cpp_bench import BUILD, RESULTS, Server, batching_repo, bench, median
 
 
 class PingPong:
-    def __init__(self, api: str, deadlock_detection: str = "off") -> None:
+    def __init__(self, api: str, deadlock_detection: str = "off", delay_us: int = 0) -> None:
         self.proc = subprocess.Popen(
             [str(BUILD / "grpc-pingpong"), "--port", "0", "--api", api,
-             "--absl-deadlock-detection", deadlock_detection],
+             "--absl-deadlock-detection", deadlock_detection, "--infer-delay-us", str(delay_us)],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
@@ -64,6 +72,30 @@ def default_repo(tmp: Path) -> Path:
     subprocess.run([REC, "export", str(run), "--repo", str(repo)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     return repo
+
+
+def cpu_per_call(
+    pid: int, repo: Path, model: str, mode: str, target: str, call: str, seconds: float
+) -> dict:
+    """CPU µs per call of the server's process and of the client (rec-bench, its start-up
+    included, a few ms over thousands of calls), from perf stat's task-clock."""
+
+    def msec(stderr: str) -> float:  # perf stat -x, : "value,unit,event,..."
+        return float(stderr.strip().splitlines()[-1].split(",")[0])
+
+    stat = ["perf", "stat", "-x,", "-e", "task-clock"]
+    server = subprocess.Popen([*stat, "-p", str(pid)], stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    argv = [str(BUILD / "rec-bench"), mode, "--model-repository", str(repo), "--model", model,
+            "--batch", "1", "--seconds", str(seconds), "--target", target, "--call", call,
+            "--grpc-client", "stub"]  # fmt: skip
+    client = subprocess.run([*stat, *argv], capture_output=True, text=True, check=True)
+    server.send_signal(2)
+    _, server_err = server.communicate(timeout=30)
+    result = json.loads(client.stdout.strip().splitlines()[-1])
+    calls = result["rows_per_s"] * seconds
+    return {"p50_us": result["p50_us"], "server_cpu_us": msec(server_err) * 1000 / calls,
+            "client_cpu_us": msec(client.stderr) * 1000 / calls}  # fmt: skip
 
 
 def perf_top(pid: int, argv: list[str], out: Path, top: int = 25) -> list[str]:
@@ -111,6 +143,11 @@ def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) 
     }
     pingpongs = {f"grpc-pingpong {api}": PingPong(api) for api in ("async", "callback")}
     pingpongs["grpc-pingpong async, absl deadlock detection on"] = PingPong("async", "on")
+    # ModelInfer answered after the model's own time (its in-process p50 at B = 1), spent on the
+    # polling thread: the floor of a call that waits for a model, with no thread hop.
+    forward_us = bench("forward", repo, model, 1, 1, seconds, "--intra-op-threads", 1)["p50_us"]
+    late = f"grpc-pingpong async, answer after {forward_us:.0f} us"
+    pingpongs[late] = PingPong("async", "off", round(forward_us))
     calls = []  # (name, mode, target, call)
     for name, s in servers.items():
         calls += [(f"{name} gRPC ServerLive", "grpc", s.grpc, "live"),
@@ -119,12 +156,25 @@ def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) 
                   (f"{name} HTTP infer B=1", "http", s.http, "infer")]  # fmt: skip
     for name, pp in pingpongs.items():
         calls.append((f"{name} gRPC ServerLive", "grpc", pp.grpc, "live"))
+    for name in ("grpc-pingpong async", late):
+        calls.append((f"{name} gRPC ModelInfer B=1", "grpc", pingpongs[name].grpc, "infer"))
+    calls = [c for c in calls if not (c[0].startswith(late) and c[3] == "live")]
     runs: dict[str, list] = {}
     try:
         for _ in range(rounds):
             for name, mode, target, call in calls:
                 extra = ("--target", target, "--call", call, "--grpc-client", "stub")
                 runs.setdefault(name, []).append(bench(mode, repo, model, 1, 1, seconds, *extra))
+        cpu_calls = {}
+        if shutil.which("perf"):
+            sleeping = servers["rec-server --busy-poll-us 0"]
+            procs = {"rec-server --busy-poll-us 0": sleeping, **pingpongs}
+            for name, mode, target, call in calls:
+                owner = next((k for k in procs if name.startswith(k + " ")), None)
+                if owner is None or owner not in ("grpc-pingpong async", late, *servers):
+                    continue
+                pid = procs[owner].proc.pid
+                cpu_calls[name] = cpu_per_call(pid, repo, model, mode, target, call, seconds)
         profiles = {}
         if profile and shutil.which("perf"):
             s = servers["rec-server"]
@@ -151,8 +201,24 @@ def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) 
         "gRPC / HTTP, infer B=1": ("rec-server gRPC ModelInfer B=1", "rec-server HTTP infer B=1"),
         "gRPC / HTTP, infer B=1, --busy-poll-us 0": (
             f"{sleep} gRPC ModelInfer B=1", f"{sleep} HTTP infer B=1"),
+        "pingpong ModelInfer / pingpong ServerLive": (
+            "grpc-pingpong async gRPC ModelInfer B=1", "grpc-pingpong async gRPC ServerLive"),
+        "rec-server ModelInfer / pingpong ModelInfer": (
+            "rec-server gRPC ModelInfer B=1", "grpc-pingpong async gRPC ModelInfer B=1"),
+        "rec-server ModelInfer / pingpong ModelInfer answered after the forward's time": (
+            "rec-server gRPC ModelInfer B=1", f"{late} gRPC ModelInfer B=1"),
     }  # fmt: skip
     ratios = {name: p50[a] / p50[b] for name, (a, b) in pairs.items()}
+    # What rec-server adds to a call (the model, the hand-off to the executor and back), over
+    # each protocol's floor: HTTP's bare round trip, gRPC's ping-pong ModelInfer.
+    added = {
+        "HTTP: infer B=1 - live": p50["rec-server HTTP infer B=1"] - p50["rec-server HTTP live"],
+        "gRPC: ModelInfer B=1 - pingpong ModelInfer B=1": (
+            p50["rec-server gRPC ModelInfer B=1"] - p50["grpc-pingpong async gRPC ModelInfer B=1"]),
+        "gRPC: pingpong answered after the forward's time - pingpong": (
+            p50[f"{late} gRPC ModelInfer B=1"] - p50["grpc-pingpong async gRPC ModelInfer B=1"]),
+        "in-process forward p50, B=1": forward_us,
+    }  # fmt: skip
     cpu = cpu_info()
     return {
         "cpu": cpu["model"],
@@ -162,6 +228,8 @@ def measure(repo: Path, model: str, seconds: float, rounds: int, profile: bool) 
         "p50_us": p50,
         "p99_us": {name: median_run(r)["p99_us"] for name, r in runs.items()},
         "ratios": ratios,
+        "rec_server_added_us": added,
+        "cpu_us_per_call": cpu_calls,
         "perf_top": profiles,
     }
 
@@ -173,6 +241,14 @@ def table(r: dict) -> str:
     lines += [f"| {n} | {v:,.0f} | {r['p99_us'][n]:,.0f} |" for n, v in r["p50_us"].items()]
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [f"| {n} | {v:.2f} |" for n, v in r["ratios"].items()]
+    lines += ["", "| rec-server's time over the protocol's floor | µs |", "|---|---|"]
+    lines += [f"| {n} | {v:,.0f} |" for n, v in r.get("rec_server_added_us", {}).items()]
+    if r.get("cpu_us_per_call"):
+        lines += ["", "| call (servers sleeping) | p50 | server CPU / call | client CPU / call |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for n, c in r["cpu_us_per_call"].items():
+            cells = (c["p50_us"], c["server_cpu_us"], c["client_cpu_us"])
+            lines.append(f"| {n} | " + " | ".join(f"{v:,.0f}" for v in cells) + " |")
     return "\n".join(lines)
 
 
