@@ -200,3 +200,58 @@ def test_trace_settings_are_tritons(triton, cpp):
             grpc = g.get_trace_settings(as_json=True)["settings"]
         answers.append((http, {k: v.get("value") for k, v in grpc.items()}))
     assert answers[0] == answers[1]
+
+
+def _scores_through_shared_memory(server, protocol: str, rows: Rows, tag: str) -> np.ndarray:
+    """rows' inputs in one system shared memory region, the scores into another, with
+    tritonclient's own helpers; the regions are unregistered and destroyed afterwards."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    from rec.serve.client import DENSE, LENGTHS, SCORES, VALUES
+
+    module = httpclient if protocol == "http" else grpcclient
+    arrays = {DENSE: rows.dense, LENGTHS: rows.lengths, VALUES: rows.values}
+    dtypes = {DENSE: "FP32", LENGTHS: "INT32", VALUES: "INT64"}
+    size = sum(a.nbytes for a in arrays.values())
+    out_size = len(rows) * NUM_TASKS * 4
+    key = f"/rec_triton_test_{tag}_{protocol}"
+    handle = shm.create_shared_memory_region("in", key, size)
+    out_handle = shm.create_shared_memory_region("out", key + "_out", out_size)
+    try:
+        shm.set_shared_memory_region(handle, [np.ascontiguousarray(a) for a in arrays.values()])
+        with module.InferenceServerClient(getattr(server.endpoints, protocol)) as c:
+            c.register_system_shared_memory("in", key, size)
+            c.register_system_shared_memory("out", key + "_out", out_size)
+            inputs, offset = [], 0
+            for name, array in arrays.items():
+                tensor = module.InferInput(name, list(array.shape), dtypes[name])
+                tensor.set_shared_memory("in", array.nbytes, offset=offset)
+                inputs.append(tensor)
+                offset += array.nbytes
+            output = module.InferRequestedOutput(SCORES)
+            output.set_shared_memory("out", out_size)
+            c.infer("rec", inputs, outputs=[output])
+            bad = module.InferInput(DENSE, list(rows.dense.shape), "FP32")
+            bad.set_shared_memory("no_such_region", rows.dense.nbytes)
+            with pytest.raises(InferenceServerException) as err:
+                c.infer("rec", [bad, *inputs[1:]])
+            assert "no_such_region" in err.value.message(), err.value.message()
+            c.unregister_system_shared_memory()
+        return shm.get_contents_as_numpy(out_handle, np.float32, [len(rows), NUM_TASKS]).copy()
+    finally:
+        shm.destroy_shared_memory_region(handle)
+        shm.destroy_shared_memory_region(out_handle)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_system_shared_memory_is_tritons(triton, cpp, tiny_repo, protocol):
+    """System shared memory answers alike: inputs read from a region and scores written into
+    another give both servers the scores of the socket path, and an unknown region is refused
+    by both, naming it."""
+    rows = synthetic_rows(NUM_DENSE, NUM_SPARSE, 16, seed=11)
+    want = reference_scores(tiny_repo, rows)
+    for name, server in (("triton", triton), ("cpp", cpp)):
+        got = _scores_through_shared_memory(server, protocol, rows, name)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=name)
