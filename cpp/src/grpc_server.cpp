@@ -3,6 +3,7 @@
 #include <grpcpp/alarm.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 
 #include "busy_poll.h"
@@ -74,16 +75,36 @@ struct GrpcServer::Queue {
     return true;
   }
 
-  // The poller starts (true) or stops (false) spinning. Under post_mu, so a Post either sees it
-  // spinning and is taken by TakePosted, or sets the alarm: none is left behind when it sleeps.
-  void SetSpinning(bool on) {
+  // The poller starts and stops spinning. Under post_mu, so a Post either sees it spinning and
+  // is taken by TakePosted, or sets the alarm: none is left behind when it sleeps. Once the
+  // queue is closing it does not start (StartSpinning returns false).
+  bool StartSpinning() {
     std::lock_guard<std::mutex> lock(post_mu);
-    spinning = on;
-    if (!on && !posted.empty() && !waking) {
-      waking = true;
-      alarm = std::make_unique<grpc::Alarm>();
-      alarm->Set(cq.get(), gpr_time_0(GPR_CLOCK_MONOTONIC), &woken);
+    if (closing) return false;
+    spinning = true;
+    return true;
+  }
+  void StopSpinning() {
+    {
+      std::lock_guard<std::mutex> lock(post_mu);
+      spinning = false;
+      if (!posted.empty() && !waking) {
+        waking = true;
+        alarm = std::make_unique<grpc::Alarm>();
+        alarm->Set(cq.get(), gpr_time_0(GPR_CLOCK_MONOTONIC), &woken);
+      }
     }
+    spin_stopped.notify_all();
+  }
+
+  // Before the queue shuts down: waits until the poller is not spinning and keeps it from
+  // spinning again, so every answer still posted goes through an alarm, which holds the queue
+  // open until the poller has run it. (A tag posted to a spinning poller holds nothing: the
+  // queue could shut down first, and gRPC aborts on an operation started on a dead queue.)
+  void Close() {
+    std::unique_lock<std::mutex> lock(post_mu);
+    closing = true;
+    spin_stopped.wait(lock, [this] { return !spinning; });
   }
 
  private:
@@ -117,6 +138,8 @@ struct GrpcServer::Queue {
   std::atomic<bool> has_posted{false};
   bool waking = false;    // alarm is set and has not been taken yet
   bool spinning = false;  // the poller is busy-polling and checks `posted` (TakePosted)
+  bool closing = false;   // Close: the poller spins no more
+  std::condition_variable spin_stopped;
   std::unique_ptr<grpc::Alarm> alarm;
   Woken woken{this};
 };
@@ -390,8 +413,8 @@ void Poll(GrpcServer::Queue* q, int64_t busy_poll_us) {
   bool ok = false;
   while (true) {
     Status st = Status::TIMEOUT;
-    if (busy_poll_us > 0 && q->answers_due.load(std::memory_order_relaxed) > 0) {
-      q->SetSpinning(true);
+    if (busy_poll_us > 0 && q->answers_due.load(std::memory_order_relaxed) > 0 &&
+        q->StartSpinning()) {
       bool took = false;
       PollFor(busy_poll_us, [&] {
         took = q->TakePosted();
@@ -399,7 +422,7 @@ void Poll(GrpcServer::Queue* q, int64_t busy_poll_us) {
         st = cq->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
         return st != Status::TIMEOUT;
       });
-      q->SetSpinning(false);
+      q->StopSpinning();
       if (took) continue;
     }
     if (st == Status::TIMEOUT) st = cq->Next(&tag, &ok) ? Status::GOT_EVENT : Status::SHUTDOWN;
@@ -519,7 +542,10 @@ void GrpcServer::Join() {
     for (std::thread& t : spawned_) t.join();
     spawned_.clear();
   }
-  for (const auto& q : queues_) q->cq->Shutdown();
+  for (const auto& q : queues_) {
+    q->Close();
+    q->cq->Shutdown();
+  }
   bool polled = !pollers_.empty();
   for (std::thread& t : pollers_) t.join();
   pollers_.clear();
