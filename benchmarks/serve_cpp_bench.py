@@ -25,7 +25,8 @@ machine's cores, so the numbers are a lower bound of what the server does alone.
 
 Summary per run (targets of issue #11 in TARGETS): gRPC/HTTP p50 ratio at B = 1, HTTP and gRPC
 overhead over the in-process p50 at B = 1, batching speedup at 16 clients, B = 512 share of
-in-process throughput. Writes benchmarks/results/serve_cpp.json and serve_cpp.png and prints
+in-process throughput, and the server's peak RSS (VmHWM, over everything it served).
+Writes benchmarks/results/serve_cpp.json and serve_cpp.png and prints
 Markdown tables; `--report` redraws the plot and tables from the JSON.
 """
 
@@ -90,6 +91,13 @@ class Server:
                 return
         raise SystemExit("rec-server did not start")
 
+    def peak_rss_bytes(self) -> int:
+        """The server's VmHWM: the kernel's high-water mark of its resident set."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
@@ -144,8 +152,12 @@ def run_unbatched(
     return results
 
 
-def run(repo: Path, model: str, seconds: float, delay_us: int, threads: int, rounds: int) -> dict:
+def run(
+    repo: Path, model: str, seconds: float, delay_us: int, threads: int, rounds: int
+) -> tuple[dict, dict]:
+    """-> (bench results by key, the server's peak RSS in bytes by batching on/off)."""
     results: dict[str, dict] = {}
+    memory: dict[str, int] = {}
     print(f"in-process forward ({threads} intra-op thread(s))")
     for key, batch in (("forward_b1", 1), ("forward_b512", 512)):
         results[key] = bench(
@@ -177,10 +189,11 @@ def run(repo: Path, model: str, seconds: float, delay_us: int, threads: int, rou
                             proto, copy, model, batch, clients, seconds, "--target", target
                         )
             finally:
+                memory[f"batching_{name}"] = server.peak_rss_bytes()
                 server.stop()
                 if sleeping is not None:
                     sleeping.stop()
-    return results
+    return results, memory
 
 
 # Issue #11 items 5 and 6: what summarize() compares against.
@@ -352,12 +365,17 @@ def bench_all(args: argparse.Namespace, repos: dict[str, Path]) -> None:
             print(f"== {name} ({repo}), {threads} intra-op thread(s)")
             # An AOTInductor repository's model is <name>_aoti (rec export --format aoti).
             model = args.model if (repo / args.model).is_dir() else f"{args.model}_aoti"
-            results = run(repo.resolve(), model, args.seconds, args.delay_us, threads, args.rounds)
+            results, memory = run(repo.resolve(), model, args.seconds, args.delay_us, threads,
+                                  args.rounds)  # fmt: skip
             runs[f"{name}/intra_op_{threads}"] = {
                 "repository": str(repo),
                 "intra_op_threads": threads,
                 "results": results,
-                "summary": summarize(results),
+                "server_peak_rss_bytes": memory,
+                "summary": {
+                    **summarize(results),
+                    "server_peak_rss_gb": max(memory.values()) / 1e9,
+                },  # fmt: skip
             }
     from rec.cpu import cpu_info, describe
 
@@ -383,6 +401,8 @@ def report(runs: dict[str, dict], out: str = "serve_cpp") -> None:
     for key, run_ in runs.items():
         print(f"\n### {key}\n")
         print(table(run_["results"]))
+        for what, peak in run_.get("server_peak_rss_bytes", {}).items():
+            print(f"rec-server peak RSS ({what.replace('_', ' ')}): {peak / 1e9:.2f} GB")
     print(json.dumps({k: v["summary"] for k, v in runs.items()}, indent=2))
 
 
