@@ -46,7 +46,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_cpp_bench import BUILD, READY, RESULTS, batching_repo, bench, median_run  # noqa: E402
+import serve_cpp_bench  # noqa: E402
+from serve_cpp_bench import RESULTS, batching_repo, bench, median_run  # noqa: E402
 
 PHASES = {  # name: (start stamp, end stamp); read, send_start, send_end: either protocol's
     "receive": ("HTTP_RECV_START", "HTTP_RECV_END"),
@@ -74,28 +75,15 @@ CASES = (  # name, protocol, batch, shared memory
 )
 
 
-class Server:
-    """rec-server on free ports; `trace_file` given: tracing possible (and off until turned on)."""
+class Server(serve_cpp_bench.Server):
+    """rec-server as serve_cpp_bench runs it (one thread of each kind); `trace_file` given:
+    tracing possible (and off until turned on)."""
 
     extra: tuple[str, ...] = ()  # more rec-server arguments (--server-arg)
 
     def __init__(self, repo: Path, model: str, trace_file: Path | None = None) -> None:
-        argv = [str(BUILD / "rec-server"), "--model-repository", str(repo), "--model", model]
-        argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        argv += ["--executor-threads", "1", "--intra-op-threads", "1"]
-        argv += ["--http-threads", "1", "--grpc-threads", "1"]
-        if trace_file is not None:
-            argv += ["--trace-file", str(trace_file)]
-        argv += self.extra
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        for line in self.proc.stdout:
-            m = READY.match(line)
-            if m:
-                self.http, self.grpc, _ = m.groups()
-                return
-        raise SystemExit("rec-server did not start")
+        traced = ("--trace-file", str(trace_file)) if trace_file is not None else ()
+        super().__init__(repo, model, 1, extra=(*traced, *self.extra))
 
     def trace_every_request(self) -> None:
         body = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
@@ -103,16 +91,6 @@ class Server:
         req = urllib.request.Request(f"http://{self.http}/v2/trace/setting",
                                      data=json.dumps(body).encode(), method="POST")  # fmt: skip
         urllib.request.urlopen(req, timeout=10).read()
-
-    def peak_rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
 
 def model_name(repo: Path) -> str:

@@ -73,7 +73,12 @@ def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: in
 
 class Server:
     def __init__(
-        self, repo: Path, model: str, intra_op_threads: int, busy_poll_us: int | None = None
+        self,
+        repo: Path,
+        model: str,
+        intra_op_threads: int,
+        busy_poll_us: int | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         argv = [str(BUILD / "rec-server"), "--model-repository", str(repo), "--model", model]
         argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
@@ -81,6 +86,7 @@ class Server:
         argv += ["--http-threads", "1", "--grpc-threads", "1"]
         if busy_poll_us is not None:
             argv += ["--busy-poll-us", str(busy_poll_us)]
+        argv += extra
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
