@@ -13,7 +13,7 @@ and AOTInductor packages (`--format aoti`, fp32 and int8 dense layers; compile t
 package size recorded).
 Each model is then timed at B = 1, 64, 512 in this
 process with one and with two intra-op threads (ONNX Runtime with the same), models taking
-turns round after round so bursts of other work on the 2 shared cores hit all alike.
+turns call by call so bursts of other work on the 2 shared cores hit all alike (`measure`).
 
     .venv/bin/python benchmarks/export_bench.py                 # ~10 min, ~9 GB of RAM at peak
     .venv/bin/python benchmarks/export_bench.py --kaggle-scale 0.05   # a quick look
@@ -201,31 +201,32 @@ def ort_int8(fp32: dict, dest: Path) -> dict:
             "batched_vs_single_max_diff": None}  # fmt: skip
 
 
-def median_us(fn: Callable, request, budget_s: float) -> float:
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < budget_s or len(times) < 5:
-        t0 = time.perf_counter()
-        fn(*request)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
 def measure(fns: dict[str, Callable], requests: dict[int, tuple], rounds: int) -> dict:
-    """variant -> B -> the lowest of `rounds` medians; variants take turns each round."""
+    """variant -> B -> the median µs of calls interleaved one by one: each cycle calls every
+    variant once, starting one further along each time. This machine's speed swings by ~1.7x
+    for seconds at a time (the same layer took 31 and 53 ms in consecutive calls), so variants
+    timed in blocks, even blocks taking turns, can land in different spells: that made one
+    variant look 1.5x slower in some runs and not others. Call by call, every variant sees the
+    same spells. `rounds` scales the time spent (0.1 s, 0.6 s at B = 512, per variant each)."""
     out: dict[str, dict[int, float]] = {v: {} for v in fns}
+    names = list(fns)
     with torch.inference_mode():
         for b, request in requests.items():
             for fn in fns.values():
                 for _ in range(10):  # warm-up (TorchScript profiles its first runs)
                     fn(*request)
-            best = dict.fromkeys(fns, float("inf"))
-            budget = 0.1 if b < 512 else 0.6
-            for _ in range(rounds):
-                for v, fn in fns.items():
-                    best[v] = min(best[v], median_us(fn, request, budget))
-            for v in fns:
-                out[v][b] = round(best[v], 1)
+            times: dict[str, list[float]] = {v: [] for v in names}
+            budget = rounds * (0.1 if b < 512 else 0.6) * len(names)
+            start, cycle = time.perf_counter(), 0
+            while time.perf_counter() - start < budget or cycle < 5:
+                shift = cycle % len(names)
+                for v in names[shift:] + names[:shift]:
+                    t0 = time.perf_counter()
+                    fns[v](*request)
+                    times[v].append(time.perf_counter() - t0)
+                cycle += 1
+            for v in names:
+                out[v][b] = round(statistics.median(times[v]) * 1e6, 1)
     return out
 
 
