@@ -19,7 +19,7 @@ Requests carry 0-3 ids per bag; din's also one candidate and a history of HISTOR
 Latency does not depend on what the weights are, so the models are not trained: the dense
 layers keep their initial weights and the tables are zero (export's served module with its TBE
 storage allocated, as `rec export` builds it before streaming the tables in). Each model's
-resident size is the process RSS it added when built. Models take turns call by call
+resident size is the process RSS it added when built. Models take turns in short blocks
 (export_bench.measure), so bursts of other work on the shared cores hit all alike.
 
     .venv/bin/python benchmarks/arch_bench.py    # from the repo root; ~80 s, 14.5 GB peak RSS

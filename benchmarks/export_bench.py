@@ -13,7 +13,7 @@ and AOTInductor packages (`--format aoti`, fp32 and int8 dense layers; compile t
 package size recorded).
 Each model is then timed at B = 1, 64, 512 in this
 process with one and with two intra-op threads (ONNX Runtime with the same), models taking
-turns call by call so bursts of other work on the 2 shared cores hit all alike (`measure`).
+turns in ~20 ms blocks so bursts of other work on the 2 shared cores hit all alike (`measure`).
 
     .venv/bin/python benchmarks/export_bench.py                 # ~10 min, ~9 GB of RAM at peak
     .venv/bin/python benchmarks/export_bench.py --kaggle-scale 0.05   # a quick look
@@ -202,12 +202,16 @@ def ort_int8(fp32: dict, dest: Path) -> dict:
 
 
 def measure(fns: dict[str, Callable], requests: dict[int, tuple], rounds: int) -> dict:
-    """variant -> B -> the median µs of calls interleaved one by one: each cycle calls every
-    variant once, starting one further along each time. This machine's speed swings by ~1.7x
-    for seconds at a time (the same layer took 31 and 53 ms in consecutive calls), so variants
-    timed in blocks, even blocks taking turns, can land in different spells: that made one
-    variant look 1.5x slower in some runs and not others. Call by call, every variant sees the
-    same spells. `rounds` scales the time spent (0.1 s, 0.6 s at B = 512, per variant each)."""
+    """variant -> B -> the median µs of all timed calls, variants taking turns in short blocks.
+
+    This machine's speed swings by ~1.7x for seconds at a time (the same layer took 31 and 53
+    ms in consecutive calls). Three rounds of 0.1 s per variant, keeping each one's best, let
+    variants land in different spells: that made one look 1.5x slower in some runs and not in
+    others. Blocks of ~20 ms (at least 2 timed calls) taking turns for the whole budget give
+    every variant the same spells. Each block first makes one untimed call: timed one call
+    apart, every call would find the other models' weights in the caches (a run that did so
+    timed the default model's B = 1 at 231 µs, the next run in blocks 140). `rounds` scales the
+    time spent (0.1 s, 0.6 s at B = 512, per variant per round)."""
     out: dict[str, dict[int, float]] = {v: {} for v in fns}
     names = list(fns)
     with torch.inference_mode():
@@ -221,9 +225,13 @@ def measure(fns: dict[str, Callable], requests: dict[int, tuple], rounds: int) -
             while time.perf_counter() - start < budget or cycle < 5:
                 shift = cycle % len(names)
                 for v in names[shift:] + names[:shift]:
-                    t0 = time.perf_counter()
-                    fns[v](*request)
-                    times[v].append(time.perf_counter() - t0)
+                    fns[v](*request)  # caches back to this model
+                    block, calls = time.perf_counter(), 0
+                    while calls < 2 or time.perf_counter() - block < 0.02:
+                        t0 = time.perf_counter()
+                        fns[v](*request)
+                        times[v].append(time.perf_counter() - t0)
+                        calls += 1
                 cycle += 1
             for v in names:
                 out[v][b] = round(statistics.median(times[v]) * 1e6, 1)
