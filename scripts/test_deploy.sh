@@ -11,23 +11,42 @@ BASE_IMAGE=${REC_BASE_IMAGE:-rec-base:bookworm}
 mkdir -p build
 log() { printf '\033[1m[deploy]\033[0m %s\n' "$*"; }
 die() { echo "test-deploy: $*" >&2; exit 1; }
+# Exit status 77 (automake's "skipped") means the stage cannot run on this machine at all (not
+# root, no apt-get, no package); .ci/run reports that as a skip with this reason, never as green.
+cannot() { echo "test-deploy: cannot run here: $*" >&2; exit 77; }
 
-# Docker's CLI and a daemon it reaches; installed (Debian's docker.io) and started when root.
+# Docker's CLI, a daemon it reaches, docker-compose and debootstrap; whichever is missing is
+# installed from Debian (docker.io, docker-compose, debootstrap) when root. Each is checked on its
+# own: some machines ship a static `docker` CLI without `dockerd`, and make setup already installs
+# docker-compose, so the presence of one says nothing about the others.
 ensure_docker() {
-  local root=0
+  local root=0 missing=()
   [ "$(id -u)" -eq 0 ] && root=1
-  if ! command -v docker > /dev/null || ! command -v docker-compose > /dev/null; then
-    [ $root -eq 1 ] || die "Docker is not installed, and installing it needs root (sudo make test-deploy)"
-    log "installing Debian's docker.io, docker-compose and debootstrap"
-    apt-get update -q > /dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io \
-      docker-compose debootstrap > /dev/null
+  command -v docker > /dev/null || missing+=(docker.io)
+  command -v dockerd > /dev/null || [ -n "${DOCKER_HOST:-}" ] || missing+=(docker.io)
+  command -v docker-compose > /dev/null || missing+=(docker-compose)
+  command -v debootstrap > /dev/null || missing+=(debootstrap)
+  if [ ${#missing[@]} -gt 0 ]; then
+    # shellcheck disable=SC2207  # package names have no spaces
+    missing=($(printf '%s\n' "${missing[@]}" | sort -u))
+    [ $root -eq 1 ] || cannot "missing ${missing[*]}, and installing needs root (sudo make test-deploy)"
+    command -v apt-get > /dev/null || cannot "missing ${missing[*]}, and this machine has no apt-get to install them"
+    log "installing from Debian: ${missing[*]}"
+    apt-get update -q > /dev/null || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
+      > build/test-deploy-apt.log 2>&1 \
+      || {
+        tail -20 build/test-deploy-apt.log >&2
+        grep -qE 'Unable to locate package|has no installation candidate' build/test-deploy-apt.log \
+          && cannot "Debian's archive here has no ${missing[*]} (build/test-deploy-apt.log)"
+        die "apt-get install ${missing[*]} failed (build/test-deploy-apt.log)"
+      }
   fi
   docker info > /dev/null 2>&1 && return 0
   if [ -n "${DOCKER_HOST:-}" ]; then
     die "no Docker daemon answers at DOCKER_HOST=$DOCKER_HOST"
   fi
-  [ $root -eq 1 ] || die "no Docker daemon answers (or this user may not use it), and starting one needs root (sudo make test-deploy)"
+  [ $root -eq 1 ] || cannot "no Docker daemon answers (or this user may not use it), and starting one needs root (sudo make test-deploy)"
   command -v dockerd > /dev/null || die "no Docker daemon: dockerd is missing (apt-get install docker.io)"
   log "starting dockerd (log: build/dockerd.log)"
   nohup dockerd > build/dockerd.log 2>&1 &
