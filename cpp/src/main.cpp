@@ -141,7 +141,7 @@ int Serve(const rec::ServerOptions& o) {
   Drain(&http, &grpc_server, &models);
   rec::Tracer::Get().Flush();  // every traced request has been answered
   metrics_http.Stop(0);
-  rec::LogInfo("shutdown complete");
+  rec::LogInfo("shutdown complete (" + metrics.Summary() + ")");
   return 0;
 }
 

@@ -70,6 +70,18 @@ void Metrics::SetVersion(const std::string& model, const std::string& version) {
   versions_[model] = version;
 }
 
+std::string Metrics::Summary() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const auto& [name, s] : models_) {
+    if (!out.empty()) out += "; ";
+    out += name + ": " + std::to_string(s->success_count.load()) + " succeeded, " +
+           std::to_string(s->fail_count.load()) + " failed, " + std::to_string(s->pending.load()) +
+           " pending";
+  }
+  return out;
+}
+
 std::string Metrics::Prometheus() const {
   struct Counter {
     const char* name;

@@ -89,11 +89,20 @@ def test_sigterm_finishes_in_flight_requests(tmp_path):
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [pool.submit(one, i) for i in range(8)]
-        time.sleep(0.5)
+        # SIGTERM once the server itself holds all 8 (queued, or answered if the machine was
+        # slow enough for the window to close): its gauge, not a client-side sleep.
+        deadline = time.monotonic() + 60
+        while (
+            s.metric("nv_inference_pending_request_count")
+            + s.metric("nv_inference_request_success")
+            < 8
+        ):
+            assert time.monotonic() < deadline, s.stderr()
+            time.sleep(0.01)
         assert s.stop() == 0
         for f, b in zip(futures, batches, strict=True):
             assert_same_rows(f.result(timeout=10), reference(b))
-    assert "shutdown complete" in s.stderr()
+    assert s.shutdown_counts() == {"succeeded": 8, "failed": 0, "pending": 0}
 
 
 def _traffic(server: Server, stop: threading.Event, log: list, errors: list, use_grpc: bool):
@@ -124,12 +133,15 @@ def test_hot_swap_under_traffic_loses_nothing(tmp_path):
     try:
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        # Version 1 has answered some traffic (by the server's count) before version 2 lands,
+        # and version 2 some more after the first answer from it: counts, not sleeps.
+        s.wait_for_metric("nv_inference_request_success", 20)
         v2 = write_model(tmp_path, version=2, seed=1)
         deadline = time.monotonic() + 30
         while not any(v == "2" for v, _, _ in log) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)
+            time.sleep(0.05)
+        answered = s.metric("nv_inference_request_success")
+        s.wait_for_metric("nv_inference_request_success", answered + 20)
     finally:
         stop.set()
         for t in threads:
@@ -213,7 +225,12 @@ def test_broken_new_version_keeps_the_old_one(tmp_path):
     try:
         (tmp_path / "rec" / "2").mkdir()
         (tmp_path / "rec" / "2" / "model.pt").write_bytes(b"not a TorchScript archive")
-        time.sleep(3.5)  # at least two polls
+        # The server's log says when it tried version 2; two more 1 s polls must not retry it.
+        deadline = time.monotonic() + 30
+        while "load of model 'rec' version 2 failed" not in s.stderr():
+            assert time.monotonic() < deadline, s.stderr()
+            time.sleep(0.05)
+        time.sleep(2.5)
         batch = make_batch(2, seed=3)
         with httpclient.InferenceServerClient(s.http) as c:
             result = c.infer("rec", infer_inputs(httpclient, batch))
