@@ -14,7 +14,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=30 $(PYTEST_ARGS)
 	bash scripts/test_sanitized.sh
 
 # The server suites again, against an ASan/UBSan build of rec-server (build/asan).

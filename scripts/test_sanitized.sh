@@ -37,6 +37,6 @@ log "unit tests (ctest)"
 tail -n 3 build/asan/ctest.log
 
 log "integration suites against $REC_SERVER"
-"$VENV/bin/python" -m pytest -q -ra -p no:cacheprovider \
+"$VENV/bin/python" -m pytest -q -ra --durations=20 -p no:cacheprovider \
   tests/serve_cpp tests/reliability tests/serve_cli \
   tests/serve_triton/test_triton.py::test_cpp_and_triton_agree "$@"
