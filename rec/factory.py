@@ -49,6 +49,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.config import ConfigError, RecConfig
+from rec.tables import embedding_configs
 
 
 def load_factory(spec: str) -> Callable[..., nn.Module]:
@@ -117,13 +118,14 @@ def check(cfg: RecConfig) -> None:
     fails on a batch, or returns other than float logits [B, number of tasks]."""
     if not cfg.model.factory:
         return
-    from rec.model import build_model
-
     tiny = copy.deepcopy(cfg)
     for t in tiny.tables:
         t.rows = min(t.rows, 16)
     spec, tasks = cfg.model.factory, cfg.model.num_tasks
-    model = build_model(tiny, "cpu").eval()
+    # What rec.model.build_model does for a factory, on the tiny tables (rec.model imports this
+    # module, so this one builds the EmbeddingBagCollection itself).
+    ebc = EmbeddingBagCollection(tables=embedding_configs(tiny), device=torch.device("cpu"))
+    model = build_custom(tiny, ebc).eval()
     features = list(cfg.features.sparse)
     batch = 2
     kjt = KeyedJaggedTensor.from_lengths_sync(

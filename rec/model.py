@@ -14,39 +14,18 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, OverArch
 from torchrec.modules.crossnet import LowRankCrossNet
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.config import RecConfig
+from rec.factory import build_custom
+
+# The table facts live in rec.tables (the factory needs them too); re-exported here because
+# train, export and the tests have always imported them from the model.
+from rec.tables import embedding_configs, sequence_configs, table_rows  # noqa: F401
 
 MODEL_PREFIX = "model."
-_POOLING = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
-
-
-def embedding_configs(cfg: RecConfig) -> list[EmbeddingBagConfig]:
-    """The pooled tables (the EmbeddingBagCollection's)."""
-    return [
-        EmbeddingBagConfig(
-            name=t.name,
-            embedding_dim=t.dim,
-            num_embeddings=t.rows,
-            feature_names=list(t.features),
-            pooling=_POOLING[t.pooling],
-        )
-        for t in cfg.pooled_tables
-    ]
-
-
-def sequence_configs(cfg: RecConfig) -> list[EmbeddingConfig]:
-    """The sequence tables (pooling none: the EmbeddingCollection's)."""
-    return [
-        EmbeddingConfig(
-            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=list(t.features)
-        )
-        for t in cfg.sequence_tables
-    ]
 
 
 class ConcatSparseArch(nn.Module):
@@ -295,8 +274,6 @@ def build_model(cfg: RecConfig, device: torch.device | str = "cpu") -> nn.Module
     device = torch.device(device)
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
     if cfg.model.factory:
-        from rec.factory import build_custom
-
         return build_custom(cfg, ebc)
     dense_device = torch.device("cpu") if device.type == "meta" else device
     common = dict(
@@ -377,13 +354,6 @@ def replace_submodule(model: nn.Module, path: str, module: nn.Module) -> nn.Modu
 def ebc_features(ebc: nn.Module) -> list[str]:
     """The EBC's features in the order of its output (table by table)."""
     return [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
-
-
-def table_rows(cfg: RecConfig) -> torch.Tensor:
-    """[F] rows of each sparse feature's table, in `cfg.features.sparse` order."""
-    rows = {t.name: t.rows for t in cfg.tables}
-    owner = cfg.feature_to_table()
-    return torch.tensor([rows[owner[f]] for f in cfg.features.sparse], dtype=torch.int64)
 
 
 class TrainModel(nn.Module):
