@@ -115,15 +115,15 @@ def rss_bytes() -> int:
 def served(data: dict):
     """(scripted served module, facts) for config `data`, int8 tables (zeroed)."""
     from rec.config import config_from_dict
-    from rec.export import torchscript
+    from rec.export import torchscript_builder
     from rec.export.module import sample_batch
     from rec.model import build_model
 
     cfg = config_from_dict(data)
     before = rss_bytes()
     model = build_model(cfg, "meta")  # dense layers on the CPU, tables never materialized
-    module, _ = torchscript.served_module(model, cfg, {t.name: "int8" for t in cfg.tables})
-    scripted = torchscript.to_torchscript(
+    module, _ = torchscript_builder.served_module(model, cfg, {t.name: "int8" for t in cfg.tables})
+    scripted = torchscript_builder.to_torchscript(
         module, sample_batch(cfg.features.dense, len(cfg.features.sparse))
     )
     del model, module

@@ -163,7 +163,7 @@ def server_rss(entry: dict, requests: int = 64) -> dict:
 
 def load(entry: dict, threads: int) -> Callable:
     if entry["format"] == "aoti":
-        from rec.export.aoti import AotiModel
+        from rec.export.aoti_builder import AotiModel
 
         return AotiModel(Path(entry["path"]).parent)
     if entry["format"] == "torchscript":
@@ -173,7 +173,7 @@ def load(entry: dict, threads: int) -> Callable:
 
         model = torch.jit.load(entry["path"])
         return lambda *r: model(*r)
-    from rec.export import onnx as onnx_lib
+    from rec.export import onnx_builder as onnx_lib
 
     session = onnx_lib.onnx_session(Path(entry["path"]), threads=threads)
     return lambda *r: onnx_lib.run_onnx(session, *r)

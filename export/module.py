@@ -3,7 +3,7 @@
     dense_features f32 [B, num_dense], sparse_lengths i32 [B, F], sparse_values i64 [N]
         -> scores f32 [B, T] (sigmoid)
 
-`ServingModule` is the reference the exported models are compared with: batch-major ids to
+`FloatReference` is the reference the exported models are compared with: batch-major ids to
 TorchRec's feature-major KeyedJaggedTensor, every raw id mapped into its table (non-negative
 modulo), the float DLRM with its EmbeddingBagCollection, a sigmoid. It is not exported: the
 served module (rec.export.served) computes the same without the KeyedJaggedTensor.
@@ -16,7 +16,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from rec.batch import feature_major, map_ids, split_requests  # noqa: F401 (re-exported)
 
 
-class ServingModule(nn.Module):
+class FloatReference(nn.Module):
     """Wraps a float DLRM into the served I/O (eager; the reference, never exported).
 
     Args:
@@ -28,7 +28,7 @@ class ServingModule(nn.Module):
         >>> from rec.config import default_config
         >>> from rec.model import build_model, table_rows
         >>> cfg = default_config()
-        >>> m = ServingModule(build_model(cfg), cfg.features.sparse, table_rows(cfg))
+        >>> m = FloatReference(build_model(cfg), cfg.features.sparse, table_rows(cfg))
         >>> m(torch.zeros(2, 13), torch.ones(2, 8, dtype=torch.int32), torch.arange(16)).shape
         torch.Size([2, 1])
     """

@@ -64,7 +64,7 @@ class ReferenceSink:
 
 
 class ReferenceModule(nn.Module):
-    """The float ServingModule's scores from the gathered rows only (eager; never exported).
+    """The float FloatReference's scores from the gathered rows only (eager; never exported).
 
     Args:
         dense_model: the DLRM with the checkpoint's dense weights (its tables may be on meta).

@@ -6,7 +6,7 @@
 `ServedModule` is a lookup (the three request tensors -> pooled embeddings [B, F, D]) and a
 head (the DLRM's dense, interaction and over arches -> logits), then a sigmoid. Each format
 brings its lookup: `TbeLookup` here for TorchScript (one FBGEMM TBE call), the plain-op
-`GatherLookup` in rec.export.onnx for ONNX; the head is the same DLRM modules in both, with
+`GatherLookup` in rec.export.onnx_builder for ONNX; the head is the same DLRM modules in both, with
 their dense layers packed for oneDNN in TorchScript (rec.export.dense).
 
 What TbeLookup does per call, and nothing more: the batch-major ids reordered feature-major

@@ -1,6 +1,7 @@
 """AOTInductor: the served module (as for TorchScript) through torch.export and AOTInductor into
-model.pt2, its tables in tables.bin beside it (memory-mapped at load; rec.export.aoti). Served
-by rec-server, rec's Triton Python model and Triton's `torch_aoti` platform (beta from 26.03)."""
+model.pt2, its tables in tables.bin beside it (memory-mapped at load; rec.export.aoti_builder).
+Served by rec-server, rec's Triton Python model and Triton's `torch_aoti` platform (beta from
+26.03)."""
 
 from __future__ import annotations
 
@@ -18,26 +19,26 @@ if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for
 def build(src: b.Source, out: Path) -> b.Built:
     """torch.export -> AOTInductor -> model.pt2 and tables.bin; the in-memory module scored and
     released, then the package loaded from disk (tables memory-mapped) and scored."""
-    from rec.export import aoti, raw_rows, served, torchscript
+    from rec.export import aoti_builder, raw_rows, served, torchscript_builder
     from rec.export import build as b
     from rec.export import verify as v
 
     cfg = src.cfg
-    module, tbe = torchscript.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
-    aoti.refuse_unexportable(module, cfg)
-    aoti.require_target(cfg.export.cpu_isa)
+    module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    aoti_builder.refuse_unexportable(module, cfg)
+    aoti_builder.require_target(cfg.export.cpu_isa)
     layers = b.dense_layer_dtypes(module)
     src.stream_into(served.TbeSink(tbe))
     tables = served.table_storage(tbe)
-    program = aoti.export_program(module, cfg)
+    program = aoti_builder.export_program(module, cfg)
     src.log(f"aoti: exported; compiling for {cfg.export.cpu_isa} (AOTInductor, ~1 min)")
-    target = aoti.compile_package(program, out, cfg.export.cpu_isa)
+    target = aoti_builder.compile_package(program, out, cfg.export.cpu_isa)
     del program
-    index = aoti.write_tables(module, out.parent)
+    index = aoti_builder.write_tables(module, out.parent)
     scores = b.score(module, src.batches)
     del module, tbe  # the TBE storage: the package reads tables.bin's mapping instead
     gc.collect()
-    reloaded = aoti.AotiModel(out.parent, target)
+    reloaded = aoti_builder.AotiModel(out.parent, target)
     request = b.batching_request(cfg)
     batching = b.check_batching("aoti", reloaded, request, cfg.export.batch_invariant)
     reloaded_scores = b.score(reloaded, src.batches)
@@ -45,7 +46,7 @@ def build(src: b.Source, out: Path) -> b.Built:
         "the AOTInductor package vs the in-memory module",
         reloaded_scores, scores, v.AOTI_TOLERANCE,
     )  # fmt: skip
-    section = {**target, "tables_file": aoti.TABLES_FILE, "tables": index,
+    section = {**target, "tables_file": aoti_builder.TABLES_FILE, "tables": index,
                "max_abs_diff_vs_module": diff, "tolerance": v.AOTI_TOLERANCE}  # fmt: skip
     return b.Built(
         scores, reloaded_scores, batching, tables,
@@ -69,7 +70,7 @@ FORMAT = Format(
     load_requires="torch's AOTInductor package loader (torch._inductor.aoti_load_package in "
     "Python, torch::inductor::AOTIModelPackageLoader in C++) with FBGEMM's and rec's op "
     "libraries loaded as for torchscript, a CPU with the package's ISA (the `aoti` section), and "
-    "tables.bin memory-mapped and passed after the three inputs (rec.export.aoti)",
+    "tables.bin memory-mapped and passed after the three inputs (rec.export.aoti_builder)",
     build=build,
     verify=verify,
     order=2,

@@ -20,13 +20,13 @@ def build(src: b.Source, out: Path) -> b.Built:
     import torch
 
     from rec.export import build as b
-    from rec.export import onnx
+    from rec.export import onnx_builder
     from rec.export import verify as v
 
     cfg = src.cfg
-    module = onnx.onnx_module(src.loaded.model, cfg, b.table_dtypes(cfg))
-    src.stream_into(onnx.OnnxSink(module.lookup))
-    onnx.export_onnx(module, src.sample, out)
+    module = onnx_builder.onnx_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    src.stream_into(onnx_builder.OnnxSink(module.lookup))
+    onnx_builder.export_onnx(module, src.sample, out)
     with torch.no_grad():
         sample_scores = module(*src.sample)
     scores = b.score(module, src.batches)
@@ -37,10 +37,10 @@ def build(src: b.Source, out: Path) -> b.Built:
     }
     del module  # its tables: make room for ONNX Runtime's copy
     gc.collect()
-    session = onnx.onnx_session(out)
+    session = onnx_builder.onnx_session(out)
 
     def run(*batch):
-        return onnx.run_onnx(session, *batch)
+        return onnx_builder.run_onnx(session, *batch)
 
     v.check_close(
         "ONNX Runtime vs the module it was exported from (sample)",

@@ -20,10 +20,10 @@ def build(src: b.Source, out: Path) -> b.Built:
     import torch
 
     from rec.export import build as b
-    from rec.export import raw_rows, served, torchscript
+    from rec.export import raw_rows, served, torchscript_builder
 
     cfg = src.cfg
-    module, tbe = torchscript.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
     layers = b.dense_layer_dtypes(module)
     if cfg.export.dense_dtype != "fp32" and not layers.get(cfg.export.dense_dtype):
         src.log(
@@ -32,10 +32,10 @@ def build(src: b.Source, out: Path) -> b.Built:
         )
     what = f"the model of model.factory {cfg.model.factory!r}" if cfg.model.factory else "the model"
     if cfg.model.factory:  # refuse what TorchScript cannot compile before streaming the tables
-        torchscript.script(module, what)
+        torchscript_builder.script(module, what)
     src.stream_into(served.TbeSink(tbe))
     tables = served.table_storage(tbe)
-    scripted = torchscript.to_torchscript(module, src.sample, what)
+    scripted = torchscript_builder.to_torchscript(module, src.sample, what)
     torch.jit.save(scripted, str(out))
     scores = b.score(scripted, src.batches)
     del scripted, module, tbe  # the TBE storage: make room for the reloaded copy

@@ -11,7 +11,7 @@ import torch
 
 from rec import factory
 from rec.config import ConfigError, config_from_dict
-from rec.export import torchscript
+from rec.export import torchscript_builder
 from rec.model import build_model
 from tests.helpers import run_rec, write_config
 
@@ -100,11 +100,15 @@ def test_rec_train_refuses_before_launching_anything(tmp_path):
 
 def test_an_unscriptable_model_is_refused_naming_module_and_construct():
     cfg = _config("through_numpy")
-    module, _ = torchscript.served_module(build_model(cfg), cfg, {"t0": "int8", "t1": "int8"})
+    module, _ = torchscript_builder.served_module(
+        build_model(cfg), cfg, {"t0": "int8", "t1": "int8"}
+    )
     with torch.no_grad():
         module(torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.int32), torch.arange(6))  # eager
-    with pytest.raises(torchscript.NotScriptableError) as e:
-        torchscript.script(module, "the model of model.factory 'tests.factories:through_numpy'")
+    with pytest.raises(torchscript_builder.NotScriptableError) as e:
+        torchscript_builder.script(
+            module, "the model of model.factory 'tests.factories:through_numpy'"
+        )
     text = str(e.value)
     assert "module ThroughNumpy (the model itself) does not compile" in text
     assert "has no attribute or method 'numpy'" in text and "tests/factories.py" in text

@@ -121,11 +121,11 @@ def unsharded_eval(run: Path):
     from rec.data import make_source
     from rec.export import verify
     from rec.export.load import load_run
-    from rec.export.module import ServingModule
+    from rec.export.module import FloatReference
     from rec.model import table_rows
 
     loaded = load_run(run)
-    module = ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
+    module = FloatReference(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
     batches = make_source(loaded.cfg, "eval").batches(512, rank=0, world_size=1, drop_last=False)
     scores, labels = verify.score_all({"float": module}, batches)
     return verify.quality(scores["float"], labels), labels.shape[0], loaded

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rec.export import served, torchscript
+from rec.export import served, torchscript_builder
 from rec.export.load import load_run
 from rec.export.module import sample_batch
 
@@ -25,12 +25,12 @@ def main(run: str, out: str, dtypes_json: str) -> None:
     loaded = load_run(run)
     cfg = loaded.cfg
     dtypes = {t.name: cfg.export.quantize for t in cfg.tables} | json.loads(dtypes_json)
-    module, tbe = torchscript.served_module(loaded.model, cfg, dtypes)
+    module, tbe = torchscript_builder.served_module(loaded.model, cfg, dtypes)
     sink = served.TbeSink(tbe)
     for name, bag in loaded.model.sparse_arch.embedding_bag_collection.embedding_bags.items():
         sink.write(name, 0, bag.weight.detach())
     sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
-    scripted = torchscript.to_torchscript(module, sample)
+    scripted = torchscript_builder.to_torchscript(module, sample)
     Path(out).mkdir(parents=True)
     torch.jit.save(scripted, str(Path(out) / "model.pt"))
 

@@ -21,7 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from rec.config import ConfigError
-from rec.export import aoti, verify
+from rec.export import aoti_builder, verify
 from rec.export.pipeline import export_run
 from rec.serve.client import ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp
@@ -112,7 +112,7 @@ def test_rec_server_serves_it_with_the_scores_it_has_in_process(exported):
     """Both protocols, batched and single; the TorchScript model beside it within the bound."""
     repo, arch = exported
     torch.set_num_threads(1)
-    model = aoti.AotiModel(repo / "rec_aoti" / "1")
+    model = aoti_builder.AotiModel(repo / "rec_aoti" / "1")
     rows = _rows(repo)
     want = _in_process(model, rows)
     singles = np.concatenate([_in_process(model, r) for r in rows.split(1)])
@@ -134,7 +134,7 @@ def test_triton_serves_it_with_the_same_scores(exported):
     repo, arch = exported
     if arch not in ("dlrm", "din"):
         pytest.skip("one pooled and one sequence architecture: Triton starts are slow")
-    model = aoti.AotiModel(repo / "rec_aoti" / "1")
+    model = aoti_builder.AotiModel(repo / "rec_aoti" / "1")
     rows = _rows(repo, seed=9)
     want = _in_process(model, rows)
     with start_triton(repo, model="rec_aoti", **PORTS) as server:
@@ -154,12 +154,14 @@ def test_a_cpu_without_the_packages_isa_is_refused(exported, tmp_path):
     version = tmp_path / "1"
     shutil.copytree(repo / "rec_aoti" / "1", version)
     manifest = json.loads((version / "rec.json").read_text())
-    lacking = aoti.missing_flags([*aoti.CPU_ISAS["avx512"].flags, "amx_tile", "avx10_2"])
+    lacking = aoti_builder.missing_flags(
+        [*aoti_builder.CPU_ISAS["avx512"].flags, "amx_tile", "avx10_2"]
+    )
     manifest["aoti"]["cpu_isa"] = "avx512"
     manifest["aoti"]["required_cpu_flags"] += lacking[:1]
     (version / "rec.json").write_text(json.dumps(manifest))
-    with pytest.raises(aoti.IsaError, match=rf"compiled for avx512 .*lacks {lacking[0]}"):
-        aoti.AotiModel(version)
+    with pytest.raises(aoti_builder.IsaError, match=rf"compiled for avx512 .*lacks {lacking[0]}"):
+        aoti_builder.AotiModel(version)
 
 
 def test_onednn_packed_layers_are_refused_before_any_work(tmp_path):
@@ -175,7 +177,7 @@ def test_onednn_packed_layers_are_refused_before_any_work(tmp_path):
 
 
 def test_an_isa_this_cpu_lacks_cannot_be_the_target(tmp_path):
-    lacking = aoti.missing_flags(aoti.CPU_ISAS["avx512"].flags)
+    lacking = aoti_builder.missing_flags(aoti_builder.CPU_ISAS["avx512"].flags)
     if not lacking:
         pytest.skip("this CPU has AVX-512: the avx512 target compiles here")
     run = write_seeded_run(tmp_path / "run", copy.deepcopy(tiny_dict(cpu_isa="avx512")))

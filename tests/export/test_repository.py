@@ -9,7 +9,7 @@ import torch
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from rec.export.onnx import onnx_session, run_onnx
+from rec.export.onnx_builder import onnx_session, run_onnx
 from rec.export.pipeline import export_run
 from rec.export.repository import VersionExistsError
 from tests.export.conftest import random_request, write_seeded_run

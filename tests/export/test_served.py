@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from rec.config import config_from_dict
-from rec.export import served, torchscript
+from rec.export import served, torchscript_builder
 from rec.export.dense import Int8Linear, InvariantLinear, PackedLinear, swap_dense
-from rec.export.module import ServingModule, sample_batch, split_requests
+from rec.export.module import FloatReference, sample_batch, split_requests
 from rec.export.stream import BITS, quantize_rows
 from rec.model import build_model, table_keys, table_rows
 from tests.export.conftest import tiny_dict
@@ -61,12 +61,12 @@ def _served(cfg, dtypes: dict[str, str] | None = None, seed: int = 0):
         for p in model.parameters():
             p.normal_(0, 0.3)
     dtypes = dtypes or {t.name: "fp32" for t in cfg.tables}
-    module, tbe = torchscript.served_module(model, cfg, dtypes)
+    module, tbe = torchscript_builder.served_module(model, cfg, dtypes)
     sink = served.TbeSink(tbe)
     weights = model.state_dict()
     for name, key in table_keys(model).items():
         sink.write(name, 0, weights[key])
-    return module, ServingModule(model, cfg.features.sparse, table_rows(cfg)).eval()
+    return module, FloatReference(model, cfg.features.sparse, table_rows(cfg)).eval()
 
 
 @pytest.mark.parametrize("batch", [1, 3, 37])
@@ -165,7 +165,7 @@ def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
     assert (Int8Linear in kinds) == (dense_dtype == "int8")
     sample = _request(cfg)
     path = tmp_path / "model.pt"
-    torch.jit.save(torchscript.to_torchscript(module, sample), str(path))
+    torch.jit.save(torchscript_builder.to_torchscript(module, sample), str(path))
     loaded = torch.jit.load(str(path))
     request = _request(cfg, 37, seed=5)
     with torch.no_grad():

@@ -18,7 +18,7 @@ import torch
 from rec.export import reference
 from rec.export.dcp_reader import CheckpointReader
 from rec.export.load import load_dense, load_run
-from rec.export.module import ServingModule, sample_batch
+from rec.export.module import FloatReference, sample_batch
 from rec.export.pipeline import eval_batches, export_run
 from rec.export.stream import checkpoint_key, quantize_rows, stream_tables
 from rec.model import table_keys, table_rows
@@ -139,7 +139,7 @@ def test_reference_scores_are_the_float_models(trained_runs):
         CheckpointReader(dense.step_dir), cfg, [sink], chunk_rows=11, keys=table_keys(dense.model)
     )
     ref = reference.ReferenceModule(dense.model, cfg, sink)
-    full = ServingModule(loaded.model, cfg.features.sparse, table_rows(cfg)).eval()
+    full = FloatReference(loaded.model, cfg.features.sparse, table_rows(cfg)).eval()
     with torch.no_grad():
         for b in batches:
             assert torch.equal(

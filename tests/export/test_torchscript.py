@@ -10,7 +10,7 @@ import torch
 from rec.config import config_from_dict
 from rec.cpu import cpu_info
 from rec.export.load import load_run
-from rec.export.module import ServingModule, split_requests
+from rec.export.module import FloatReference, split_requests
 from rec.model import table_rows
 from tests.export.conftest import random_request, tiny_dict
 from tests.helpers import BF16_CPU, needs_bf16_cpu, run_rec
@@ -26,7 +26,7 @@ def scripted(exported):
 @pytest.fixture(scope="module")
 def float_module(seeded_run):
     loaded = load_run(seeded_run)
-    return ServingModule(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
+    return FloatReference(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
 
 
 def test_io_table_from_disk(scripted):
@@ -122,11 +122,11 @@ def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
     diff = checks["batched_vs_single_max_diff"]["torchscript"]
     assert diff == 0.0 if invariant else 0.0 <= diff < 1e-2
     if not invariant:
-        from rec.export import torchscript
+        from rec.export import torchscript_builder
 
         cfg = config_from_dict(data)
         dtypes = {t.name: "int8" for t in cfg.tables}
-        module, _ = torchscript.served_module(load_run(run, cfg=cfg).model, cfg, dtypes)
+        module, _ = torchscript_builder.served_module(load_run(run, cfg=cfg).model, cfg, dtypes)
         packed = [m for m in module.modules() if isinstance(m, PackedLinear)]
         assert packed and all(m.weight.dtype == torch.bfloat16 for m in packed)
         assert module.min_rows == 1
@@ -199,7 +199,7 @@ def test_dense_transforms_run_inside_both_formats(tmp_path):
     transform is what the training side computes (rec.features, one implementation)."""
     import numpy as np
 
-    from rec.export import onnx as onnx_lib
+    from rec.export import onnx_builder as onnx_lib
     from rec.export.pipeline import export_run
     from rec.features import feature_spec
     from tests.export.conftest import write_seeded_run
@@ -297,7 +297,7 @@ def test_freezing_keeps_a_batch_norm_models_bits():
     """torch.jit.freeze folds a linear layer into the batch norm after it by default, which
     changes the scores by an ulp; export's freeze must not (a factory model with batch norm
     would be refused by the scripting check)."""
-    from rec.export.torchscript import freeze
+    from rec.export.torchscript_builder import freeze
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.BatchNorm1d(64)).eval()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from server import Server, run_to_exit
 
-from rec.export import aoti
+from rec.export import aoti_builder
 from rec.export.pipeline import export_run
 from rec.serve.client import ScoreClient, synthetic_rows
 from tests.export.conftest import write_seeded_run
@@ -51,7 +51,7 @@ def test_a_live_model_is_hot_swapped_from_torchscript_to_aoti(exports, tmp_path)
     rows = _rows(repo / "rec")
     torch.set_num_threads(1)
     before = _in_process(torch.jit.load(str(repo / "rec" / "1" / "model.pt")), rows)
-    after = _in_process(aoti.AotiModel(pt2 / "rec_aoti" / "1"), rows)
+    after = _in_process(aoti_builder.AotiModel(pt2 / "rec_aoti" / "1"), rows)
     s = Server(repo, "--poll-repository-s", "1")
     client = ScoreClient(s.grpc, "grpc")
     try:
@@ -77,7 +77,9 @@ def test_a_package_for_an_isa_this_cpu_lacks_is_refused_at_load(exports, tmp_pat
     shutil.copytree(pt2, repo)
     manifest_path = repo / "rec_aoti" / "1" / "rec.json"
     manifest = json.loads(manifest_path.read_text())
-    lacking = aoti.missing_flags([*aoti.CPU_ISAS["avx512"].flags, "amx_tile", "avx10_2"])
+    lacking = aoti_builder.missing_flags(
+        [*aoti_builder.CPU_ISAS["avx512"].flags, "amx_tile", "avx10_2"]
+    )
     manifest["aoti"].update(cpu_isa="avx512", march="x86-64-v4")
     manifest["aoti"]["required_cpu_flags"] += lacking[:1]
     manifest_path.write_text(json.dumps(manifest))

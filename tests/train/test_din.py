@@ -15,7 +15,7 @@ from rec.batch import RecBatch
 from rec.data import make_source
 from rec.export import verify
 from rec.export.load import load_run
-from rec.export.module import ServingModule
+from rec.export.module import FloatReference
 from rec.model import table_rows
 from tests.helpers import run_rec, write_config
 
@@ -48,7 +48,7 @@ def _without(batch: RecBatch, column: int) -> RecBatch:
 def test_the_sharded_run_is_the_checkpoint_and_reads_the_history(din_run):
     loaded = load_run(din_run)
     cfg = loaded.cfg
-    module = ServingModule(loaded.model, cfg.features.sparse, table_rows(cfg))
+    module = FloatReference(loaded.model, cfg.features.sparse, table_rows(cfg))
     batches = list(make_source(cfg, "eval").batches(1024, rank=0, world_size=1, drop_last=False))
     history = cfg.features.sparse.index(cfg.model.history)
     scores, labels = verify.score_all({"float": module}, batches)
