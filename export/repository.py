@@ -23,7 +23,7 @@ ranking request carries many candidates (B in the hundreds) in one call. Two for
   Stock Triton accepts requests of any size and runs each as its own batch (no merging), which
   is right for ranking traffic whose requests are already batches of candidates. rec-server
   reads its batching from rec.json's "serving" instead (max_batch_size, max_queue_delay_us,
-  preferred_batch_sizes; cpp/src/model_spec.cpp) and merges concurrent requests by
+  preferred_batch_sizes; cpp/src/model/model_spec.cpp) and merges concurrent requests by
   concatenation (DESIGN.md), which is valid for this I/O whatever Triton's rule; rec.json's
   presence vouches for that I/O (a foreign `max_batch_size: 0` model without one is served one
   request per forward). So one repository serves multi-sample requests from both servers.

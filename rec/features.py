@@ -4,7 +4,7 @@ Written once, from the config, and carried everywhere the model goes: the run di
 (`feature_spec.json`), the model repository (rec.json's `feature_spec`), and every reader of
 raw rows: the training readers, `rec predict`, export's verification and Triton's Python model.
 rec-server reads the same spec from rec.json and has the one C++ port of `encode_tokens`
-(cpp/src/feature_encoding.cpp); golden values in tests/data/hash_golden.json pin both.
+(cpp/src/common/feature_encoding.cpp); golden values in tests/data/hash_golden.json pin both.
 
 For each dense feature: its source column and its transform, applied *inside the exported
 model* (`DenseTransform`), so a request carries the raw number:

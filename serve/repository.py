@@ -179,7 +179,7 @@ def _read_manifest(model_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...], i
 
 def _serving_max_batch_size(manifest: dict, path: Path) -> int:
     """serving.max_batch_size of rec.json, 0 when there is no "serving"; rec-server batches a
-    max_batch_size 0 config up to it (cpp/src/model_spec.cpp, ApplyServing) and rejects a
+    max_batch_size 0 config up to it (cpp/src/model/model_spec.cpp, ApplyServing) and rejects a
     malformed one the same way."""
     if "serving" not in manifest:
         return 0

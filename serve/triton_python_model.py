@@ -38,7 +38,7 @@ def _invalid(message):
 def _check(dense, lengths, values, max_rows, values_name=VALUES):
     """Message for what Triton's own shape checks cannot see (the jagged pair), or None.
 
-    Messages match the C++ server's (cpp/src/request.cpp), so clients see one wording.
+    Messages match the C++ server's (cpp/src/common/request.cpp), so clients see one wording.
     """
     if dense.shape[0] < 1:
         width = dense.shape[1]

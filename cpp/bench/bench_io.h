@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "model_spec.h"
-#include "tensor.h"
+#include "common/tensor.h"
+#include "model/model_spec.h"
 
 namespace rec::bench {
 

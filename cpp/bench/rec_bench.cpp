@@ -32,11 +32,11 @@
 #include <random>
 #include <thread>
 
-#include "aoti_model.h"
 #include "bench_io.h"
 #include "grpc_service.grpc.pb.h"
-#include "model_spec.h"
-#include "torch_model.h"
+#include "model/aoti_model.h"
+#include "model/model_spec.h"
+#include "model/torch_model.h"
 
 namespace rec::bench {
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "grpc_api.h"
+#include "grpc/grpc_api.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   inference::ModelInferRequest in;

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "http_server.h"
-#include "infer_json.h"
+#include "http/http_server.h"
+#include "http/infer_json.h"
 
 namespace {
 

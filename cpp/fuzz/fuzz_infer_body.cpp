@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "infer_json.h"
+#include "http/infer_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;

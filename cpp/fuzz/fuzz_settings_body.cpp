@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "settings_json.h"
+#include "observability/settings_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

@@ -1,6 +1,6 @@
 // rec.json's "aoti" section as rec-server reads it, and the refusal of a package whose ISA this
 // CPU lacks (checked before the package's compiled code could run and die with SIGILL).
-#include "aoti_manifest.h"
+#include "model/aoti_manifest.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The load-time batch probe: rec.json's request read and checked, split into single rows, and
 // a runner whose batch differs from its rows caught.
-#include "batch_probe.h"
+#include "model/batch_probe.h"
 
 #include <gtest/gtest.h>
 

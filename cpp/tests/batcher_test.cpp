@@ -1,4 +1,4 @@
-#include "batcher.h"
+#include "batching/batcher.h"
 
 #include <gtest/gtest.h>
 

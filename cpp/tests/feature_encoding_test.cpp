@@ -1,6 +1,6 @@
 // The token encodings and HASH against tests/data/hash_golden.json (the values Python's hashlib
 // gives, which rec/features.py's tests pin too), and the BYTES -> ids conversion of a request.
-#include "feature_encoding.h"
+#include "common/feature_encoding.h"
 
 #include <gtest/gtest.h>
 

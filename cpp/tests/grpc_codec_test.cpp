@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "feature_encoding.h"
-#include "grpc_api.h"
+#include "common/feature_encoding.h"
+#include "grpc/grpc_api.h"
 #include "test_util.h"
 
 namespace rec {

@@ -1,12 +1,12 @@
-#include "infer_json.h"
+#include "http/infer_json.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <nlohmann/json.hpp>
 
-#include "feature_encoding.h"
-#include "http_server.h"
+#include "common/feature_encoding.h"
+#include "http/http_server.h"
 #include "test_util.h"
 
 namespace rec {

@@ -1,5 +1,5 @@
 // The max_batch_size 0 form (export.triton_batching: none): batched from rec.json "serving".
-#include "model_spec.h"
+#include "model/model_spec.h"
 
 #include <gtest/gtest.h>
 

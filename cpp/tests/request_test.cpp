@@ -1,4 +1,4 @@
-#include "request.h"
+#include "common/request.h"
 
 #include <gtest/gtest.h>
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "model_spec.h"
-#include "request.h"
+#include "common/request.h"
+#include "model/model_spec.h"
 
 namespace rec::testing {
 

@@ -1,0 +1,89 @@
+// Batcher: the dynamic batcher of one model. Validated requests wait in a bounded queue; executor
+// threads gather them up to max_batch_size rows or until the oldest has waited
+// max_queue_delay_microseconds, run one forward pass on their concatenation, and hand each
+// request its own output rows. A failure of the batch fails its requests; nothing else.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/request.h"
+#include "common/status.h"
+#include "model/model_spec.h"
+#include "model/runner.h"
+#include "observability/metrics.h"
+
+namespace rec {
+
+struct InferResult {
+  Status status;
+  std::string model_version;
+  std::vector<Tensor> outputs;  // every output of the model, this request's rows
+};
+
+// Called exactly once per accepted request, on an executor thread.
+using InferCallback = std::function<void(InferResult&&)>;
+
+struct BatcherOptions {
+  int executor_threads = 1;        // 0: spec.instance_count
+  size_t max_queue_size = 1024;    // requests waiting; beyond it Enqueue fails at once
+  int64_t request_timeout_us = 0;  // a request still queued after this fails; 0 = no limit
+  // An idle executor polls the queue this long before it sleeps: a sleeping thread takes tens of
+  // microseconds to wake on a virtual machine, more than a B = 1 call's whole serving overhead.
+  int64_t busy_poll_us = 0;
+};
+
+class Batcher {
+ public:
+  using RunnerSource = std::function<std::shared_ptr<Runner>()>;
+
+  Batcher(const ModelSpec& spec, BatcherOptions options, RunnerSource current_runner,
+          ModelStats* stats);
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues a request that ValidateRequest accepted. On error (queue full, shutting down) the
+  // callback is not called and the caller answers the request.
+  Status Enqueue(InferRequest&& request, InferCallback done);
+
+  // Stops accepting, lets executors finish everything queued, and joins them.
+  void Shutdown();
+
+ private:
+  struct Pending {
+    InferRequest request;
+    InferCallback done;
+    uint64_t enqueue_ns;
+  };
+  using PendingList = std::vector<std::unique_ptr<Pending>>;
+
+  void ExecutorLoop();
+  bool NextBatch(PendingList* batch, PendingList* expired);
+  void TakeFitting(int64_t* rows, PendingList* batch, PendingList* expired);
+  void DropExpired(PendingList* batch, uint64_t now);
+  void Execute(PendingList* batch);
+  void Finish(Pending* p, InferResult&& result, uint64_t now_ns);
+
+  const ModelSpec& spec_;
+  const BatcherOptions options_;
+  RunnerSource current_runner_;
+  ModelStats* stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Pending>> queue_;
+  bool gathering_ = false;  // one executor gathers at a time, so batches fill up
+  bool stopping_ = false;
+  std::atomic<uint64_t> arrivals_{0};  // Enqueue calls so far: what a polling executor watches
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace rec

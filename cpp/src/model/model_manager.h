@@ -1,0 +1,89 @@
+// ModelManager: the model repository (Contract 2). Finds each model directory, loads its newest
+// (or pinned) version, owns one Batcher per model, and swaps in new versions atomically: a batch
+// holds a reference to the version it started on, so in-flight requests finish on it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "batching/batcher.h"
+#include "common/status.h"
+#include "model/model_spec.h"
+#include "model/runner.h"
+#include "observability/metrics.h"
+
+namespace rec {
+
+struct ManagerOptions {
+  std::string repository;
+  std::string model_name;      // empty: every model directory with a config.pbtxt
+  int64_t pinned_version = 0;  // 0: newest
+  // Serve a version that fails the load-time batch probe (with a warning and the
+  // rec_model_batch_variant metric) instead of refusing it.
+  bool allow_batch_variant = false;
+  BatcherOptions batcher;
+};
+
+class ModelEntry {
+ public:
+  ModelEntry(ModelSpec spec, std::string dir, ModelStats* stats, const BatcherOptions& options);
+  ~ModelEntry();
+
+  const ModelSpec& spec() const { return spec_; }
+  const std::string& dir() const { return dir_; }
+  ModelStats* stats() const { return stats_; }
+  Batcher& batcher() { return *batcher_; }
+  std::shared_ptr<Runner> Current() const;
+  void Swap(std::shared_ptr<Runner> runner);
+
+ private:
+  ModelSpec spec_;
+  std::string dir_;
+  ModelStats* stats_;
+  mutable std::mutex mu_;
+  std::shared_ptr<Runner> current_;
+  std::unique_ptr<Batcher> batcher_;  // last: it calls Current() from its threads
+};
+
+class ModelManager {
+ public:
+  ModelManager(ManagerOptions options, Metrics* metrics);
+  ~ModelManager();
+
+  // Loads every model; any failure is fatal at startup.
+  Status LoadAll();
+  ModelEntry* Find(const std::string& name);
+  std::vector<ModelEntry*> All();
+  // Loads the newest (or pinned) version of `name` if it differs from the served one, warms it
+  // up and swaps it in. Safe to call from any thread.
+  Status Reload(const std::string& name);
+  void StartPolling(int interval_s);
+  // Stops polling and drains every batcher (in-flight requests finish).
+  void Shutdown();
+
+ private:
+  Status LoadModel(const std::string& name);
+  // Runs the version's rec.json batch probe on `runner`: refuses a version whose batch and
+  // single-sample scores differ here, or serves it with a warning (allow_batch_variant).
+  Status ProbeBatching(ModelEntry* entry, const std::string& version, Runner* runner);
+  Status PickVersion(const ModelEntry& entry, std::string* version) const;
+  void PollLoop(int interval_s);
+
+  ManagerOptions options_;
+  Metrics* metrics_;
+  std::map<std::string, std::unique_ptr<ModelEntry>> models_;  // fixed after LoadAll
+  std::mutex reload_mu_;
+  std::map<std::string, std::string> last_error_;  // per model, under reload_mu_
+  std::mutex poll_mu_;
+  std::condition_variable poll_cv_;
+  bool stopping_ = false;
+  std::thread poll_thread_;
+};
+
+}  // namespace rec

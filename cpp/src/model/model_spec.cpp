@@ -1,0 +1,335 @@
+#include "model/model_spec.h"
+
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model_config.pb.h"
+
+namespace rec {
+namespace {
+
+Status ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return Status::Ok();
+}
+
+Status ConvertIo(const std::string& kind, const std::string& name, inference::DataType dtype,
+                 const google::protobuf::RepeatedField<int64_t>& dims, bool ragged, IoSpec* io) {
+  io->name = name;
+  io->dtype = ParseDataType(inference::DataType_Name(dtype));
+  if (io->dtype == DataType::kInvalid) {
+    return InvalidArgument(kind + " '" + name + "' has unsupported data type " +
+                           inference::DataType_Name(dtype));
+  }
+  io->dims.assign(dims.begin(), dims.end());
+  io->ragged = ragged;
+  if (ragged && io->dims.size() != 1) {
+    return InvalidArgument(kind + " '" + name + "' is ragged and must have dims [-1]");
+  }
+  return Status::Ok();
+}
+
+// The jagged pair: the single ragged INT64 input, and the INT32 [F] input that counts its ids.
+void FindJaggedPair(ModelSpec* spec) {
+  for (size_t i = 0; i < spec->inputs.size(); ++i) {
+    const IoSpec& io = spec->inputs[i];
+    if (io.ragged && spec->values_input < 0) spec->values_input = static_cast<int>(i);
+    if (!io.ragged && io.dtype == DataType::kInt32 && io.dims.size() == 1 &&
+        spec->lengths_input < 0) {
+      spec->lengths_input = static_cast<int>(i);
+    }
+  }
+  if (spec->values_input < 0 || spec->lengths_input < 0) {
+    spec->values_input = spec->lengths_input = -1;
+  }
+}
+
+// max_batch_size 0 means the config's dims include the batch dimension (Triton batches nothing).
+// Such a model is served one request per forward: the leading -1 becomes the batch dimension, and
+// the 1-D [-1] INT64 input is the jagged values.
+Status NormalizeUnbatched(ModelSpec* spec) {
+  if (spec->max_batch_size > 0) return Status::Ok();
+  auto strip = [&](IoSpec* io, const char* kind) -> Status {
+    if (io->dims.size() == 1 && io->dims[0] == -1 && io->dtype == DataType::kInt64) {
+      io->ragged = true;
+      return Status::Ok();
+    }
+    if (io->dims.empty() || io->dims[0] != -1) {
+      return InvalidArgument("model '" + spec->name + "': max_batch_size is 0, so " + kind + " '" +
+                             io->name + "' needs a leading -1 batch dimension, got " +
+                             ShapeString(io->dims));
+    }
+    io->dims.erase(io->dims.begin());
+    return Status::Ok();
+  };
+  for (IoSpec& io : spec->inputs) REC_RETURN_IF_ERROR(strip(&io, "input"));
+  for (IoSpec& io : spec->outputs) {
+    if (io.dims.empty() || io.dims[0] != -1) {
+      return InvalidArgument("model '" + spec->name + "': output '" + io.name +
+                             "' needs a leading -1 batch dimension");
+    }
+    io.dims.erase(io.dims.begin());
+  }
+  spec->max_batch_size = int64_t{1} << 30;  // no limit but the body size
+  spec->dynamic_batching = false;
+  return Status::Ok();
+}
+
+Status CheckServable(const ModelSpec& spec) {
+  if (spec.inputs.empty() || spec.outputs.empty()) {
+    return InvalidArgument("model '" + spec.name + "': config has no inputs or no outputs");
+  }
+  for (const IoSpec& io : spec.inputs) {
+    for (int64_t d : io.dims) {
+      if (d < 0 && !io.ragged) {
+        return InvalidArgument("model '" + spec.name + "': input '" + io.name +
+                               "' has a variable dimension but is not ragged");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// A config with max_batch_size 0 (export.triton_batching: none) says nothing about batching:
+// Triton cannot batch it. rec.json's "serving" (written by `rec export` whatever the form)
+// gives the limit and the batching window, and rec.json's presence vouches that the model's
+// I/O concatenates along dim 0 (DESIGN.md), so the server batches it like the ragged form.
+// Without "serving" (an older manifest) the model stays one request per forward.
+Status ApplyServing(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
+  if (!spec->config || spec->config->max_batch_size() > 0 || !manifest.contains("serving")) {
+    return Status::Ok();
+  }
+  const nlohmann::json& serving = manifest["serving"];
+  auto bad = [&](const std::string& key, const std::string& want) {
+    std::string got = serving.is_object() && serving.contains(key) ? serving[key].dump() : "none";
+    return InvalidArgument("model '" + spec->name + "': " + source + ": \"serving." + key +
+                           "\" must be " + want + ", got " + got);
+  };
+  if (!serving.is_object()) {
+    return InvalidArgument("model '" + spec->name + "': " + source +
+                           ": \"serving\" must be an object, got " + serving.dump());
+  }
+  auto integer = [](const nlohmann::json& v) {
+    return v.is_number_integer() && v.get<int64_t>() <= (int64_t{1} << 30);
+  };
+  const auto max_batch = serving.find("max_batch_size");
+  if (max_batch == serving.end() || !integer(*max_batch) || max_batch->get<int64_t>() < 1) {
+    return bad("max_batch_size", "an integer in [1, 2^30]");
+  }
+  int64_t max_batch_size = max_batch->get<int64_t>();
+  int64_t delay_us = 0;
+  const auto delay = serving.find("max_queue_delay_us");
+  if (delay != serving.end()) {
+    if (!integer(*delay) || delay->get<int64_t>() < 0) {
+      return bad("max_queue_delay_us", "an integer in [0, 2^30]");
+    }
+    delay_us = delay->get<int64_t>();
+  }
+  std::vector<int64_t> preferred;
+  const auto sizes = serving.find("preferred_batch_sizes");
+  if (sizes != serving.end()) {
+    std::string want =
+        "a list of integers in [1, max_batch_size=" + std::to_string(max_batch_size) + "]";
+    if (!sizes->is_array()) return bad("preferred_batch_sizes", want);
+    for (const auto& size : *sizes) {
+      if (!integer(size) || size.get<int64_t>() < 1 || size.get<int64_t>() > max_batch_size) {
+        return bad("preferred_batch_sizes", want);
+      }
+      preferred.push_back(size.get<int64_t>());
+    }
+  }
+  spec->max_batch_size = max_batch_size;
+  spec->max_queue_delay_us = delay_us;
+  spec->preferred_batch_sizes = std::move(preferred);
+  spec->dynamic_batching = true;
+  return Status::Ok();
+}
+
+// feature_spec.hash must be the hash this server implements: ids computed with another would
+// differ from training's without any error, so such a model does not load.
+Status CheckHash(const nlohmann::json& hash, const std::function<Status(std::string)>& bad) {
+  auto field = [&](const char* key) {
+    return hash.is_object() && hash.contains(key) ? hash[key] : nlohmann::json();
+  };
+  const std::string implemented = std::string("rec-server implements hash version ") +
+                                  std::to_string(kHashVersion) + " (" + kHashAlgorithm + ", " +
+                                  std::to_string(kHashDigestBytes) + "-byte digest)";
+  if (field("version") != kHashVersion) {
+    return bad(".hash.version is " + field("version").dump() + ", not implemented: " + implemented);
+  }
+  if (field("algorithm") != kHashAlgorithm || field("digest_bytes") != kHashDigestBytes) {
+    return bad(".hash is " + hash.dump() + ", not implemented: " + implemented);
+  }
+  // Optional in the manifest, but if given they must describe the same digest reading.
+  if ((hash.contains("byte_order") && hash["byte_order"] != "little") ||
+      (hash.contains("signed") && hash["signed"] != true)) {
+    return bad(".hash is " + hash.dump() + ", not implemented: " + implemented +
+               ", read as a little-endian signed int64");
+  }
+  return Status::Ok();
+}
+
+// rec.json's "feature_spec" (rec/features.py): the server needs only each sparse feature's
+// encoding, in sparse_lengths' column order, and the hash. Dense transforms are inside the model.
+Status ApplyFeatureSpec(const nlohmann::json& manifest, const std::string& source,
+                        ModelSpec* spec) {
+  auto it = manifest.find("feature_spec");
+  if (it == manifest.end() || it->is_null()) return Status::Ok();
+  auto bad = [&](const std::string& problem) {
+    return InvalidArgument("model '" + spec->name + "': " + source + ": feature_spec" + problem);
+  };
+  const nlohmann::json& fs = *it;
+  if (!fs.is_object()) return bad(" must be an object, got " + fs.dump());
+  REC_RETURN_IF_ERROR(CheckHash(fs.contains("hash") ? fs["hash"] : nlohmann::json(), bad));
+  if (!fs.contains("sparse") || !fs["sparse"].is_array()) return bad(".sparse must be a list");
+  const nlohmann::json& sparse = fs["sparse"];
+  std::vector<SparseEncoding> encodings;
+  for (size_t i = 0; i < sparse.size(); ++i) {
+    const nlohmann::json& f = sparse[i];
+    const std::string where = ".sparse[" + std::to_string(i) + "]";
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() ||
+        !f.contains("encoding") || !f["encoding"].is_string()) {
+      return bad(where + " needs a string \"name\" and \"encoding\", got " + f.dump());
+    }
+    SparseEncoding e;
+    e.feature = f["name"].get<std::string>();
+    Status st = ParseEncoding(f["encoding"].get<std::string>(), &e.encoding);
+    if (!st.ok()) return bad(where + " (feature '" + e.feature + "'): " + st.message());
+    if (i < spec->sparse_feature_names.size() && spec->sparse_feature_names[i] != e.feature) {
+      return bad(where + " is feature '" + e.feature + "' but features.sparse[" +
+                 std::to_string(i) + "] is '" + spec->sparse_feature_names[i] + "'");
+    }
+    encodings.push_back(std::move(e));
+  }
+  if (spec->lengths_input < 0) {
+    return bad(" is given but config.pbtxt has no sparse lengths / ragged values pair of inputs");
+  }
+  const IoSpec& lengths = spec->inputs[spec->lengths_input];
+  if (lengths.dims.size() != 1 || lengths.dims[0] != static_cast<int64_t>(encodings.size())) {
+    return bad(" lists " + std::to_string(encodings.size()) +
+               " sparse features but config.pbtxt gives input '" + lengths.name + "' dims " +
+               ShapeString(lengths.dims));
+  }
+  spec->has_feature_spec = true;
+  spec->sparse_encodings = std::move(encodings);
+  return Status::Ok();
+}
+
+Status ApplyManifest(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
+  REC_RETURN_IF_ERROR(ApplyServing(manifest, source, spec));
+  if (manifest.contains("features")) {
+    const auto& f = manifest["features"];
+    if (f.contains("dense")) spec->dense_feature_names = f["dense"].get<std::vector<std::string>>();
+    if (f.contains("sparse")) {
+      spec->sparse_feature_names = f["sparse"].get<std::vector<std::string>>();
+    }
+  }
+  if (manifest.contains("num_tasks")) spec->num_tasks = manifest["num_tasks"].get<int64_t>();
+  auto expect = [&](const std::string& input, size_t n, const char* what) -> Status {
+    int i = FindInput(*spec, input);
+    if (i < 0 || n == 0 || spec->inputs[i].dims.size() != 1) return Status::Ok();
+    if (spec->inputs[i].dims[0] != static_cast<int64_t>(n)) {
+      return InvalidArgument("model '" + spec->name + "': rec.json lists " + std::to_string(n) +
+                             " " + what + " features but config.pbtxt gives input '" + input +
+                             "' dims " + ShapeString(spec->inputs[i].dims));
+    }
+    return Status::Ok();
+  };
+  REC_RETURN_IF_ERROR(expect("dense_features", spec->dense_feature_names.size(), "dense"));
+  REC_RETURN_IF_ERROR(expect("sparse_lengths", spec->sparse_feature_names.size(), "sparse"));
+  if (spec->num_tasks > 0 && spec->outputs.size() == 1 && spec->outputs[0].dims.size() == 1 &&
+      spec->outputs[0].dims[0] != spec->num_tasks) {
+    return InvalidArgument("model '" + spec->name + "': rec.json num_tasks " +
+                           std::to_string(spec->num_tasks) + " but config.pbtxt output dims " +
+                           ShapeString(spec->outputs[0].dims));
+  }
+  return ApplyFeatureSpec(manifest, source, spec);
+}
+
+}  // namespace
+
+int FindInput(const ModelSpec& spec, const std::string& name) {
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if (spec.inputs[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int FindOutput(const ModelSpec& spec, const std::string& name) {
+  for (size_t i = 0; i < spec.outputs.size(); ++i) {
+    if (spec.outputs[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Status ParseModelSpec(const std::string& config_text, const std::string& model_name,
+                      ModelSpec* spec) {
+  auto config = std::make_shared<inference::ModelConfig>();
+  if (!google::protobuf::TextFormat::ParseFromString(config_text, config.get())) {
+    return InvalidArgument("model '" + model_name + "': config.pbtxt is not a valid ModelConfig");
+  }
+  if (config->name().empty()) config->set_name(model_name);
+  spec->config = config;
+  const inference::ModelConfig& c = *config;
+  spec->platform = c.platform();
+  spec->backend = c.backend();
+  spec->default_model_filename = c.default_model_filename();
+  spec->name = model_name;
+  spec->max_batch_size = c.max_batch_size();
+  spec->dynamic_batching = c.has_dynamic_batching();
+  int instances = 0;
+  for (const auto& group : c.instance_group()) instances += std::max(1, group.count());
+  spec->instance_count = std::clamp(instances, 1, 64);
+  spec->max_queue_delay_us =
+      static_cast<int64_t>(c.dynamic_batching().max_queue_delay_microseconds());
+  spec->preferred_batch_sizes.assign(c.dynamic_batching().preferred_batch_size().begin(),
+                                     c.dynamic_batching().preferred_batch_size().end());
+  for (const auto& in : c.input()) {
+    IoSpec io;
+    REC_RETURN_IF_ERROR(
+        ConvertIo("input", in.name(), in.data_type(), in.dims(), in.allow_ragged_batch(), &io));
+    spec->inputs.push_back(io);
+  }
+  for (const auto& out : c.output()) {
+    IoSpec io;
+    REC_RETURN_IF_ERROR(ConvertIo("output", out.name(), out.data_type(), out.dims(), false, &io));
+    spec->outputs.push_back(io);
+  }
+  REC_RETURN_IF_ERROR(NormalizeUnbatched(spec));
+  FindJaggedPair(spec);
+  return CheckServable(*spec);
+}
+
+Status ApplyManifestText(const std::string& manifest_text, const std::string& source,
+                         ModelSpec* spec) {
+  nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object()) {
+    return InvalidArgument("model '" + spec->name + "': " + source + " is not a JSON object");
+  }
+  try {
+    return ApplyManifest(manifest, source, spec);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("model '" + spec->name + "': " + source + ": " + e.what());
+  }
+}
+
+Status LoadModelSpec(const std::string& model_dir, const std::string& model_name, ModelSpec* spec) {
+  std::string text;
+  REC_RETURN_IF_ERROR(ReadFile(model_dir + "/config.pbtxt", &text));
+  REC_RETURN_IF_ERROR(ParseModelSpec(text, model_name, spec));
+  std::string manifest_text;
+  const std::string manifest_path = model_dir + "/rec.json";
+  if (!ReadFile(manifest_path, &manifest_text).ok()) return Status::Ok();
+  return ApplyManifestText(manifest_text, manifest_path, spec);
+}
+
+}  // namespace rec

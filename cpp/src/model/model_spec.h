@@ -1,0 +1,77 @@
+// ModelSpec: what the server needs to know about a model, read once from config.pbtxt (and
+// rec.json). Requests are validated against it; the loaded TorchScript is checked against it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/feature_encoding.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace inference {
+class ModelConfig;
+}
+
+namespace rec {
+
+struct IoSpec {
+  std::string name;
+  DataType dtype = DataType::kInvalid;
+  std::vector<int64_t> dims;  // without the batch dimension; -1 = any size
+  bool ragged = false;        // allow_ragged_batch: concatenated end to end, no batch dim
+};
+
+struct ModelSpec {
+  std::string name;
+  // As parsed, for the config endpoints. Behind a pointer so that this header does not pull
+  // in protobuf: LibTorch ships protobuf headers of another version.
+  std::shared_ptr<const inference::ModelConfig> config;
+  std::string platform;
+  std::string backend;
+  std::string default_model_filename;
+  // 0 in the config (dims include the batch): taken from rec.json "serving" when it has one
+  // (batched like any other model), else 2^30 and one request per forward.
+  int64_t max_batch_size = 0;
+  int64_t max_queue_delay_us = 0;
+  std::vector<int64_t> preferred_batch_sizes;
+  bool dynamic_batching = false;
+  int instance_count = 1;      // sum of instance_group counts
+  std::vector<IoSpec> inputs;  // in the order the model's forward takes them
+  std::vector<IoSpec> outputs;
+  // The jagged pair: per-sample lengths (INT32 [B, F]) and the ids they count (ragged INT64).
+  // -1 if the model has no such pair.
+  int lengths_input = -1;
+  int values_input = -1;
+  // From rec.json when present (empty otherwise).
+  std::vector<std::string> dense_feature_names;
+  std::vector<std::string> sparse_feature_names;
+  int64_t num_tasks = -1;
+  // rec.json's feature_spec: how each sparse feature's tokens become ids, in sparse_lengths'
+  // column order. Without one (a foreign model, an older export) requests must send ids.
+  bool has_feature_spec = false;
+  std::vector<SparseEncoding> sparse_encodings;
+};
+
+// Parses <model_dir>/config.pbtxt (protobuf text format) and <model_dir>/rec.json if present,
+// and checks that they agree with each other and that the server can serve the model.
+Status LoadModelSpec(const std::string& model_dir, const std::string& model_name, ModelSpec* spec);
+
+// Parses config text into a spec (no rec.json); exposed for tests.
+Status ParseModelSpec(const std::string& config_text, const std::string& model_name,
+                      ModelSpec* spec);
+
+// Applies rec.json's text (read from `source`, named in errors) to a parsed spec: feature names,
+// num_tasks, the sparse encodings of "feature_spec" (a hash other than the one this server
+// implements fails), and for a max_batch_size 0 config the batching settings of "serving".
+// Exposed for tests.
+Status ApplyManifestText(const std::string& manifest_text, const std::string& source,
+                         ModelSpec* spec);
+
+// Returns the index of the input named `name`, or -1.
+int FindInput(const ModelSpec& spec, const std::string& name);
+int FindOutput(const ModelSpec& spec, const std::string& name);
+
+}  // namespace rec

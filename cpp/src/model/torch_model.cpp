@@ -1,0 +1,293 @@
+#include "model/torch_model.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <torch/script.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "common/request.h"
+#include "model/torch_io.h"
+
+namespace rec {
+namespace {
+
+// The order in which fbgemm_gpu/__init__.py loads its libraries (later ones use earlier ones).
+const char* const kFbgemmLibraries[] = {
+    "fbgemm_gpu_config",
+    "fbgemm_gpu_tbe_utils",
+    "fbgemm_gpu_tbe_index_select",
+    "fbgemm_gpu_tbe_cache",
+    "fbgemm_gpu_tbe_optimizers",
+    "fbgemm_gpu_tbe_inference",
+    "fbgemm_gpu_tbe_training_forward",
+    "fbgemm_gpu_tbe_training_backward",
+    "fbgemm_gpu_tbe_training_backward_pt2",
+    "fbgemm_gpu_tbe_training_backward_dense",
+    "fbgemm_gpu_tbe_training_backward_split_host",
+    "fbgemm_gpu_tbe_training_backward_gwd",
+    "fbgemm_gpu_tbe_training_backward_vbe",
+    "fbgemm_gpu_py",
+};
+
+c10::ScalarType ToTorch(DataType dtype) {
+  switch (dtype) {
+    case DataType::kBool:
+      return c10::kBool;
+    case DataType::kUint8:
+      return c10::kByte;
+    case DataType::kInt8:
+      return c10::kChar;
+    case DataType::kInt16:
+      return c10::kShort;
+    case DataType::kInt32:
+      return c10::kInt;
+    case DataType::kInt64:
+      return c10::kLong;
+    case DataType::kFp16:
+      return c10::kHalf;
+    case DataType::kFp64:
+      return c10::kDouble;
+    default:
+      return c10::kFloat;
+  }
+}
+
+DataType FromTorch(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool:
+      return DataType::kBool;
+    case c10::kByte:
+      return DataType::kUint8;
+    case c10::kChar:
+      return DataType::kInt8;
+    case c10::kShort:
+      return DataType::kInt16;
+    case c10::kInt:
+      return DataType::kInt32;
+    case c10::kLong:
+      return DataType::kInt64;
+    case c10::kHalf:
+      return DataType::kFp16;
+    case c10::kFloat:
+      return DataType::kFp32;
+    case c10::kDouble:
+      return DataType::kFp64;
+    default:
+      return DataType::kInvalid;
+  }
+}
+
+class TorchRunner : public Runner {
+ public:
+  TorchRunner(torch::jit::Module module, const ModelSpec& spec, std::string version)
+      : module_(std::move(module)), spec_(spec), version_(std::move(version)) {}
+
+  const std::string& version() const override { return version_; }
+
+  Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
+    try {
+      return RunOrThrow(inputs, outputs);
+    } catch (const std::exception& e) {
+      return Internal(std::string("forward failed: ") + e.what());
+    }
+  }
+
+ private:
+  Status RunOrThrow(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) {
+    c10::InferenceMode guard;
+    std::vector<c10::IValue> args;
+    args.reserve(inputs.size());
+    for (const Tensor& t : inputs) args.emplace_back(WrapInput(t));
+    c10::IValue result = module_.forward(args);
+    std::vector<at::Tensor> tensors;
+    if (result.isTensor()) {
+      tensors.push_back(result.toTensor());
+    } else if (result.isTuple()) {
+      for (const auto& e : result.toTupleRef().elements()) tensors.push_back(e.toTensor());
+    } else if (result.isTensorList()) {
+      for (const at::Tensor& e : result.toTensorVector()) tensors.push_back(e);
+    } else {
+      return Internal("forward returned neither a tensor nor a tuple of tensors");
+    }
+    outputs->resize(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::string name = i < spec_.outputs.size() ? spec_.outputs[i].name : "output";
+      REC_RETURN_IF_ERROR(ToTensor(name, tensors[i], &(*outputs)[i]));
+    }
+    return Status::Ok();
+  }
+
+  torch::jit::Module module_;
+  const ModelSpec& spec_;
+  std::string version_;
+};
+
+}  // namespace
+
+at::Tensor WrapInput(const Tensor& t) {
+  // from_blob: the batch owns the bytes for the duration of the call.
+  return torch::from_blob(const_cast<char*>(t.data.data()), t.shape,
+                          torch::TensorOptions().dtype(ToTorch(t.dtype)));
+}
+
+Status ToTensor(const std::string& name, const at::Tensor& value, Tensor* out) {
+  at::Tensor t = value.contiguous();
+  out->name = name;
+  out->dtype = FromTorch(t.scalar_type());
+  out->shape.assign(t.sizes().begin(), t.sizes().end());
+  if (out->dtype == DataType::kInvalid) {
+    return Internal("output '" + name + "' has an unsupported dtype");
+  }
+  out->data.assign(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  return Status::Ok();
+}
+
+std::string FirstLine(const std::exception& e) {
+  std::string what = e.what();
+  const size_t start = what.find_first_not_of('\n');
+  what = what.substr(start == std::string::npos ? 0 : start);
+  return what.substr(0, what.find('\n'));
+}
+
+namespace {
+
+// A small valid batch: lengths of 1 and distinct ids, so every embedding path runs.
+std::vector<Tensor> WarmupBatch(const ModelSpec& spec, int64_t rows) {
+  std::vector<Tensor> inputs(spec.inputs.size());
+  int64_t num_ids = 0;
+  if (spec.lengths_input >= 0) num_ids = rows * spec.inputs[spec.lengths_input].dims[0];
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const IoSpec& io = spec.inputs[i];
+    Tensor& t = inputs[i];
+    t.name = io.name;
+    t.dtype = io.dtype;
+    if (io.ragged) {
+      t.shape = {num_ids};
+    } else {
+      t.shape = {rows};
+      t.shape.insert(t.shape.end(), io.dims.begin(), io.dims.end());
+    }
+    t.data.assign(static_cast<size_t>(ElementCount(t.shape)) * ElementSize(t.dtype), '\0');
+    int64_t n = ElementCount(t.shape);
+    if (static_cast<int>(i) == spec.lengths_input) {
+      for (int64_t k = 0; k < n; ++k) t.MutableAs<int32_t>()[k] = 1;
+    } else if (static_cast<int>(i) == spec.values_input && io.dtype == DataType::kInt64) {
+      for (int64_t k = 0; k < n; ++k) t.MutableAs<int64_t>()[k] = k * 7919 + 1;
+    } else if (io.dtype == DataType::kFp32) {
+      for (int64_t k = 0; k < n; ++k) t.MutableAs<float>()[k] = 0.1f * static_cast<float>(k % 7);
+    }
+  }
+  return inputs;
+}
+
+Status CheckSignature(const torch::jit::Module& module, const ModelSpec& spec) {
+  auto method = module.find_method("forward");
+  if (!method) return InvalidArgument("the TorchScript module has no forward method");
+  const auto& args = method->function().getSchema().arguments();
+  size_t n = args.empty() ? 0 : args.size() - 1;  // minus self
+  if (n != spec.inputs.size()) {
+    return InvalidArgument("forward takes " + std::to_string(n) +
+                           " inputs but config.pbtxt lists " + std::to_string(spec.inputs.size()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string DefaultFbgemmDir() {
+#ifdef REC_FBGEMM_DIR
+  return REC_FBGEMM_DIR;
+#else
+  return "";
+#endif
+}
+
+// fbgemm_gpu's libraries need libtorch.so, which the linker drops from this binary (nothing here
+// uses it directly) and which their RUNPATH does not find: load it from beside libtorch_cpu.so.
+Status LoadLibtorch() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&at::set_num_threads), &info) == 0 || !info.dli_fname) {
+    return Internal("cannot locate libtorch_cpu.so");
+  }
+  std::string path = std::filesystem::path(info.dli_fname).parent_path().string() + "/libtorch.so";
+  if (std::filesystem::exists(path) && dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    return Internal("dlopen " + path + ": " + dlerror());
+  }
+  return Status::Ok();
+}
+
+Status LoadFbgemmLibraries(const std::string& dir, int* loaded) {
+  *loaded = 0;
+  if (dir.empty()) return Status::Ok();
+  REC_RETURN_IF_ERROR(LoadLibtorch());
+  if (!std::filesystem::is_directory(dir)) {
+    return NotFound("fbgemm_gpu library directory '" + dir + "' does not exist");
+  }
+  for (const char* name : kFbgemmLibraries) {
+    std::string path = dir + "/" + name + ".so";
+    if (!std::filesystem::exists(path)) continue;
+    if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      return Internal("dlopen " + path + ": " + dlerror());
+    }
+    ++*loaded;
+  }
+  return Status::Ok();
+}
+
+std::string DefaultOpsLibrary() {
+#ifdef REC_OPS_LIBRARY
+  return REC_OPS_LIBRARY;
+#else
+  return "";
+#endif
+}
+
+Status LoadOpsLibrary(const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  REC_RETURN_IF_ERROR(LoadLibtorch());
+  if (!std::filesystem::is_regular_file(path)) {
+    return NotFound("rec op library '" + path + "' does not exist (--ops-library)");
+  }
+  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    return Internal("dlopen " + path + ": " + dlerror());
+  }
+  return Status::Ok();
+}
+
+void ConfigureTorchThreads(int intra_op_threads) {
+  if (intra_op_threads > 0) at::set_num_threads(intra_op_threads);
+  // Batches already run concurrently on executor threads; no inter-op parallelism inside one.
+  at::set_num_interop_threads(1);
+}
+
+Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
+                      const std::string& version, std::shared_ptr<Runner>* runner) {
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(model_path, torch::kCPU);
+    module.eval();
+  } catch (const std::exception& e) {
+    return InvalidArgument("cannot load " + model_path + ": " + FirstLine(e));
+  }
+  REC_RETURN_IF_ERROR(CheckSignature(module, spec));
+  auto candidate = std::make_shared<TorchRunner>(std::move(module), spec, version);
+  REC_RETURN_IF_ERROR(WarmUp(candidate.get(), spec, model_path));
+  *runner = std::move(candidate);
+  return Status::Ok();
+}
+
+Status WarmUp(Runner* runner, const ModelSpec& spec, const std::string& model_path) {
+  int64_t rows = std::min<int64_t>(2, spec.max_batch_size);
+  std::vector<Tensor> outputs;
+  Status st = runner->Run(WarmupBatch(spec, rows), &outputs);
+  if (st.ok()) st = CheckOutputs(spec, rows, outputs);
+  if (!st.ok()) {
+    return InvalidArgument("model " + model_path +
+                           " disagrees with config.pbtxt in a warm-up batch: " + st.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace rec

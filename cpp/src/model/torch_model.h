@@ -1,0 +1,37 @@
+// The model execution unit: loads the FBGEMM op libraries and a TorchScript model version,
+// checks it against the spec with a warm-up batch, and runs forward passes. The only unit that
+// includes LibTorch.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "model/model_spec.h"
+#include "model/runner.h"
+
+namespace rec {
+
+// The fbgemm_gpu package directory found at build time (may be empty).
+std::string DefaultFbgemmDir();
+
+// dlopen()s the fbgemm_gpu op libraries in `dir` with RTLD_GLOBAL so that their ops are
+// registered before a model that calls them is loaded. Sets *loaded to the number of files.
+Status LoadFbgemmLibraries(const std::string& dir, int* loaded);
+
+// rec's op library (the rec Python package's _ops.so) found at build time (may be empty).
+std::string DefaultOpsLibrary();
+
+// dlopen()s rec's op library (rec::linear, which the exported dense layers call) with
+// RTLD_GLOBAL; an empty path loads nothing.
+Status LoadOpsLibrary(const std::string& path);
+
+// Sets LibTorch's intra-op and inter-op thread pools; call once, before any model runs.
+void ConfigureTorchThreads(int intra_op_threads);
+
+// Loads `model_path`, checks forward's arity against the spec, runs a warm-up batch and checks
+// the outputs' dtypes and shapes. On success *runner serves `version`.
+Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
+                      const std::string& version, std::shared_ptr<Runner>* runner);
+
+}  // namespace rec

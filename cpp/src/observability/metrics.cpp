@@ -1,0 +1,169 @@
+#include "observability/metrics.h"
+
+#include <chrono>
+#include <sstream>
+
+namespace rec {
+namespace {
+
+std::vector<double> LatencyBoundsUs() {
+  return {50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 500000, 1000000};
+}
+
+std::vector<double> BatchBounds() { return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048}; }
+
+std::string FormatDouble(double v) {
+  std::ostringstream ss;
+  ss << v;
+  return ss.str();
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+  for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i] = 0;
+}
+
+void Histogram::Observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(static_cast<uint64_t>(value), std::memory_order_relaxed);
+}
+
+void Histogram::AppendPrometheus(const std::string& name, const std::string& labels,
+                                 std::string* out) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts_[i].load(std::memory_order_relaxed);
+    std::string le = i < bounds_.size() ? FormatDouble(bounds_[i]) : "+Inf";
+    *out += name + "_bucket{" + labels + ",le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  *out += name + "_sum{" + labels + "} " + std::to_string(sum_.load()) + "\n";
+  *out += name + "_count{" + labels + "} " + std::to_string(count_.load()) + "\n";
+}
+
+ModelStats::ModelStats() : request_latency_us(LatencyBoundsUs()), batch_size(BatchBounds()) {}
+
+void ModelStats::RecordSuccess(uint64_t request_ns) {
+  success_count.fetch_add(1, std::memory_order_relaxed);
+  success_ns.fetch_add(request_ns, std::memory_order_relaxed);
+  request_latency_us.Observe(static_cast<double>(request_ns) / 1000.0);
+}
+
+void ModelStats::RecordFailure(uint64_t request_ns) {
+  fail_count.fetch_add(1, std::memory_order_relaxed);
+  fail_ns.fetch_add(request_ns, std::memory_order_relaxed);
+}
+
+ModelStats* Metrics::ForModel(const std::string& model) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = models_[model];
+  if (!slot) slot = std::make_unique<ModelStats>();
+  return slot.get();
+}
+
+void Metrics::SetVersion(const std::string& model, const std::string& version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  versions_[model] = version;
+}
+
+std::string Metrics::Summary() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const auto& [name, s] : models_) {
+    if (!out.empty()) out += "; ";
+    out += name + ": " + std::to_string(s->success_count.load()) + " succeeded, " +
+           std::to_string(s->fail_count.load()) + " failed, " + std::to_string(s->pending.load()) +
+           " pending";
+  }
+  return out;
+}
+
+std::string Metrics::Prometheus() const {
+  struct Counter {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t (*get)(const ModelStats&);
+  };
+  static const Counter kCounters[] = {
+      {"nv_inference_request_success", "counter", "Number of successful inference requests",
+       [](const ModelStats& s) { return s.success_count.load(); }},
+      {"nv_inference_request_failure", "counter", "Number of failed inference requests",
+       [](const ModelStats& s) { return s.fail_count.load(); }},
+      {"nv_inference_count", "counter", "Number of inferences (samples) performed",
+       [](const ModelStats& s) { return s.inference_count.load(); }},
+      {"nv_inference_exec_count", "counter", "Number of model executions (batches)",
+       [](const ModelStats& s) { return s.execution_count.load(); }},
+      {"nv_inference_request_duration_us", "counter", "Cumulative request duration in us",
+       [](const ModelStats& s) { return (s.success_ns.load() + s.fail_ns.load()) / 1000; }},
+      {"nv_inference_queue_duration_us", "counter", "Cumulative queue duration in us",
+       [](const ModelStats& s) { return s.queue_ns.load() / 1000; }},
+      {"nv_inference_compute_input_duration_us", "counter", "Cumulative input time in us",
+       [](const ModelStats& s) { return s.compute_input_ns.load() / 1000; }},
+      {"nv_inference_compute_infer_duration_us", "counter", "Cumulative forward time in us",
+       [](const ModelStats& s) { return s.compute_infer_ns.load() / 1000; }},
+      {"nv_inference_compute_output_duration_us", "counter", "Cumulative output time in us",
+       [](const ModelStats& s) { return s.compute_output_ns.load() / 1000; }},
+      {"nv_inference_pending_request_count", "gauge", "Requests queued or executing",
+       [](const ModelStats& s) { return static_cast<uint64_t>(s.pending.load()); }},
+      {"rec_model_batch_variant", "gauge",
+       "1 when the served version scores a batch differently from its samples one by one on "
+       "this CPU (load-time probe; served only with --allow-batch-variant)",
+       [](const ModelStats& s) { return static_cast<uint64_t>(s.batch_variant.load()); }},
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  auto labels = [this](const std::string& model) {
+    auto v = versions_.find(model);
+    return "model=\"" + model + "\",version=\"" + (v == versions_.end() ? "" : v->second) + "\"";
+  };
+  std::string out;
+  for (const Counter& c : kCounters) {
+    out +=
+        std::string("# HELP ") + c.name + " " + c.help + "\n# TYPE " + c.name + " " + c.type + "\n";
+    for (const auto& [model, stats] : models_) {
+      out +=
+          std::string(c.name) + "{" + labels(model) + "} " + std::to_string(c.get(*stats)) + "\n";
+    }
+  }
+  out += "# HELP rec_request_latency_us End-to-end request latency in the server\n";
+  out += "# TYPE rec_request_latency_us histogram\n";
+  for (const auto& [model, stats] : models_) {
+    stats->request_latency_us.AppendPrometheus("rec_request_latency_us", labels(model), &out);
+  }
+  out += "# HELP rec_batch_size Rows per model execution\n# TYPE rec_batch_size histogram\n";
+  for (const auto& [model, stats] : models_) {
+    stats->batch_size.AppendPrometheus("rec_batch_size", labels(model), &out);
+  }
+  out +=
+      "# HELP rec_http_connections_closed_total HTTP connections closed by the server: idle, "
+      "request not received in time, over the connection limit\n"
+      "# TYPE rec_http_connections_closed_total counter\n";
+  const std::pair<const char*, const std::atomic<uint64_t>*> closes[] = {
+      {"idle_timeout", &http_closes_.idle_timeout},
+      {"request_timeout", &http_closes_.request_timeout},
+      {"connection_limit", &http_closes_.connection_limit},
+  };
+  for (const auto& [reason, count] : closes) {
+    out += std::string("rec_http_connections_closed_total{reason=\"") + reason + "\"} " +
+           std::to_string(count->load()) + "\n";
+  }
+  return out;
+}
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+uint64_t WallMs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace rec
