@@ -1,10 +1,10 @@
 """Sparse ids as text: `sparse_strings` (BYTES) in place of `sparse_values` (INT64).
 
 rec-server maps the tokens with the feature spec of the model's rec.json when it validates a
-request (cpp/src/common/feature_encoding.*), so every protocol form scores what the ids do, and each bad
-request fails alone with 400 / INVALID_ARGUMENT naming the input. The tiny model's rec.json gets
-a spec whose `item` feature is hex-encoded (Criteo's encoding), the only one with bad tokens;
-the spec is all the server reads of it, so editing it is how these tests get one.
+request (cpp/src/common/feature_encoding.*), so every protocol form scores what the ids do, and
+each bad request fails alone with 400 / INVALID_ARGUMENT naming the input. The tiny model's
+rec.json gets a spec whose `item` feature is hex-encoded (Criteo's encoding), the only one with
+bad tokens; the spec is all the server reads of it, so editing it is how these tests get one.
 """
 
 from __future__ import annotations
