@@ -45,9 +45,7 @@ def seeded_default_repository(work: Path) -> Path:
     run = work / "run"
     step = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(1)
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(step))
-    (step / run_dir.META_FILE).write_text(json.dumps({"step": 1, "world_size": 1}))
-    (step / run_dir.COMMITTED_FILE).write_text("done\n")
-    (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text(step.name + "\n")
+    run_dir.commit_checkpoint(run, 1, {"world_size": 1})
     (run / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
     repo = work / "model_repository"
     export_run(run, repo, fmt="torchscript", log=lambda _m: None)

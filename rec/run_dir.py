@@ -5,7 +5,9 @@
     <run>/checkpoints/LATEST      name of the newest committed step dir
 
 Both `rec train --resume` and `rec export` read checkpoints through this module, so a torn
-step directory (no COMMITTED) is ignored by both in the same way.
+step directory (no COMMITTED) is ignored by both in the same way. The writer is here too
+(commit_checkpoint): training and every test or benchmark that makes a run by hand commit a
+checkpoint the same way.
 
 The checkpoint's state dict is {"model": <TrainModel state dict>, "optimizer": ..., "train": ...};
 model weights are under "model.model.<DLRM key>", e.g.
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +101,46 @@ def resolve_checkpoint(run: str | Path, checkpoint: str | None = None) -> Path:
             f"checkpoint {str(step_dir)!r} has no {COMMITTED_FILE} marker: it is incomplete "
             "(the run stopped while writing it)"
         )
+    return step_dir
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Writes `text` to `path` durably: a crash leaves either the old file or the whole new one.
+
+    A temp file in the same directory, fsync'd, renamed over `path` (os.replace is atomic), then
+    the directory fsync'd so the rename itself survives a power loss.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def commit_checkpoint(run: str | Path, step: int, meta: dict[str, Any]) -> Path:
+    """Commits `<run>/checkpoints/step_<step>/`, whose shard files are already on disk.
+
+    Writes meta.json (`meta` with "step" set), then COMMITTED, then points LATEST at the step
+    dir, each with atomic_write. The order is the commit protocol: COMMITTED is written only
+    once meta.json is durable, and LATEST moves only to a committed dir, so a crash at any
+    point leaves either the previous LATEST or a fully committed new checkpoint; a dir without
+    COMMITTED is ignored by every reader (committed_steps, latest_checkpoint). Returns the step
+    dir. In a multi-rank save, one rank calls this after all ranks' shards are written.
+    """
+    step_dir = checkpoints_dir(run) / step_dir_name(step)
+    if not step_dir.is_dir():
+        raise RunDirError(f"cannot commit checkpoint {str(step_dir)!r}: it does not exist")
+    meta = {**meta, "step": step}
+    atomic_write(step_dir / META_FILE, json.dumps(meta, indent=2) + "\n")
+    atomic_write(step_dir / COMMITTED_FILE, f"{time.time()}\n")
+    atomic_write(step_dir.parent / LATEST_FILE, step_dir.name + "\n")
     return step_dir
 
 

@@ -1,16 +1,14 @@
 """The checkpointer: interval, retention and atomicity of torch.distributed.checkpoint saves.
 
 A save is a collective. Every rank writes its own shard file into `step_<N>/`; after the last
-one is on disk, rank 0 writes meta.json, then COMMITTED, then points LATEST at it, then deletes
-checkpoints beyond `keep_last`. A crash at any point leaves either the previous LATEST or a
-fully committed new one; the torn directory has no COMMITTED and every reader ignores it
-(rec.run_dir).
+one is on disk, rank 0 writes meta.json, then COMMITTED, then points LATEST at it
+(rec.run_dir.commit_checkpoint), then deletes checkpoints beyond `keep_last`. A crash at any
+point leaves either the previous LATEST or a fully committed new one; the torn directory has no
+COMMITTED and every reader ignores it (rec.run_dir).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -28,20 +26,6 @@ from rec.config import CheckpointConfig
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be read; the message names the directory and the cause."""
-
-
-def _fsync_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _barrier() -> None:
@@ -106,9 +90,7 @@ class Checkpointer:
         if self.rank == 0:
             meta = {**meta, "step": step, "save_seconds": round(time.perf_counter() - t0, 3),
                     "files": files}  # fmt: skip
-            _fsync_write(step_dir / run_dir.META_FILE, json.dumps(meta, indent=2) + "\n")
-            _fsync_write(step_dir / run_dir.COMMITTED_FILE, f"{time.time()}\n")
-            _fsync_write(self.root / run_dir.LATEST_FILE, step_dir.name + "\n")
+            run_dir.commit_checkpoint(self.root.parent, step, meta)
             self._prune()
         _barrier()
         return step_dir

@@ -1,15 +1,15 @@
 """Fixtures of the export tests: tiny run directories, seeded or really trained.
 
 `seeded_run` writes a checkpoint the way the trainer does (DCP of the TrainModel state dict,
-config.yaml, COMMITTED, LATEST) from a seeded model in this process: fast, for everything that
-does not need trained weights. `trained_runs` runs the real `rec train` CLI on 2 ranks, once per
-sharding layout, for the quality bar and the sharded-checkpoint tests.
+committed by rec.run_dir.commit_checkpoint, and config.yaml) from a seeded model in this
+process: fast, for everything that does not need trained weights. `trained_runs` runs the real
+`rec train` CLI on 2 ranks, once per sharding layout, for the quality bar and the
+sharded-checkpoint tests.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,7 @@ def write_seeded_run(run: Path, data: dict[str, Any] | None = None, seed: int = 
             p.normal_(0, 0.5)  # larger than the default init, so quantization error shows
     step = run_dir.checkpoints_dir(run) / "step_10"
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(step))
-    (step / run_dir.META_FILE).write_text(json.dumps({"step": 10, "world_size": 1}))
-    (step / run_dir.COMMITTED_FILE).write_text("done\n")
-    (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_10\n")
+    run_dir.commit_checkpoint(run, 10, {"world_size": 1})
     (run / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
     return run
 

@@ -1,14 +1,13 @@
 """The model repository the serving tests serve: written by the real `rec export`.
 
 A tiny seeded (untrained) checkpoint is written the way the trainer writes one (DESIGN.md,
-Contract 1), then `rec.export.pipeline.export_run` turns it into Contract 2: an int8 FBGEMM
-TorchScript model.pt, config.pbtxt and rec.json. This is the one place serving tests get a
-repository from.
+Contract 1; committed by rec.run_dir.commit_checkpoint), then
+`rec.export.pipeline.export_run` turns it into Contract 2: an int8 FBGEMM TorchScript model.pt,
+config.pbtxt and rec.json. This is the one place serving tests get a repository from.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,7 @@ def write_seeded_run(run: Path, data: dict[str, Any] = TINY, seed: int = 0) -> P
             p.normal_(0, 0.5)  # spread the scores so mismatches between servers would show
     step = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(10)
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(step))
-    (step / run_dir.META_FILE).write_text(json.dumps({"step": 10, "world_size": 1}))
-    (step / run_dir.COMMITTED_FILE).write_text("done\n")
-    (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text(step.name + "\n")
+    run_dir.commit_checkpoint(run, 10, {"world_size": 1})
     (run / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
     return run
 

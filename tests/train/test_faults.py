@@ -1,4 +1,8 @@
-"""Training faults with real processes: a killed rank, a torn checkpoint, a damaged shard."""
+"""Training faults with real processes: a killed rank, a torn checkpoint, a damaged shard.
+
+First, in this process: the commit protocol every run directory is written with
+(rec.run_dir.commit_checkpoint) and the reader rules that make a torn step dir not count.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,47 @@ import pytest
 
 from rec import run_dir
 from tests.helpers import REC, run_rec, write_config
+
+
+def test_commit_checkpoint_writes_the_commit_and_readers_skip_a_torn_step(tmp_path):
+    run = tmp_path / "run"
+    root = run_dir.checkpoints_dir(run)
+    for step in (10, 20):  # shards on disk (as dcp.save leaves them), not yet committed
+        (root / run_dir.step_dir_name(step)).mkdir(parents=True)
+        (root / run_dir.step_dir_name(step) / "__0_0.distcp").write_bytes(b"shard")
+    assert run_dir.latest_checkpoint(run) is None
+    committed = run_dir.commit_checkpoint(run, 10, {"world_size": 1})
+    assert committed == root / "step_10"
+    assert run_dir.read_meta(committed) == {"world_size": 1, "step": 10}
+    assert run_dir.is_committed(committed)
+    assert (root / run_dir.LATEST_FILE).read_text() == "step_10\n"
+    assert run_dir.latest_checkpoint(run) == committed
+    assert not list(root.rglob("*.tmp"))  # every temp file was renamed into place
+    # step_20 is newer and even named by LATEST, but has no COMMITTED: killed mid-save.
+    (root / run_dir.LATEST_FILE).write_text("step_20\n")
+    assert run_dir.committed_steps(run) == [committed]
+    assert run_dir.latest_checkpoint(run) == committed
+    with pytest.raises(run_dir.RunDirError, match="step_30.*does not exist"):
+        run_dir.commit_checkpoint(run, 30, {})
+
+
+def test_checkpointer_commits_through_run_dir_and_keeps_the_last(tmp_path):
+    import torch
+
+    from rec.config import CheckpointConfig
+    from rec.train.checkpoint import Checkpointer
+
+    run = tmp_path / "run"
+    ckpt = Checkpointer(run, CheckpointConfig(every_steps=1, keep_last=1), rank=0)
+    for step in (1, 2):
+        ckpt.save(step, {"w": torch.full((4,), float(step))}, {"world_size": 1})
+    assert [p.name for p in run_dir.committed_steps(run)] == ["step_2"]  # step_1 pruned
+    latest = ckpt.latest()
+    assert latest.name == "step_2"
+    meta = run_dir.read_meta(latest)
+    assert list(meta) == ["world_size", "step", "save_seconds", "files"]
+    assert meta["step"] == 2 and set(meta["files"]) == {".metadata", "__0_0.distcp"}
+    run_dir.verify_checkpoint(latest)
 
 
 def _worker_pids(run: Path) -> list[int]:
