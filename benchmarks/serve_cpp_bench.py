@@ -43,10 +43,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from rec.serve.cpp import launch_cpp
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "cpp"
 RESULTS = ROOT / "benchmarks" / "results"
-READY = re.compile(r"^rec-server ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 
 
 def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: int) -> Path:
@@ -72,6 +73,8 @@ def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: in
 
 
 class Server:
+    """rec-server with one executor, one HTTP and one gRPC thread (rec.serve.cpp.launch_cpp)."""
+
     def __init__(
         self,
         repo: Path,
@@ -80,33 +83,21 @@ class Server:
         busy_poll_us: int | None = None,
         extra: tuple[str, ...] = (),
     ) -> None:
-        argv = [str(BUILD / "rec-server"), "--model-repository", str(repo), "--model", model]
-        argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        argv += ["--executor-threads", "1", "--intra-op-threads", str(intra_op_threads)]
-        argv += ["--http-threads", "1", "--grpc-threads", "1"]
+        args = ["--model", model, "--executor-threads", "1"]
+        args += ["--intra-op-threads", str(intra_op_threads), "--http-threads", "1"]
+        args += ["--grpc-threads", "1"]
         if busy_poll_us is not None:
-            argv += ["--busy-poll-us", str(busy_poll_us)]
-        argv += extra
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        for line in self.proc.stdout:
-            m = READY.match(line)
-            if m:
-                self.http, self.grpc, _ = m.groups()
-                return
-        raise SystemExit("rec-server did not start")
+            args += ["--busy-poll-us", str(busy_poll_us)]
+        self.process = launch_cpp(repo, *args, *extra)
+        self.proc = self.process.proc  # its pid: grpc_floor.py profiles it
+        self.http, self.grpc = self.process.endpoints.http, self.process.endpoints.grpc
 
     def peak_rss_bytes(self) -> int:
         """The server's VmHWM: the kernel's high-water mark of its resident set."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return self.process.peak_rss_bytes()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self.process.stop(timeout=30)
 
 
 def bench(mode: str, repo: Path, model: str, batch: int, clients: int, seconds: float, *extra):

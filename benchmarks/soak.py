@@ -17,8 +17,6 @@ import asyncio
 import json
 import os
 import random
-import re
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -28,10 +26,10 @@ import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.http._utils as http_utils
 
-from rec.serve.cpp import find_cpp_server
+from rec.serve.cpp import launch_cpp
+from rec.serve.process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-READY = re.compile(r"^rec-server ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 MAX_BODY = 1 << 20  # --max-body-bytes of the soaked server; "oversize" requests claim twice this
 DATATYPES = {"dense_features": "FP32", "sparse_lengths": "INT32", "sparse_values": "INT64"}
 # Weights of each request kind; "slow" dribbles a valid request a few bytes at a time.
@@ -151,13 +149,6 @@ class Client:
             self.conn = None
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 async def _worker(k, addr, shape, deadline, budget, stats, kinds, weights):
     rng = np.random.default_rng(k)
     pick = random.Random(k)
@@ -185,28 +176,17 @@ async def _worker(k, addr, shape, deadline, budget, stats, kinds, weights):
     client.close()
 
 
-def start_server(repo: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(repo: Path, extra: list[str]) -> ServerProcess:
     # $REC_SERVER (the sanitized build under scripts/test_sanitized.sh), else build/cpp.
-    argv = [str(find_cpp_server()), "--model-repository", str(repo), "--host", "127.0.0.1"]
-    argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-    argv += ["--max-body-bytes", str(MAX_BODY), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
-    for line in proc.stdout:
-        m = READY.match(line)
-        if m:
-            return proc, m.group(1)
-    proc.kill()
-    raise RuntimeError("rec-server did not become ready")
+    return launch_cpp(repo, "--max-body-bytes", str(MAX_BODY), *extra, host="127.0.0.1", env=env)
 
 
 async def soak(args) -> dict:
     manifest = json.loads((args.repo / "rec" / "rec.json").read_text())
     shape = (len(manifest["features"]["dense"]), len(manifest["features"]["sparse"]))
-    proc, http = start_server(args.repo, ["--http-threads", "2", "--executor-threads", "2"])
-    host, port = http.rsplit(":", 1)
+    server = start_server(args.repo, ["--http-threads", "2", "--executor-threads", "2"])
+    host, port = server.endpoints.http.rsplit(":", 1)
     addr = (host, int(port))
     kinds, weights = list(MIX), list(MIX.values())
     try:
@@ -225,7 +205,7 @@ async def soak(args) -> dict:
                 for k in range(args.concurrency)
             )
         )
-        rss_start = _rss_kib(proc.pid)
+        rss_start = server.rss_bytes() // 1024
         stats = {
             "answers": Counter(),
             "lost": 0,
@@ -240,7 +220,7 @@ async def soak(args) -> dict:
 
         async def sample_rss():
             while time.monotonic() < deadline and budget[0] > 0:
-                rss_samples.append(_rss_kib(proc.pid))
+                rss_samples.append(server.rss_bytes() // 1024)
                 await asyncio.sleep(5)
 
         sampler = asyncio.create_task(sample_rss())
@@ -252,11 +232,10 @@ async def soak(args) -> dict:
         )
         sampler.cancel()
         elapsed = time.monotonic() - t0
-        rss_end = _rss_kib(proc.pid)
-        alive = proc.poll() is None
+        rss_end = server.rss_bytes() // 1024
+        alive = server.alive()
     finally:
-        proc.terminate()
-        exit_code = proc.wait(timeout=60)
+        exit_code = server.stop(timeout=60)
     lat = np.array(stats["latency_ms"]) if stats["latency_ms"] else np.array([np.nan])
     by_class = Counter()
     for key, n in stats["answers"].items():

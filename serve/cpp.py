@@ -1,8 +1,11 @@
-"""Starting rec's C++ LibTorch server (cpp/, built into build/cpp/rec-server by `make setup`).
+"""Starting rec's C++ LibTorch server (cpp/, built into build/cpp/rec-server by `make setup`): the
+one launcher of rec-server, for `rec serve`, the tests (tests/serve_cpp/server.py) and the
+benchmarks.
 
 The server reads the user's repository directly (pytorch_libtorch config, model.pt, rec.json),
 picks free ports for 0, and prints `rec-server ready http=H:P grpc=H:P metrics=H:P` once it
-serves; that line is how we learn it is ready and where it listens.
+serves; that line is how we learn it is ready and where it listens. `launch_cpp` starts it and
+waits for that line; `start_cpp` (`rec serve`) checks the repository and the ports first.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from rec.serve.process import Endpoints, ServerProcess, launch, pick_ports, wait_until
@@ -22,19 +26,64 @@ _READY = re.compile(r"^rec-server ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
-def find_cpp_server() -> Path:
-    """build/cpp/rec-server of this checkout, $REC_SERVER, or rec-server on PATH."""
-    candidates = [os.environ.get("REC_SERVER", ""), str(_CHECKOUT / "build" / "cpp" / "rec-server")]
-    for c in candidates:
-        if c and Path(c).is_file() and os.access(c, os.X_OK):
-            return Path(c)
+def cpp_server_path() -> Path:
+    """The rec-server to run, not checked: $REC_SERVER when set (the sanitized build under
+    scripts/test_sanitized.sh), else build/cpp/rec-server of this checkout when built, else
+    rec-server on PATH, else the build's path (missing)."""
+    if os.environ.get("REC_SERVER"):
+        return Path(os.environ["REC_SERVER"])
+    built = _CHECKOUT / "build" / "cpp" / "rec-server"
     on_path = shutil.which("rec-server")
-    if on_path:
-        return Path(on_path)
-    raise ServeError(
-        f"the C++ server is not built ({_CHECKOUT / 'build/cpp/rec-server'} is missing): "
-        "run make setup"
-    )
+    return Path(on_path) if on_path and not built.is_file() else built
+
+
+def find_cpp_server() -> Path:
+    """cpp_server_path(), or a ServeError saying why there is none to run."""
+    path = cpp_server_path()
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    if os.environ.get("REC_SERVER"):
+        raise ServeError(f"$REC_SERVER is {path}, which is not an executable file")
+    raise ServeError(f"the C++ server is not built ({path} is missing): run make setup")
+
+
+def launch_cpp(
+    repo: Path,
+    *args: str,
+    host: str | None = None,
+    http_port: int = 0,
+    grpc_port: int = 0,
+    metrics_port: int = 0,
+    env: dict[str, str] | None = None,
+    echo: bool = False,
+    on_line: Callable[[str], None] | None = None,
+    ready_timeout: float = 120.0,
+) -> ServerProcess:
+    """Starts rec-server on `repo` with more flags `args` (ports 0: free ones) and returns it
+    once it printed its ready line, with its endpoints. Its output goes to a log file (removed by
+    stop()), to stderr if `echo`, and line by line to `on_line`. Raises ServeError with the log's
+    last lines if it exits or stalls first."""
+    argv = [str(find_cpp_server()), "--model-repository", str(repo)]
+    argv += ["--host", host] if host is not None else []
+    argv += ["--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    argv += ["--metrics-port", str(metrics_port), *args]
+    logs = Path(tempfile.mkdtemp(prefix="rec-cpp-"))
+    found: list[Endpoints] = []
+    seen = threading.Event()
+
+    def read_line(line: str) -> None:
+        if on_line is not None:
+            on_line(line)
+        m = _READY.match(line)
+        if m and not seen.is_set():
+            found.append(Endpoints(*m.groups()))
+            seen.set()
+
+    server = launch("rec-server", argv, logs / "rec-server.log", env, echo, read_line)
+    server._on_stop.append(lambda: shutil.rmtree(logs, ignore_errors=True))
+    wait_until(server, seen, ready_timeout, "ready")
+    server.endpoints = found[0]
+    return server
 
 
 def start_cpp(
@@ -49,7 +98,7 @@ def start_cpp(
     ready_timeout: float = 120.0,
 ) -> ServerProcess:
     """Starts rec-server on `repo` (its `model`, or all models) and returns once it is ready."""
-    binary = find_cpp_server()
+    find_cpp_server()
     # One clear error here rather than in the server's log; without --model it serves them all.
     if model is not None:
         load_model(repo, model)
@@ -59,23 +108,8 @@ def start_cpp(
     for port in (http_port, grpc_port, metrics_port):
         if port:
             pick_ports(host, [port])
-    argv = [str(binary), "--model-repository", str(Path(repo).resolve()), "--host", host]
-    argv += ["--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-    argv += ["--metrics-port", str(metrics_port), *extra_args]
-    if model is not None:
-        argv += ["--model", model]
-    logs = Path(tempfile.mkdtemp(prefix="rec-cpp-"))
-    found: list[Endpoints] = []
-    seen = threading.Event()
-
-    def on_line(line: str) -> None:
-        m = _READY.match(line)
-        if m:
-            found.append(Endpoints(*m.groups()))
-            seen.set()
-
-    server = launch("rec-server", argv, logs / "rec-server.log", None, echo, on_line)
-    server._on_stop.append(lambda: shutil.rmtree(logs, ignore_errors=True))
-    wait_until(server, seen.is_set, ready_timeout, "ready")
-    server.endpoints = found[0]
-    return server
+    args = [*extra_args, *(["--model", model] if model is not None else [])]
+    ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+    return launch_cpp(
+        Path(repo).resolve(), *args, host=host, **ports, echo=echo, ready_timeout=ready_timeout
+    )

@@ -3,6 +3,8 @@
 Shared by the Triton and C++ launchers. The child's stdout and stderr go through one reader
 thread into a log file (and, for `rec serve`, the console), so a chatty server can never block
 on a full pipe, and a server that dies before it is ready is reported with its last log lines.
+`stop()` sends SIGTERM and returns the exit code; `peak_rss_bytes()` is the kernel's high-water
+mark of the child's resident set, for the benchmarks.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class ServerProcess:
     proc: subprocess.Popen
     log_path: Path
     endpoints: Endpoints | None = None
+    killed: bool = False
+    """stop() had to SIGKILL it: it did not exit within its timeout of SIGTERM."""
     _on_stop: list[Callable[[], None]] = field(default_factory=list)
     _reader: threading.Thread | None = None
 
@@ -90,8 +94,18 @@ class ServerProcess:
             return "".join(errors + log[-lines:])
         return ""
 
+    def rss_bytes(self) -> int:
+        """The child's resident set now (VmRSS); 0 once it has exited."""
+        return _proc_status_kib(self.proc.pid, "VmRSS") * 1024
+
+    def peak_rss_bytes(self) -> int:
+        """The kernel's high-water mark of the child's resident set (VmHWM), over its whole life
+        so far; read it before stop()."""
+        return _proc_status_kib(self.proc.pid, "VmHWM") * 1024
+
     def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM (Triton and rec-server both drain and exit on it), SIGKILL after `timeout`."""
+        """SIGTERM (Triton and rec-server both drain and exit on it), SIGKILL after `timeout`
+        (and `killed` set). Returns the exit code; the log is complete when it returns."""
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
@@ -101,6 +115,7 @@ class ServerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.kill()
                 self.proc.wait()
+                self.killed = True
         if self._reader is not None:
             self._reader.join(timeout=5)
         while self._on_stop:
@@ -114,6 +129,15 @@ class ServerProcess:
         self.stop()
 
 
+def _proc_status_kib(pid: int, key: str) -> int:
+    """A kB field of /proc/<pid>/status (VmRSS, VmHWM); 0 where it has none (a zombie)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    return 0
+
+
 def launch(
     name: str,
     argv: list[str],
@@ -122,7 +146,8 @@ def launch(
     echo: bool = False,
     on_line: Callable[[str], None] | None = None,
 ) -> ServerProcess:
-    """Starts `argv` with stdout+stderr captured into `log_path` (and stderr if `echo`)."""
+    """Starts `argv` with stdout+stderr captured into `log_path` (and stderr if `echo`); each
+    line also goes to `on_line`, from the reader thread, before stop() returns."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         proc = subprocess.Popen(
@@ -161,11 +186,19 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def wait_until(server: ServerProcess, ready: Callable[[], bool], timeout: float, what: str) -> None:
-    """Polls `ready` until true; stops the server and raises with its log if it dies or stalls."""
+def wait_until(
+    server: ServerProcess,
+    ready: Callable[[], bool] | threading.Event,
+    timeout: float,
+    what: str,
+) -> None:
+    """Polls `ready` until true (an Event: waits on it, so a set one returns at once); stops the
+    server and raises with its log if it dies or stalls."""
     deadline = time.monotonic() + timeout
+    event = isinstance(ready, threading.Event)
+    is_ready, pause = (ready.is_set, ready.wait) if event else (ready, time.sleep)
     while time.monotonic() < deadline:
-        if ready():
+        if is_ready():
             return
         if not server.alive():
             server.proc.wait()
@@ -177,7 +210,7 @@ def wait_until(server: ServerProcess, ready: Callable[[], bool], timeout: float,
                 f"{server.name} exited with code {server.proc.returncode} before {what}; "
                 f"last log lines:\n{tail}"
             )
-        time.sleep(0.1)
+        pause(0.1)
     tail = server.log_tail()
     server.stop()
     raise ServeError(f"{server.name} was not {what} after {timeout:.0f}s; last log lines:\n{tail}")

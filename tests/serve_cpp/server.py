@@ -1,55 +1,41 @@
-"""Starts rec-server on free ports and stops it; the tests' only way to run it.
+"""rec-server for the tests: rec.serve.cpp.launch_cpp (the one launcher, shared with `rec serve`
+and the benchmarks) with the tests' settings, and what the tests read from a running server.
 
 The binary is $REC_SERVER when set (the sanitized build: scripts/test_sanitized.sh), else
-build/cpp/rec-server."""
+build/cpp/rec-server (rec.serve.cpp.cpp_server_path)."""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BINARY = Path(os.environ.get("REC_SERVER") or REPO_ROOT / "build" / "cpp" / "rec-server")
-_READY = re.compile(r"^rec-server ready http=(\S+) grpc=(\S+) metrics=(\S+)")
+from rec.serve.cpp import cpp_server_path, launch_cpp
+from rec.serve.repository import ServeError
+
+BINARY = cpp_server_path()
 _SUMMARY = re.compile(r"([\w.-]+): (\d+) succeeded, (\d+) failed, (-?\d+) pending")
 
 
 class Server:
-    """A running rec-server; `http`, `grpc` and `metrics` are host:port strings."""
+    """A running rec-server on free ports; `http`, `grpc` and `metrics` are host:port strings,
+    `log` its output (stdout and stderr) line by line, kept after stop()."""
 
     def __init__(self, repo: Path, *args: str, timeout: float = 60.0) -> None:
-        argv = [str(BINARY), "--model-repository", str(repo)]
-        argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *args]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
         self.log: list[str] = []
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            m = _READY.match(line)
-            if m:
-                self.http, self.grpc, self.metrics = m.groups()
-                return
-        self.proc.kill()
-        self.proc.wait()
-        time.sleep(0.1)
-        raise RuntimeError(f"rec-server did not become ready:\n{self.stderr()}")
-
-    def _drain_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.log.append(line)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        try:
+            self.process = launch_cpp(
+                repo, *args, env=env, on_line=self.log.append, ready_timeout=timeout
+            )
+        except ServeError as e:
+            raise RuntimeError(f"rec-server did not become ready:\n{self.stderr()}") from e
+        self.proc = self.process.proc
+        ends = self.process.endpoints
+        self.http, self.grpc, self.metrics = ends.http, ends.grpc, ends.metrics
 
     def stderr(self) -> str:
         return "".join(self.log)
@@ -89,15 +75,12 @@ class Server:
         raise AssertionError(f"no shutdown summary for {model!r} in:\n{self.stderr()[-2000:]}")
 
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then wait; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
+        """SIGTERM, then wait; returns the exit code. Raises TimeoutExpired (after a SIGKILL)
+        if the server did not exit within `timeout` s."""
+        code = self.process.stop(timeout)
+        if self.process.killed:
+            raise subprocess.TimeoutExpired(self.proc.args, timeout, output=self.stderr())
+        return code
 
 
 def run_to_exit(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
