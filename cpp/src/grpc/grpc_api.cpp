@@ -226,6 +226,8 @@ grpc::Status GrpcApi::RepositoryModelLoad(const inference::RepositoryModelLoadRe
 
 void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
                          inference::ModelInferResponse* response, InferDone done) {
+  // As over HTTP: nothing new after SIGTERM (gRPC's own Shutdown() then refuses new calls).
+  if (shutting_down_) return done(Unavailable("server is shutting down"), nullptr);
   const uint64_t request_start = NowNs();
   ModelEntry* e = nullptr;
   Status st = FindModel(request->model_name(), request->model_version(), &e);

@@ -359,6 +359,11 @@ namespace rec {
 
 void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&& http,
                     HttpResponder respond) {
+  // After SIGTERM no new inference is accepted, also on a connection that was open before: the
+  // drain waits only for requests the loops already hold, so one read after its last look would
+  // be computed and never answered. Refused before it reaches the model, it is not counted in the
+  // model's statistics (as a request for a model that is not there is not).
+  if (shutting_down_) return respond(ErrorResponse(Unavailable("server is shutting down")));
   const uint64_t request_start = NowNs();
   ModelStats* stats = entry->stats();
   auto fail = [&](const Status& st) {
