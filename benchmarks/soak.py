@@ -28,6 +28,7 @@ import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.http._utils as http_utils
 
+from rec.contract import MANIFEST_FILE, read_manifest
 from rec.serve.cpp import find_cpp_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +204,7 @@ def start_server(repo: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 async def soak(args) -> dict:
-    manifest = json.loads((args.repo / "rec" / "rec.json").read_text())
+    manifest = read_manifest(args.repo / "rec" / MANIFEST_FILE).data
     shape = (len(manifest["features"]["dense"]), len(manifest["features"]["sparse"]))
     proc, http = start_server(args.repo, ["--http-threads", "2", "--executor-threads", "2"])
     host, port = http.rsplit(":", 1)
