@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from rec.contract import MANIFEST_FILE, read_manifest
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 REC = str(Path(sys.executable).parent / "rec")
@@ -105,8 +107,8 @@ def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
         subprocess.run([REC, "export", str(run), "--repo", str(repo), "--format", fmt,
                         "--config", str(extra)], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
         seconds = time.perf_counter() - t0
-        model_dir = next(p for p in repo.iterdir() if (p / "rec.json").is_file())
-        manifest = json.loads((model_dir / "rec.json").read_text())
+        model_dir = next(p for p in repo.iterdir() if (p / MANIFEST_FILE).is_file())
+        manifest = read_manifest(model_dir / MANIFEST_FILE).data
         ev = manifest["verification"]["eval"]
         version = model_dir / str(manifest["version"])
         out[variant] = {
@@ -141,7 +143,7 @@ def server_rss(entry: dict, requests: int = 64) -> dict:
     from rec.serve.cpp import start_cpp
 
     repo = Path(entry["path"]).parents[2]
-    manifest = json.loads((Path(entry["path"]).parent / "rec.json").read_text())
+    manifest = read_manifest(Path(entry["path"]).parent / MANIFEST_FILE).data
     dense, sparse = len(manifest["features"]["dense"]), len(manifest["features"]["sparse"])
     model = manifest["model_name"]
 

@@ -17,6 +17,8 @@ import tritonclient.grpc._utils as grpc_utils
 import tritonclient.http as httpclient
 import tritonclient.http._utils as http_utils
 
+from rec.contract import random_request
+
 # The fuzz targets' model spec (cpp/tests/test_util.h): dense [B, 2], lengths [B, 3], values ragged.
 NUM_DENSE, NUM_SPARSE = 2, 3
 # fuzz_settings_body: first byte 0 = a logging body, 1 = global trace settings, 3 = a model's; the
@@ -33,13 +35,7 @@ SETTINGS = [
 
 
 def _batch(rows: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(0, 3, size=(rows, NUM_SPARSE), dtype=np.int32)
-    return {
-        "dense_features": rng.standard_normal((rows, NUM_DENSE)).astype(np.float32),
-        "sparse_lengths": lengths,
-        "sparse_values": rng.integers(-(2**40), 2**40, size=int(lengths.sum()), dtype=np.int64),
-    }
+    return random_request(NUM_DENSE, NUM_SPARSE, rows, seed, (0, 2), (-(2**40), 2**40))
 
 
 def _http_body(arrays: dict[str, np.ndarray], binary: bool) -> tuple[bytes, int | None]:

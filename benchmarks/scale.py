@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from rec.contract import MANIFEST_FILE, read_manifest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procmem import TreeWatch, run_watched  # noqa: E402
 
@@ -150,7 +152,7 @@ def measure(size: str, root: Path, keep: bool) -> dict:
         wall, watch = run_watched([REC, "export", str(run), "--repo", str(repo), "--format", fmt],
                                   work / f"export_{fmt}.log", env=env)  # fmt: skip
         model_dir = repo / ("rec" if fmt == "torchscript" else "rec_onnx") / "1"
-        manifest = json.loads((model_dir / "rec.json").read_text())
+        manifest = read_manifest(model_dir / MANIFEST_FILE).data
         peak = watch.largest()
         out[f"export_{fmt}"] = {
             "wall_s": round(wall, 1),

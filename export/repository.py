@@ -53,10 +53,11 @@ from typing import Any
 
 from rec import contract
 from rec.config import ExportConfig
+from rec.contract import MANIFEST_FILE, TRITON_CONFIG_FILE
 from rec.export import formats
 
-MANIFEST = "rec.json"
-TRITON_CONFIG = "config.pbtxt"
+MANIFEST = MANIFEST_FILE  # the contract's names (rec.contract), as export has always spelled them
+TRITON_CONFIG = TRITON_CONFIG_FILE
 _STAGING_PREFIX = ".staging-"
 
 

@@ -10,14 +10,14 @@ rec_model_batch_variant metric when the operator allows it), never silently.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from rec.batch import split_requests
-from rec.contract import INPUT_NAMES
+from rec.contract import INPUT_NAMES, MANIFEST_FILE
+from rec.contract import manifest as contract_manifest
 
 _DTYPES = (torch.float32, torch.int32, torch.int64)
 Request = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -63,6 +63,7 @@ def refusal(model: str, version: str, rows: int, diff: float, here: str, verifie
 
 
 def read_manifest(model_file: str | Path) -> dict:
-    """The rec.json beside a version's model file ({} when there is none)."""
-    path = Path(model_file).parent / "rec.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The rec.json beside a version's model file, checked (rec.contract), as a dict ({} when
+    there is none)."""
+    path = Path(model_file).parent / MANIFEST_FILE
+    return contract_manifest.read_manifest(path).data if path.is_file() else {}

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from rec.contract import EMBEDDING_DTYPES
+from rec.contract import formats as contract_formats
 
 DENSE_TRANSFORMS = ("identity", "log1p")
 """What features.transforms may name; rec.features implements them."""
@@ -43,21 +44,18 @@ def _one_of(name: str, value: Any, allowed: typing.Iterable[Any]) -> None:
 
 
 def export_formats() -> list[str]:
-    """export.format's choices: the plug-ins of rec.export.formats, `both` and `all`."""
-    from rec.export import formats  # light: format modules import their heavy parts lazily
-
-    return formats.choices()
+    """export.format's choices: the formats of the contract's table, `both` and `all`."""
+    return contract_formats.choices()
 
 
 def _not_keyed_jagged(export_format: str) -> tuple[str, str] | None:
     """None when every format `export_format` means takes model.factory and din models; else
     the titles of those that do and of those that don't, for the error."""
-    from rec.export import formats
-
-    meant = [formats.get(name) for name in formats.resolve(export_format)]
+    meant = [contract_formats.FORMATS[name] for name in contract_formats.resolve(export_format)]
     if all(f.keyed_jagged for f in meant):
         return None
-    able = " and ".join(f.title for f in formats.registry().values() if f.keyed_jagged)
+    table = contract_formats.FORMATS.values()
+    able = " and ".join(f.title for f in table if f.keyed_jagged)
     return able, " or ".join(f.title for f in meant if not f.keyed_jagged)
 
 

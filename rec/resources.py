@@ -115,10 +115,10 @@ def check_export(cfg: RecConfig, formats: list[str], stored: int, reference_rows
                  chunk_bytes: int, repo: Path, **machine) -> None:  # fmt: skip
     """Refuses an export whose quantized model (`stored` bytes per format) would not fit.
     Formats are built one after another, so RAM holds the hungriest one's copies."""
-    from rec.export import formats as registry
+    from rec.contract import FORMATS
 
     dim = max(t.dim for t in cfg.tables)
-    copies = max(registry.get(f).ram_copies for f in formats)
+    copies = max(FORMATS[f].ram_copies for f in formats)
     ref = reference_rows * dim * 4
     ram = PROCESS_BASE + int(copies * stored) + ref + 3 * chunk_bytes
     counted = (f"{gb(stored)} quantized tables per format, {gb(ref)} of rows for verification, "

@@ -16,6 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from rec.contract import random_request
 from rec.serve.repository import DENSE, LENGTHS, SCORES, STRINGS, VALUES, ServeError
 
 PROTOCOLS = ("http", "grpc")
@@ -66,11 +67,8 @@ class Rows:
 
 def synthetic_rows(num_dense: int, num_sparse: int, batch: int, seed: int = 0) -> Rows:
     """Random samples: N(0,1) dense values, 1..3 ids per sparse feature, ids in [0, 2^31)."""
-    rng = np.random.default_rng(seed)
-    dense = rng.standard_normal((batch, num_dense), dtype=np.float32)
-    lengths = rng.integers(1, 4, size=(batch, num_sparse), dtype=np.int32)
-    values = rng.integers(0, 2**31, size=int(lengths.sum()), dtype=np.int64)
-    return Rows(dense, lengths, values)
+    r = random_request(num_dense, num_sparse, batch, seed, ids_per_bag=(1, 3), id_range=(0, 2**31))
+    return Rows(r[DENSE], r[LENGTHS], r[VALUES])
 
 
 class ScoreClient:

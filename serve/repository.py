@@ -13,15 +13,27 @@ and what is wrong; nothing here starts a server.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES  # noqa: F401  (serve's names)
-from rec.export import formats
+from rec.contract import (  # noqa: F401  (serve's names)
+    DENSE,
+    FORMATS,
+    LENGTHS,
+    MANIFEST_FILE,
+    SCORES,
+    STRINGS,
+    TRITON_CONFIG_FILE,
+    VALUES,
+    Manifest,
+    ManifestError,
+    read_manifest,
+    served_files,
+    triton_dtype,
+)
 
 
 class ServeError(Exception):
@@ -79,7 +91,7 @@ def list_models(repo: Path) -> list[str]:
     repo = Path(repo)
     if not repo.is_dir():
         raise ServeError(f"model repository {str(repo)!r} does not exist or is not a directory")
-    return sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
+    return sorted(p.name for p in repo.iterdir() if (p / TRITON_CONFIG_FILE).is_file())
 
 
 def load_model(repo: Path, model: str | None = None) -> ServedModel:
@@ -109,36 +121,34 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
         raise ServeError(
             f"no model {model!r} in {str(repo)!r}: {model_dir}/config.pbtxt is missing"
         )
-    config = parse_config((model_dir / "config.pbtxt").read_text(), f"{model_dir}/config.pbtxt")
+    config_path = model_dir / TRITON_CONFIG_FILE
+    config = parse_config(config_path.read_text(), str(config_path))
     version = _newest_version(model_dir)
-    dense, sparse, num_tasks, manifest = _read_manifest(model_dir)
-    _check_io(config, model_dir, len(dense), len(sparse), num_tasks)
-    serving_max = 0
-    if config.max_batch_size == 0:  # the `none` form: rec.json says how rec-server batches it
-        serving_max = _serving_max_batch_size(manifest, model_dir / "rec.json")
-    spec = manifest.get("feature_spec")
-    return ServedModel(
-        model, model_dir, version, config, dense, sparse, num_tasks, serving_max, spec
-    )
+    m = _read_manifest(model_dir)
+    _check_io(config, model_dir, len(m.dense_names), len(m.sparse_names), m.num_tasks)
+    # The `none` form (max_batch_size 0): rec.json's "serving" says how rec-server batches it.
+    serving_max = m.serving_max_batch_size if config.max_batch_size == 0 else 0
+    return ServedModel(model, model_dir, version, config, m.dense_names, m.sparse_names,
+                       m.num_tasks, serving_max, m.feature_spec)  # fmt: skip
 
 
 def _maybe_torchscript(model_dir: Path) -> bool:
     try:
-        config = parse_config((model_dir / "config.pbtxt").read_text())
+        config = parse_config((model_dir / TRITON_CONFIG_FILE).read_text())
     except ServeError:
         return True  # chosen, so that its parse error is what the user sees
     return config.platform == "pytorch_libtorch" or config.backend == "pytorch"
 
 
 def model_files() -> dict[str, str]:
-    """Triton platform -> model file, of the export formats rec's servers load
-    (rec.export.formats: `rec_serves`)."""
-    return {f.platform: f.file for f in formats.registry().values() if f.rec_serves}
+    """Triton platform -> model file, of the formats rec's servers load (rec.contract)."""
+    return served_files()
 
 
 def _model_file(version_dir: Path, platform: str) -> Path:
     files = model_files()
-    names = [files.get(platform, "model.pt"), *files.values()]
+    default = FORMATS["torchscript"].file
+    names = [files.get(platform, default), *files.values()]
     return next(
         (version_dir / n for n in names if (version_dir / n).is_file()), version_dir / names[0]
     )
@@ -159,37 +169,14 @@ def _newest_version(model_dir: Path) -> int:
     return max(versions)
 
 
-def _read_manifest(model_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...], int, dict]:
-    path = model_dir / "rec.json"
+def _read_manifest(model_dir: Path) -> Manifest:
+    path = model_dir / MANIFEST_FILE
     if not path.is_file():
         raise ServeError(f"{path} is missing (rec's manifest: feature names, num_tasks)")
     try:
-        manifest = json.loads(path.read_text())
-        features = manifest["features"]
-        dense = tuple(str(n) for n in features["dense"])
-        sparse = tuple(str(n) for n in features["sparse"])
-        num_tasks = int(manifest["num_tasks"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ServeError(
-            f"{path} must be JSON with features.dense, features.sparse (name lists) and "
-            f"num_tasks: {type(e).__name__}: {e}"
-        ) from e
-    return dense, sparse, num_tasks, manifest
-
-
-def _serving_max_batch_size(manifest: dict, path: Path) -> int:
-    """serving.max_batch_size of rec.json, 0 when there is no "serving"; rec-server batches a
-    max_batch_size 0 config up to it (cpp/src/model/model_spec.cpp, ApplyServing) and rejects a
-    malformed one the same way."""
-    if "serving" not in manifest:
-        return 0
-    serving = manifest["serving"]
-    value = serving.get("max_batch_size") if isinstance(serving, dict) else None
-    if type(value) is not int or not 1 <= value <= 1 << 30:
-        raise ServeError(
-            f'{path}: "serving.max_batch_size" must be an integer in [1, 2^30], got {value!r}'
-        )
-    return value
+        return read_manifest(path)
+    except ManifestError as e:
+        raise ServeError(str(e)) from e
 
 
 def _check_io(config, model_dir: Path, num_dense: int, num_sparse: int, num_tasks: int) -> None:
@@ -199,16 +186,17 @@ def _check_io(config, model_dir: Path, num_dense: int, num_sparse: int, num_task
     the batch dimension, sparse_values allow_ragged_batch) and `none` (max_batch_size 0, the
     batch dimension spelled out as -1).
     """
-    where = f"{model_dir}/config.pbtxt"
+    where = f"{model_dir}/{TRITON_CONFIG_FILE}"
     batch = [] if config.max_batch_size > 0 else [-1]
     expected = {
-        DENSE: ("TYPE_FP32", [*batch, num_dense]),
-        LENGTHS: ("TYPE_INT32", [*batch, num_sparse]),
-        VALUES: ("TYPE_INT64", [-1]),
+        DENSE: (triton_dtype(DENSE), [*batch, num_dense]),
+        LENGTHS: (triton_dtype(LENGTHS), [*batch, num_sparse]),
+        VALUES: (triton_dtype(VALUES), [-1]),
     }
     inputs = {i.name: i for i in config.input}
     outputs = {o.name: o for o in config.output}
-    for name, (dtype, dims) in [*expected.items(), (SCORES, ("TYPE_FP32", [*batch, num_tasks]))]:
+    scores = (SCORES, (triton_dtype(SCORES), [*batch, num_tasks]))
+    for name, (dtype, dims) in [*expected.items(), scores]:
         io = outputs.get(name) if name == SCORES else inputs.get(name)
         if io is None:
             raise ServeError(f"{where} does not declare {name!r}")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
+from rec.contract import TRITON_CONFIG_FILE
 from rec.serve.client import FEATURES_PARAMETER
 from rec.serve.process import Endpoints, ServerProcess, http_ok, launch, pick_ports, wait_until
 from rec.serve.repository import (
@@ -157,7 +158,7 @@ def stage_repository(
     model_dir = dest / model.name
     (model_dir / str(model.version)).mkdir(parents=True)
     config = python_backend_config(model, intra_op_threads, allow_batch_variant)
-    (model_dir / "config.pbtxt").write_text(config_text(config))
+    (model_dir / TRITON_CONFIG_FILE).write_text(config_text(config))
     shutil.copy2(_MODEL_PY, model_dir / str(model.version) / "model.py")
     return dest
 

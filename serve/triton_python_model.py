@@ -75,7 +75,7 @@ class TritonPythonModel:
         if threads > 0:
             torch.set_num_threads(threads)
         if path.endswith(".pt2"):  # AOTInductor: tables memory-mapped, the CPU's ISA checked
-            from rec.export.aoti_builder import AotiModel
+            from rec.aoti_package import AotiModel
 
             self.model = AotiModel(os.path.dirname(path))
         else:

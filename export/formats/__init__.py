@@ -29,26 +29,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rec.contract import formats as contract_formats
+from rec.contract.formats import FormatSpec
+
 if TYPE_CHECKING:
     from pathlib import Path
 
     from rec.config import RecConfig
     from rec.export.build import Built, Source
 
-# A name that means several formats; `all` is every registered format.
-ALIASES = {"both": ("torchscript", "onnx")}
+ALIASES = contract_formats.ALIASES
 
 
 @dataclass(frozen=True)
 class Format:
-    name: str
-    """`export.format` / `--format` value, and the model directory's suffix (`rec_<name>`)."""
-    title: str
-    """How messages name it ("TorchScript")."""
-    file: str
-    """The model file in each version directory."""
-    platform: str
-    """config.pbtxt's `platform` (Triton's backend for it)."""
+    """A format's plug-in: its entry of the contract's table (rec.contract.formats: file,
+    platform, folder) and how export builds and verifies it."""
+
+    spec: FormatSpec
     load_requires: str
     """rec.json's "load_requires": what a process must load before it can run the file."""
     build: Callable[[Source, Path], Built]
@@ -57,23 +55,21 @@ class Format:
     verify: Callable[[dict[str, Built], dict[str, Any]], None]
     """Adds this format's checks to `checks` (rec.json's "verification") from every built
     format (it may compare with another); raises VerificationError on a failed one."""
-    order: int
-    """Where it comes in `all` and in the build order."""
-    default_name: bool = False
-    """Its model directory takes export.model_name itself (the others add `_<name>`)."""
-    ram_copies: float = 1.0
-    """Copies of the quantized tables export holds at once while building it."""
-    keyed_jagged: bool = False
-    """Exports every model rec trains: model.factory models (KeyedJaggedTensor input) and din's
-    unpooled lookups. Without it config validation refuses those models for this format."""
-    rec_dense: bool = False
-    """Its dense layers are rec's (export.dense_dtype applies; the reduced-precision bar is
-    checked on its scores)."""
-    rec_serves: bool = False
-    """rec-server and rec's Triton Python model load it (rec.serve.repository)."""
+
+    # The contract's facts, read through the plug-in where export has one in hand.
+    name = property(lambda self: self.spec.name)
+    title = property(lambda self: self.spec.title)
+    file = property(lambda self: self.spec.file)
+    platform = property(lambda self: self.spec.platform)
+    order = property(lambda self: self.spec.order)
+    default_name = property(lambda self: self.spec.default_name)
+    ram_copies = property(lambda self: self.spec.ram_copies)
+    keyed_jagged = property(lambda self: self.spec.keyed_jagged)
+    rec_dense = property(lambda self: self.spec.rec_dense)
+    rec_serves = property(lambda self: self.spec.rec_serves)
 
     def model_dir_name(self, model_name: str) -> str:
-        return model_name if self.default_name else f"{model_name}_{self.name}"
+        return self.spec.model_dir_name(model_name)
 
     def triton_config(self, cfg: RecConfig, model_dir_name: str) -> str:
         """config.pbtxt for this format's model; a format with other needs overrides it."""
@@ -97,6 +93,11 @@ def _discover() -> dict[str, Format]:
     registry = {f.name: f for f in found}
     if len(registry) != len(found):
         raise TypeError(f"two format modules share a name: {[f.name for f in found]}")
+    if sorted(registry) != sorted(contract_formats.FORMATS):
+        raise TypeError(
+            f"format plug-ins {sorted(registry)} do not match the contract's table "
+            f"{sorted(contract_formats.FORMATS)} (rec.contract.formats): one of each per format"
+        )
     return registry
 
 
@@ -106,24 +107,9 @@ def registry() -> dict[str, Format]:
     return _discover()
 
 
-def names() -> list[str]:
-    return list(registry())
-
-
-def choices() -> list[str]:
-    """What export.format accepts: each format, `both` and `all`."""
-    return [*names(), *ALIASES, "all"]
-
-
-def resolve(value: str) -> list[str]:
-    """export.format -> the formats it means, in build order."""
-    if value == "all":
-        return names()
-    if value in ALIASES:
-        return list(ALIASES[value])
-    if value not in registry():
-        raise ValueError(f"unknown export format {value!r}; choose from {choices()}")
-    return [value]
+names = contract_formats.names
+choices = contract_formats.choices
+resolve = contract_formats.resolve
 
 
 def get(name: str) -> Format:

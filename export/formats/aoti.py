@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any
 
+from rec.contract import FORMATS
 from rec.export.formats import Format
 
 if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for a build
@@ -63,18 +64,11 @@ def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:
 
 
 FORMAT = Format(
-    name="aoti",
-    title="AOTInductor (aoti)",
-    file="model.pt2",
-    platform="torch_aoti",  # Triton's PyTorch backend for AOTInductor packages (beta, 26.03+)
+    spec=FORMATS["aoti"],
     load_requires="torch's AOTInductor package loader (torch._inductor.aoti_load_package in "
     "Python, torch::inductor::AOTIModelPackageLoader in C++) with FBGEMM's and rec's op "
     "libraries loaded as for torchscript, a CPU with the package's ISA (the `aoti` section), and "
     "tables.bin memory-mapped and passed after the three inputs (rec.export.aoti_builder)",
     build=build,
     verify=verify,
-    order=2,
-    keyed_jagged=True,
-    rec_dense=True,
-    rec_serves=True,
 )

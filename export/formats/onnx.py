@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any
 
+from rec.contract import FORMATS
 from rec.export.formats import Format
 
 if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for a build
@@ -68,13 +69,8 @@ def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:
 
 
 FORMAT = Format(
-    name="onnx",
-    title="ONNX",
-    file="model.onnx",
-    platform="onnxruntime_onnx",
+    spec=FORMATS["onnx"],
     load_requires="onnxruntime (standard ONNX ops only)",
     build=build,
     verify=verify,
-    order=1,
-    ram_copies=2.0,  # the torch module's tables, then ONNX Runtime's own copy
 )

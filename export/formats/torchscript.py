@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any
 
+from rec.contract import FORMATS
 from rec.export.formats import Format
 
 if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for a build
@@ -61,19 +62,11 @@ def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:
 
 
 FORMAT = Format(
-    name="torchscript",
-    title="TorchScript",
-    file="model.pt",
-    platform="pytorch_libtorch",
+    spec=FORMATS["torchscript"],
     load_requires="FBGEMM's ops and classes and rec's dense-layer ops (rec::linear, "
     "rec::linear_int8) registered before torch.jit.load: `import fbgemm_gpu` and `import rec.ops` "
     "in Python; in C++ dlopen the fbgemm_gpu package's .so files and rec's rec/_ops.so with "
     "RTLD_GLOBAL",
     build=build,
     verify=verify,
-    order=0,
-    default_name=True,
-    keyed_jagged=True,
-    rec_dense=True,
-    rec_serves=True,
 )

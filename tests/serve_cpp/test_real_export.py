@@ -27,6 +27,7 @@ from server import Server
 from tiny_model import INPUT_NAMES
 from tritonclient.utils import InferenceServerException
 
+from rec.contract import random_request
 from rec.features import FeatureSpec
 
 REC = str(Path(sys.executable).parent / "rec")
@@ -80,14 +81,8 @@ def exported(trained) -> Path:
 
 
 def _batch(manifest: dict, rows: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
     dense, sparse = manifest["features"]["dense"], manifest["features"]["sparse"]
-    lengths = rng.integers(0, 4, size=(rows, len(sparse))).astype(np.int32)
-    return {
-        "dense_features": rng.standard_normal((rows, len(dense))).astype(np.float32),
-        "sparse_lengths": lengths,
-        "sparse_values": rng.integers(-(2**62), 2**62, size=int(lengths.sum()), dtype=np.int64),
-    }
+    return random_request(len(dense), len(sparse), rows, seed)
 
 
 def test_exported_model_served_equals_in_process(exported):

@@ -21,6 +21,15 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear)
 from rec.batch import feature_major
+from rec.contract import (
+    DTYPES,
+    FORMATS,
+    INPUT_NAMES,
+    MANIFEST_FILE,
+    TRITON_CONFIG_FILE,
+    io_manifest,
+    random_request,
+)
 
 DENSE = ("age", "price", "hour", "score")
 SPARSE = ("user", "item", "tags")
@@ -98,6 +107,15 @@ class BatchVariantRec(torch.nn.Module):
         return scores + 1e-3 * dense_features.mean()
 
 
+def tiny_manifest() -> dict:
+    """The fields of rec.json a server reads, for the tiny model, as export writes them."""
+    return {
+        **io_manifest(len(DENSE), len(SPARSE), NUM_TASKS),
+        "features": {"dense": list(DENSE), "sparse": list(SPARSE)},
+        "num_tasks": NUM_TASKS,
+    }
+
+
 def write_model(
     repo: Path,
     name: str = "rec",
@@ -122,10 +140,10 @@ def write_model(
         num_tasks=NUM_TASKS,
         delay_us=delay_us,
     )
-    (model_dir / "config.pbtxt").write_text(config)
-    manifest = {"features": {"dense": list(DENSE), "sparse": list(SPARSE)}, "num_tasks": NUM_TASKS}
-    (model_dir / "rec.json").write_text(json.dumps(manifest, indent=2))
-    path = model_dir / str(version) / "model.pt"
+    (model_dir / TRITON_CONFIG_FILE).write_text(config)
+    manifest = tiny_manifest()
+    (model_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    path = model_dir / str(version) / FORMATS["torchscript"].file
     # Written beside and renamed, so a polling server never sees half a file.
     tmp = path.with_suffix(".tmp")
     module = BatchVariantRec() if batch_probe == "variant" else TinyRec()
@@ -135,19 +153,13 @@ def write_model(
         probe = {k: v.tolist() for k, v in make_batch(37, seed=11).items()}
         claim = {"dtype": "fp32", "batch_invariant": True, "verified_on": {"model": "a test CPU"}}
         versioned = {**manifest, "dense": claim, "batch_probe": probe}
-        (model_dir / str(version) / "rec.json").write_text(json.dumps(versioned))
+        (model_dir / str(version) / MANIFEST_FILE).write_text(json.dumps(versioned))
     return path
 
 
 def make_batch(batch: int, seed: int) -> dict[str, np.ndarray]:
     """A random request of `batch` rows: ids of any int64 value, some bags empty."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(0, 4, size=(batch, len(SPARSE))).astype(np.int32)
-    return {
-        "dense_features": rng.standard_normal((batch, len(DENSE))).astype(np.float32),
-        "sparse_lengths": lengths,
-        "sparse_values": rng.integers(-(2**62), 2**62, size=int(lengths.sum()), dtype=np.int64),
-    }
+    return random_request(len(DENSE), len(SPARSE), batch, seed)
 
 
 class Reference:
@@ -165,5 +177,4 @@ class Reference:
         return out.numpy()
 
 
-INPUT_NAMES = ("dense_features", "sparse_lengths", "sparse_values")
-DATATYPES = {"dense_features": "FP32", "sparse_lengths": "INT32", "sparse_values": "INT64"}
+DATATYPES = {name: DTYPES[name] for name in INPUT_NAMES}

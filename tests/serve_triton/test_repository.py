@@ -73,7 +73,7 @@ def test_staged_config_is_valid_python_backend_config(tiny_repo, tmp_path):
         (lambda d: shutil.rmtree(d / "1"), "no version directory"),
         (
             lambda d: _edit_manifest(d, lambda m: m["serving"].update(max_batch_size="512")),
-            "rec.json: \"serving.max_batch_size\" must be an integer in [1, 2^30], got '512'",
+            'rec.json: "serving.max_batch_size" must be an integer in [1, 2^30], got "512"',
         ),
         (
             lambda d: (d / "rec.json").write_text(

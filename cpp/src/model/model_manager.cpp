@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "model/aoti_model.h"
 #include "model/batch_probe.h"
+#include "model/repository_layout.h"
 #include "model/torch_model.h"
 
 namespace fs = std::filesystem;
@@ -16,9 +17,6 @@ namespace {
 bool IsNumber(const std::string& s) {
   return !s.empty() && s.size() < 18 && s.find_first_not_of("0123456789") == std::string::npos;
 }
-
-constexpr char kTorchScriptFile[] = "model.pt";
-constexpr char kAotiFile[] = "model.pt2";
 
 bool IsAoti(const std::string& platform) { return platform == "torch_aoti"; }
 
@@ -74,7 +72,7 @@ Status ModelManager::LoadAll() {
     names.push_back(options_.model_name);
   } else {
     for (const auto& e : fs::directory_iterator(options_.repository)) {
-      if (!fs::exists(e.path() / "config.pbtxt")) continue;
+      if (!fs::exists(e.path() / kTritonConfigFile)) continue;
       ModelSpec probe;
       // Other formats (ONNX, Python backend) share the repository; serve TorchScript and
       // AOTInductor packages.
@@ -146,7 +144,7 @@ Status ModelManager::Reload(const std::string& name) {
     const int concurrency = options_.batcher.executor_threads > 0
                                 ? options_.batcher.executor_threads
                                 : entry->spec().instance_count;
-    st = LoadAotiModel(path, (version_dir / "rec.json").string(), entry->spec(), version,
+    st = LoadAotiModel(path, (version_dir / kManifestFile).string(), entry->spec(), version,
                        concurrency, &runner);
   } else {
     st = LoadTorchModel(path, entry->spec(), version, &runner);
@@ -173,7 +171,7 @@ Status ModelManager::Reload(const std::string& name) {
 
 Status ModelManager::ProbeBatching(ModelEntry* entry, const std::string& version, Runner* runner) {
   BatchProbe probe;
-  const std::string manifest = entry->dir() + "/" + version + "/rec.json";
+  const std::string manifest = entry->dir() + "/" + version + "/" + kManifestFile;
   REC_RETURN_IF_ERROR(ReadBatchProbe(manifest, entry->spec(), &probe));
   if (!probe.present) return Status::Ok();
   double diff = 0;

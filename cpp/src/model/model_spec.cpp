@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "model/repository_layout.h"
 #include "model_config.pb.h"
 
 namespace rec {
@@ -99,15 +100,30 @@ Status CheckServable(const ModelSpec& spec) {
   return Status::Ok();
 }
 
+// Every refusal of a malformed rec.json field is worded as rec/contract/manifest.py words it:
+// `<source>: "<field>" must be <what>, got <value>` (tests/core/test_manifest.py feeds both the
+// same files).
+Status BadField(const ModelSpec& spec, const std::string& source, const std::string& field,
+                const std::string& want, const nlohmann::json* got) {
+  return InvalidArgument("model '" + spec.name + "': " + source + ": \"" + field + "\" must be " +
+                         want + ", got " + (got ? got->dump() : std::string("none")));
+}
+
+bool IsStringList(const nlohmann::json& v) {
+  if (!v.is_array()) return false;
+  for (const auto& x : v) {
+    if (!x.is_string()) return false;
+  }
+  return true;
+}
+
 // A config with max_batch_size 0 (export.triton_batching: none) says nothing about batching:
 // Triton cannot batch it. rec.json's "serving" (written by `rec export` whatever the form)
 // gives the limit and the batching window, and rec.json's presence vouches that the model's
 // I/O concatenates along dim 0 (DESIGN.md), so the server batches it like the ragged form.
 // Without "serving" (an older manifest) the model stays one request per forward.
 Status ApplyServing(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
-  if (!spec->config || spec->config->max_batch_size() > 0 || !manifest.contains("serving")) {
-    return Status::Ok();
-  }
+  if (!manifest.contains("serving")) return Status::Ok();
   const nlohmann::json& serving = manifest["serving"];
   auto bad = [&](const std::string& key, const std::string& want) {
     std::string got = serving.is_object() && serving.contains(key) ? serving[key].dump() : "none";
@@ -147,6 +163,8 @@ Status ApplyServing(const nlohmann::json& manifest, const std::string& source, M
       preferred.push_back(size.get<int64_t>());
     }
   }
+  // Checked whatever the form (rec/contract/manifest.py does too); applied to the `none` form.
+  if (!spec->config || spec->config->max_batch_size() > 0) return Status::Ok();
   spec->max_batch_size = max_batch_size;
   spec->max_queue_delay_us = delay_us;
   spec->preferred_batch_sizes = std::move(preferred);
@@ -188,7 +206,7 @@ Status ApplyFeatureSpec(const nlohmann::json& manifest, const std::string& sourc
     return InvalidArgument("model '" + spec->name + "': " + source + ": feature_spec" + problem);
   };
   const nlohmann::json& fs = *it;
-  if (!fs.is_object()) return bad(" must be an object, got " + fs.dump());
+  if (!fs.is_object()) return BadField(*spec, source, "feature_spec", "an object or null", &fs);
   REC_RETURN_IF_ERROR(CheckHash(fs.contains("hash") ? fs["hash"] : nlohmann::json(), bad));
   if (!fs.contains("sparse") || !fs["sparse"].is_array()) return bad(".sparse must be a list");
   const nlohmann::json& sparse = fs["sparse"];
@@ -224,28 +242,102 @@ Status ApplyFeatureSpec(const nlohmann::json& manifest, const std::string& sourc
   return Status::Ok();
 }
 
-Status ApplyManifest(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
-  REC_RETURN_IF_ERROR(ApplyServing(manifest, source, spec));
+// features.dense / features.sparse and num_tasks: optional for a foreign model, checked if given.
+Status ApplyNames(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
   if (manifest.contains("features")) {
-    const auto& f = manifest["features"];
-    if (f.contains("dense")) spec->dense_feature_names = f["dense"].get<std::vector<std::string>>();
-    if (f.contains("sparse")) {
-      spec->sparse_feature_names = f["sparse"].get<std::vector<std::string>>();
+    const nlohmann::json& f = manifest["features"];
+    for (const char* key : {"dense", "sparse"}) {
+      const nlohmann::json* names = f.is_object() && f.contains(key) ? &f[key] : nullptr;
+      if (!names || !IsStringList(*names)) {
+        return BadField(*spec, source, std::string("features.") + key, "a list of strings", names);
+      }
+      auto& out =
+          std::string(key) == "dense" ? spec->dense_feature_names : spec->sparse_feature_names;
+      out = names->get<std::vector<std::string>>();
     }
   }
-  if (manifest.contains("num_tasks")) spec->num_tasks = manifest["num_tasks"].get<int64_t>();
-  auto expect = [&](const std::string& input, size_t n, const char* what) -> Status {
-    int i = FindInput(*spec, input);
+  if (manifest.contains("num_tasks")) {
+    const nlohmann::json& n = manifest["num_tasks"];
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > (int64_t{1} << 30)) {
+      return BadField(*spec, source, "num_tasks", "an integer in [1, 2^30]", &n);
+    }
+    spec->num_tasks = n.get<int64_t>();
+  }
+  return Status::Ok();
+}
+
+// rec.json's "inputs" name each input's role (dense, lengths, values): the jagged pair is taken
+// from the roles, not guessed from dtype and rank. A manifest without roles keeps the guess.
+Status ApplyRoles(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
+  if (!manifest.contains("inputs")) return Status::Ok();
+  const nlohmann::json& inputs = manifest["inputs"];
+  if (!inputs.is_array()) {
+    return BadField(*spec, source, "inputs", "a list of {name, role} objects", &inputs);
+  }
+  int lengths = -1, values = -1;
+  bool seen_dense = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const nlohmann::json& entry = inputs[i];
+    const std::string where = "inputs[" + std::to_string(i) + "]";
+    const nlohmann::json* name =
+        entry.is_object() && entry.contains("name") ? &entry["name"] : nullptr;
+    if (!name || !name->is_string())
+      return BadField(*spec, source, where + ".name", "a string", name);
+    if (!entry.contains("role")) continue;
+    const nlohmann::json& role = entry["role"];
+    const std::string want = "one of dense, lengths, values, each once";
+    if (!role.is_string()) return BadField(*spec, source, where + ".role", want, &role);
+    const std::string r = role.get<std::string>();
+    int* slot = r == "lengths" ? &lengths : r == "values" ? &values : nullptr;
+    if ((r != "dense" && !slot) || (slot && *slot >= 0) || (r == "dense" && seen_dense)) {
+      return BadField(*spec, source, where + ".role", want, &role);
+    }
+    if (r == "dense") {
+      seen_dense = true;
+      continue;
+    }
+    const int index = FindInput(*spec, name->get<std::string>());
+    if (index < 0) {
+      return BadField(*spec, source, where + ".name", "an input of config.pbtxt", name);
+    }
+    const IoSpec& io = spec->inputs[index];
+    const bool fits = r == "lengths"
+                          ? !io.ragged && io.dtype == DataType::kInt32 && io.dims.size() == 1
+                          : io.ragged && io.dtype == DataType::kInt64;
+    if (!fits) {
+      return BadField(*spec, source, where + ".role",
+                      r == "lengths" ? "lengths only for an INT32 [F] input of config.pbtxt"
+                                     : "values only for a ragged INT64 input of config.pbtxt",
+                      &role);
+    }
+    *slot = index;
+  }
+  if ((lengths >= 0) != (values >= 0)) {
+    return BadField(*spec, source, "inputs", "roles with both lengths and values", &inputs);
+  }
+  if (lengths >= 0) {
+    spec->lengths_input = lengths;
+    spec->values_input = values;
+  }
+  return Status::Ok();
+}
+
+Status ApplyManifest(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
+  REC_RETURN_IF_ERROR(ApplyServing(manifest, source, spec));
+  REC_RETURN_IF_ERROR(ApplyNames(manifest, source, spec));
+  REC_RETURN_IF_ERROR(ApplyRoles(manifest, source, spec));
+  auto expect = [&](int i, size_t n, const char* what) -> Status {
     if (i < 0 || n == 0 || spec->inputs[i].dims.size() != 1) return Status::Ok();
     if (spec->inputs[i].dims[0] != static_cast<int64_t>(n)) {
       return InvalidArgument("model '" + spec->name + "': rec.json lists " + std::to_string(n) +
-                             " " + what + " features but config.pbtxt gives input '" + input +
-                             "' dims " + ShapeString(spec->inputs[i].dims));
+                             " " + what + " features but config.pbtxt gives input '" +
+                             spec->inputs[i].name + "' dims " + ShapeString(spec->inputs[i].dims));
     }
     return Status::Ok();
   };
-  REC_RETURN_IF_ERROR(expect("dense_features", spec->dense_feature_names.size(), "dense"));
-  REC_RETURN_IF_ERROR(expect("sparse_lengths", spec->sparse_feature_names.size(), "sparse"));
+  REC_RETURN_IF_ERROR(
+      expect(FindInput(*spec, "dense_features"), spec->dense_feature_names.size(), "dense"));
+  REC_RETURN_IF_ERROR(expect(spec->lengths_input, spec->sparse_feature_names.size(), "sparse"));
   if (spec->num_tasks > 0 && spec->outputs.size() == 1 && spec->outputs[0].dims.size() == 1 &&
       spec->outputs[0].dims[0] != spec->num_tasks) {
     return InvalidArgument("model '" + spec->name + "': rec.json num_tasks " +
@@ -324,10 +416,10 @@ Status ApplyManifestText(const std::string& manifest_text, const std::string& so
 
 Status LoadModelSpec(const std::string& model_dir, const std::string& model_name, ModelSpec* spec) {
   std::string text;
-  REC_RETURN_IF_ERROR(ReadFile(model_dir + "/config.pbtxt", &text));
+  REC_RETURN_IF_ERROR(ReadFile(model_dir + "/" + kTritonConfigFile, &text));
   REC_RETURN_IF_ERROR(ParseModelSpec(text, model_name, spec));
   std::string manifest_text;
-  const std::string manifest_path = model_dir + "/rec.json";
+  const std::string manifest_path = model_dir + "/" + kManifestFile;
   if (!ReadFile(manifest_path, &manifest_text).ok()) return Status::Ok();
   return ApplyManifestText(manifest_text, manifest_path, spec);
 }

@@ -1,5 +1,4 @@
-"""Contract 2's facts in one place: the served model's inputs and output, and the embedding
-dtypes a table may be stored in. Every format, server, client and check reads them from here.
+"""The served model's inputs and output, and the embedding dtypes a table may be stored in.
 
 The model's I/O (DESIGN.md's table; every format, both servers):
 
@@ -11,9 +10,12 @@ The model's I/O (DESIGN.md's table; every format, both servers):
 A request may carry `sparse_strings` (BYTES [N], tokens) in place of `sparse_values`: the
 servers map them to ids with the model's feature spec; it is not an input of the model itself.
 
+Each input has a role (dense, lengths, values): rec.json records it beside the name, so a
+reader (rec-server among them) finds each input by what it is, not by its dtype and rank.
+
 Example:
     >>> io_manifest(13, 26, 1)["inputs"][2]
-    {'name': 'sparse_values', 'dtype': 'INT64', 'shape': [-1]}
+    {'name': 'sparse_values', 'role': 'values', 'dtype': 'INT64', 'shape': [-1]}
     >>> EMBEDDING_DTYPES["int4"].bytes_per_row(64)
     36.0
 """
@@ -28,13 +30,26 @@ INPUT_NAMES = (DENSE, LENGTHS, VALUES)
 OUTPUT_NAME = SCORES
 # Triton's / KServe's dtype names (config.pbtxt writes them as TYPE_<name>).
 DTYPES = {DENSE: "FP32", LENGTHS: "INT32", VALUES: "INT64", STRINGS: "BYTES", SCORES: "FP32"}
+# What each input is, as rec.json's "inputs" name it ("role").
+ROLES = {DENSE: "dense", LENGTHS: "lengths", VALUES: "values"}
+# numpy's dtype of each Triton dtype the I/O uses (tritonclient takes and returns numpy arrays).
+NUMPY_DTYPES = {"FP32": "float32", "INT32": "int32", "INT64": "int64", "BYTES": "object"}
+
+
+def triton_dtype(name: str) -> str:
+    """config.pbtxt's data_type of an input or output: TYPE_FP32, ... (BYTES is TYPE_STRING)."""
+    dtype = DTYPES[name]
+    return "TYPE_STRING" if dtype == "BYTES" else f"TYPE_{dtype}"
 
 
 def io_manifest(num_dense: int, num_sparse: int, num_tasks: int) -> dict[str, list[dict]]:
     """rec.json's "inputs" and "outputs": name, dtype and shape (-1: any size)."""
     shapes = {DENSE: [-1, num_dense], LENGTHS: [-1, num_sparse], VALUES: [-1]}
     return {
-        "inputs": [{"name": n, "dtype": DTYPES[n], "shape": shapes[n]} for n in INPUT_NAMES],
+        "inputs": [
+            {"name": n, "role": ROLES[n], "dtype": DTYPES[n], "shape": shapes[n]}
+            for n in INPUT_NAMES
+        ],
         "outputs": [{"name": SCORES, "dtype": DTYPES[SCORES], "shape": [-1, num_tasks]}],
     }
 

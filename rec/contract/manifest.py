@@ -1,0 +1,159 @@
+"""rec.json, the model repository's manifest: its keys, and the one reader that checks them.
+
+Export writes it (rec.export.pipeline); `rec serve`, rec's Triton model, the batch probe, the
+benchmarks and the tests read it here. rec-server reads the same fields in C++
+(cpp/src/model/model_spec.cpp) and words each refusal the same way, naming the field:
+`<file>: "serving.max_batch_size" must be an integer in [1, 2^30], got "lots"`. A shared test
+(tests/core/test_manifest.py) feeds both readers the same malformed files.
+
+The fields a server needs (the rest, such as "source", "tables" and "verification", describe the
+export and are not checked here):
+
+    features.dense, features.sparse   names, in the column order of dense_features / sparse_lengths
+    num_tasks                         columns of `scores`
+    inputs                            [{name, role, dtype, shape}]; role: dense, lengths or values
+    serving                           max_batch_size, max_queue_delay_us, preferred_batch_sizes
+    feature_spec                      rec.features' spec (sparse encodings, hash), or null
+
+Example:
+    >>> m = parse_manifest({"features": {"dense": ["d0"], "sparse": ["s0"]}, "num_tasks": 1})
+    >>> m.sparse_names, m.serving_max_batch_size
+    (('s0',), 0)
+    >>> try:
+    ...     parse_manifest({"features": {"dense": [], "sparse": []}, "num_tasks": 0}, "rec.json")
+    ... except ManifestError as e:
+    ...     print(e)
+    rec.json: "num_tasks" must be an integer in [1, 2^30], got 0
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rec.contract.io import ROLES
+
+_MAX = 1 << 30  # rec-server's bound on batch sizes and delays
+ROLE_NAMES = tuple(ROLES.values())
+
+
+class ManifestError(ValueError):
+    """rec.json is malformed; `field` is the dotted key at fault ("serving.max_batch_size")."""
+
+    def __init__(self, source: str, key: str, want: str, got: Any) -> None:
+        self.field = key
+        # JSON as rec-server prints it (nlohmann's dump: keys sorted, no spaces), so both
+        # readers give the same sentence for the same file.
+        shown = (
+            "none" if got is _MISSING else json.dumps(got, sort_keys=True, separators=(",", ":"))
+        )
+        super().__init__(f'{source}: "{key}" must be {want}, got {shown}')
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The fields of rec.json a server needs, checked."""
+
+    dense_names: tuple[str, ...]
+    sparse_names: tuple[str, ...]
+    num_tasks: int
+    roles: dict[str, str] = field(default_factory=dict)
+    """role (dense, lengths, values) -> input name; {} for a manifest written before roles."""
+    serving: dict[str, Any] = field(default_factory=dict)
+    """max_batch_size, max_queue_delay_us, preferred_batch_sizes; {} when absent."""
+    feature_spec: dict | None = None
+    data: dict = field(default_factory=dict, repr=False)
+    """The whole manifest, for the fields that describe the export."""
+
+    @property
+    def serving_max_batch_size(self) -> int:
+        """serving.max_batch_size, 0 when rec.json has no "serving"."""
+        return int(self.serving.get("max_batch_size", 0))
+
+
+def _get(obj: dict, key: str) -> Any:
+    return obj.get(key, _MISSING) if isinstance(obj, dict) else _MISSING
+
+
+def _integer(value: Any, low: int, high: int = _MAX) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _names(data: dict, source: str, key: str) -> tuple[str, ...]:
+    value = _get(_get(data, "features"), key)
+    if not (isinstance(value, list) and all(isinstance(n, str) for n in value)):
+        raise ManifestError(source, f"features.{key}", "a list of strings", value)
+    return tuple(value)
+
+
+def _roles(data: dict, source: str) -> dict[str, str]:
+    inputs = _get(data, "inputs")
+    if inputs is _MISSING:
+        return {}
+    if not isinstance(inputs, list):
+        raise ManifestError(source, "inputs", "a list of {name, role} objects", inputs)
+    roles: dict[str, str] = {}
+    for i, entry in enumerate(inputs):
+        name, role = _get(entry, "name"), _get(entry, "role")
+        if not isinstance(name, str):
+            raise ManifestError(source, f"inputs[{i}].name", "a string", name)
+        if role is _MISSING:
+            continue
+        if role not in ROLE_NAMES or role in roles:
+            want = f"one of {', '.join(ROLE_NAMES)}, each once"
+            raise ManifestError(source, f"inputs[{i}].role", want, role)
+        roles[role] = name
+    if ("lengths" in roles) != ("values" in roles):
+        raise ManifestError(source, "inputs", "roles with both lengths and values", inputs)
+    return roles
+
+
+def _serving(data: dict, source: str) -> dict[str, Any]:
+    serving = _get(data, "serving")
+    if serving is _MISSING:
+        return {}
+    if not isinstance(serving, dict):
+        raise ManifestError(source, "serving", "an object", serving)
+    limit = _get(serving, "max_batch_size")
+    if not _integer(limit, 1):
+        raise ManifestError(source, "serving.max_batch_size", "an integer in [1, 2^30]", limit)
+    delay = serving.get("max_queue_delay_us", 0)
+    if not _integer(delay, 0):
+        raise ManifestError(source, "serving.max_queue_delay_us", "an integer in [0, 2^30]", delay)
+    sizes = serving.get("preferred_batch_sizes", [])
+    if not (isinstance(sizes, list) and all(_integer(s, 1, limit) for s in sizes)):
+        want = f"a list of integers in [1, max_batch_size={limit}]"
+        raise ManifestError(source, "serving.preferred_batch_sizes", want, sizes)
+    return {"max_batch_size": limit, "max_queue_delay_us": delay, "preferred_batch_sizes": sizes}
+
+
+def parse_manifest(data: Any, source: str = "rec.json") -> Manifest:
+    """Checks a loaded rec.json; ManifestError names the first bad field."""
+    if not isinstance(data, dict):
+        raise ManifestError(source, "(top level)", "a JSON object", data)
+    dense, sparse = _names(data, source, "dense"), _names(data, source, "sparse")
+    num_tasks = _get(data, "num_tasks")
+    if not _integer(num_tasks, 1):
+        raise ManifestError(source, "num_tasks", "an integer in [1, 2^30]", num_tasks)
+    spec = data.get("feature_spec")
+    if spec is not None and not isinstance(spec, dict):
+        raise ManifestError(source, "feature_spec", "an object or null", spec)
+    return Manifest(dense, sparse, num_tasks, _roles(data, source), _serving(data, source),
+                    spec, data)  # fmt: skip
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Reads and checks the rec.json at `path`; ManifestError when it is not JSON or a field is
+    malformed, FileNotFoundError when it is missing."""
+    path = Path(path)
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(str(path), "(top level)", f"JSON ({e})", text[:40]) from None
+    return parse_manifest(data, str(path))
