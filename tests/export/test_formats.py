@@ -1,5 +1,6 @@
 """Export formats as plug-ins (rec.export.formats): the registry, and a fourth format added as
-one module, exported end to end without touching any other file."""
+its entry in the contract's table (rec.contract.formats) and one plug-in module, exported end to
+end without touching any other file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from rec.config import ConfigError, config_from_dict
+from rec.contract import formats as contract_formats
+from rec.contract.formats import FormatSpec
 from rec.export import formats
 from rec.export.pipeline import export_run
 from tests.export.conftest import tiny_dict
@@ -19,6 +22,7 @@ from tests.export.conftest import tiny_dict
 # A whole format, as a user would add one: it reuses TorchScript's builder into its own file
 # name, records a check of its own and writes its own config.pbtxt platform.
 TOY = """
+from rec.contract import FORMATS
 from rec.export.formats import Format
 from rec.export.formats import torchscript
 
@@ -33,8 +37,7 @@ def verify(built, checks):
 
 
 FORMAT = Format(
-    name="toy", title="Toy", file="model.toy", platform="rec_toy",
-    load_requires="what TorchScript needs", build=build, verify=verify, order=9,
+    spec=FORMATS["toy"], load_requires="what TorchScript needs", build=build, verify=verify
 )
 """
 
@@ -44,6 +47,8 @@ def toy_format(tmp_path, monkeypatch):
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     (plugins / "toy.py").write_text(textwrap.dedent(TOY))
+    toy = FormatSpec("toy", "Toy", "model.toy", "rec_toy", order=9)
+    monkeypatch.setitem(contract_formats.FORMATS, "toy", toy)
     monkeypatch.setattr(formats, "__path__", [*formats.__path__, str(plugins)])
     yield formats.get("toy")
     sys.modules.pop("rec.export.formats.toy", None)
@@ -97,3 +102,19 @@ def test_a_fourth_format_is_one_module(toy_format, seeded_run, tmp_path):
         (repo / "rec_toy" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
     )
     assert (config.name, config.platform) == ("rec_toy", "rec_toy")
+
+
+def test_a_plugin_without_its_entry_in_the_contract_is_refused(tmp_path, monkeypatch):
+    """The contract's table is the one list of formats: a plug-in for a format it does not
+    have would be built by export but unknown to every reader, so the registry refuses it."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    spec = 'from rec.contract.formats import FormatSpec\nSPEC = FormatSpec("toy", "T", "m", "p", 9)'
+    spec += "\n"
+    (plugins / "toy.py").write_text(spec + textwrap.dedent(TOY).replace('FORMATS["toy"]', "SPEC"))
+    monkeypatch.setattr(formats, "__path__", [*formats.__path__, str(plugins)])
+    try:
+        with pytest.raises(TypeError, match=r"do not match the contract's table"):
+            formats.registry()
+    finally:
+        sys.modules.pop("rec.export.formats.toy", None)

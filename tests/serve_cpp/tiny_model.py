@@ -30,6 +30,7 @@ from rec.contract import (
     io_manifest,
     random_request,
 )
+from rec.export.dense import InvariantLinear
 
 DENSE = ("age", "price", "hour", "score")
 SPARSE = ("user", "item", "tags")
@@ -67,10 +68,16 @@ class TinyRec(torch.nn.Module):
         )
         self.tbe.fill_random_weights()
         self.register_buffer("rows", torch.tensor(ROWS, dtype=torch.int64))
+        # rec::linear, as export writes dense layers: a row's scores are the same bits in any
+        # batch on any CPU, so a server's batched answer can be compared with a request scored
+        # alone. nn.Linear's kernels change with the batch size (oneDNN, AMX), and a test that
+        # passed with them passed by luck of its data.
+        first = torch.nn.Linear(len(DENSE) + DIM * len(SPARSE), 16)
+        last = torch.nn.Linear(16, NUM_TASKS)
         self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(len(DENSE) + DIM * len(SPARSE), 16),
+            InvariantLinear(first.weight, first.bias),
             torch.nn.ReLU(),
-            torch.nn.Linear(16, NUM_TASKS),
+            InvariantLinear(last.weight, last.bias),
         )
 
     def forward(
