@@ -20,8 +20,8 @@ so compare the topologies as ratios measured here, not as absolute speeds.
     sudo .venv/bin/python benchmarks/multihost_train.py            # default and Kaggle, ~10 min
     sudo .venv/bin/python benchmarks/multihost_train.py --sizes default
 
-Writes benchmarks/results/multihost_train.json and prints the README table. Large runs belong
-here, never in CI.
+Writes benchmarks/results/multihost_train.json and prints the table of benchmarks/README.md.
+Large runs belong here, never in CI.
 """
 
 from __future__ import annotations

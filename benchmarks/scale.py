@@ -14,9 +14,9 @@ and the server's HTTP throughput. The memory bars of the scale issue are checked
     .venv/bin/python benchmarks/scale.py --sizes default,0.125  # a quick look
 
 Writes benchmarks/results/scale.json (after every size, so a long run keeps what it measured),
-scale_memory.png and scale_time.png, and prints the README table. Runs go to runs/scale/ and
-each size's checkpoint is deleted once measured (--keep keeps them). Large runs belong here,
-never in CI.
+scale_memory.png and scale_time.png, and prints the table of benchmarks/README.md. Runs go to
+runs/scale/ and each size's checkpoint is deleted once measured (--keep keeps them). Large runs
+belong here, never in CI.
 """
 
 from __future__ import annotations
