@@ -26,9 +26,9 @@ from torch import nn
 from rec.config import RecConfig
 from rec.contract import DENSE, INPUT_NAMES, LENGTHS, OUTPUT_NAME, VALUES
 from rec.export.served import ServedModule, flat_lookup, make_head
-from rec.export.stream import BITS, quantize_rows
 from rec.features import feature_spec
 from rec.model import table_rows
+from rec.quantize import BITS, quantize_rows
 
 
 class _TableGroup(nn.Module):

@@ -36,8 +36,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from rec.config import CONCAT_ARCHS, RecConfig
 from rec.contract import INPUT_NAMES, OUTPUT_NAME  # noqa: F401  (the I/O the module has)
 from rec.export.dense import padding_rows
-from rec.export.stream import quantize_rows
 from rec.model import table_rows
+from rec.quantize import quantize_rows
 
 # No `from __future__ import annotations` here: TorchScript reads the annotations at runtime.
 

@@ -20,7 +20,6 @@ from typing import Protocol
 import torch
 
 from rec.config import RecConfig
-from rec.contract import EMBEDDING_DTYPES
 from rec.export.dcp_reader import CheckpointReader
 
 CHECKPOINT_PREFIX = "model.model."
@@ -29,8 +28,6 @@ CHECKPOINT_PREFIX = "model.model."
 # Rows per chunk when export.chunk_rows is 0: 32 MiB of fp32, small against any table worth
 # streaming and large enough that the per-chunk overhead does not show.
 CHUNK_BYTES = 32 << 20
-BITS = {name: d.bits for name, d in EMBEDDING_DTYPES.items() if d.rowwise}
-"""Bits per value of the rowwise-quantized dtypes."""
 
 Log = Callable[[str], None]
 
@@ -40,19 +37,6 @@ class TableSink(Protocol):
 
     def write(self, table: str, start: int, rows: torch.Tensor) -> None:
         """`rows` [n, dim] fp32 are rows [start, start + n) of `table`; not kept by the caller."""
-
-
-def quantize_rows(rows: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """FBGEMM's storage of rows: (codes uint8 [n, bytes], scale_bias uint8 [n, 4]) for int8/int4
-    (rowwise, fp16 scale and bias), (the values as uint8 bytes, None) for fp16/fp32. Exactly what
-    TorchRec's `quantize_state_dict` computes for a whole table."""
-    rows = rows.float().contiguous()
-    if dtype == "fp32":
-        return rows.view(torch.uint8), None
-    if dtype == "fp16":
-        return rows.half().view(torch.uint8), None
-    fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(rows, BITS[dtype])
-    return fused[:, :-4], fused[:, -4:]
 
 
 def chunk_rows_for(dim: int, configured: int) -> int:

@@ -24,6 +24,8 @@ import yaml
 
 from rec.contract import EMBEDDING_DTYPES
 from rec.contract import formats as contract_formats
+from rec.contract.updates import UpdateError
+from rec.contract.updates import parse_url as parse_update_url
 
 DENSE_TRANSFORMS = ("identity", "log1p")
 """What features.transforms may name; rec.features implements them."""
@@ -625,6 +627,42 @@ class ExportConfig:
 
 
 @dataclass
+class PublishConfig:
+    """Trained rows published to the update log while training runs (rec.contract.updates)."""
+
+    url: str = ""
+    """redis://HOST:PORT[/STREAM]: where `rec train` publishes the rows each step changed, for
+    serving replicas to apply (`rec-server --updates`). Empty: publish nothing. `rec train
+    --publish URL` sets it."""
+    every_steps: int = 0
+    """Publish after this many steps; 0: by time only."""
+    every_seconds: float = 2.0
+    """Publish when this long has passed since the last publish; 0: by steps only."""
+    max_pending: int = 32
+    """Publishes read from the tables and not yet acknowledged by the broker that a rank may hold
+    (the broker is slow or down) before its training waits for them: none is ever dropped."""
+    drain_timeout_s: float = 120.0
+    """At the end of training, how long to wait for the broker to take what is pending before
+    failing the run."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
+               f"publish.every_steps={self.every_steps!r} must be an integer >= 0")  # fmt: skip
+        _check(self.every_seconds >= 0,
+               f"publish.every_seconds={self.every_seconds!r} must be >= 0")  # fmt: skip
+        _check(self.every_steps > 0 or self.every_seconds > 0,
+               "publish.every_steps and publish.every_seconds are both 0: nothing would ever "
+               "be published")  # fmt: skip
+        _positive("publish.max_pending", self.max_pending)
+        _positive("publish.drain_timeout_s", self.drain_timeout_s)
+        if self.url:
+            try:
+                parse_update_url(self.url)
+            except UpdateError as e:
+                raise ConfigError(f"publish.url: {e}") from e
+
+
+@dataclass
 class RecConfig:
     """Everything a run needs; saved into the run directory as config.yaml."""
 
@@ -636,6 +674,7 @@ class RecConfig:
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
 
     def __post_init__(self) -> None:
         _check(len(self.tables) > 0, "tables: at least one embedding table is needed")

@@ -3,6 +3,7 @@
     <run>/config.yaml, plan.json, metrics.jsonl
     <run>/checkpoints/step_<N>/   .metadata, __<rank>_0.distcp, meta.json, COMMITTED (last)
     <run>/checkpoints/LATEST      name of the newest committed step dir
+    <run>/publish.json            with --publish: the run's id and the publisher's generation
 
 Both `rec train --resume` and `rec export` read checkpoints through this module, so a torn
 step directory (no COMMITTED) is ignored by both in the same way. The writer is here too
@@ -32,6 +33,8 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "LATEST"
 COMMITTED_FILE = "COMMITTED"
 META_FILE = "meta.json"
+# The update log publisher's run id and generation (rec.train.publish).
+PUBLISH_FILE = "publish.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 

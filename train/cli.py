@@ -43,14 +43,22 @@ import click
     show_default=True,
     help="Restarts of all ranks after a rank fails; each resumes from LATEST.",
 )
-def train_command(config, run_dir, nproc, resume, max_restarts) -> None:
+@click.option(
+    "--publish",
+    metavar="URL",
+    default=None,
+    help="Publish the rows each step changed to this update log (redis://HOST:PORT[/STREAM]) "
+    "for serving replicas to apply; sets publish.url.",
+)
+def train_command(config, run_dir, nproc, resume, max_restarts, publish) -> None:
     """Train with TorchRec DistributedModelParallel on NPROC local ranks."""
+    from rec.config import ConfigError
     from rec.train.launch import TrainingFailedError, train
 
     try:
         run = train(config, resume or run_dir, nproc, resume=resume is not None,
-                    max_restarts=max_restarts)  # fmt: skip
-    except TrainingFailedError as e:
+                    max_restarts=max_restarts, publish=publish)  # fmt: skip
+    except (TrainingFailedError, ConfigError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"run directory: {run}")
 

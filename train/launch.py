@@ -62,7 +62,8 @@ def prepare_run_dir(cfg: RecConfig | None, run: Path, resume: bool) -> RecConfig
     return cfg
 
 
-def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0) -> None:
+def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
+           publish: str | None = None) -> None:  # fmt: skip
     """Runs `python -m rec.train.worker` on `nproc` local ranks and waits for them."""
     config = LaunchConfig(
         min_nodes=1,
@@ -80,6 +81,8 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0) -> None:
     args = ["-m", "rec.train.worker", "--run-dir", str(run)]
     if resume:
         args.append("--resume")
+    if publish is not None:
+        args += ["--publish", publish]
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
     except ChildFailedError as e:
@@ -108,12 +111,15 @@ def train(
     nproc: int,
     resume: bool = False,
     max_restarts: int = 0,
+    publish: str | None = None,
 ) -> Path:
     """The library function behind `rec train`. Returns the run directory."""
     if resume and run is None:
         raise run_dir.RunDirError("--resume needs the run directory to continue")
     run = run or default_run_dir()
     cfg = None if resume else load_config(config)
+    if cfg is not None and publish is not None:
+        cfg = load_config(config, {"publish": {"url": publish}})
     if cfg is not None:  # before the run directory is made: a refused run leaves nothing
         factory.check(cfg)
         resources.check_training(cfg, nproc, run)
@@ -126,5 +132,7 @@ def train(
         factory.check(cfg)
         resources.check_training(cfg, nproc, run, resume=True)
         check_plan_fits(cfg, nproc)
-    launch(run, nproc, resume, max_restarts)
+    if resume and publish is not None:
+        load_config(run / run_dir.CONFIG_FILE, {"publish": {"url": publish}})  # checks the URL
+    launch(run, nproc, resume, max_restarts, publish if resume else None)
     return run

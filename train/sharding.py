@@ -24,7 +24,7 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Stats
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
-from rec.config import SEQUENCE_SHARDING_TYPES, ConfigError, RecConfig
+from rec.config import SEQUENCE_SHARDING_TYPES, SHARDING_TYPES, ConfigError, RecConfig
 
 GiB = 1024**3
 # The planner warns on every directly built Topology and on dry-run size estimates; neither
@@ -104,7 +104,29 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
             out[table].pooling_factors = [float(c.pooling_factor)] * len(features)
         if not c.sharding_types and stocks[kind[table]] is not None:
             out[table].sharding_types = list(stocks[kind[table]])
+    if cfg.publish.url:
+        _keep_whole_rows(cfg, out)
     return out
+
+
+PUBLISHABLE_SHARDING_TYPES = ("table_wise", "row_wise", "table_row_wise")
+"""Sharding types whose shards hold whole rows, so a rank can quantize its rows alone."""
+
+
+def _keep_whole_rows(cfg: RecConfig, constraints: dict[str, ParameterConstraints]) -> None:
+    """Publishing the rows a step changed (rec.train.publish) needs every table's shards to hold
+    whole rows: the sharding types are cut to those, and a table allowed none of them is an
+    error that names it."""
+    for t in cfg.tables:
+        c = constraints.setdefault(t.name, ParameterConstraints())
+        allowed = c.sharding_types or list(SHARDING_TYPES)
+        kept = [s for s in allowed if s in PUBLISHABLE_SHARDING_TYPES]
+        if not kept:
+            raise ConfigError(
+                f"table {t.name!r} may only be sharded {allowed}; publish.url needs whole rows on "
+                f"each rank ({', '.join(PUBLISHABLE_SHARDING_TYPES)})"
+            )
+        c.sharding_types = kept
 
 
 class OrderedEnumerator(EmbeddingEnumerator):

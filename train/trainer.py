@@ -26,7 +26,7 @@ from rec.config import RecConfig
 from rec.data import make_source
 from rec.data.source import empty_rows
 from rec.model import TrainModel, build_model, embedding_modules, table_rows
-from rec.train import plan_stats, sharding
+from rec.train import plan_stats, publish, sharding
 from rec.train.checkpoint import Checkpointer
 from rec.train.distributed import (
     DistContext,
@@ -97,6 +97,9 @@ class Trainer:
             plan=plan,
             sharders=sharders,  # type: ignore[arg-type]
         )
+        if cfg.publish.url:  # before the pipeline wraps the model: it records every lookup
+            self.dmp.init_torchrec_delta_tracker(publish.tracker_config())
+        self.publisher: publish.UpdatePublisher | None = None
         self.optimizer = make_optimizer(self.dmp, cfg.training)
         pipeline_cls = (
             TrainPipelineSparseDist if cfg.training.pipeline == "sparse_dist" else TrainPipelineBase
@@ -116,6 +119,16 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "train": {**self.pos.as_tensors(), "rng": torch.get_rng_state()},
         }
+
+    def start_publishing(self) -> None:
+        """After any resume: the publisher reads its shards' weights as they are now."""
+        ident = [publish.next_identity(self.run) if self.ctx.is_main else None]
+        dist.broadcast_object_list(ident, src=0)
+        self.publisher = publish.UpdatePublisher(self.cfg, self.dmp, self.ctx.rank,
+                                                 self.ctx.world_size, ident[0], log)  # fmt: skip
+        if self.ctx.is_main:
+            log(f"publishing changed rows to {self.publisher.url} (run {ident[0].run}, "
+                f"generation {ident[0].gen})")  # fmt: skip
 
     def resume(self, step_dir: Path) -> None:
         """Loads a checkpoint written at any world size into this (re)sharded model."""
@@ -255,6 +268,12 @@ class Trainer:
                 self.save(metrics, complete=last)
             if progress:
                 progress.pause(time.perf_counter() - t0)
+        if self.publisher is not None:
+            self.publisher.close(self.pos.step)
+            if self.ctx.is_main:
+                pub = self.publisher
+                log(f"published to {pub.url}: {pub.published_rows} rows from rank 0, "
+                    f"{pub.publish_seconds:.2f} s of its training time")  # fmt: skip
         self._report_memory(progress)
         self._report_steps(progress)
         if progress:
@@ -295,6 +314,8 @@ class Trainer:
                 return
             self.pos.epoch, self.pos.offset = positions.popleft()
             self.pos.step += 1
+            if self.publisher is not None:
+                self.publisher.after_step(self.pos.step)
             spent += self.step_profiler.after(self.pos.step)
             if progress and spent:
                 progress.pause(spent)
@@ -343,6 +364,8 @@ def run_training(cfg: RecConfig, run: Path, resume: bool) -> dict[str, float]:
     latest = _resume_point(run, resume or ctx.attempt > 1)
     if latest is not None:
         trainer.resume(latest)
+    if cfg.publish.url:
+        trainer.start_publishing()
     metrics = trainer.fit()
     if ctx.is_main:
         curve = plot_metrics(run / run_dir.METRICS_FILE, run / "training_curve.png")

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=None,
                         help="YAML config; default: the run directory's config.yaml")  # fmt: skip
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--publish", default=None, help="publish.url for this start")
     args = parser.parse_args(argv)
 
     _quiet_known_noise()
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     if not saved.is_file() and os.environ.get("RANK", "0") == "0":
         args.run_dir.mkdir(parents=True, exist_ok=True)
         saved.write_text(cfg.to_yaml())
+    if args.publish is not None:
+        cfg.publish.url = args.publish
     run_training(cfg, args.run_dir, resume=args.resume)
     if dist.is_initialized():
         dist.destroy_process_group()

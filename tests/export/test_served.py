@@ -13,8 +13,8 @@ from rec.config import config_from_dict
 from rec.export import served, torchscript_builder
 from rec.export.dense import Int8Linear, InvariantLinear, PackedLinear, swap_dense
 from rec.export.module import FloatReference, sample_batch, split_requests
-from rec.export.stream import BITS, quantize_rows
 from rec.model import build_model, table_keys, table_rows
+from rec.quantize import BITS, quantize_rows
 from tests.export.conftest import tiny_dict
 from tests.helpers import needs_bf16_cpu
 

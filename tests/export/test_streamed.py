@@ -20,8 +20,9 @@ from rec.export.dcp_reader import CheckpointReader
 from rec.export.load import load_dense, load_run
 from rec.export.module import FloatReference, sample_batch
 from rec.export.pipeline import eval_batches, export_run
-from rec.export.stream import checkpoint_key, quantize_rows, stream_tables
+from rec.export.stream import checkpoint_key, stream_tables
 from rec.model import table_keys, table_rows
+from rec.quantize import quantize_rows
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import REC, REPO, run_rec, write_config
 

@@ -1,0 +1,194 @@
+"""Contract 3, the update log: trained rows on their way from training to every serving replica.
+
+`rec train --publish URL` appends records to a Redis stream; rec-server (`--updates URL`) reads
+the stream from its own cursor and writes the rows into the tables it serves. The log is Redis
+Streams (XADD / XREAD): durable (the broker runs with an append-only file), ordered, and
+re-readable from any entry id, so a replica that restarts, or a new dense version that starts
+from its export's step, replays from where it stands. docs/update-log.md is the prose version.
+
+The URL: `redis://HOST:PORT[/STREAM]`; the stream key defaults to DEFAULT_STREAM. The path names
+the stream, not a database number (a number is refused, so `redis://h:6379/0` fails loudly).
+
+One stream entry is one record, format FORMAT, every field a string or raw bytes:
+
+    format    "rec.updates/1"
+    run       the run's id: the same for every publisher of one training run
+    gen       the publisher's generation: 1 for a fresh run, +1 on every resume. Steps go back on
+              a resume (it restarts at its checkpoint); a replica orders records by (gen, step)
+    rank      the publishing rank, in [0, world)
+    world     the run's world size: a replica's watermark needs a record from every rank
+    step      optimizer steps done when the rows were read (the rows are those of that step)
+    wall_ns   when that step ended, ns since the Unix epoch
+    last      "1" on the last record of this rank's publish at this step, else "0"
+    table     the table's name ("" on a record that only advances the watermark: count 0)
+    dtype     how the rows are stored: int8, int4, fp16 or fp32 (rec.contract.EMBEDDING_DTYPES)
+    dim       the table's embedding dimension
+    count     rows in this record
+    ids       count little-endian int64 row indices into the table, strictly increasing
+    rows      count rows of row_bytes(dim, dtype) bytes each, in `ids` order; a row is its codes
+              then, for int8/int4, its fp16 scale and fp16 bias (rec.quantize.fused_rows): the
+              bytes a full export of that step stores for the row
+
+A rank's rows at one step are one publish: records with that (gen, step) from that rank, the last
+one marked `last`. The ranks own disjoint rows, so a replica's watermark is the smallest
+(gen, step) over the ranks' newest complete publishes: every row trained up to it has arrived.
+
+Example:
+    >>> rec = UpdateRecord("r1", 1, 0, 1, 7, 0, True, "t0", "fp16", 2, (3,), bytes(4))
+    >>> decode(encode(rec)) == rec
+    True
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from rec.contract.io import EMBEDDING_DTYPES
+
+FORMAT = "rec.updates/1"
+DEFAULT_STREAM = "rec:updates"
+FIELDS = ("format", "run", "gen", "rank", "world", "step", "wall_ns", "last", "table", "dtype",
+          "dim", "count", "ids", "rows")  # fmt: skip
+_INT_FIELDS = ("gen", "rank", "world", "step", "wall_ns", "dim", "count")
+_URL = re.compile(r"^redis://(?P<host>[^/:?#\s]+):(?P<port>\d{1,5})(?:/(?P<stream>[^?#\s]*))?$")
+
+
+class UpdateError(ValueError):
+    """A record (or an update URL) is malformed; the message names the field at fault."""
+
+
+@dataclass(frozen=True)
+class UpdateUrl:
+    host: str
+    port: int
+    stream: str
+
+    def __str__(self) -> str:
+        return f"redis://{self.host}:{self.port}/{self.stream}"
+
+
+def parse_url(url: str) -> UpdateUrl:
+    """`redis://HOST:PORT[/STREAM]` -> its parts; UpdateError naming what is wrong."""
+    m = _URL.match(url)
+    if not m:
+        raise UpdateError(f"update log URL {url!r} must look like redis://HOST:PORT[/STREAM]")
+    port = int(m["port"])
+    if not 0 < port < 65536:
+        raise UpdateError(f"update log URL {url!r}: port {port} is not in [1, 65535]")
+    stream = m["stream"] or DEFAULT_STREAM
+    if stream.isdigit():
+        raise UpdateError(
+            f"update log URL {url!r}: the path names the stream, and {stream!r} looks like a "
+            "Redis database number; name the stream (for example /rec:updates)"
+        )
+    return UpdateUrl(m["host"], port, stream)
+
+
+def row_bytes(dim: int, dtype: str) -> int:
+    """Bytes of one row of a `dim`-wide table stored as `dtype`."""
+    size = EMBEDDING_DTYPES[dtype].bytes_per_row(dim)
+    if size != int(size):
+        raise UpdateError(f"a {dtype} row of dim {dim} is not a whole number of bytes")
+    return int(size)
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    run: str
+    gen: int
+    rank: int
+    world: int
+    step: int
+    wall_ns: int
+    last: bool
+    table: str
+    dtype: str
+    dim: int
+    ids: tuple[int, ...]
+    rows: bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """What orders records of one run: (generation, step)."""
+        return (self.gen, self.step)
+
+
+def encode(rec: UpdateRecord) -> dict[str, Any]:
+    """The record's stream-entry fields (what XADD takes)."""
+    return {
+        "format": FORMAT,
+        "run": rec.run,
+        "gen": str(rec.gen),
+        "rank": str(rec.rank),
+        "world": str(rec.world),
+        "step": str(rec.step),
+        "wall_ns": str(rec.wall_ns),
+        "last": "1" if rec.last else "0",
+        "table": rec.table,
+        "dtype": rec.dtype,
+        "dim": str(rec.dim),
+        "count": str(rec.count),
+        "ids": struct.pack(f"<{rec.count}q", *rec.ids),
+        "rows": rec.rows,
+    }
+
+
+def _text(fields: dict[str, bytes], key: str) -> str:
+    if key not in fields:
+        raise UpdateError(f'update record: "{key}" is missing')
+    try:
+        return fields[key].decode()
+    except UnicodeDecodeError as e:
+        raise UpdateError(f'update record: "{key}" is not text') from e
+
+
+def decode(fields: dict[Any, Any]) -> UpdateRecord:
+    """A stream entry's fields (str or bytes keys and values) -> the checked record."""
+    raw = {(k.decode() if isinstance(k, bytes) else k): (v.encode() if isinstance(v, str) else v)
+           for k, v in fields.items()}  # fmt: skip
+    fmt = _text(raw, "format")
+    if fmt != FORMAT:
+        raise UpdateError(f'update record: "format" must be {FORMAT!r}, got {fmt!r}')
+    ints: dict[str, int] = {}
+    for key in _INT_FIELDS:
+        text = _text(raw, key)
+        if not re.fullmatch(r"\d{1,19}", text):
+            raise UpdateError(
+                f'update record: "{key}" must be a non-negative integer, got {text!r}'
+            )
+        ints[key] = int(text)
+    if not 0 <= ints["rank"] < ints["world"]:
+        raise UpdateError(f'update record: "rank" {ints["rank"]} is not in [0, {ints["world"]})')
+    if ints["gen"] < 1:
+        raise UpdateError('update record: "gen" must be at least 1')
+    last = _text(raw, "last")
+    if last not in ("0", "1"):
+        raise UpdateError(f'update record: "last" must be "0" or "1", got {last!r}')
+    dtype, table, count = _text(raw, "dtype"), _text(raw, "table"), ints["count"]
+    if dtype not in EMBEDDING_DTYPES:
+        raise UpdateError(f'update record: "dtype" must be one of {list(EMBEDDING_DTYPES)}, '
+                          f"got {dtype!r}")  # fmt: skip
+    if count and not table:
+        raise UpdateError('update record: "table" is empty but "count" is not 0')
+    ids_raw, rows = raw.get("ids", b""), raw.get("rows", b"")
+    if len(ids_raw) != 8 * count:
+        raise UpdateError(f'update record: "ids" holds {len(ids_raw)} bytes, {count} ids need '
+                          f"{8 * count}")  # fmt: skip
+    want = count * row_bytes(ints["dim"], dtype) if count else 0
+    if len(rows) != want:
+        raise UpdateError(f'update record: "rows" holds {len(rows)} bytes, {count} {dtype} rows '
+                          f"of dim {ints['dim']} need {want}")  # fmt: skip
+    ids = struct.unpack(f"<{count}q", ids_raw)
+    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)) or (ids and ids[0] < 0):
+        raise UpdateError('update record: "ids" must be non-negative and strictly increasing')
+    return UpdateRecord(
+        _text(raw, "run"), ints["gen"], ints["rank"], ints["world"], ints["step"],
+        ints["wall_ns"], last == "1", table, dtype, ints["dim"], ids, rows,
+    )  # fmt: skip

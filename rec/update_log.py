@@ -1,0 +1,107 @@
+"""Reading the update log (rec.contract.updates) in Python, and the reference of applying it.
+
+`read_records` is how tests, benchmarks and the demo look into a stream. `ReplicaState` is the
+rules a replica follows, written once in Python: rec-server's C++ applier is checked against it.
+
+    - records of one rank are applied in log order; a record whose (gen, step) is older than the
+      newest its rank has applied is refused (a watermark going backwards), the same one again
+      is applied again (the publisher re-sends after a broker error: a row is its whole value);
+    - a record for a table the served model lacks, of the wrong dtype or dim, or with ids outside
+      the table, is refused whole and counted, never applied in part;
+    - the watermark is the smallest (gen, step) over the run's ranks of their newest complete
+      publish (`last`), once every rank has completed one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from rec.contract.updates import UpdateError, UpdateRecord, decode, parse_url
+
+
+def read_records(url: str, start: str = "0", count: int = 1000) -> list[tuple[str, UpdateRecord]]:
+    """Every record of the stream at `url` after entry id `start`, as (entry id, record)."""
+    import redis
+
+    where = parse_url(url)
+    client = redis.Redis(host=where.host, port=where.port)
+    out: list[tuple[str, UpdateRecord]] = []
+    try:
+        while True:
+            got = client.xread({where.stream: start}, count=count)
+            if not got:
+                return out
+            for entry_id, fields in got[0][1]:
+                start = entry_id.decode()
+                out.append((start, decode(fields)))
+    finally:
+        client.close()
+
+
+@dataclass(frozen=True)
+class ServedTable:
+    rows: int
+    dim: int
+    dtype: str
+
+
+@dataclass
+class ReplicaState:
+    """What a replica holds after applying records: each table's changed rows (bytes, as stored)
+    and the ranks' progress. `tables`: what the served model has."""
+
+    tables: dict[str, ServedTable]
+    rows: dict[str, dict[int, bytes]] = field(default_factory=dict)
+    rank_version: dict[int, tuple[int, int]] = field(default_factory=dict)
+    complete: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # gen, step, wall_ns
+    world: int = 0
+    refused: Counter = field(default_factory=Counter)
+    applied_rows: int = 0
+
+    def apply(self, rec: UpdateRecord) -> str | None:
+        """Applies `rec`, or returns why it is refused (and counts the reason)."""
+        reason = self._check(rec)
+        if reason is not None:
+            self.refused[reason.split(":")[0]] += 1
+            return reason
+        if rec.count:
+            width = len(rec.rows) // rec.count
+            table = self.rows.setdefault(rec.table, {})
+            for i, row_id in enumerate(rec.ids):
+                table[row_id] = rec.rows[i * width : (i + 1) * width]
+            self.applied_rows += rec.count
+        self.world = rec.world
+        self.rank_version[rec.rank] = rec.version
+        if rec.last:
+            self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
+        return None
+
+    def _check(self, rec: UpdateRecord) -> str | None:
+        seen = self.rank_version.get(rec.rank)
+        if seen is not None and rec.version < seen:
+            return f"backwards: rank {rec.rank} sent {rec.version} after {seen}"
+        if rec.count == 0:
+            return None
+        served = self.tables.get(rec.table)
+        if served is None:
+            return f"unknown table: {rec.table!r} is not in the served model"
+        if (rec.dtype, rec.dim) != (served.dtype, served.dim):
+            return (f"row format: {rec.table!r} is served as {served.dtype} dim {served.dim}, "
+                    f"the record has {rec.dtype} dim {rec.dim}")  # fmt: skip
+        if rec.ids[-1] >= served.rows:
+            return f"id range: id {rec.ids[-1]} is outside {rec.table!r}'s {served.rows} rows"
+        return None
+
+    def watermark(self) -> tuple[int, int, int] | None:
+        """(gen, step, wall_ns) up to which every rank's rows are here, or None before then."""
+        if not self.world or len(self.complete) < self.world:
+            return None
+        return min(self.complete.values())
+
+
+def decode_or_reason(fields: dict) -> UpdateRecord | str:
+    try:
+        return decode(fields)
+    except UpdateError as e:
+        return str(e)

@@ -1,0 +1,143 @@
+"""`rec train --publish`: the rows training changes reach the update log, bit for bit what a full
+export of the same step stores, with a real broker that is killed and restarted mid-run."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+from rec import run_dir
+from rec.broker import RedisBroker, redis_server_path
+from rec.config import ConfigError, config_from_dict
+from rec.contract.updates import parse_url
+from rec.export.dcp_reader import CheckpointReader
+from rec.export.stream import checkpoint_key
+from rec.model import build_model, table_keys
+from rec.quantize import fused_rows
+from rec.update_log import ReplicaState, ServedTable, read_records
+from tests.helpers import REC, TINY, write_config
+
+needs_redis = pytest.mark.skipif(
+    redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
+)
+DTYPES = {"t2": "fp16", "t3": "int4"}  # the rest int8: every rowwise and plain storage
+STEPS = 120
+
+
+def _config(url: str) -> dict:
+    cfg = copy.deepcopy(TINY)
+    cfg["tables"] = cfg["tables"][:4]
+    cfg["training"].update(steps=STEPS, eval_every=60)
+    cfg["checkpoint"] = {"every_steps": 60, "keep_last": 3}
+    cfg["sharding"] = {"constraints": {"t1": {"sharding_types": ["row_wise"]}}}
+    cfg["export"] = {"table_dtypes": DTYPES}
+    cfg["publish"] = {"url": url, "every_steps": 4, "every_seconds": 0}
+    return cfg
+
+
+def _exported_rows(step_dir, cfg, table: str) -> torch.Tensor:
+    """The table as a full export of `step_dir` stores it: uint8 [rows, row bytes]."""
+    model_cfg = config_from_dict(cfg)
+    key = checkpoint_key(table_keys(build_model(model_cfg, "meta"))[table])
+    rows = CheckpointReader(step_dir).read_rows(key, 0, model_cfg_rows(model_cfg, table))
+    return fused_rows(rows, DTYPES.get(table, "int8"))
+
+
+def model_cfg_rows(cfg, table: str) -> int:
+    return next(t.rows for t in cfg.tables if t.name == table)
+
+
+@needs_redis
+def test_published_rows_equal_the_export_of_the_same_step_across_a_broker_restart(tmp_path):
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("rec:updates")
+        cfg = _config(url)
+        run = tmp_path / "run"
+        config = write_config(tmp_path / "c.yaml", cfg)
+        args = [REC, "train", "--config", str(config), "--run-dir", str(run)]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        # Kill the broker (SIGKILL: a crash) once publishing is under way; back 1.5 s later.
+        import redis
+
+        client = redis.Redis(port=broker.port)
+        deadline = time.monotonic() + 300
+        while client.xlen("rec:updates") < 6 and proc.poll() is None:
+            assert time.monotonic() < deadline, "no records were published"
+            time.sleep(0.05)
+        client.close()
+        broker.stop(kill=True)
+        time.sleep(1.5)
+        broker.start()
+        assert proc.wait(timeout=600) == 0, "".join(lines)
+        reader.join(timeout=10)
+        out = "".join(lines)
+        assert "unreachable" in out and "back after" in out, out  # the restart did happen
+        records = [r for _, r in read_records(url)]
+
+    model_cfg = config_from_dict(cfg)
+    served = {
+        t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8")) for t in model_cfg.tables
+    }
+    state = ReplicaState(served)
+    for rec in records:
+        assert state.apply(rec) is None
+    assert {r.rank for r in records} == {0, 1} and {r.world for r in records} == {2}
+    assert len({r.run for r in records}) == 1 and {r.gen for r in records} == {1}
+    assert state.watermark()[:2] == (1, STEPS)  # both ranks' last publish is the last step
+
+    final = run_dir.latest_checkpoint(run)
+    middle = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(STEPS // 2)
+    for table in served:
+        exported = _exported_rows(final, cfg, table)
+        published = state.rows.get(table, {})
+        # Every published row is the final export's row, bit for bit...
+        for row_id, data in published.items():
+            assert data == exported[row_id].numpy().tobytes(), (table, row_id)
+        # ...and every row the second half of training changed was published after its middle.
+        before = _exported_rows(middle, cfg, table)
+        changed = set(torch.nonzero((exported != before).any(dim=1)).flatten().tolist())
+        late = {i for r in records if r.table == table and r.step > STEPS // 2 for i in r.ids}
+        assert changed, table
+        assert changed <= late, (table, sorted(changed - late)[:10])
+
+
+def test_publishing_keeps_the_planner_to_whole_row_shards():
+    from rec.train.sharding import make_constraints
+
+    cfg = copy.deepcopy(TINY)
+    cfg["publish"] = {"url": "redis://127.0.0.1:1/s"}
+    kept = make_constraints(config_from_dict(cfg), "cpu")
+    assert all(set(c.sharding_types) <= {"table_wise", "row_wise", "table_row_wise"}
+               for c in kept.values()) and len(kept) == len(cfg["tables"])  # fmt: skip
+    cfg["sharding"] = {"constraints": {"t3": {"sharding_types": ["column_wise"]}}}
+    with pytest.raises(ConfigError, match="table 't3' may only be sharded \\['column_wise'\\]"):
+        make_constraints(config_from_dict(cfg), "cpu")
+
+
+@pytest.mark.parametrize(
+    "url, fault",
+    [
+        ("redis://h:6379/0", "looks like a Redis database number"),
+        ("http://h:6379/s", "must look like redis://HOST:PORT"),
+        ("redis://h:99999/s", "not in [1, 65535]"),
+        ("redis://h/s", "must look like redis://HOST:PORT"),
+    ],
+)
+def test_a_bad_publish_url_is_refused_before_training(tmp_path, url, fault):
+    proc = subprocess.run([REC, "train", "--run-dir", str(tmp_path / "run"), "--publish", url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode != 0
+    assert fault in proc.stderr + proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_update_url_default_stream():
+    assert parse_url("redis://10.0.0.2:7000").stream == "rec:updates"

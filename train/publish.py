@@ -1,0 +1,215 @@
+"""`rec train --publish URL`: every rank publishes the rows its steps changed to the update log.
+
+TorchRec's ModelDeltaTracker records the ids each step looked up in this rank's shards (and so
+changed: the fused optimizer updates exactly the rows a step looked up). Every
+`publish.every_steps` steps or `publish.every_seconds` seconds the publisher takes those ids,
+reads their rows from this rank's shards, quantizes them with rec.quantize (export's own
+quantizer: a published row is bit for bit the row a full export of that step writes), and hands
+the records (rec.contract.updates) to a sender thread, which XADDs them to the Redis stream.
+
+Training never waits on the broker unless `publish.max_pending` publishes are already waiting
+(the broker is down or slow): then it waits, since dropping a publish would lose rows. The
+sender retries a broker that went away, and `close()` fails the run if what is pending cannot
+be delivered within `publish.drain_timeout_s`.
+
+A rank publishes only rows it owns whole: table_wise, row_wise and table_row_wise shards. With
+publishing on, the planner is kept to those types (rec.train.sharding), so every table qualifies.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torchrec.distributed.model_tracker.types import DeltaTrackerConfig, TrackingMode
+
+from rec import run_dir
+from rec.config import RecConfig
+from rec.contract.updates import UpdateRecord, encode, parse_url
+from rec.quantize import fused_rows
+from rec.train.sharding import PUBLISHABLE_SHARDING_TYPES
+
+RECORD_ROWS = 16384
+"""Rows per record at most, so one stream entry stays a few MB."""
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+def tracker_config() -> DeltaTrackerConfig:
+    """Ids only (the rows are read at publish time), forgotten once read."""
+    return DeltaTrackerConfig(tracking_mode=TrackingMode.ID_ONLY, delete_on_read=True)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who publishes: the run's id and this start's generation (run_dir.PUBLISH_FILE)."""
+
+    run: str
+    gen: int
+
+
+def next_identity(run: Path) -> Identity:
+    """Rank 0, at every start of a run that publishes: the run's id (made once) and the next
+    generation, saved before anything is published with it."""
+    path = run / run_dir.PUBLISH_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    ident = Identity(saved.get("run") or uuid.uuid4().hex, int(saved.get("gen", 0)) + 1)
+    run_dir.atomic_write(path, json.dumps({"run": ident.run, "gen": ident.gen}) + "\n")
+    return ident
+
+
+@dataclass
+class _Shard:
+    table: str
+    dtype: str
+    dim: int
+    weight: torch.Tensor  # this rank's rows of the table: a view into the TBE's weights
+    row_offset: int
+
+
+def _local_shards(dmp, cfg: RecConfig) -> dict[str, _Shard]:
+    """Tracker FQN -> this rank's whole-row shard of that table."""
+    tracker = dmp.get_delta_tracker()
+    state = dmp.state_dict()
+    dims = {t.name: t.dim for t in cfg.tables}
+    out = {}
+    for table, fqn in tracker.table_to_fqn.items():
+        weight = state.get(f"{fqn}.weight")
+        if weight is None or not hasattr(weight, "local_shards"):
+            raise PublishError(
+                f"table {table!r}: no sharded weight at {fqn}.weight to publish from"
+            )
+        for shard in weight.local_shards():
+            rows_at, cols_at = shard.metadata.shard_offsets
+            if cols_at != 0 or shard.tensor.shape[1] != dims[table]:
+                raise PublishError(
+                    f"table {table!r} is split by columns on this rank; publishing needs whole "
+                    f"rows ({', '.join(PUBLISHABLE_SHARDING_TYPES)})"
+                )
+            dtype = cfg.export.table_dtypes.get(table, cfg.export.quantize)
+            out[fqn] = _Shard(table, dtype, dims[table], shard.tensor, int(rows_at))
+    return out
+
+
+class UpdatePublisher:
+    """One rank's publisher. Call `after_step(step)` after every optimizer step and `close()` at
+    the end (it publishes what is left and waits for the broker to take it)."""
+
+    def __init__(self, cfg: RecConfig, dmp, rank: int, world: int, ident: Identity,
+                 log=print) -> None:  # fmt: skip
+        self.cfg, self.rank, self.world, self.ident, self.log = cfg, rank, world, ident, log
+        self.url = parse_url(cfg.publish.url)
+        self.tracker = dmp.get_delta_tracker() or dmp.init_torchrec_delta_tracker(tracker_config())
+        self.shards = _local_shards(dmp, cfg)
+        self.pending: queue.Queue = queue.Queue(maxsize=cfg.publish.max_pending)
+        self.last_publish = time.monotonic()
+        self.steps_since = 0
+        self.published_rows = 0
+        self.publish_seconds = 0.0  # time the training loop spent publishing (the cost)
+        self.error: BaseException | None = None
+        self._sender = threading.Thread(target=self._send_loop, name="rec-publish", daemon=True)
+        self._sender.start()
+
+    # ---- the training side ------------------------------------------------------------------
+    def after_step(self, step: int) -> None:
+        self.steps_since += 1
+        p = self.cfg.publish
+        due_steps = p.every_steps and self.steps_since >= p.every_steps
+        due_time = p.every_seconds and time.monotonic() - self.last_publish >= p.every_seconds
+        if due_steps or due_time:
+            self.publish(step)
+
+    def publish(self, step: int) -> None:
+        """Reads and queues the rows changed since the last publish, as of `step`."""
+        if self.error is not None:
+            raise PublishError(f"publishing to {self.url} failed: {self.error}") from self.error
+        t0 = time.perf_counter()
+        wall_ns = time.time_ns()
+        records = []
+        for fqn, ids in self.tracker.get_unique_ids().items():
+            shard = self.shards.get(fqn)
+            if shard is None or ids.numel() == 0:
+                continue
+            local = torch.unique(ids.to(torch.int64))  # sorted
+            rows = fused_rows(shard.weight.index_select(0, local), shard.dtype)
+            global_ids = (local + shard.row_offset).tolist()
+            for at in range(0, len(global_ids), RECORD_ROWS):
+                chunk = global_ids[at : at + RECORD_ROWS]
+                data = rows[at : at + RECORD_ROWS].numpy().tobytes()
+                records.append(self._record(step, wall_ns, shard.table, shard.dtype, shard.dim,
+                                            tuple(chunk), data))  # fmt: skip
+            self.published_rows += len(global_ids)
+        if not records:  # nothing changed here: still advance this rank's watermark
+            records.append(self._record(step, wall_ns, "", "fp32", 0, (), b""))
+        records[-1] = _marked_last(records[-1])
+        self.last_publish, self.steps_since = time.monotonic(), 0
+        self.publish_seconds += time.perf_counter() - t0
+        waited = time.perf_counter()
+        self.pending.put([encode(r) for r in records])  # blocks only when max_pending are queued
+        self.publish_seconds += time.perf_counter() - waited
+
+    def _record(self, step, wall_ns, table, dtype, dim, ids, rows) -> UpdateRecord:
+        return UpdateRecord(self.ident.run, self.ident.gen, self.rank, self.world, step, wall_ns,
+                            False, table, dtype, dim, ids, rows)  # fmt: skip
+
+    def close(self, step: int) -> None:
+        """Publishes the rest (as of `step`) and waits until the broker has every record."""
+        if self.steps_since:
+            self.publish(step)
+        self.pending.put(None)
+        self._sender.join(timeout=self.cfg.publish.drain_timeout_s)
+        if self._sender.is_alive():
+            raise PublishError(
+                f"the update log at {self.url} did not take {self.pending.qsize()} pending "
+                f"publishes within publish.drain_timeout_s={self.cfg.publish.drain_timeout_s}; "
+                "their rows are not in the log (the checkpoint has them)"
+            )
+        if self.error is not None:
+            raise PublishError(f"publishing to {self.url} failed: {self.error}") from self.error
+
+    # ---- the sender thread ------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        import redis
+
+        client = redis.Redis(host=self.url.host, port=self.url.port, socket_timeout=10,
+                             socket_connect_timeout=5)  # fmt: skip
+        down_since = None
+        try:
+            while (batch := self.pending.get()) is not None:
+                while True:
+                    try:
+                        pipe = client.pipeline(transaction=False)
+                        for fields in batch:
+                            pipe.xadd(self.url.stream, fields)
+                        pipe.execute()
+                        break
+                    except (redis.ConnectionError, redis.TimeoutError) as e:
+                        # The broker is restarting or unreachable: keep the batch and retry.
+                        # Records that landed before the error are sent again, right after
+                        # themselves and before anything newer: a row is its whole value, not a
+                        # delta, so applying it twice changes nothing.
+                        if down_since is None:
+                            down_since = time.monotonic()
+                            self.log(f"rank {self.rank}: update log {self.url} unreachable "
+                                     f"({e}); retrying, training continues")  # fmt: skip
+                        time.sleep(0.2)
+                if down_since is not None:
+                    self.log(f"rank {self.rank}: update log {self.url} back after "
+                             f"{time.monotonic() - down_since:.1f} s")  # fmt: skip
+                    down_since = None
+        except Exception as e:  # noqa: BLE001 - reported to the training loop
+            self.error = e
+        finally:
+            client.close()
+
+
+def _marked_last(rec: UpdateRecord) -> UpdateRecord:
+    return replace(rec, last=True)
