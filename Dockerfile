@@ -15,7 +15,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends build-essential cmake pkg-config \
        libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler nlohmann-json3-dev \
-       zlib1g-dev libgtest-dev \
+       zlib1g-dev libgtest-dev libhiredis-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/rec
 # The Python stack first, with only what it reads, so that a source change does not reinstall it.
@@ -48,9 +48,11 @@ RUN .venv/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-dep
 
 FROM ${BASE}
 ENV DEBIAN_FRONTEND=noninteractive
-# rec-server's shared libraries from Debian (gRPC, protobuf); LibTorch comes with the venv.
+# rec-server's shared libraries from Debian (gRPC, protobuf, hiredis); LibTorch comes with the
+# venv.
 RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends libgrpc++1.51 libprotobuf32 zlib1g \
+       libhiredis0.14 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --create-home --home-dir /home/rec --shell /usr/sbin/nologin rec \
     && mkdir -p /runs /models \

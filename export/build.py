@@ -5,16 +5,18 @@ staged model's scores and what rec.json records of it) and the checks every buil
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rec import batch_probe
+from rec import batch_probe, run_dir
 from rec import ops as rec_ops
 from rec.batch import RecBatch
 from rec.config import RecConfig
+from rec.contract.updates import FORMAT as UPDATES_FORMAT
 from rec.cpu import cpu_info
 from rec.export import reference as reference_lib
 from rec.export import stream, verify
@@ -84,6 +86,23 @@ def score(scorer: verify.Scorer, batches: Iterable[RecBatch]) -> torch.Tensor:
 def batching_request(cfg: RecConfig):
     # 37 samples: past the sizes where CPU kernels switch paths (GEMM at 16, SIMD tails).
     return sample_batch(cfg.features.dense, len(cfg.features.sparse), 37, seed=7)
+
+
+def updates_section(src: Source, layout: dict[str, dict]) -> dict[str, Any]:
+    """rec.json's "updates": where a server applying the update log (rec.contract.updates)
+    listens by default (the run's publish.url, or null), the publisher's run id and the step this
+    export holds (a server applies only that run's records, of later steps), and the tables'
+    places in the model's storage (rec.export.served.update_layout)."""
+    run = src.loaded.step_dir.parent.parent
+    publish = run / run_dir.PUBLISH_FILE
+    run_id = json.loads(publish.read_text()).get("run") if publish.is_file() else None
+    return {
+        "format": UPDATES_FORMAT,
+        "url": src.cfg.publish.url or None,
+        "run": run_id,
+        "step": int(src.loaded.meta.get("step", 0)),
+        "tables": layout,
+    }
 
 
 def dense_sections(cfg: RecConfig, layers: dict[str, int], request) -> dict[str, Any]:

@@ -466,3 +466,30 @@ def table_storage(tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> dict[str, dic
             "bytes_unpadded": rows * unpadded_row_size_in_bytes(dim, weight_ty),
         }
     return out
+
+
+def update_layout(module: nn.Module, tbe) -> dict[str, dict]:
+    """Where each table's rows lie in the served module's storage, for a server that writes
+    published rows into it (rec.contract.updates): per table, the buffer (by its name in the
+    module), the byte offset of row 0, the bytes from one row to the next, and how a row is
+    laid out there. FBGEMM's int-N-bit TBE keeps a row's fp16 scale and bias before its codes
+    (the update log sends them after); fp16/fp32 rows are their values. Rows are padded to the
+    TBE's row alignment."""
+    buffers = {buf.data_ptr(): name for name, buf in module.named_buffers()
+               if name.endswith("weights_host")}  # fmt: skip
+    out: dict[str, dict] = {}
+    for one in getattr(tbe, "tbes", (tbe,)):
+        buffer = buffers[one.weights_host.data_ptr()]
+        offsets = one.weights_offsets.tolist()
+        for t, (name, rows, dim, weight_ty, _) in enumerate(one.embedding_specs):
+            dtype = weight_ty.name.lower()
+            out[name] = {
+                "buffer": buffer,
+                "offset": int(offsets[t]),
+                "row_stride": rounded_row_size_in_bytes(dim, weight_ty, one.row_alignment),
+                "rows": rows,
+                "dim": dim,
+                "dtype": dtype,
+                "scale_bias": "first" if dtype in ("int8", "int4") else "none",
+            }
+    return out

@@ -105,3 +105,21 @@ def decode_or_reason(fields: dict) -> UpdateRecord | str:
         return decode(fields)
     except UpdateError as e:
         return str(e)
+
+
+def write_rows(buffer, place: dict, ids, rows: bytes) -> None:
+    """Writes log rows into a served model's storage buffer (a uint8 torch tensor) at rec.json's
+    `place` for their table ("updates.tables.<name>"): the Python twin of rec-server's
+    EmbeddingTables::Apply, for rec's Triton model and the tests."""
+    import torch
+
+    n = len(ids)
+    if n == 0:
+        return
+    data = torch.frombuffer(bytearray(rows), dtype=torch.uint8).view(n, -1)
+    if place["scale_bias"] == "first":  # FBGEMM keeps scale and bias before the codes
+        data = torch.cat([data[:, -4:], data[:, :-4]], dim=1)
+    width = data.shape[1]
+    starts = place["offset"] + torch.tensor(ids, dtype=torch.int64) * place["row_stride"]
+    index = (starts[:, None] + torch.arange(width)).flatten()
+    buffer.index_put_((index,), data.flatten())

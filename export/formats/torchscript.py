@@ -36,6 +36,7 @@ def build(src: b.Source, out: Path) -> b.Built:
         torchscript_builder.script(module, what)
     src.stream_into(served.TbeSink(tbe))
     tables = served.table_storage(tbe)
+    updates = b.updates_section(src, served.update_layout(module, tbe))
     scripted = torchscript_builder.to_torchscript(module, src.sample, what)
     torch.jit.save(scripted, str(out))
     scores = b.score(scripted, src.batches)
@@ -47,7 +48,7 @@ def build(src: b.Source, out: Path) -> b.Built:
     batching = b.check_batching("torchscript", reloaded, request, cfg.export.batch_invariant, hint)
     return b.Built(
         scores, b.score(reloaded, src.batches), batching, tables,
-        sections=b.dense_sections(cfg, layers, request),
+        sections={**b.dense_sections(cfg, layers, request), "updates": updates},
         checks={"raw_rows": raw_rows.round_trip(cfg, reloaded)},
     )  # fmt: skip
 

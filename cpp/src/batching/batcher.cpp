@@ -164,15 +164,20 @@ void Batcher::Execute(PendingList* batch) {
     stats_->queue_ns.fetch_add(start - p->enqueue_ns, std::memory_order_relaxed);
   }
   std::vector<Tensor> outputs;
+  Watermark scored_at;
   Status status = runner ? Status::Ok() : Unavailable("model '" + spec_.name + "' is not loaded");
   uint64_t input_done = start, infer_done = start;
   if (status.ok()) {
     std::vector<Tensor> inputs = batch->size() == 1 ? std::move((*batch)[0]->request.inputs)
                                                     : ConcatenateInputs(spec_, requests);
     input_done = NowNs();
-    status = runner->Run(inputs, &outputs);
+    status = runner->RunScored(inputs, &outputs, &scored_at);
     infer_done = NowNs();
     if (status.ok()) status = CheckOutputs(spec_, rows, outputs);
+  }
+  if (scored_at.valid && scored_at.wall_ns > 0) {
+    stats_->update_lag_ms.Observe(
+        static_cast<double>(static_cast<int64_t>(WallMs()) - scored_at.wall_ns / 1000000));
   }
   stats_->execution_count.fetch_add(1, std::memory_order_relaxed);
   stats_->inference_count.fetch_add(static_cast<uint64_t>(rows), std::memory_order_relaxed);
@@ -193,6 +198,7 @@ void Batcher::Execute(PendingList* batch) {
     r.status = status;
     if (status.ok()) {
       r.model_version = runner->version();
+      r.watermark = scored_at;
       r.outputs = SliceOutputs(outputs, begin, p->request.batch_size);
     }
     begin += p->request.batch_size;

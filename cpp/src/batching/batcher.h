@@ -25,6 +25,7 @@ namespace rec {
 struct InferResult {
   Status status;
   std::string model_version;
+  Watermark watermark;  // the embedding watermark the batch was scored at (valid with updates)
   std::vector<Tensor> outputs;  // every output of the model, this request's rows
 };
 

@@ -254,6 +254,9 @@ void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
     if (result.status.ok()) result.status = WriteSharedMemoryOutputs(meta, result.outputs);
     if (result.status.ok()) {
       EncodeGrpcResponse(meta, result.model_version, result.outputs, response);
+      for (const auto& [k, v] : WatermarkParameters(result.watermark)) {
+        (*response->mutable_parameters())[k].set_int64_param(v);
+      }
     }
     if (meta.trace) meta.trace->Stamp("REQUEST_END");
     done(result.status, meta.trace);

@@ -405,30 +405,31 @@ void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&&
   meta.outputs = request->outputs;
   meta.binary_output_default = request->binary_output_default;
   meta.trace = request->trace;
-  st = entry->batcher().Enqueue(
-      std::move(*request), [meta = std::move(meta), respond](InferResult&& result) {
-        HttpResponse r;
-        if (result.status.ok()) result.status = WriteSharedMemoryOutputs(meta, result.outputs);
-        if (!result.status.ok()) {
-          r = ErrorResponse(result.status);
-        } else {
-          long long json_size = -1;
-          EncodeInferResponse(meta, result.model_version, result.outputs, &r.body, &json_size);
-          if (json_size >= 0) {
-            r.content_type = "application/octet-stream";
-            r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(json_size));
-          }
-        }
-        if (meta.trace) {
-          meta.trace->Stamp("REQUEST_END");
-          r.on_sent = [trace = meta.trace](uint64_t start, uint64_t end) {
-            trace->Stamp("HTTP_SEND_START", start);
-            trace->Stamp("HTTP_SEND_END", end);
-            Tracer::Get().Finish(trace);
-          };
-        }
-        respond(std::move(r));
-      });
+  st = entry->batcher().Enqueue(std::move(*request), [meta = std::move(meta),
+                                                      respond](InferResult&& result) {
+    HttpResponse r;
+    if (result.status.ok()) result.status = WriteSharedMemoryOutputs(meta, result.outputs);
+    if (!result.status.ok()) {
+      r = ErrorResponse(result.status);
+    } else {
+      long long json_size = -1;
+      auto params = WatermarkParameters(result.watermark);
+      EncodeInferResponse(meta, result.model_version, result.outputs, &r.body, &json_size, &params);
+      if (json_size >= 0) {
+        r.content_type = "application/octet-stream";
+        r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(json_size));
+      }
+    }
+    if (meta.trace) {
+      meta.trace->Stamp("REQUEST_END");
+      r.on_sent = [trace = meta.trace](uint64_t start, uint64_t end) {
+        trace->Stamp("HTTP_SEND_START", start);
+        trace->Stamp("HTTP_SEND_END", end);
+        Tracer::Get().Finish(trace);
+      };
+    }
+    respond(std::move(r));
+  });
   if (!st.ok()) fail(st);
 }
 

@@ -311,11 +311,17 @@ Status DecodeInferRequest(const std::string& body, long long header_length, Infe
 
 void EncodeInferResponse(const InferRequest& request, const std::string& model_version,
                          const std::vector<Tensor>& outputs, std::string* body,
-                         long long* header_length) {
+                         long long* header_length,
+                         const std::vector<std::pair<std::string, int64_t>>* parameters) {
   json root;
   root["model_name"] = request.model_name;
   root["model_version"] = model_version;
   if (!request.id.empty()) root["id"] = request.id;
+  if (parameters != nullptr && !parameters->empty()) {
+    json params = json::object();
+    for (const auto& [k, v] : *parameters) params[k] = v;
+    root["parameters"] = params;
+  }
   json outs = json::array();
   std::string binary;
   for (const Tensor& t : outputs) {

@@ -3,7 +3,9 @@
 // binary_data / binary_data_output), and gzip/deflate request bodies.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/request.h"
@@ -22,9 +24,11 @@ Status DecodeInferRequest(const std::string& body, long long header_length, Infe
 
 // Encodes the response for `request` from its (sliced) outputs, in the spec's output order.
 // Sets *header_length to the JSON header's size when binary data follows it, else to -1.
+// `parameters`: the response's own (the embedding watermark), none when null.
 void EncodeInferResponse(const InferRequest& request, const std::string& model_version,
                          const std::vector<Tensor>& outputs, std::string* body,
-                         long long* header_length);
+                         long long* header_length,
+                         const std::vector<std::pair<std::string, int64_t>>* parameters = nullptr);
 
 // {"error": "..."} with proper JSON escaping.
 std::string ErrorJson(const std::string& message);

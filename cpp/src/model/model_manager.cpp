@@ -45,17 +45,26 @@ ModelEntry::ModelEntry(ModelSpec spec, std::string dir, ModelStats* stats,
       spec_, options, [this] { return Current(); }, stats_);
 }
 
-ModelEntry::~ModelEntry() { batcher_->Shutdown(); }
+ModelEntry::~ModelEntry() {
+  batcher_->Shutdown();
+  subscriber_.reset();
+}
 
 std::shared_ptr<Runner> ModelEntry::Current() const {
   std::lock_guard<std::mutex> lock(mu_);
   return current_;
 }
 
-void ModelEntry::Swap(std::shared_ptr<Runner> runner) {
-  std::lock_guard<std::mutex> lock(mu_);
-  current_.swap(runner);
-  // The old runner is released here or by the last batch still running on it.
+void ModelEntry::Swap(std::shared_ptr<Runner> runner,
+                      std::unique_ptr<UpdateSubscriber> subscriber) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_.swap(runner);
+    subscriber_.swap(subscriber);
+  }
+  // The old reader stops (and joins) here, outside the lock; the old runner is released here or
+  // by the last batch still running on it.
+  subscriber.reset();
 }
 
 ModelManager::ModelManager(ManagerOptions options, Metrics* metrics)
@@ -139,17 +148,20 @@ Status ModelManager::Reload(const std::string& name) {
   const std::string file = VersionModelFile(entry->spec(), version_dir);
   std::string path = (version_dir / file).string();
   std::shared_ptr<Runner> runner;
-  Status st;
-  if (file == kAotiFile) {
+  UpdatesSpec updates;
+  Status st = ReadUpdatesSpec((version_dir / kManifestFile).string(), entry->spec(), &updates);
+  if (st.ok() && file == kAotiFile) {
     const int concurrency = options_.batcher.executor_threads > 0
                                 ? options_.batcher.executor_threads
                                 : entry->spec().instance_count;
     st = LoadAotiModel(path, (version_dir / kManifestFile).string(), entry->spec(), version,
                        concurrency, &runner);
-  } else {
-    st = LoadTorchModel(path, entry->spec(), version, &runner);
+  } else if (st.ok()) {
+    st = LoadTorchModel(path, entry->spec(), version, &runner, updates);
   }
   if (st.ok()) st = ProbeBatching(entry, version, runner.get());
+  std::unique_ptr<UpdateSubscriber> subscriber;
+  if (st.ok()) st = StartUpdates(entry, version, runner.get(), &subscriber);
   if (!st.ok()) {
     // Polling retries a broken version every interval; say so once, not every time.
     std::string line =
@@ -159,13 +171,35 @@ Status ModelManager::Reload(const std::string& name) {
     return st;
   }
   last_error_.erase(name);
-  entry->Swap(runner);
+  entry->Swap(runner, std::move(subscriber));
   metrics_->SetVersion(name, version);
   if (current) {
     LogInfo("swapped model '" + name + "' version " + current->version() + " -> " + version);
   } else {
     LogInfo("loaded model '" + name + "' version " + version + " from " + path);
   }
+  return Status::Ok();
+}
+
+Status ModelManager::StartUpdates(ModelEntry* entry, const std::string& version, Runner* runner,
+                                  std::unique_ptr<UpdateSubscriber>* out) {
+  std::shared_ptr<EmbeddingTables> tables = runner->tables();
+  std::string url =
+      options_.updates_url.empty() && tables ? tables->spec().url : options_.updates_url;
+  if (url.empty() || url == "none") return Status::Ok();
+  const std::string& name = entry->spec().name;
+  if (!tables) {
+    if (options_.updates_url.empty()) return Status::Ok();
+    LogWarning("model '" + name + "' version " + version +
+               " cannot take updates (its rec.json has no \"updates\": a TorchScript export "
+               "of this rec writes one); serving it without --updates");
+    return Status::Ok();
+  }
+  UpdateUrl where;
+  Status st = ParseUpdateUrl(url, &where);
+  if (!st.ok()) return InvalidArgument("model '" + name + "': " + st.message());
+  entry->stats()->has_updates = true;
+  *out = std::make_unique<UpdateSubscriber>(name, where, tables, &entry->stats()->updates);
   return Status::Ok();
 }
 

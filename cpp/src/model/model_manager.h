@@ -17,6 +17,7 @@
 #include "model/model_spec.h"
 #include "model/runner.h"
 #include "observability/metrics.h"
+#include "updates/update_subscriber.h"
 
 namespace rec {
 
@@ -27,6 +28,9 @@ struct ManagerOptions {
   // Serve a version that fails the load-time batch probe (with a warning and the
   // rec_model_batch_variant metric) instead of refusing it.
   bool allow_batch_variant = false;
+  // The update log every version applies (redis://HOST:PORT[/STREAM]): empty takes each
+  // version's rec.json "updates.url", "none" reads no log.
+  std::string updates_url;
   BatcherOptions batcher;
 };
 
@@ -40,7 +44,9 @@ class ModelEntry {
   ModelStats* stats() const { return stats_; }
   Batcher& batcher() { return *batcher_; }
   std::shared_ptr<Runner> Current() const;
-  void Swap(std::shared_ptr<Runner> runner);
+  // Serves `runner` (with its update log reader, or null) from now on; the old version's reader
+  // stops here.
+  void Swap(std::shared_ptr<Runner> runner, std::unique_ptr<UpdateSubscriber> subscriber);
 
  private:
   ModelSpec spec_;
@@ -48,7 +54,8 @@ class ModelEntry {
   ModelStats* stats_;
   mutable std::mutex mu_;
   std::shared_ptr<Runner> current_;
-  std::unique_ptr<Batcher> batcher_;  // last: it calls Current() from its threads
+  std::unique_ptr<UpdateSubscriber> subscriber_;  // under mu_
+  std::unique_ptr<Batcher> batcher_;              // last: it calls Current() from its threads
 };
 
 class ModelManager {
@@ -73,6 +80,10 @@ class ModelManager {
   // single-sample scores differ here, or serves it with a warning (allow_batch_variant).
   Status ProbeBatching(ModelEntry* entry, const std::string& version, Runner* runner);
   Status PickVersion(const ModelEntry& entry, std::string* version) const;
+  // The reader of the update log for a freshly loaded version, or null (no log, or a version
+  // that cannot take updates).
+  Status StartUpdates(ModelEntry* entry, const std::string& version, Runner* runner,
+                      std::unique_ptr<UpdateSubscriber>* out);
   void PollLoop(int interval_s);
 
   ManagerOptions options_;

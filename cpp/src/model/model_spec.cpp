@@ -322,8 +322,81 @@ Status ApplyRoles(const nlohmann::json& manifest, const std::string& source, Mod
   return Status::Ok();
 }
 
+// "updates": where each table's rows lie in the model's storage, for the update log.
+Status ApplyUpdates(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
+  auto it = manifest.find("updates");
+  if (it == manifest.end() || it->is_null()) return Status::Ok();
+  const nlohmann::json& u = *it;
+  if (!u.is_object()) return BadField(*spec, source, "updates", "an object or null", &u);
+  UpdatesSpec out;
+  out.present = true;
+  auto text = [&](const char* key, std::string* dst) -> Status {
+    auto f = u.find(key);
+    if (f == u.end() || f->is_null()) return Status::Ok();
+    if (!f->is_string())
+      return BadField(*spec, source, std::string("updates.") + key, "a string or null", &*f);
+    *dst = f->get<std::string>();
+    return Status::Ok();
+  };
+  REC_RETURN_IF_ERROR(text("url", &out.url));
+  REC_RETURN_IF_ERROR(text("run", &out.run));
+  auto step = u.find("step");
+  if (step == u.end() || !step->is_number_integer() || step->get<int64_t>() < 0) {
+    return BadField(*spec, source, "updates.step", "an integer >= 0",
+                    step == u.end() ? nullptr : &*step);
+  }
+  out.step = step->get<int64_t>();
+  auto tables = u.find("tables");
+  if (tables == u.end() || !tables->is_object()) {
+    return BadField(*spec, source, "updates.tables", "an object",
+                    tables == u.end() ? nullptr : &*tables);
+  }
+  for (const auto& [name, t] : tables->items()) {
+    const std::string where = "updates.tables." + name;
+    TablePlace p;
+    auto num = [&](const char* key, int64_t* dst) -> Status {
+      auto f = t.is_object() ? t.find(key) : t.end();
+      if (!t.is_object() || f == t.end() || !f->is_number_integer() || f->get<int64_t>() < 0) {
+        return BadField(*spec, source, where + "." + key, "an integer >= 0",
+                        t.is_object() && f != t.end() ? &*f : nullptr);
+      }
+      *dst = f->get<int64_t>();
+      return Status::Ok();
+    };
+    REC_RETURN_IF_ERROR(num("offset", &p.offset));
+    REC_RETURN_IF_ERROR(num("row_stride", &p.row_stride));
+    REC_RETURN_IF_ERROR(num("rows", &p.rows));
+    REC_RETURN_IF_ERROR(num("dim", &p.dim));
+    auto str = [&](const char* key, std::string* dst) -> Status {
+      auto f = t.find(key);
+      if (f == t.end() || !f->is_string()) {
+        return BadField(*spec, source, where + "." + key, "a string", f == t.end() ? nullptr : &*f);
+      }
+      *dst = f->get<std::string>();
+      return Status::Ok();
+    };
+    REC_RETURN_IF_ERROR(str("buffer", &p.buffer));
+    REC_RETURN_IF_ERROR(str("dtype", &p.dtype));
+    std::string sb;
+    REC_RETURN_IF_ERROR(str("scale_bias", &sb));
+    if (UpdateRowBytes(p.dim, p.dtype) < 0) {
+      const nlohmann::json& got = t["dtype"];
+      return BadField(*spec, source, where + ".dtype", "one of int8, int4, fp16, fp32", &got);
+    }
+    if (sb != "first" && sb != "none") {
+      const nlohmann::json& got = t["scale_bias"];
+      return BadField(*spec, source, where + ".scale_bias", "\"first\" or \"none\"", &got);
+    }
+    p.scale_bias_first = sb == "first";
+    out.tables[name] = p;
+  }
+  spec->updates = std::move(out);
+  return Status::Ok();
+}
+
 Status ApplyManifest(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
   REC_RETURN_IF_ERROR(ApplyServing(manifest, source, spec));
+  REC_RETURN_IF_ERROR(ApplyUpdates(manifest, source, spec));
   REC_RETURN_IF_ERROR(ApplyNames(manifest, source, spec));
   REC_RETURN_IF_ERROR(ApplyRoles(manifest, source, spec));
   auto expect = [&](int i, size_t n, const char* what) -> Status {
@@ -399,6 +472,29 @@ Status ParseModelSpec(const std::string& config_text, const std::string& model_n
   REC_RETURN_IF_ERROR(NormalizeUnbatched(spec));
   FindJaggedPair(spec);
   return CheckServable(*spec);
+}
+
+Status ReadUpdatesSpec(const std::string& manifest_path, const ModelSpec& spec, UpdatesSpec* out) {
+  std::ifstream in(manifest_path);
+  if (!in) {
+    *out = spec.updates;  // a version without its own rec.json: the model's
+    return Status::Ok();
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json manifest = nlohmann::json::parse(text.str(), nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object()) {
+    return InvalidArgument("model '" + spec.name + "': " + manifest_path + " is not a JSON object");
+  }
+  ModelSpec copy;
+  copy.name = spec.name;
+  try {
+    REC_RETURN_IF_ERROR(ApplyUpdates(manifest, manifest_path, &copy));
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("model '" + spec.name + "': " + manifest_path + ": " + e.what());
+  }
+  *out = std::move(copy.updates);
+  return Status::Ok();
 }
 
 Status ApplyManifestText(const std::string& manifest_text, const std::string& source,

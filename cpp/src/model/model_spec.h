@@ -10,6 +10,7 @@
 #include "common/feature_encoding.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "updates/embedding_tables.h"
 
 namespace inference {
 class ModelConfig;
@@ -53,6 +54,9 @@ struct ModelSpec {
   // column order. Without one (a foreign model, an older export) requests must send ids.
   bool has_feature_spec = false;
   std::vector<SparseEncoding> sparse_encodings;
+  // rec.json's "updates": the tables' places for the update log (present: the model can take
+  // updates).
+  UpdatesSpec updates;
 };
 
 // Parses <model_dir>/config.pbtxt (protobuf text format) and <model_dir>/rec.json if present,
@@ -69,6 +73,10 @@ Status ParseModelSpec(const std::string& config_text, const std::string& model_n
 // Exposed for tests.
 Status ApplyManifestText(const std::string& manifest_text, const std::string& source,
                          ModelSpec* spec);
+
+// The "updates" section of one version's rec.json (`manifest_path`); the model's own when that
+// version has no rec.json.
+Status ReadUpdatesSpec(const std::string& manifest_path, const ModelSpec& spec, UpdatesSpec* out);
 
 // Returns the index of the input named `name`, or -1.
 int FindInput(const ModelSpec& spec, const std::string& name);

@@ -2,11 +2,13 @@
 // batching unit compiles and is tested without LibTorch.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "updates/embedding_tables.h"
 
 namespace rec {
 
@@ -17,6 +19,15 @@ class Runner {
   // One forward pass on a batch (inputs in the spec's order); fills the outputs in the spec's
   // order. Safe to call from several threads at once. Never throws.
   virtual Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) = 0;
+  // Run, also saying which embedding watermark the batch was scored at (a runner whose tables
+  // take updates holds them still for the pass; others leave it invalid).
+  virtual Status RunScored(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs,
+                           Watermark* scored_at) {
+    *scored_at = Watermark{};
+    return Run(inputs, outputs);
+  }
+  // The tables the update log writes into, or null when the version cannot take updates.
+  virtual std::shared_ptr<EmbeddingTables> tables() const { return nullptr; }
 };
 
 }  // namespace rec

@@ -6,6 +6,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <vector>
 
 #include "common/request.h"
 #include "model/torch_io.h"
@@ -87,11 +89,45 @@ class TorchRunner : public Runner {
   const std::string& version() const override { return version_; }
 
   Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
+    Watermark unused;
+    return RunScored(inputs, outputs, &unused);
+  }
+
+  Status RunScored(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs,
+                   Watermark* scored_at) override {
     try {
+      if (!tables_) {
+        *scored_at = Watermark{};
+        return RunOrThrow(inputs, outputs);
+      }
+      EmbeddingTables::Reading still(tables_.get());  // no row changes under this pass
+      *scored_at = still.watermark();
       return RunOrThrow(inputs, outputs);
     } catch (const std::exception& e) {
       return Internal(std::string("forward failed: ") + e.what());
     }
+  }
+
+  std::shared_ptr<EmbeddingTables> tables() const override { return tables_; }
+
+  // rec.json's "updates" names the storage buffers: the TBE's weights, written in place.
+  Status AttachTables(const UpdatesSpec& updates) {
+    if (!updates.present) return Status::Ok();
+    auto held = std::make_shared<std::vector<at::Tensor>>();
+    std::map<std::string, EmbeddingTables::Buffer> buffers;
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) {
+      bool wanted = false;
+      for (const auto& [table, place] : updates.tables) wanted = wanted || place.buffer == b.name;
+      if (!wanted) continue;
+      const at::Tensor& t = b.value;
+      if (t.scalar_type() != c10::kByte || !t.is_contiguous() || t.device().type() != c10::kCPU) {
+        return InvalidArgument("buffer '" + b.name + "' is not contiguous uint8 on the CPU; " +
+                               "rec.json's \"updates\" cannot write into it");
+      }
+      held->push_back(t);
+      buffers[b.name] = {t.data_ptr<uint8_t>(), static_cast<int64_t>(t.numel())};
+    }
+    return EmbeddingTables::Create(updates, std::move(buffers), held, &tables_);
   }
 
  private:
@@ -122,6 +158,7 @@ class TorchRunner : public Runner {
   torch::jit::Module module_;
   const ModelSpec& spec_;
   std::string version_;
+  std::shared_ptr<EmbeddingTables> tables_;
 };
 
 }  // namespace
@@ -263,7 +300,8 @@ void ConfigureTorchThreads(int intra_op_threads) {
 }
 
 Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
-                      const std::string& version, std::shared_ptr<Runner>* runner) {
+                      const std::string& version, std::shared_ptr<Runner>* runner,
+                      const UpdatesSpec& updates) {
   torch::jit::Module module;
   try {
     module = torch::jit::load(model_path, torch::kCPU);
@@ -273,6 +311,8 @@ Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
   }
   REC_RETURN_IF_ERROR(CheckSignature(module, spec));
   auto candidate = std::make_shared<TorchRunner>(std::move(module), spec, version);
+  Status attached = candidate->AttachTables(updates);
+  if (!attached.ok()) return InvalidArgument(model_path + ": " + attached.message());
   REC_RETURN_IF_ERROR(WarmUp(candidate.get(), spec, model_path));
   *runner = std::move(candidate);
   return Status::Ok();

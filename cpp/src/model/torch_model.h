@@ -31,7 +31,10 @@ void ConfigureTorchThreads(int intra_op_threads);
 
 // Loads `model_path`, checks forward's arity against the spec, runs a warm-up batch and checks
 // the outputs' dtypes and shapes. On success *runner serves `version`.
+// `updates`: where the version's tables lie for the update log (its rec.json "updates"); a
+// version without one cannot take updates.
 Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
-                      const std::string& version, std::shared_ptr<Runner>* runner);
+                      const std::string& version, std::shared_ptr<Runner>* runner,
+                      const UpdatesSpec& updates = UpdatesSpec{});
 
 }  // namespace rec

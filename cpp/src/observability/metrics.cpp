@@ -10,6 +10,10 @@ std::vector<double> LatencyBoundsUs() {
   return {50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 500000, 1000000};
 }
 
+std::vector<double> LagBoundsMs() {
+  return {50, 100, 250, 500, 1000, 2000, 5000, 10000, 30000, 60000, 300000};
+}
+
 std::vector<double> BatchBounds() { return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048}; }
 
 std::string FormatDouble(double v) {
@@ -45,7 +49,10 @@ void Histogram::AppendPrometheus(const std::string& name, const std::string& lab
   *out += name + "_count{" + labels + "} " + std::to_string(count_.load()) + "\n";
 }
 
-ModelStats::ModelStats() : request_latency_us(LatencyBoundsUs()), batch_size(BatchBounds()) {}
+ModelStats::ModelStats()
+    : request_latency_us(LatencyBoundsUs()),
+      batch_size(BatchBounds()),
+      update_lag_ms(LagBoundsMs()) {}
 
 void ModelStats::RecordSuccess(uint64_t request_ns) {
   success_count.fetch_add(1, std::memory_order_relaxed);
@@ -138,6 +145,7 @@ std::string Metrics::Prometheus() const {
   for (const auto& [model, stats] : models_) {
     stats->batch_size.AppendPrometheus("rec_batch_size", labels(model), &out);
   }
+  AppendUpdates(labels, &out);
   out +=
       "# HELP rec_http_connections_closed_total HTTP connections closed by the server: idle, "
       "request not received in time, over the connection limit\n"
@@ -152,6 +160,58 @@ std::string Metrics::Prometheus() const {
            std::to_string(count->load()) + "\n";
   }
   return out;
+}
+
+void Metrics::AppendUpdates(const std::function<std::string(const std::string&)>& labels,
+                            std::string* out) const {
+  bool any = false;
+  for (const auto& [model, stats] : models_) any = any || stats->has_updates.load();
+  if (!any) return;
+  *out +=
+      "# HELP rec_update_records_total Update log records, by what became of them: applied, "
+      "skipped (older than the export), or refused (other_run, unknown_table, row_format, "
+      "id_range, backwards, malformed)\n# TYPE rec_update_records_total counter\n";
+  for (const auto& [model, stats] : models_) {
+    if (!stats->has_updates.load()) continue;
+    for (int o = 0; o < static_cast<int>(UpdateOutcome::kCount); ++o) {
+      *out += "rec_update_records_total{" + labels(model) + ",outcome=\"" +
+              OutcomeName(static_cast<UpdateOutcome>(o)) + "\"} " +
+              std::to_string(stats->updates.records[o].load()) + "\n";
+    }
+  }
+  struct Line {
+    const char* name;
+    const char* type;
+    const char* help;
+    int64_t (*get)(const ModelStats&);
+  };
+  static const Line kLines[] = {
+      {"rec_update_rows_applied_total", "counter", "Embedding rows written from the update log",
+       [](const ModelStats& s) { return static_cast<int64_t>(s.updates.rows_applied.load()); }},
+      {"rec_update_log_connected", "gauge", "1 while the update log's broker answers",
+       [](const ModelStats& s) { return s.updates.connected.load(); }},
+      {"rec_update_watermark_step", "gauge",
+       "Training step up to which every trained row is in the served tables",
+       [](const ModelStats& s) { return s.updates.watermark_step.load(); }},
+      {"rec_update_watermark_wall_ms", "gauge", "When that step ended (Unix ms; 0: unknown)",
+       [](const ModelStats& s) { return s.updates.watermark_wall_ms.load(); }},
+  };
+  for (const Line& l : kLines) {
+    *out +=
+        std::string("# HELP ") + l.name + " " + l.help + "\n# TYPE " + l.name + " " + l.type + "\n";
+    for (const auto& [model, stats] : models_) {
+      if (!stats->has_updates.load()) continue;
+      *out +=
+          std::string(l.name) + "{" + labels(model) + "} " + std::to_string(l.get(*stats)) + "\n";
+    }
+  }
+  *out +=
+      "# HELP rec_update_lag_ms Per batch: now minus the wall time of the training step its "
+      "embedding watermark is at\n# TYPE rec_update_lag_ms histogram\n";
+  for (const auto& [model, stats] : models_) {
+    if (stats->has_updates.load())
+      stats->update_lag_ms.AppendPrometheus("rec_update_lag_ms", labels(model), out);
+  }
 }
 
 uint64_t NowNs() {

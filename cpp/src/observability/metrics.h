@@ -4,11 +4,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "updates/update_stats.h"
 
 namespace rec {
 
@@ -40,6 +43,10 @@ struct ModelStats {
   std::atomic<int64_t> batch_variant{0};
   Histogram request_latency_us;
   Histogram batch_size;
+  // The update log (rec-server --updates): set once a version reads one.
+  std::atomic<bool> has_updates{false};
+  UpdateStats updates;
+  Histogram update_lag_ms;  // per batch: wall time now minus its embedding watermark's
 
   void RecordSuccess(uint64_t request_ns);
   void RecordFailure(uint64_t request_ns);
@@ -64,6 +71,9 @@ class Metrics {
   std::string Summary() const;
 
  private:
+  void AppendUpdates(const std::function<std::string(const std::string&)>& labels,
+                     std::string* out) const;
+
   HttpCloseCounts http_closes_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<ModelStats>> models_;

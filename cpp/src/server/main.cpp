@@ -80,6 +80,7 @@ int Serve(const rec::ServerOptions& o) {
   mo.model_name = o.model;
   mo.pinned_version = o.model_version;
   mo.allow_batch_variant = o.allow_batch_variant;
+  mo.updates_url = o.updates;
   mo.batcher.executor_threads = o.executor_threads;
   mo.batcher.max_queue_size = static_cast<size_t>(o.max_queue_size);
   mo.batcher.request_timeout_us = o.request_timeout_ms * 1000;

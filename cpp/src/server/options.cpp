@@ -4,6 +4,8 @@
 #include <functional>
 #include <map>
 
+#include "updates/update_record.h"
+
 namespace rec {
 namespace {
 
@@ -66,6 +68,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--log-verbose", i32(&o->log_verbose, 0, 1000)},
       {"--log-file", str(&o->log_file)},
       {"--trace-file", str(&o->trace_file)},
+      {"--updates", str(&o->updates)},
   };
 }
 
@@ -105,6 +108,11 @@ Status ParseOptions(int argc, char** argv, ServerOptions* o) {
   }
   if (!o->help && o->model_repository.empty()) {
     return InvalidArgument("--model-repository is required (see --help)");
+  }
+  if (!o->updates.empty() && o->updates != "none") {
+    UpdateUrl url;
+    Status st = ParseUpdateUrl(o->updates, &url);
+    if (!st.ok()) return InvalidArgument("--updates: " + st.message());
   }
   return Status::Ok();
 }
@@ -167,6 +175,9 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "                           executed batch); GET/POST /v2/logging and the\n"
          "                           LogSettings RPC read and change it while running\n"
          "  --log-file PATH          append the log to PATH instead of stderr\n"
+         "  --updates URL            apply the update log at redis://HOST:PORT[/STREAM] to\n"
+         "                           the served tables while serving (default: rec.json's\n"
+         "                           \"updates.url\"; none: no log)\n"
          "  --trace-file PATH        where request traces go (Triton's JSON trace format),\n"
          "                           once POST /v2/trace/setting or the TraceSetting RPC\n"
          "                           sets trace_level TIMESTAMPS; PATH.N every\n"

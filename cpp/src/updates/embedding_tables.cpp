@@ -1,0 +1,167 @@
+#include "updates/embedding_tables.h"
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+namespace rec {
+
+const char* OutcomeName(UpdateOutcome outcome) {
+  switch (outcome) {
+    case UpdateOutcome::kApplied:
+      return "applied";
+    case UpdateOutcome::kSkipped:
+      return "skipped";
+    case UpdateOutcome::kOtherRun:
+      return "other_run";
+    case UpdateOutcome::kUnknownTable:
+      return "unknown_table";
+    case UpdateOutcome::kRowFormat:
+      return "row_format";
+    case UpdateOutcome::kIdRange:
+      return "id_range";
+    case UpdateOutcome::kBackwards:
+      return "backwards";
+    case UpdateOutcome::kMalformed:
+      return "malformed";
+    default:
+      return "?";
+  }
+}
+
+std::vector<std::pair<std::string, int64_t>> WatermarkParameters(const Watermark& w) {
+  if (!w.valid) return {};
+  return {{"embedding_watermark_gen", w.gen},
+          {"embedding_watermark_step", w.step},
+          {"embedding_watermark_wall_ns", w.wall_ns}};
+}
+
+Status EmbeddingTables::Create(const UpdatesSpec& spec, std::map<std::string, Buffer> buffers,
+                               std::shared_ptr<void> owner, std::shared_ptr<EmbeddingTables>* out) {
+  for (const auto& [name, place] : spec.tables) {
+    auto it = buffers.find(place.buffer);
+    if (it == buffers.end()) {
+      return InvalidArgument("rec.json: \"updates.tables." + name + ".buffer\" names '" +
+                             place.buffer + "', which the model does not hold");
+    }
+    int64_t bytes = UpdateRowBytes(place.dim, place.dtype);
+    int64_t stored = bytes < 0 ? -1 : bytes;  // the same bytes, maybe padded
+    bool fits = stored >= 0 && place.row_stride >= stored && place.offset >= 0 && place.rows >= 0 &&
+                place.offset + place.rows * place.row_stride <= it->second.size;
+    if (!fits) {
+      return InvalidArgument(
+          "rec.json: \"updates.tables." + name + "\" (offset " + std::to_string(place.offset) +
+          ", " + std::to_string(place.rows) + " rows of " + std::to_string(place.row_stride) +
+          " bytes) does not fit its buffer of " + std::to_string(it->second.size) + " bytes");
+    }
+  }
+  out->reset(new EmbeddingTables(spec, std::move(buffers), std::move(owner)));
+  return Status::Ok();
+}
+
+EmbeddingTables::EmbeddingTables(UpdatesSpec spec, std::map<std::string, Buffer> buffers,
+                                 std::shared_ptr<void> owner)
+    : spec_(std::move(spec)), buffers_(std::move(buffers)), owner_(std::move(owner)) {
+  pthread_rwlockattr_t attr;
+  pthread_rwlockattr_init(&attr);
+  // glibc prefers readers by default: overlapping forward passes would starve the writer.
+  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&lock_, &attr);
+  pthread_rwlockattr_destroy(&attr);
+  run_ = spec_.run;
+  watermark_ = Watermark{true, 0, spec_.step, 0};
+}
+
+EmbeddingTables::~EmbeddingTables() { pthread_rwlock_destroy(&lock_); }
+
+EmbeddingTables::Reading::Reading(EmbeddingTables* t) : t_(t) { pthread_rwlock_rdlock(&t_->lock_); }
+EmbeddingTables::Reading::~Reading() { pthread_rwlock_unlock(&t_->lock_); }
+
+Watermark EmbeddingTables::CurrentWatermark() {
+  Reading r(this);
+  return r.watermark();
+}
+
+UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) const {
+  if (!run_.empty() && r.run != run_) {
+    *why = "record of run '" + r.run + "', the served version is of run '" + run_ + "'";
+    return UpdateOutcome::kOtherRun;
+  }
+  auto seen = rank_version_.find(r.rank);
+  if (seen != rank_version_.end() && std::make_pair(r.gen, r.step) < seen->second) {
+    *why = "rank " + std::to_string(r.rank) + " sent (gen " + std::to_string(r.gen) + ", step " +
+           std::to_string(r.step) + ") after (gen " + std::to_string(seen->second.first) +
+           ", step " + std::to_string(seen->second.second) + ")";
+    return UpdateOutcome::kBackwards;
+  }
+  if (r.ids.empty()) return UpdateOutcome::kApplied;
+  auto it = spec_.tables.find(r.table);
+  if (it == spec_.tables.end()) {
+    *why = "table '" + r.table + "' is not in the served model";
+    return UpdateOutcome::kUnknownTable;
+  }
+  const TablePlace& p = it->second;
+  if (r.dtype != p.dtype || r.dim != p.dim) {
+    *why = "'" + r.table + "' is served as " + p.dtype + " dim " + std::to_string(p.dim) +
+           ", the record has " + r.dtype + " dim " + std::to_string(r.dim);
+    return UpdateOutcome::kRowFormat;
+  }
+  if (r.ids.back() >= p.rows) {
+    *why = "id " + std::to_string(r.ids.back()) + " is outside '" + r.table + "''s " +
+           std::to_string(p.rows) + " rows";
+    return UpdateOutcome::kIdRange;
+  }
+  if (r.step <= spec_.step) return UpdateOutcome::kSkipped;
+  return UpdateOutcome::kApplied;
+}
+
+UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
+  pthread_rwlock_wrlock(&lock_);
+  UpdateOutcome outcome = Check(r, why);
+  if (outcome == UpdateOutcome::kApplied && !r.ids.empty()) {
+    const TablePlace& p = spec_.tables.at(r.table);
+    uint8_t* base = buffers_.at(p.buffer).data + p.offset;
+    const size_t row_bytes = static_cast<size_t>(UpdateRowBytes(r.dim, r.dtype));
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(r.rows.data());
+    for (size_t i = 0; i < r.ids.size(); ++i, src += row_bytes) {
+      uint8_t* dst = base + r.ids[i] * p.row_stride;
+      if (p.scale_bias_first) {  // the log sends codes then scale and bias; FBGEMM stores them
+                                 // first
+        std::memcpy(dst, src + row_bytes - 4, 4);
+        std::memcpy(dst + 4, src, row_bytes - 4);
+      } else {
+        std::memcpy(dst, src, row_bytes);
+      }
+    }
+  }
+  if (outcome == UpdateOutcome::kApplied || outcome == UpdateOutcome::kSkipped) {
+    if (run_.empty()) run_ = r.run;
+    Advance(r);
+  }
+  pthread_rwlock_unlock(&lock_);
+  return outcome;
+}
+
+void EmbeddingTables::Advance(const UpdateRecord& r) {
+  rank_version_[r.rank] = {r.gen, r.step};
+  if (r.gen > complete_gen_) {  // a resumed run: its ranks (maybe another number) start over
+    complete_gen_ = r.gen;
+    complete_.clear();
+  }
+  world_ = r.world;
+  if (!r.last || r.gen < complete_gen_) return;
+  complete_[r.rank] = Watermark{true, r.gen, r.step, r.wall_ns};
+  if (static_cast<int64_t>(complete_.size()) < world_) return;
+  Watermark low = complete_.begin()->second;
+  for (const auto& [rank, w] : complete_) {
+    // The oldest (gen, step); of ranks at the same step, the earliest clock.
+    if (std::tie(w.gen, w.step, w.wall_ns) < std::tie(low.gen, low.step, low.wall_ns)) low = w;
+  }
+  // Rows of steps the export already holds do not move the watermark; after that it only grows.
+  bool later = watermark_.gen == 0
+                   ? low.step > spec_.step
+                   : std::tie(low.gen, low.step) > std::tie(watermark_.gen, watermark_.step);
+  if (later) watermark_ = low;
+}
+
+}  // namespace rec

@@ -1,0 +1,112 @@
+// The served tables as the update log writes them: where each table's rows lie in the model's
+// storage (rec.json "updates"), the rules for applying a record (the Python reference is
+// rec.update_log.ReplicaState), and the lock that keeps a forward pass from seeing a torn row.
+//
+// A forward pass holds a Reading for its whole run; Apply writes a record's rows under the
+// exclusive side of the same reader-writer lock (writer-preferring, so a steady stream of
+// batches cannot starve it). A batch therefore sees each record wholly applied or not at all,
+// and the watermark a Reading reports is exactly the one its rows are at.
+#pragma once
+
+#include <pthread.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "updates/update_record.h"
+#include "updates/update_stats.h"
+
+namespace rec {
+
+struct TablePlace {
+  std::string buffer;  // the storage buffer's name in the model ("lookup.weights_host")
+  int64_t offset = 0;  // bytes from the buffer's start to row 0
+  int64_t row_stride = 0;
+  int64_t rows = 0;
+  int64_t dim = 0;
+  std::string dtype;
+  bool scale_bias_first = false;  // FBGEMM's int-N-bit rows: fp16 scale and bias, then codes
+};
+
+// rec.json's "updates" section.
+struct UpdatesSpec {
+  bool present = false;
+  std::string url;   // the run's publish.url at export, or empty
+  std::string run;   // the publisher's run id, or empty (a run that never published)
+  int64_t step = 0;  // the checkpoint step the export holds
+  std::map<std::string, TablePlace> tables;
+};
+
+// The embedding watermark: every row trained up to (gen, step) is in the tables. A version
+// starts at its export's step (gen 0, no wall time).
+struct Watermark {
+  bool valid = false;
+  int64_t gen = 0;
+  int64_t step = 0;
+  int64_t wall_ns = 0;  // when that step ended; 0: not known (the export's own)
+};
+
+// A response's parameters for the watermark it was scored at (none when not valid):
+// embedding_watermark_gen, _step and _wall_ns (0: the export's own, time unknown).
+std::vector<std::pair<std::string, int64_t>> WatermarkParameters(const Watermark& w);
+
+class EmbeddingTables {
+ public:
+  struct Buffer {
+    uint8_t* data = nullptr;
+    int64_t size = 0;
+  };
+
+  // Checks that every table lies inside its buffer. `owner` keeps the buffers alive.
+  static Status Create(const UpdatesSpec& spec, std::map<std::string, Buffer> buffers,
+                       std::shared_ptr<void> owner, std::shared_ptr<EmbeddingTables>* out);
+  ~EmbeddingTables();
+  EmbeddingTables(const EmbeddingTables&) = delete;
+  EmbeddingTables& operator=(const EmbeddingTables&) = delete;
+
+  // Applies `r` whole, or refuses it whole (*why says why). Thread-safe.
+  UpdateOutcome Apply(const UpdateRecord& r, std::string* why);
+
+  // Held by a forward pass: no record is applied meanwhile.
+  class Reading {
+   public:
+    explicit Reading(EmbeddingTables* t);
+    ~Reading();
+    Reading(const Reading&) = delete;
+    Reading& operator=(const Reading&) = delete;
+    Watermark watermark() const { return t_->watermark_; }
+
+   private:
+    EmbeddingTables* t_;
+  };
+
+  Watermark CurrentWatermark();
+  const UpdatesSpec& spec() const { return spec_; }
+
+ private:
+  EmbeddingTables(UpdatesSpec spec, std::map<std::string, Buffer> buffers,
+                  std::shared_ptr<void> owner);
+  UpdateOutcome Check(const UpdateRecord& r, std::string* why) const;
+  void Advance(const UpdateRecord& r);
+
+  UpdatesSpec spec_;
+  std::map<std::string, Buffer> buffers_;
+  std::shared_ptr<void> owner_;
+  pthread_rwlock_t lock_;
+  // Under the write lock:
+  std::string run_;
+  std::map<int64_t, std::pair<int64_t, int64_t>> rank_version_;  // rank -> (gen, step)
+  int64_t complete_gen_ = 0;
+  std::map<int64_t, Watermark> complete_;  // rank -> its newest complete publish, this gen
+  int64_t world_ = 0;
+  Watermark watermark_;
+};
+
+}  // namespace rec

@@ -1,0 +1,140 @@
+#include "updates/update_record.h"
+
+#include <cstring>
+#include <map>
+#include <regex>
+
+namespace rec {
+namespace {
+
+Status Bad(const std::string& what) { return InvalidArgument("update record: " + what); }
+
+bool ParseCount(const std::string& text, int64_t* out) {
+  if (text.empty() || text.size() > 19) return false;
+  int64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+std::string Quoted(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+int64_t UpdateRowBytes(int64_t dim, const std::string& dtype) {
+  if (dim < 0) return -1;
+  if (dtype == "fp32") return dim * 4;
+  if (dtype == "fp16") return dim * 2;
+  if (dtype == "int8") return dim + 4;
+  if (dtype == "int4") return dim % 2 == 0 ? dim / 2 + 4 : -1;
+  return -1;
+}
+
+Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
+  std::map<std::string, const std::string*> by_name;
+  for (const auto& [k, v] : fields) by_name[k] = &v;
+  auto text = [&](const char* key, const std::string** v) -> Status {
+    auto it = by_name.find(key);
+    if (it == by_name.end()) return Bad(std::string("\"") + key + "\" is missing");
+    *v = it->second;
+    return Status::Ok();
+  };
+  const std::string* v = nullptr;
+  REC_RETURN_IF_ERROR(text("format", &v));
+  if (*v != kUpdateFormat) {
+    return Bad(std::string("\"format\" must be '") + kUpdateFormat + "', got " + Quoted(*v));
+  }
+  const char* int_fields[] = {"gen", "rank", "world", "step", "wall_ns", "dim", "count"};
+  std::map<std::string, int64_t> ints;
+  for (const char* key : int_fields) {
+    REC_RETURN_IF_ERROR(text(key, &v));
+    int64_t n = 0;
+    if (!ParseCount(*v, &n)) {
+      return Bad(std::string("\"") + key + "\" must be a non-negative integer, got " + Quoted(*v));
+    }
+    ints[key] = n;
+  }
+  if (ints["rank"] >= ints["world"]) {
+    return Bad("\"rank\" " + std::to_string(ints["rank"]) + " is not in [0, " +
+               std::to_string(ints["world"]) + ")");
+  }
+  if (ints["gen"] < 1) return Bad("\"gen\" must be at least 1");
+  REC_RETURN_IF_ERROR(text("last", &v));
+  if (*v != "0" && *v != "1") return Bad("\"last\" must be \"0\" or \"1\", got " + Quoted(*v));
+  out->last = *v == "1";
+  REC_RETURN_IF_ERROR(text("dtype", &v));
+  out->dtype = *v;
+  if (UpdateRowBytes(0, out->dtype) < 0) {
+    return Bad("\"dtype\" must be one of ['int8', 'int4', 'fp16', 'fp32'], got " + Quoted(*v));
+  }
+  REC_RETURN_IF_ERROR(text("table", &v));
+  out->table = *v;
+  REC_RETURN_IF_ERROR(text("run", &v));
+  out->run = *v;
+  int64_t count = ints["count"];
+  if (count > 0 && out->table.empty()) return Bad("\"table\" is empty but \"count\" is not 0");
+  static const std::string kEmpty;
+  auto ids_it = by_name.find("ids");
+  auto rows_it = by_name.find("rows");
+  const std::string& ids = ids_it == by_name.end() ? kEmpty : *ids_it->second;
+  const std::string& rows = rows_it == by_name.end() ? kEmpty : *rows_it->second;
+  if (ids.size() != static_cast<size_t>(8 * count)) {
+    return Bad("\"ids\" holds " + std::to_string(ids.size()) + " bytes, " + std::to_string(count) +
+               " ids need " + std::to_string(8 * count));
+  }
+  int64_t row_bytes = UpdateRowBytes(ints["dim"], out->dtype);
+  if (row_bytes < 0) {
+    return Bad("a " + out->dtype + " row of dim " + std::to_string(ints["dim"]) +
+               " is not a whole number of bytes");
+  }
+  int64_t want = count * row_bytes;
+  if (rows.size() != static_cast<size_t>(want)) {
+    return Bad("\"rows\" holds " + std::to_string(rows.size()) + " bytes, " +
+               std::to_string(count) + " " + out->dtype + " rows of dim " +
+               std::to_string(ints["dim"]) + " need " + std::to_string(want));
+  }
+  out->ids.resize(static_cast<size_t>(count));
+  if (count > 0) std::memcpy(out->ids.data(), ids.data(), ids.size());  // little-endian host
+  for (int64_t i = 0; i < count; ++i) {
+    if (out->ids[i] < 0 || (i > 0 && out->ids[i] <= out->ids[i - 1])) {
+      return Bad("\"ids\" must be non-negative and strictly increasing");
+    }
+  }
+  out->rows = rows;
+  out->gen = ints["gen"];
+  out->rank = ints["rank"];
+  out->world = ints["world"];
+  out->step = ints["step"];
+  out->wall_ns = ints["wall_ns"];
+  out->dim = ints["dim"];
+  return Status::Ok();
+}
+
+Status ParseUpdateUrl(const std::string& url, UpdateUrl* out) {
+  static const std::regex kUrl(R"(^redis://([^/:?#\s]+):(\d{1,5})(?:/([^?#\s]*))?$)");
+  std::smatch m;
+  if (!std::regex_match(url, m, kUrl)) {
+    return InvalidArgument("update log URL '" + url +
+                           "' must look like redis://HOST:PORT[/STREAM]");
+  }
+  int port = std::stoi(m[2].str());
+  if (port < 1 || port > 65535) {
+    return InvalidArgument("update log URL '" + url + "': port " + std::to_string(port) +
+                           " is not in [1, 65535]");
+  }
+  std::string stream = m[3].matched && !m[3].str().empty() ? m[3].str() : kDefaultUpdateStream;
+  if (std::all_of(stream.begin(), stream.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return InvalidArgument("update log URL '" + url + "': the path names the stream, and '" +
+                           stream + "' looks like a Redis database number; name the stream " +
+                           "(for example /rec:updates)");
+  }
+  out->host = m[1].str();
+  out->port = port;
+  out->stream = stream;
+  return Status::Ok();
+}
+
+}  // namespace rec

@@ -1,0 +1,50 @@
+// The update log's record (rec.contract.updates, format "rec.updates/1"): decoding one Redis
+// stream entry and checking it, with the same refusal sentences as the Python reader.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace rec {
+
+inline constexpr const char* kUpdateFormat = "rec.updates/1";
+inline constexpr const char* kDefaultUpdateStream = "rec:updates";
+
+struct UpdateRecord {
+  std::string run;
+  int64_t gen = 0;
+  int64_t rank = 0;
+  int64_t world = 0;
+  int64_t step = 0;
+  int64_t wall_ns = 0;
+  bool last = false;
+  std::string table;  // empty on a record that only advances the rank's watermark
+  std::string dtype;
+  int64_t dim = 0;
+  std::vector<int64_t> ids;  // strictly increasing
+  std::string rows;  // ids.size() rows of UpdateRowBytes(dim, dtype): codes, then scale, bias
+};
+
+// Bytes of one row of the log (codes, then fp16 scale and bias for int8/int4); -1 for a dtype
+// that is not one of int8, int4, fp16, fp32 or a row that is not a whole number of bytes.
+int64_t UpdateRowBytes(int64_t dim, const std::string& dtype);
+
+using StreamFields = std::vector<std::pair<std::string, std::string>>;
+
+// One entry's fields -> the checked record; InvalidArgument naming the field otherwise.
+Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out);
+
+struct UpdateUrl {
+  std::string host;
+  int port = 0;
+  std::string stream;
+};
+
+// redis://HOST:PORT[/STREAM] (the path names the stream; a number is refused as a database).
+Status ParseUpdateUrl(const std::string& url, UpdateUrl* out);
+
+}  // namespace rec

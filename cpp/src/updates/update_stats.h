@@ -1,0 +1,34 @@
+// What the update log did to one model's tables, counted (rec-server's /metrics). No other
+// dependency, so the metrics unit can hold it.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+namespace rec {
+
+enum class UpdateOutcome : int {
+  kApplied = 0,
+  kSkipped,  // rows older than the export: already in the tables
+  kOtherRun,
+  kUnknownTable,
+  kRowFormat,
+  kIdRange,
+  kBackwards,
+  kMalformed,
+  kCount
+};
+const char* OutcomeName(UpdateOutcome outcome);
+
+// Counters of one model's update stream (rec-server's /metrics).
+struct UpdateStats {
+  std::array<std::atomic<uint64_t>, static_cast<int>(UpdateOutcome::kCount)> records{};
+  std::atomic<uint64_t> rows_applied{0};
+  std::atomic<int64_t> connected{0};
+  std::atomic<int64_t> watermark_step{-1};
+  std::atomic<int64_t> watermark_wall_ms{0};
+  void Count(UpdateOutcome o) { records[static_cast<int>(o)].fetch_add(1); }
+};
+
+}  // namespace rec

@@ -1,0 +1,42 @@
+// The update log's reader in rec-server: one thread per served version with an update log,
+// reading the Redis stream (XREAD, hiredis) from its own cursor and applying each record to the
+// version's tables. The cursor starts at the log's beginning: records of steps the export holds
+// are skipped, so a new version (a restart, a hot swap) replays exactly what it lacks. A broker
+// that goes away is retried; nothing is lost, since the cursor stays where it was.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "updates/embedding_tables.h"
+#include "updates/update_record.h"
+
+namespace rec {
+
+class UpdateSubscriber {
+ public:
+  UpdateSubscriber(std::string model, UpdateUrl url, std::shared_ptr<EmbeddingTables> tables,
+                   UpdateStats* stats);
+  ~UpdateSubscriber();  // stops the reader and joins it
+  UpdateSubscriber(const UpdateSubscriber&) = delete;
+  UpdateSubscriber& operator=(const UpdateSubscriber&) = delete;
+
+ private:
+  void Loop();
+  bool Sleep(int ms);  // false once stopping
+
+  std::string model_;
+  UpdateUrl url_;
+  std::shared_ptr<EmbeddingTables> tables_;
+  UpdateStats* stats_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace rec
