@@ -52,13 +52,12 @@ import click
 )
 def train_command(config, run_dir, nproc, resume, max_restarts, publish) -> None:
     """Train with TorchRec DistributedModelParallel on NPROC local ranks."""
-    from rec.config import ConfigError
     from rec.train.launch import TrainingFailedError, train
 
     try:
         run = train(config, resume or run_dir, nproc, resume=resume is not None,
                     max_restarts=max_restarts, publish=publish)  # fmt: skip
-    except (TrainingFailedError, ConfigError) as e:
+    except TrainingFailedError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"run directory: {run}")
 

@@ -1,0 +1,226 @@
+"""Freshness: how long a trained row takes to reach served responses, with the real parts.
+
+    .venv/bin/python benchmarks/freshness.py                       # the default model
+    .venv/bin/python benchmarks/freshness.py --config examples/criteo_kaggle.yaml --label kaggle
+
+1. Our own redis-server (rec.broker). `rec train` a first part of the run (publishing), `rec
+   export` it, and rec-server serves the export with `--updates` on the log.
+2. One client sends B = 1 requests back to back over HTTP the whole time and keeps each
+   response's embedding watermark (the step whose rows it was scored with) and latency.
+3. A quiet window (no training) gives the latency without updates; then `rec train --resume`
+   trains the second part, publishing every `--every-s` seconds, while the client goes on.
+4. Freshness of a publish at step s: the first response whose watermark reached s minus the
+   wall time step s ended ("from step"), and minus when the step after the previous publish
+   started ("worst row": a row trained right after the previous publish waits longest).
+5. A second replica replays the whole log from the export: the rows/s one replica applies.
+6. The publisher's own time per rank (its log line) against the training time: the cost.
+
+Writes benchmarks/results/freshness_<label>.json and prints a summary; the CPU is in the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+REC = str(ROOT / ".venv" / "bin" / "rec")
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def log(msg: str) -> None:
+    print(f"[freshness] {msg}", flush=True)
+
+
+def rec(*args: str, timeout: float = 7200) -> str:
+    proc = subprocess.run([REC, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)  # fmt: skip
+    if proc.returncode != 0:
+        sys.exit(f"rec {' '.join(args)} failed:\n{proc.stdout[-3000:]}")
+    return proc.stdout
+
+
+def percentiles(values) -> dict:
+    a = np.asarray(values, dtype=float)
+    if a.size == 0:
+        return {"n": 0}
+    p50, p99 = (round(float(np.percentile(a, q)), 4) for q in (50, 99))
+    return {"n": int(a.size), "p50": p50, "p99": p99, "max": round(float(a.max()), 4)}
+
+
+class Client(threading.Thread):
+    """B = 1 requests back to back; (time, watermark gen, step, latency) per response."""
+
+    def __init__(self, http: str, request: dict) -> None:
+        super().__init__(daemon=True)
+        self.http, self.request = http, request
+        self.samples: list[tuple[float, int, int, float]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import tritonclient.http as httpclient
+
+        from rec.contract import DTYPES
+
+        with httpclient.InferenceServerClient(self.http) as c:
+            inputs = []
+            for name, arr in self.request.items():
+                i = httpclient.InferInput(name, list(arr.shape), DTYPES[name])
+                i.set_data_from_numpy(arr)
+                inputs.append(i)
+            while not self.stop.is_set():
+                t0 = time.perf_counter()
+                result = c.infer("rec", inputs)
+                t1 = time.perf_counter()
+                p = result.get_response().get("parameters", {})
+                self.samples.append((time.time(), p.get("embedding_watermark_gen", -1),
+                                     p.get("embedding_watermark_step", -1), t1 - t0))  # fmt: skip
+
+    def window(self, start: float, end: float) -> list[float]:
+        return [lat for t, _, _, lat in self.samples if start <= t < end]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=None, help="YAML config (default: the embedded one)")
+    parser.add_argument("--label", default="default")
+    parser.add_argument("--first-steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=600, help="steps trained while serving")
+    parser.add_argument("--every-s", type=float, default=0.5, help="publish.every_seconds")
+    parser.add_argument("--quiet-s", type=float, default=10.0)
+    parser.add_argument("--nproc", type=int, default=2)
+    args = parser.parse_args()
+
+    from rec.broker import RedisBroker
+    from rec.config import load_config
+    from rec.contract import read_manifest
+    from rec.contract.requests import random_request
+    from rec.cpu import cpu_info, describe
+    from rec.serve.cpp import launch_cpp
+    from rec.update_log import read_records
+
+    work = Path(tempfile.mkdtemp(prefix="rec-fresh-"))
+    broker = RedisBroker(work / "redis")
+    url = broker.url("rec:updates")
+    cfg = load_config(args.config)
+    data = yaml.safe_load(cfg.to_yaml())
+    data["training"]["steps"] = args.first_steps
+    data["training"]["eval_every"] = 0
+    data["training"]["eval_batches"] = 2
+    data["checkpoint"]["every_steps"] = 0
+    data["publish"] = {"url": url, "every_seconds": args.every_s, "every_steps": 0}
+    data["export"]["eval_batches"] = 2
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(data))
+    run, repo = work / "run", work / "repo"
+    log(f"work in {work}; training the first {args.first_steps} steps")
+    rec("train", "--config", str(config), "--run-dir", str(run), "--nproc", str(args.nproc))
+    log("exporting")
+    rec("export", str(run), "--repo", str(repo))
+    manifest = read_manifest(repo / "rec" / "rec.json")
+    server = launch_cpp(repo, "--updates", url)
+    request = random_request(len(manifest.dense_names), len(manifest.sparse_names), 1, seed=1)
+    client = Client(server.endpoints.http, request)
+    client.start()
+    quiet_start = time.time()
+    time.sleep(args.quiet_s)
+    quiet_end = time.time()
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["training"]["steps"] = args.first_steps + args.steps
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    log(f"training {args.steps} more steps while serving, publishing every {args.every_s} s")
+    t_train = time.time()
+    out = rec("train", "--resume", str(run), "--nproc", str(args.nproc))
+    train_s = time.time() - t_train
+    last = args.first_steps + args.steps
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(s >= last for _, _, s, _ in client.samples[-50:]):
+        time.sleep(0.1)
+    busy_end = time.time()
+    client.stop.set()
+    client.join()
+    server_peak = server.peak_rss_bytes()
+    records = [r for _, r in read_records(url)]
+    server.stop()
+
+    # Freshness per publish of the served generation.
+    gen = max(r.gen for r in records)
+    ends: dict[int, int] = {}
+    for r in records:
+        if r.gen == gen and r.last:
+            ends[r.step] = max(ends.get(r.step, 0), r.wall_ns)  # the slower rank's end
+    served = sorted((t, s) for t, g, s, _ in client.samples if g == gen)
+    steps = sorted(ends)
+    fresh_step, fresh_worst = [], []
+    it = 0
+    for k, step in enumerate(steps):
+        while it < len(served) and served[it][1] < step:
+            it += 1
+        if it == len(served):
+            break
+        t_seen = served[it][0]
+        fresh_step.append(t_seen - ends[step] / 1e9)
+        if k > 0:
+            fresh_worst.append(t_seen - ends[steps[k - 1]] / 1e9)
+
+    # The rows/s one replica applies: a second one replays the whole log from the export.
+    rows = sum(r.count for r in records if r.step > args.first_steps)
+    replica = launch_cpp(repo, "--updates", url)
+    t0 = time.perf_counter()
+    import urllib.request
+
+    def metric(name: str) -> float:
+        text = urllib.request.urlopen(f"http://{replica.endpoints.metrics}/metrics").read().decode()
+        m = re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    while metric("rec_update_rows_applied_total") < rows and time.perf_counter() - t0 < 600:
+        time.sleep(0.01)
+    apply_s = time.perf_counter() - t0
+    replica.stop()
+    broker.stop()
+
+    cost = re.search(r"published to \S+: (\d+) rows from rank 0, ([\d.]+) s", out)
+    quiet = client.window(quiet_start, quiet_end)
+    busy = client.window(t_train, busy_end)
+    results = {
+        "benchmark": "freshness",
+        "label": args.label,
+        "config": args.config or "embedded default",
+        "cpu": describe(cpu_info()),
+        "date": time.strftime("%Y-%m-%d"),
+        "publish_every_s": args.every_s,
+        "steps_while_serving": args.steps,
+        "freshness_s_from_step": percentiles(fresh_step),
+        "freshness_s_worst_row": percentiles(fresh_worst),
+        "latency_ms_b1_quiet": percentiles([x * 1e3 for x in quiet]),
+        "latency_ms_b1_under_updates": percentiles([x * 1e3 for x in busy]),
+        "rows_published": rows,
+        "rows_per_s_published": round(rows / train_s, 1),
+        "replay_rows_per_s": round(rows / apply_s, 1),
+        "publish_seconds_rank0": float(cost.group(2)) if cost else None,
+        "train_seconds": round(train_s, 1),
+        "server_peak_rss_bytes": server_peak,
+    }
+    q, b = results["latency_ms_b1_quiet"], results["latency_ms_b1_under_updates"]
+    if q.get("p99") and b.get("p99"):
+        results["p99_under_updates_over_quiet"] = round(b["p99"] / q["p99"], 3)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"freshness_{args.label}.json"
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    log(json.dumps(results, indent=1))
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
