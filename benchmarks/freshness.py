@@ -61,7 +61,7 @@ def percentiles(values) -> dict:
 class Client(threading.Thread):
     """B = 1 requests back to back; (time, watermark gen, step, latency) per response."""
 
-    def __init__(self, http: str, request: dict) -> None:
+    def __init__(self, http: str, request: dict) -> None:  # noqa: D107
         super().__init__(daemon=True)
         self.http, self.request = http, request
         self.samples: list[tuple[float, int, int, float]] = []
@@ -90,6 +90,81 @@ class Client(threading.Thread):
         return [lat for t, _, _, lat in self.samples if start <= t < end]
 
 
+def stream_latency(repo, url, manifest, records, window_s: float) -> dict:
+    """p50/p99 at B = 1 and B = 512 with 0, 10k and 100k rows/s of updates streaming in."""
+    import redis
+    import torch
+
+    from rec.contract.requests import random_request
+    from rec.contract.updates import UpdateRecord, encode, parse_url
+    from rec.quantize import fused_rows
+    from rec.serve.cpp import launch_cpp
+
+    updates = manifest.data["updates"]
+    table, place = max(updates["tables"].items(), key=lambda kv: kv[1]["rows"])
+    per_record = min(1000, place["rows"])
+    gen = max(r.gen for r in records) + 1
+    rng = np.random.default_rng(0)
+    dim, dtype = place["dim"], place["dtype"]
+    pool = [
+        fused_rows(torch.randn(per_record, dim) * 0.05, dtype).numpy().tobytes() for _ in "abcd"
+    ]
+    where = parse_url(url)
+    client = redis.Redis(host=where.host, port=where.port)
+    server = launch_cpp(repo, "--updates", url)
+    out: dict = {"table": table, "rows_per_record": per_record}
+    step = [max(r.step for r in records) + 1]
+
+    def writer(rate: float, stop: threading.Event) -> None:
+        interval, k = per_record / rate, 0
+        nxt = time.perf_counter()
+        while not stop.is_set():
+            drawn = np.unique(rng.integers(0, place["rows"], size=2 * per_record))
+            if drawn.size < per_record:  # a table not much larger than a record: all of it
+                drawn = np.arange(per_record)
+            ids = np.sort(rng.choice(drawn, size=per_record, replace=False))
+            rows = pool[k % 4]
+            rec = UpdateRecord(updates["run"], gen, 0, 1, step[0], time.time_ns(), True, table,
+                               dtype, dim, tuple(ids.tolist()), rows)  # fmt: skip
+            client.xadd(where.stream, encode(rec))
+            step[0] += 1
+            k += 1
+            nxt += interval
+            time.sleep(max(0.0, nxt - time.perf_counter()))
+
+    try:
+        for batch in (1, 512):
+            request = random_request(len(manifest.dense_names), len(manifest.sparse_names),
+                                     batch, seed=2)  # fmt: skip
+            for rate in (0, 10_000, 100_000):
+                stop = threading.Event()
+                w = threading.Thread(target=writer, args=(rate, stop), daemon=True)
+                if rate:
+                    w.start()
+                c = Client(server.endpoints.http, request)
+                c.start()
+                start = time.time()
+                time.sleep(window_s)
+                c.stop.set()
+                c.join()
+                stop.set()
+                if rate:
+                    w.join()
+                lat = percentiles([x * 1e3 for x in c.window(start + 1.0, time.time())])
+                out[f"b{batch}_rate{rate}_ms"] = lat
+                log(f"B={batch}, {rate} rows/s of updates: {lat}")
+            base = out[f"b{batch}_rate0_ms"]["p99"]
+            for rate in (10_000, 100_000):
+                out[f"b{batch}_rate{rate}_p99_ratio"] = round(
+                    out[f"b{batch}_rate{rate}_ms"]["p99"] / base, 3
+                )
+        out["server_peak_rss_bytes"] = server.peak_rss_bytes()
+    finally:
+        server.stop()
+        client.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=None, help="YAML config (default: the embedded one)")
@@ -99,6 +174,8 @@ def main() -> None:
     parser.add_argument("--every-s", type=float, default=0.5, help="publish.every_seconds")
     parser.add_argument("--quiet-s", type=float, default=10.0)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--window-s", type=float, default=8.0,
+                        help="seconds per (update rate, batch size) latency window")  # fmt: skip
     args = parser.parse_args()
 
     from rec.broker import RedisBroker
@@ -186,8 +263,12 @@ def main() -> None:
 
     while metric("rec_update_rows_applied_total") < rows and time.perf_counter() - t0 < 600:
         time.sleep(0.01)
-    apply_s = time.perf_counter() - t0
+    apply_s = metric("rec_update_busy_us_total") / 1e6
     replica.stop()
+
+    # Serving latency under a steady stream of updates (synthetic rows of a real table, at a set
+    # rate) against none, at B = 1 and B = 512, with no training running.
+    stream = stream_latency(repo, url, manifest, records, args.window_s)
     broker.stop()
 
     cost = re.search(r"published to \S+: (\d+) rows from rank 0, ([\d.]+) s", out)
@@ -207,7 +288,8 @@ def main() -> None:
         "latency_ms_b1_under_updates": percentiles([x * 1e3 for x in busy]),
         "rows_published": rows,
         "rows_per_s_published": round(rows / train_s, 1),
-        "replay_rows_per_s": round(rows / apply_s, 1),
+        "replay_rows_per_s": round(rows / apply_s, 1) if apply_s else None,
+        "serving_under_update_streams": stream,
         "publish_seconds_rank0": float(cost.group(2)) if cost else None,
         "train_seconds": round(train_s, 1),
         "server_peak_rss_bytes": server_peak,

@@ -28,6 +28,9 @@ struct UpdateStats {
   std::atomic<int64_t> connected{0};
   std::atomic<int64_t> watermark_step{-1};
   std::atomic<int64_t> watermark_wall_ms{0};
+  // Time the reader spent on reads that returned entries and on applying them (not waiting for
+  // news): rows_applied over it is the rate one replica applies at.
+  std::atomic<uint64_t> busy_ns{0};
   void Count(UpdateOutcome o) { records[static_cast<int>(o)].fetch_add(1); }
 };
 

@@ -86,6 +86,7 @@ void UpdateSubscriber::Loop() {
       LogInfo("model '" + model_ + "': reading update log " + where + " from entry " + cursor);
       reported_down = false;
     }
+    const auto read_start = std::chrono::steady_clock::now();
     Reply reply(static_cast<redisReply*>(
         redisCommand(ctx.get(), "XREAD COUNT %d BLOCK %d STREAMS %s %s", kBatchEntries, kBlockMs,
                      url_.stream.c_str(), cursor.c_str())));
@@ -104,6 +105,16 @@ void UpdateSubscriber::Loop() {
     const redisReply* stream = reply->element[0];
     if (stream->type != REDIS_REPLY_ARRAY || stream->elements < 2) continue;
     const redisReply* entries = stream->element[1];
+    struct Busy {  // counts this batch's read and apply time, however the loop leaves it
+      std::chrono::steady_clock::time_point start;
+      UpdateStats* stats;
+      ~Busy() {
+        stats->busy_ns.fetch_add(
+            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::steady_clock::now() - start)
+                                      .count()));
+      }
+    } busy{read_start, stats_};
     for (size_t i = 0; i < entries->elements; ++i) {
       const redisReply* entry = entries->element[i];
       if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 2) continue;
