@@ -47,7 +47,8 @@ class RedisBroker:
         if binary is None:
             raise BrokerError("redis-server is not installed (Debian: apt-get install "
                               "redis-server; `make setup` installs it)")  # fmt: skip
-        self.binary, self.folder, self.host = binary, Path(folder), host
+        # Absolute: redis-server enters --dir before it opens --logfile.
+        self.binary, self.folder, self.host = binary, Path(folder).resolve(), host
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = port or _free_port(host)
         self.proc: subprocess.Popen | None = None

@@ -351,7 +351,10 @@ Status ApplyUpdates(const nlohmann::json& manifest, const std::string& source, M
     return BadField(*spec, source, "updates.tables", "an object",
                     tables == u.end() ? nullptr : &*tables);
   }
-  for (const auto& [name, t] : tables->items()) {
+  for (auto item = tables->begin(); item != tables->end(); ++item) {
+    // Named, not a structured binding: clang (the fuzz build) cannot capture those in lambdas.
+    const std::string name = item.key();
+    const nlohmann::json& t = item.value();
     const std::string where = "updates.tables." + name;
     TablePlace p;
     auto num = [&](const char* key, int64_t* dst) -> Status {

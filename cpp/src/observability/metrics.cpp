@@ -190,9 +190,7 @@ void Metrics::AppendUpdates(const std::function<std::string(const std::string&)>
        [](const ModelStats& s) { return static_cast<int64_t>(s.updates.rows_applied.load()); }},
       {"rec_update_busy_us_total", "counter",
        "Time the update log's reader spent reading and applying entries (not waiting)",
-       [](const ModelStats& s) {
-         return static_cast<int64_t>(s.updates.busy_ns.load() / 1000);
-       }},
+       [](const ModelStats& s) { return static_cast<int64_t>(s.updates.busy_ns.load() / 1000); }},
       {"rec_update_log_connected", "gauge", "1 while the update log's broker answers",
        [](const ModelStats& s) { return s.updates.connected.load(); }},
       {"rec_update_watermark_step", "gauge",
