@@ -101,6 +101,9 @@ def updates_section(src: Source, layout: dict[str, dict]) -> dict[str, Any]:
         "url": src.cfg.publish.url or None,
         "run": run_id,
         "step": int(src.loaded.meta.get("step", 0)),
+        # The publisher's generation that trained up to that step (0: none published): the
+        # server applies the log's records after (gen, step).
+        "gen": int(src.loaded.meta.get("publish_gen") or 0),
         "tables": layout,
     }
 

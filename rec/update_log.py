@@ -9,7 +9,8 @@ rules a replica follows, written once in Python: rec-server's C++ applier is che
     - a record for a table the served model lacks, of the wrong dtype or dim, or with ids outside
       the table, is refused whole and counted, never applied in part;
     - the watermark is the smallest (gen, step) over the run's ranks of their newest complete
-      publish (`last`), once every rank has completed one.
+      publish (`last`), once every rank has completed one; a new generation (a resume, maybe on
+      another number of ranks) starts that count over.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class ReplicaState:
     and the ranks' progress. `tables`: what the served model has."""
 
     tables: dict[str, ServedTable]
+    export: tuple[int, int] = (0, 0)
+    """(gen, step) the served export holds: rows of records up to it are skipped."""
     rows: dict[str, dict[int, bytes]] = field(default_factory=dict)
     rank_version: dict[int, tuple[int, int]] = field(default_factory=dict)
     complete: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # gen, step, wall_ns
@@ -65,7 +68,7 @@ class ReplicaState:
         if reason is not None:
             self.refused[reason.split(":")[0]] += 1
             return reason
-        if rec.count:
+        if rec.count and rec.version > self.export:
             width = len(rec.rows) // rec.count
             table = self.rows.setdefault(rec.table, {})
             for i, row_id in enumerate(rec.ids):
@@ -73,6 +76,8 @@ class ReplicaState:
             self.applied_rows += rec.count
         self.world = rec.world
         self.rank_version[rec.rank] = rec.version
+        if self.complete and rec.gen > max(g for g, _, _ in self.complete.values()):
+            self.complete.clear()  # a resumed run: its ranks (maybe fewer) start over
         if rec.last:
             self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
         return None

@@ -156,6 +156,37 @@ class UpdatePublisher:
         self.pending.put([encode(r) for r in records])  # blocks only when max_pending are queued
         self.publish_seconds += time.perf_counter() - waited
 
+    def republish_undone(self, step: int) -> int:
+        """After a resume from `step`: the rows earlier generations published at later steps
+        (trained after the checkpoint, then lost with the killed run) hold values no checkpoint
+        has. Publishes this rank's share of them at their values now (the checkpoint's), as this
+        generation's publish at `step`, before any training; returns the rows."""
+        from rec.update_log import read_records
+
+        touched: dict[str, set[int]] = {}
+        for _, rec in read_records(str(self.url)):
+            if rec.run == self.ident.run and rec.gen < self.ident.gen and rec.step > step:
+                touched.setdefault(rec.table, set()).update(rec.ids)
+        records, rows_sent, wall_ns = [], 0, time.time_ns()
+        for shard in self.shards.values():
+            ids = torch.tensor(sorted(touched.get(shard.table, ())), dtype=torch.int64)
+            mine = ids[(ids >= shard.row_offset) & (ids < shard.row_offset + shard.weight.shape[0])]
+            if mine.numel() == 0:
+                continue
+            rows = fused_rows(shard.weight.index_select(0, mine - shard.row_offset), shard.dtype)
+            for at in range(0, mine.numel(), RECORD_ROWS):
+                chunk = tuple(mine[at : at + RECORD_ROWS].tolist())
+                data = rows[at : at + RECORD_ROWS].numpy().tobytes()
+                records.append(self._record(step, wall_ns, shard.table, shard.dtype, shard.dim,
+                                            chunk, data))  # fmt: skip
+            rows_sent += mine.numel()
+        if not records:
+            records.append(self._record(step, wall_ns, "", "fp32", 0, (), b""))
+        records[-1] = _marked_last(records[-1])
+        self.pending.put([encode(r) for r in records])
+        self.tracker.get_unique_ids()  # forget lookups made while restoring
+        return rows_sent
+
     def _record(self, step, wall_ns, table, dtype, dim, ids, rows) -> UpdateRecord:
         return UpdateRecord(self.ident.run, self.ident.gen, self.rank, self.world, step, wall_ns,
                             False, table, dtype, dim, ids, rows)  # fmt: skip

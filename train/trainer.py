@@ -129,6 +129,11 @@ class Trainer:
         if self.ctx.is_main:
             log(f"publishing changed rows to {self.publisher.url} (run {ident[0].run}, "
                 f"generation {ident[0].gen})")  # fmt: skip
+        if ident[0].gen > 1:  # a resume: undo what the last generation published past here
+            n = self.publisher.republish_undone(self.pos.step)
+            if self.ctx.is_main and n:
+                log(f"re-sent {n} rows at their step-{self.pos.step} values: the last "
+                    "generation published them after this checkpoint")  # fmt: skip
 
     def resume(self, step_dir: Path) -> None:
         """Loads a checkpoint written at any world size into this (re)sharded model."""
@@ -340,6 +345,9 @@ class Trainer:
             # config.yaml's steps or epochs were raised since.
             "complete": complete,
             "length": {"steps": self.cfg.training.steps, "epochs": self.cfg.training.epochs},
+            # The update log's generation that trained up to here (rec.contract.updates): a
+            # server starting from an export of this step applies that log after (gen, step).
+            "publish_gen": self.publisher.ident.gen if self.publisher is not None else None,
         }
         step_dir = self.checkpointer.save(self.pos.step, self._state(), meta)
         if self.ctx.is_main:

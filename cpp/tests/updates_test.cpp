@@ -85,6 +85,7 @@ class Tables : public ::testing::Test {
     spec.present = true;
     spec.run = "r1";
     spec.step = 10;
+    spec.gen = 1;  // the export holds what generation 1 trained up to step 10
     // t0: 4 rows of int8 dim 4 (8 bytes), padded to 16, from byte 8.
     spec.tables["t0"] = TablePlace{"w", 8, 16, 4, 4, "int8", true};
     ASSERT_TRUE(EmbeddingTables::Create(
@@ -110,6 +111,9 @@ TEST_F(Tables, WritesRowsWithScaleAndBiasFirst) {
   EXPECT_EQ(row[8], 0);            // the padding is left alone
   EXPECT_EQ(storage_[8 + 16], 0);  // and the other rows
   EXPECT_EQ(Apply(Fields(9, {1}, "ABCDsSbB", "t0", 1)), UpdateOutcome::kSkipped);  // <= export
+  StreamFields resumed = Fields(9, {3}, "ABCDsSbB", "t0", 1);  // a resumed run's (gen 2) step 9
+  Set(&resumed, "gen", "2");
+  EXPECT_EQ(Apply(resumed), UpdateOutcome::kApplied);
   EXPECT_EQ(storage_[8 + 16], 0);
 }
 

@@ -4,12 +4,15 @@ export of the same step stores, with a real broker that is killed and restarted 
 from __future__ import annotations
 
 import copy
+import re
+import shutil
 import subprocess
 import threading
 import time
 
 import pytest
 import torch
+import yaml
 
 from rec import run_dir
 from rec.broker import RedisBroker, redis_server_path
@@ -20,7 +23,7 @@ from rec.export.stream import checkpoint_key
 from rec.model import build_model, table_keys
 from rec.quantize import fused_rows
 from rec.update_log import ReplicaState, ServedTable, read_records
-from tests.helpers import REC, TINY, write_config
+from tests.helpers import REC, TINY, run_rec, write_config
 
 needs_redis = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -141,3 +144,43 @@ def test_a_bad_publish_url_is_refused_before_training(tmp_path, url, fault):
 
 def test_update_url_default_stream():
     assert parse_url("redis://10.0.0.2:7000").stream == "rec:updates"
+
+
+@needs_redis
+def test_a_resumed_publisher_leaves_no_row_the_final_export_lacks(tmp_path):
+    """A run that published past its last checkpoint and died (here: its last checkpoint
+    removed, as if killed before writing it), resumed on 1 rank (other batches, so rows the dead
+    run published are not all trained again): the log, applied in order, ends equal to the
+    final export for every row it ever carried."""
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("rec:updates")
+        cfg = _config(url)
+        cfg["tables"][0]["rows"] = 20000  # most rows the dead run touched are not touched again
+        cfg["training"]["steps"] = 60
+        cfg["checkpoint"] = {"every_steps": 40, "keep_last": 3}
+        run = tmp_path / "run"
+        run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
+                str(run), timeout=600)  # fmt: skip
+        shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(60))
+        (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_40\n")
+        saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
+        saved["training"]["steps"] = STEPS
+        (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
+        out = run_rec("train", "--resume", str(run), "--nproc", "1", timeout=600).stdout
+        assert re.search(r"re-sent [1-9]\d* rows at their step-40 values", out), out
+        records = [r for _, r in read_records(url)]
+
+    model_cfg = config_from_dict(cfg)
+    served = {
+        t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8")) for t in model_cfg.tables
+    }
+    state = ReplicaState(served)
+    for rec in records:
+        assert state.apply(rec) is None
+    assert {r.gen for r in records} == {1, 2}
+    assert state.watermark()[:2] == (2, STEPS)
+    final = run_dir.latest_checkpoint(run)
+    for table in served:
+        exported = _exported_rows(final, cfg, table)
+        for row_id, data in state.rows.get(table, {}).items():
+            assert data == exported[row_id].numpy().tobytes(), (table, row_id)

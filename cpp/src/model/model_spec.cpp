@@ -346,6 +346,11 @@ Status ApplyUpdates(const nlohmann::json& manifest, const std::string& source, M
                     step == u.end() ? nullptr : &*step);
   }
   out.step = step->get<int64_t>();
+  auto gen = u.find("gen");  // absent in an export of before generations: 0
+  if (gen != u.end() && (!gen->is_number_integer() || gen->get<int64_t>() < 0)) {
+    return BadField(*spec, source, "updates.gen", "an integer >= 0", &*gen);
+  }
+  out.gen = gen == u.end() ? 0 : gen->get<int64_t>();
   auto tables = u.find("tables");
   if (tables == u.end() || !tables->is_object()) {
     return BadField(*spec, source, "updates.tables", "an object",

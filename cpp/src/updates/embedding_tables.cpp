@@ -69,7 +69,7 @@ EmbeddingTables::EmbeddingTables(UpdatesSpec spec, std::map<std::string, Buffer>
   pthread_rwlock_init(&lock_, &attr);
   pthread_rwlockattr_destroy(&attr);
   run_ = spec_.run;
-  watermark_ = Watermark{true, 0, spec_.step, 0};
+  watermark_ = Watermark{true, spec_.gen, spec_.step, 0};
 }
 
 EmbeddingTables::~EmbeddingTables() { pthread_rwlock_destroy(&lock_); }
@@ -111,7 +111,7 @@ UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) co
            std::to_string(p.rows) + " rows";
     return UpdateOutcome::kIdRange;
   }
-  if (r.step <= spec_.step) return UpdateOutcome::kSkipped;
+  if (std::tie(r.gen, r.step) <= std::tie(spec_.gen, spec_.step)) return UpdateOutcome::kSkipped;
   return UpdateOutcome::kApplied;
 }
 
@@ -157,10 +157,8 @@ void EmbeddingTables::Advance(const UpdateRecord& r) {
     // The oldest (gen, step); of ranks at the same step, the earliest clock.
     if (std::tie(w.gen, w.step, w.wall_ns) < std::tie(low.gen, low.step, low.wall_ns)) low = w;
   }
-  // Rows of steps the export already holds do not move the watermark; after that it only grows.
-  bool later = watermark_.gen == 0
-                   ? low.step > spec_.step
-                   : std::tie(low.gen, low.step) > std::tie(watermark_.gen, watermark_.step);
+  // The watermark only grows: from the export's (gen, step), past which the log's rows apply.
+  bool later = std::tie(low.gen, low.step) > std::tie(watermark_.gen, watermark_.step);
   if (later) watermark_ = low;
 }
 

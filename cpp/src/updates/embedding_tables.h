@@ -41,11 +41,12 @@ struct UpdatesSpec {
   std::string url;   // the run's publish.url at export, or empty
   std::string run;   // the publisher's run id, or empty (a run that never published)
   int64_t step = 0;  // the checkpoint step the export holds
+  int64_t gen = 0;   // the publisher's generation that trained up to it (0: none)
   std::map<std::string, TablePlace> tables;
 };
 
 // The embedding watermark: every row trained up to (gen, step) is in the tables. A version
-// starts at its export's step (gen 0, no wall time).
+// starts at its export's (gen, step), with no wall time.
 struct Watermark {
   bool valid = false;
   int64_t gen = 0;
