@@ -10,6 +10,7 @@ rows of the last checkpoint, and rec-server's scores against its scores.
 from __future__ import annotations
 
 import copy
+import socket
 import struct
 import threading
 import time
@@ -326,3 +327,51 @@ def test_a_restarted_replica_and_a_restarted_broker_lose_nothing(fresh):
         assert second.stop() == 0, second.stderr()
         client.delete(stream)
         client.close()
+
+
+def _ready(server) -> tuple[int, int, bool]:
+    """(server ready, model ready) over HTTP, and server ready over gRPC."""
+    import urllib.error
+    import urllib.request
+
+    codes = []
+    for route in ("/v2/health/ready", "/v2/models/rec/ready"):
+        try:
+            with urllib.request.urlopen(f"http://{server.http}{route}", timeout=10) as r:
+                codes.append(r.status)
+        except urllib.error.HTTPError as e:
+            codes.append(e.code)
+    with grpcclient.InferenceServerClient(server.grpc) as c:
+        return codes[0], codes[1], c.is_server_ready()
+
+
+def test_a_replica_behind_its_log_is_not_ready_until_it_catches_up(fresh, tmp_path):
+    """--updates-max-behind-s 1 with the broker down: not ready once past the bound (it cannot
+    know what it misses); the broker comes up with the log: it catches up and is ready."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"redis://127.0.0.1:{port}/rec:updates"
+    server = Server(fresh.repo, "--updates", url, "--updates-max-behind-s", "1")
+    broker = None
+    try:
+        deadline = time.monotonic() + 30
+        while _ready(server) != (503, 503, False):
+            assert time.monotonic() < deadline, _ready(server)
+            time.sleep(0.1)
+        assert server.metric("rec_update_behind_ms") > 1000
+        broker = RedisBroker(tmp_path / "late", port=port)
+        client = redis.Redis(port=port)
+        for r in fresh.records:
+            client.xadd("rec:updates", encode(r))
+        client.close()
+        while _ready(server) != (200, 200, True):
+            assert time.monotonic() < deadline + 30, _ready(server)
+            time.sleep(0.1)
+        assert server.metric("rec_update_watermark_step") == STEPS
+        log = server.stderr()
+        assert "behind its update log (bound 1 s" in log and "caught up with its update log" in log
+    finally:
+        assert server.stop() == 0, server.stderr()
+        if broker is not None:
+            broker.stop()

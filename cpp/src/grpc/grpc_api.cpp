@@ -64,7 +64,7 @@ grpc::Status GrpcApi::ServerLive(const inference::ServerLiveRequest&,
 grpc::Status GrpcApi::ServerReady(const inference::ServerReadyRequest&,
                                   inference::ServerReadyResponse* response) {
   bool ready = !shutting_down_;
-  for (ModelEntry* e : models_->All()) ready = ready && e->Current() != nullptr;
+  for (ModelEntry* e : models_->All()) ready = ready && e->Ready();
   response->set_ready(ready);
   return grpc::Status::OK;
 }
@@ -73,7 +73,7 @@ grpc::Status GrpcApi::ModelReady(const inference::ModelReadyRequest& request,
                                  inference::ModelReadyResponse* response) {
   ModelEntry* e = nullptr;
   Status st = FindModel(request.name(), request.version(), &e);
-  response->set_ready(st.ok() && e->Current() != nullptr && !shutting_down_);
+  response->set_ready(st.ok() && e->Ready() && !shutting_down_);
   return grpc::Status::OK;
 }
 

@@ -158,7 +158,7 @@ HttpApi::HttpApi(ModelManager* models, Metrics* metrics, ApiOptions options)
 bool HttpApi::Ready() {
   if (shutting_down_) return false;
   for (ModelEntry* e : models_->All()) {
-    if (!e->Current()) return false;
+    if (!e->Ready()) return false;
   }
   return true;
 }
@@ -218,7 +218,7 @@ HttpResponse HttpApi::ModelRoute(ModelEntry* entry, const std::string& version,
         NotFound("model '" + entry->spec().name + "' version " + version + " is not served"));
   }
   if (method != "GET") return ErrorResponse(NotFound("unknown route for " + method));
-  if (verb == "ready") return Empty(runner && !shutting_down_ ? 200 : 503);
+  if (verb == "ready") return Empty(runner && entry->Ready() && !shutting_down_ ? 200 : 503);
   if (verb == "stats") return Statistics({entry});
   if (verb == "config") {
     std::string out;

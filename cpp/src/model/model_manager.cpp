@@ -50,6 +50,12 @@ ModelEntry::~ModelEntry() {
   subscriber_.reset();
 }
 
+bool ModelEntry::Ready() const {
+  if (!Current()) return false;
+  return !(stats_->has_updates && max_behind_ms_ > 0 &&
+           stats_->updates.behind_ms.load() > max_behind_ms_);
+}
+
 std::shared_ptr<Runner> ModelEntry::Current() const {
   std::lock_guard<std::mutex> lock(mu_);
   return current_;
@@ -112,6 +118,7 @@ Status ModelManager::LoadModel(const std::string& name) {
   auto entry = std::make_unique<ModelEntry>(std::move(spec), dir, metrics_->ForModel(name),
                                             options_.batcher);
   ModelEntry* raw = entry.get();
+  raw->set_max_behind_ms(options_.updates_max_behind_ms);
   models_[name] = std::move(entry);
   return Reload(raw->spec().name);
 }
@@ -199,7 +206,8 @@ Status ModelManager::StartUpdates(ModelEntry* entry, const std::string& version,
   Status st = ParseUpdateUrl(url, &where);
   if (!st.ok()) return InvalidArgument("model '" + name + "': " + st.message());
   entry->stats()->has_updates = true;
-  *out = std::make_unique<UpdateSubscriber>(name, where, tables, &entry->stats()->updates);
+  *out = std::make_unique<UpdateSubscriber>(name, where, tables, &entry->stats()->updates,
+                                            options_.updates_max_behind_ms);
   return Status::Ok();
 }
 

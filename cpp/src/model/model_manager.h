@@ -31,6 +31,9 @@ struct ManagerOptions {
   // The update log every version applies (redis://HOST:PORT[/STREAM]): empty takes each
   // version's rec.json "updates.url", "none" reads no log.
   std::string updates_url;
+  // A model whose update log reader is further behind than this (ms; 0: no bound) is not
+  // ready: its rows are older than the log says they should be.
+  int64_t updates_max_behind_ms = 0;
   BatcherOptions batcher;
 };
 
@@ -44,6 +47,9 @@ class ModelEntry {
   ModelStats* stats() const { return stats_; }
   Batcher& batcher() { return *batcher_; }
   std::shared_ptr<Runner> Current() const;
+  // A version is served, and its update log reader (if any) is within the bound.
+  bool Ready() const;
+  void set_max_behind_ms(int64_t ms) { max_behind_ms_ = ms; }
   // Serves `runner` (with its update log reader, or null) from now on; the old version's reader
   // stops here.
   void Swap(std::shared_ptr<Runner> runner, std::unique_ptr<UpdateSubscriber> subscriber);
@@ -52,6 +58,7 @@ class ModelEntry {
   ModelSpec spec_;
   std::string dir_;
   ModelStats* stats_;
+  int64_t max_behind_ms_ = 0;
   mutable std::mutex mu_;
   std::shared_ptr<Runner> current_;
   std::unique_ptr<UpdateSubscriber> subscriber_;  // under mu_

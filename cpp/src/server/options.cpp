@@ -69,6 +69,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--log-file", str(&o->log_file)},
       {"--trace-file", str(&o->trace_file)},
       {"--updates", str(&o->updates)},
+      {"--updates-max-behind-s", i32(&o->updates_max_behind_s, 0, 86400)},
   };
 }
 
@@ -178,6 +179,8 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "  --updates URL            apply the update log at redis://HOST:PORT[/STREAM] to\n"
          "                           the served tables while serving (default: rec.json's\n"
          "                           \"updates.url\"; none: no log)\n"
+         "  --updates-max-behind-s N  not ready while more than N s behind the update log (or\n"
+         "                           its broker unreachable that long); 0: no bound\n"
          "  --trace-file PATH        where request traces go (Triton's JSON trace format),\n"
          "                           once POST /v2/trace/setting or the TraceSetting RPC\n"
          "                           sets trace_level TIMESTAMPS; PATH.N every\n"

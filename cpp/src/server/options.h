@@ -32,10 +32,11 @@ struct ServerOptions {
   bool enable_model_control = false;
   bool allow_batch_variant = false;
   int poll_repository_s = 0;
-  std::string updates;     // the update log; empty: rec.json's "updates.url"; "none": no log
-  int log_verbose = 0;     // the starting log_verbose_level (POST /v2/logging changes it)
-  std::string log_file;    // empty: stderr
-  std::string trace_file;  // empty: tracing cannot be turned on
+  std::string updates;           // the update log; empty: rec.json's "updates.url"; "none": no log
+  int updates_max_behind_s = 0;  // not ready past this far behind the log; 0: no bound
+  int log_verbose = 0;           // the starting log_verbose_level (POST /v2/logging changes it)
+  std::string log_file;          // empty: stderr
+  std::string trace_file;        // empty: tracing cannot be turned on
   bool help = false;
 };
 

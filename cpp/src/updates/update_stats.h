@@ -31,6 +31,10 @@ struct UpdateStats {
   // Time the reader spent on reads that returned entries and on applying them (not waiting for
   // news): rows_applied over it is the rate one replica applies at.
   std::atomic<uint64_t> busy_ns{0};
+  // How far the reader is behind the log: 0 once it has read everything there is; while it
+  // catches up, the age of the newest entry it applied; while the broker is unreachable (or
+  // before the first read), the time since.
+  std::atomic<int64_t> behind_ms{0};
   void Count(UpdateOutcome o) { records[static_cast<int>(o)].fetch_add(1); }
 };
 

@@ -2,9 +2,12 @@
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "common/log.h"
+#include "observability/metrics.h"
 
 namespace rec {
 namespace {
@@ -38,8 +41,13 @@ bool Worth(uint64_t n) { return n <= 5 || n % 1000 == 0; }
 }  // namespace
 
 UpdateSubscriber::UpdateSubscriber(std::string model, UpdateUrl url,
-                                   std::shared_ptr<EmbeddingTables> tables, UpdateStats* stats)
-    : model_(std::move(model)), url_(std::move(url)), tables_(std::move(tables)), stats_(stats) {
+                                   std::shared_ptr<EmbeddingTables> tables, UpdateStats* stats,
+                                   int64_t max_behind_ms)
+    : model_(std::move(model)),
+      url_(std::move(url)),
+      tables_(std::move(tables)),
+      stats_(stats),
+      max_behind_ms_(max_behind_ms) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -52,6 +60,20 @@ UpdateSubscriber::~UpdateSubscriber() {
   thread_.join();
 }
 
+void UpdateSubscriber::SetBehind(int64_t ms) {
+  stats_->behind_ms.store(ms);
+  if (max_behind_ms_ <= 0) return;
+  bool over = ms > max_behind_ms_;
+  if (over && !over_bound_) {
+    LogWarning("model '" + model_ + "' is " + std::to_string(ms / 1000) +
+               " s behind its update log (bound " + std::to_string(max_behind_ms_ / 1000) +
+               " s, --updates-max-behind-s): not ready until it catches up");
+  } else if (!over && over_bound_) {
+    LogInfo("model '" + model_ + "' caught up with its update log: ready");
+  }
+  over_bound_ = over;
+}
+
 bool UpdateSubscriber::Sleep(int ms) {
   std::unique_lock<std::mutex> lock(mu_);
   return !cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return stopping_; });
@@ -62,6 +84,7 @@ void UpdateSubscriber::Loop() {
       "redis://" + url_.host + ":" + std::to_string(url_.port) + "/" + url_.stream;
   std::string cursor = "0";
   Context ctx;
+  int64_t down_since = static_cast<int64_t>(WallMs());  // not caught up before a first read
   bool reported_down = false;
   uint64_t malformed = 0, refused = 0;
   while (Sleep(0)) {
@@ -72,6 +95,7 @@ void UpdateSubscriber::Loop() {
         std::string err = ctx ? ctx->errstr : "out of memory";
         ctx.reset();
         stats_->connected.store(0);
+        SetBehind(static_cast<int64_t>(WallMs()) - down_since);
         if (!reported_down) {
           LogWarning("model '" + model_ + "': update log " + where + " unreachable (" + err +
                      "); retrying");
@@ -93,9 +117,13 @@ void UpdateSubscriber::Loop() {
     if (!reply) {  // the connection broke: reconnect, from the same cursor
       ctx.reset();
       stats_->connected.store(0);
+      down_since = static_cast<int64_t>(WallMs());
       continue;
     }
-    if (reply->type == REDIS_REPLY_NIL) continue;
+    if (reply->type == REDIS_REPLY_NIL) {  // nothing new: caught up
+      SetBehind(0);
+      continue;
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
       LogWarning("model '" + model_ + "': update log " + where + ": " + Str(reply.get()));
       if (!Sleep(500)) break;
@@ -147,6 +175,13 @@ void UpdateSubscriber::Loop() {
                    OutcomeName(outcome) + "): " + why);
       }
     }
+    // A full batch: more is likely waiting, and the newest entry applied is this old (an entry
+    // id starts with the broker's clock in ms). A short one: caught up.
+    const int64_t entry_ms = std::atoll(cursor.substr(0, cursor.find('-')).c_str());
+    SetBehind(entries->elements < static_cast<size_t>(kBatchEntries)
+                  ? 0
+                  : std::max<int64_t>(0, static_cast<int64_t>(WallMs()) - entry_ms));
+    down_since = static_cast<int64_t>(WallMs());
   }
   stats_->connected.store(0);
 }

@@ -19,8 +19,10 @@ namespace rec {
 
 class UpdateSubscriber {
  public:
+  // `max_behind_ms` (0: none): the bound past which the model is not ready; the reader logs
+  // when it crosses it.
   UpdateSubscriber(std::string model, UpdateUrl url, std::shared_ptr<EmbeddingTables> tables,
-                   UpdateStats* stats);
+                   UpdateStats* stats, int64_t max_behind_ms);
   ~UpdateSubscriber();  // stops the reader and joins it
   UpdateSubscriber(const UpdateSubscriber&) = delete;
   UpdateSubscriber& operator=(const UpdateSubscriber&) = delete;
@@ -28,11 +30,14 @@ class UpdateSubscriber {
  private:
   void Loop();
   bool Sleep(int ms);  // false once stopping
+  void SetBehind(int64_t ms);
 
   std::string model_;
   UpdateUrl url_;
   std::shared_ptr<EmbeddingTables> tables_;
   UpdateStats* stats_;
+  int64_t max_behind_ms_;
+  bool over_bound_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
