@@ -36,6 +36,7 @@ def build(src: b.Source, out: Path) -> b.Built:
     target = aoti_builder.compile_package(program, out, cfg.export.cpu_isa)
     del program
     index = aoti_builder.write_tables(module, out.parent)
+    updates = b.updates_section(src, served.update_layout(module, tbe))
     scores = b.score(module, src.batches)
     del module, tbe  # the TBE storage: the package reads tables.bin's mapping instead
     gc.collect()
@@ -51,7 +52,7 @@ def build(src: b.Source, out: Path) -> b.Built:
                "max_abs_diff_vs_module": diff, "tolerance": v.AOTI_TOLERANCE}  # fmt: skip
     return b.Built(
         scores, reloaded_scores, batching, tables,
-        sections={**b.dense_sections(cfg, layers, request), "aoti": section},
+        sections={**b.dense_sections(cfg, layers, request), "aoti": section, "updates": updates},
         checks={"raw_rows": raw_rows.round_trip(cfg, reloaded)},
     )  # fmt: skip
 

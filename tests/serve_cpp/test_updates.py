@@ -375,3 +375,37 @@ def test_a_replica_behind_its_log_is_not_ready_until_it_catches_up(fresh, tmp_pa
         assert server.stop() == 0, server.stderr()
         if broker is not None:
             broker.stop()
+
+
+def test_an_aoti_replica_applies_the_log_into_its_mapped_tables(fresh, tmp_path):
+    """The same export step as an AOTInductor package: rec-server writes the log's rows into its
+    private mapping of tables.bin (copy on write; the file stays as exported) and scores as the
+    TorchScript replica does, to AOTInductor's tolerance."""
+    from rec.export.verify import AOTI_TOLERANCE
+
+    repo = tmp_path / "aoti"
+    run_rec("export", str(fresh.run), "--checkpoint", run_dir.step_dir_name(EXPORTED), "--repo",
+            str(repo), "--format", "aoti", timeout=900)  # fmt: skip
+    tables = next(repo.glob("*/1/tables.bin"))
+    before = tables.read_bytes()
+    model = tables.parent.parent.name
+    aoti, torchscript = Server(repo), Server(fresh.repo)
+    try:
+        assert torchscript.wait_for_metric("rec_update_watermark_step", STEPS) == STEPS
+        deadline = time.monotonic() + 60
+        while aoti.metric("rec_update_watermark_step", model) < STEPS:
+            assert time.monotonic() < deadline, aoti.stderr()
+            time.sleep(0.05)
+        request = fresh.request(seed=21)
+        with httpclient.InferenceServerClient(aoti.http) as c:
+            result = c.infer(model, infer_inputs(httpclient, request))
+            got, params = result.as_numpy("scores"), result.get_response()["parameters"]
+        want, _ = http_infer(torchscript, request)
+        np.testing.assert_allclose(got, want, rtol=0, atol=AOTI_TOLERANCE)
+        exported = reference_scores(fresh.reference([]), request)
+        assert np.abs(got - exported).max() > 10 * AOTI_TOLERANCE  # the rows did change
+        assert params["embedding_watermark_step"] == STEPS
+        assert tables.read_bytes() == before
+    finally:
+        for server in (aoti, torchscript):
+            assert server.stop() == 0, server.stderr()

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "model/aoti_manifest.h"
 #include "model/torch_io.h"
@@ -16,11 +17,12 @@
 namespace rec {
 namespace {
 
-// tables.bin, mapped read-only: pages come from the page cache as ids touch them, so a server
-// holds no second copy of the tables (private mapping: nothing here writes them).
+// tables.bin, mapped: pages come from the page cache as ids touch them, so a server holds no
+// second copy of the tables. Private: with the update log (`writable`) a page the log writes
+// into becomes this process's own copy, and the file is never changed.
 class MappedFile {
  public:
-  static Status Open(const std::string& path, std::unique_ptr<MappedFile>* out) {
+  static Status Open(const std::string& path, bool writable, std::unique_ptr<MappedFile>* out) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NotFound("cannot open " + path + ": " + std::strerror(errno));
     struct stat st {};
@@ -31,7 +33,8 @@ class MappedFile {
     auto file = std::unique_ptr<MappedFile>(new MappedFile());
     file->size_ = static_cast<int64_t>(st.st_size);
     if (file->size_ > 0) {
-      void* p = ::mmap(nullptr, static_cast<size_t>(file->size_), PROT_READ, MAP_PRIVATE, fd, 0);
+      const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+      void* p = ::mmap(nullptr, static_cast<size_t>(file->size_), prot, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         ::close(fd);
         return Internal("cannot map " + path + ": " + std::strerror(errno));
@@ -68,6 +71,35 @@ class AotiRunner : public Runner {
   const std::string& version() const override { return version_; }
 
   Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
+    Watermark unused;
+    return RunScored(inputs, outputs, &unused);
+  }
+
+  Status RunScored(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs,
+                   Watermark* scored_at) override {
+    if (!updates_) {
+      *scored_at = Watermark{};
+      return RunOnce(inputs, outputs);
+    }
+    EmbeddingTables::Reading still(updates_.get());  // no row changes under this pass
+    *scored_at = still.watermark();
+    return RunOnce(inputs, outputs);
+  }
+
+  std::shared_ptr<EmbeddingTables> tables() const override { return updates_; }
+
+  // rec.json's "updates" names the served module's storage buffers, which tables.bin holds.
+  Status AttachTables(const UpdatesSpec& updates, const std::vector<AotiTable>& index) {
+    if (!updates.present) return Status::Ok();
+    std::map<std::string, EmbeddingTables::Buffer> buffers;
+    for (const AotiTable& t : index) {
+      buffers[t.name] = {reinterpret_cast<uint8_t*>(file_->data() + t.offset), t.bytes};
+    }
+    return EmbeddingTables::Create(updates, std::move(buffers), nullptr, &updates_);
+  }
+
+ private:
+  Status RunOnce(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) {
     try {
       c10::InferenceMode guard;
       std::vector<at::Tensor> args;
@@ -86,8 +118,8 @@ class AotiRunner : public Runner {
     }
   }
 
- private:
   std::unique_ptr<MappedFile> file_;  // declared first: unmapped after everything reading it
+  std::shared_ptr<EmbeddingTables> updates_;  // its reader stops before this runner goes
   std::vector<at::Tensor> tables_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   const ModelSpec& spec_;
@@ -98,7 +130,7 @@ class AotiRunner : public Runner {
 
 Status LoadAotiModel(const std::string& package_path, const std::string& manifest_path,
                      const ModelSpec& spec, const std::string& version, int concurrency,
-                     std::shared_ptr<Runner>* runner) {
+                     std::shared_ptr<Runner>* runner, const UpdatesSpec& updates) {
   AotiManifest manifest;
   REC_RETURN_IF_ERROR(ReadAotiManifest(manifest_path, &manifest));
   // Before the package's library is loaded: code for an ISA this CPU lacks dies with SIGILL.
@@ -106,7 +138,7 @@ Status LoadAotiModel(const std::string& package_path, const std::string& manifes
   const std::string tables_path =
       (std::filesystem::path(package_path).parent_path() / manifest.tables_file).string();
   std::unique_ptr<MappedFile> file;
-  REC_RETURN_IF_ERROR(MappedFile::Open(tables_path, &file));
+  REC_RETURN_IF_ERROR(MappedFile::Open(tables_path, updates.present, &file));
   std::vector<at::Tensor> tables;
   for (const AotiTable& t : manifest.tables) {
     if (t.offset > file->size() || t.bytes > file->size() - t.offset) {
@@ -128,6 +160,8 @@ Status LoadAotiModel(const std::string& package_path, const std::string& manifes
   }
   auto candidate = std::make_shared<AotiRunner>(std::move(file), std::move(tables),
                                                 std::move(loader), spec, version);
+  Status attached = candidate->AttachTables(updates, manifest.tables);
+  if (!attached.ok()) return InvalidArgument(package_path + ": " + attached.message());
   REC_RETURN_IF_ERROR(WarmUp(candidate.get(), spec, package_path));
   *runner = std::move(candidate);
   return Status::Ok();

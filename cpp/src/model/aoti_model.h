@@ -16,6 +16,6 @@ namespace rec {
 // `concurrency`: forward passes that may run at once (one compiled-model instance each).
 Status LoadAotiModel(const std::string& package_path, const std::string& manifest_path,
                      const ModelSpec& spec, const std::string& version, int concurrency,
-                     std::shared_ptr<Runner>* runner);
+                     std::shared_ptr<Runner>* runner, const UpdatesSpec& updates = UpdatesSpec{});
 
 }  // namespace rec

@@ -162,7 +162,7 @@ Status ModelManager::Reload(const std::string& name) {
                                 ? options_.batcher.executor_threads
                                 : entry->spec().instance_count;
     st = LoadAotiModel(path, (version_dir / kManifestFile).string(), entry->spec(), version,
-                       concurrency, &runner);
+                       concurrency, &runner, updates);
   } else if (st.ok()) {
     st = LoadTorchModel(path, entry->spec(), version, &runner, updates);
   }
