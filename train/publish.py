@@ -153,7 +153,7 @@ class UpdatePublisher:
         self.last_publish, self.steps_since = time.monotonic(), 0
         self.publish_seconds += time.perf_counter() - t0
         waited = time.perf_counter()
-        self.pending.put([encode(r) for r in records])  # blocks only when max_pending are queued
+        self._put([encode(r) for r in records])  # waits only when max_pending are queued
         self.publish_seconds += time.perf_counter() - waited
 
     def republish_undone(self, step: int) -> int:
@@ -183,7 +183,7 @@ class UpdatePublisher:
         if not records:
             records.append(self._record(step, wall_ns, "", "fp32", 0, (), b""))
         records[-1] = _marked_last(records[-1])
-        self.pending.put([encode(r) for r in records])
+        self._put([encode(r) for r in records])
         self.tracker.get_unique_ids()  # forget lookups made while restoring
         return rows_sent
 
@@ -191,18 +191,51 @@ class UpdatePublisher:
         return UpdateRecord(self.ident.run, self.ident.gen, self.rank, self.world, step, wall_ns,
                             False, table, dtype, dim, ids, rows)  # fmt: skip
 
-    def close(self, step: int) -> None:
-        """Publishes the rest (as of `step`) and waits until the broker has every record."""
+    def _check_sender(self) -> None:
+        if self.error is not None:
+            raise PublishError(f"publishing to {self.url} failed: {self.error}") from self.error
+        if not self._sender.is_alive():
+            raise PublishError(f"the sender of the update log at {self.url} stopped")
+
+    def _put(self, batch, deadline: float | None = None) -> None:
+        """Queues `batch`, waiting while max_pending are queued, failing if the sender died (it
+        would never take it) or `deadline` (time.monotonic) passed."""
+        while True:
+            self._check_sender()
+            try:
+                self.pending.put(batch, timeout=0.5)
+                return
+            except queue.Full:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise self._late() from None
+
+    def _late(self) -> PublishError:
+        return PublishError(
+            f"the update log at {self.url} did not take {self.pending.qsize()} pending publishes "
+            f"within publish.drain_timeout_s={self.cfg.publish.drain_timeout_s}; their rows are "
+            "not in the log (a checkpoint is not written past them; the last one has them)"
+        )
+
+    def flush(self, step: int) -> None:
+        """Publishes what changed up to `step` and waits until the broker has every record: a
+        checkpoint is committed only once the log holds all it trained, so a resume from it never
+        has rows to re-send that the log lacks."""
+        deadline = time.monotonic() + self.cfg.publish.drain_timeout_s
         if self.steps_since:
             self.publish(step)
-        self.pending.put(None)
+        while self.pending.unfinished_tasks:
+            self._check_sender()
+            if time.monotonic() > deadline:
+                raise self._late()
+            time.sleep(0.01)
+
+    def close(self, step: int) -> None:
+        """Publishes the rest (as of `step`) and waits until the broker has every record."""
+        self.flush(step)
+        self._put(None, deadline=time.monotonic() + self.cfg.publish.drain_timeout_s)
         self._sender.join(timeout=self.cfg.publish.drain_timeout_s)
         if self._sender.is_alive():
-            raise PublishError(
-                f"the update log at {self.url} did not take {self.pending.qsize()} pending "
-                f"publishes within publish.drain_timeout_s={self.cfg.publish.drain_timeout_s}; "
-                "their rows are not in the log (the checkpoint has them)"
-            )
+            raise self._late()
         if self.error is not None:
             raise PublishError(f"publishing to {self.url} failed: {self.error}") from self.error
 
@@ -232,6 +265,7 @@ class UpdatePublisher:
                             self.log(f"rank {self.rank}: update log {self.url} unreachable "
                                      f"({e}); retrying, training continues")  # fmt: skip
                         time.sleep(0.2)
+                self.pending.task_done()  # the broker has every record of the batch
                 if down_since is not None:
                     self.log(f"rank {self.rank}: update log {self.url} back after "
                              f"{time.monotonic() - down_since:.1f} s")  # fmt: skip

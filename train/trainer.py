@@ -349,6 +349,8 @@ class Trainer:
             # server starting from an export of this step applies that log after (gen, step).
             "publish_gen": self.publisher.ident.gen if self.publisher is not None else None,
         }
+        if self.publisher is not None:  # the log first: it must hold all this checkpoint trained
+            self.publisher.flush(self.pos.step)
         step_dir = self.checkpointer.save(self.pos.step, self._state(), meta)
         if self.ctx.is_main:
             log(f"checkpoint committed: {step_dir}")

@@ -59,6 +59,9 @@ TEST(UpdateRecord, DecodesAndRefusesNamingTheField) {
       {"rows", std::string(15, 'x'), "\"rows\" holds 15 bytes, 2 int8 rows of dim 4 need 16"},
       {"ids", Ids({3, 1}), "\"ids\" must be non-negative and strictly increasing"},
       {"dtype", "int3", "\"dtype\" must be one of"},
+      // Before anything is allocated for it: 2^61 rows would overflow the size checks.
+      {"count", "2305843009213693952", "\"count\" 2305843009213693952 is over 1048576 rows"},
+      {"step", "9223372036854775808", "\"step\" must be a non-negative integer"},
   };
   for (const Case& c : cases) {
     StreamFields f = Fields(5, {1, 3}, std::string(16, 'x'));

@@ -49,6 +49,9 @@ from typing import Any
 from rec.contract.io import EMBEDDING_DTYPES
 
 FORMAT = "rec.updates/1"
+MAX_ROWS = 1 << 20
+"""Rows in one record at most (the publisher sends 16,384); a reader refuses more."""
+MAX_DIM = 1 << 16
 DEFAULT_STREAM = "rec:updates"
 FIELDS = ("format", "run", "gen", "rank", "world", "step", "wall_ns", "last", "table", "dtype",
           "dim", "count", "ids", "rows")  # fmt: skip
@@ -159,7 +162,7 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
     ints: dict[str, int] = {}
     for key in _INT_FIELDS:
         text = _text(raw, key)
-        if not re.fullmatch(r"\d{1,19}", text):
+        if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) >= 1 << 63:
             raise UpdateError(
                 f'update record: "{key}" must be a non-negative integer, got {text!r}'
             )
@@ -172,6 +175,10 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
     if last not in ("0", "1"):
         raise UpdateError(f'update record: "last" must be "0" or "1", got {last!r}')
     dtype, table, count = _text(raw, "dtype"), _text(raw, "table"), ints["count"]
+    if count > MAX_ROWS:
+        raise UpdateError(f'update record: "count" {count} is over {MAX_ROWS} rows')
+    if ints["dim"] > MAX_DIM:
+        raise UpdateError(f'update record: "dim" {ints["dim"]} is over {MAX_DIM}')
     if dtype not in EMBEDDING_DTYPES:
         raise UpdateError(f'update record: "dtype" must be one of {list(EMBEDDING_DTYPES)}, '
                           f"got {dtype!r}")  # fmt: skip

@@ -41,6 +41,8 @@ def test_a_record_round_trips_and_rows_are_codes_then_scale_and_bias():
         ({"ids": struct.pack("<2q", 3, 3)}, '"ids" must be non-negative and strictly increasing'),
         ({"table": ""}, '"table" is empty but "count" is not 0'),
         ({"wall_ns": None}, '"wall_ns" is missing'),
+        ({"count": str(1 << 61)}, f'"count" {1 << 61} is over 1048576 rows'),
+        ({"step": str(1 << 63)}, '"step" must be a non-negative integer'),
     ],
 )
 def test_a_malformed_record_is_refused_naming_the_field(change, fault):

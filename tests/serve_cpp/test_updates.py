@@ -261,7 +261,9 @@ def test_bad_updates_are_refused_counted_and_never_applied(fresh):
     }
     malformed = dict(_record(fresh, EXPORTED + 3, _rows(0.5, 2), ids=(2, 3)))
     malformed["ids"] = struct.pack("<2q", 3, 2)  # not increasing
-    for fields in (ok, *bad.values(), malformed):
+    huge = dict(_record(fresh, EXPORTED + 3, b"", ids=(), table="", dtype="fp32", dim=0))
+    huge["count"] = str(1 << 61)  # 8 x count wraps to 0 in 64 bits: refused before any use
+    for fields in (ok, *bad.values(), malformed, huge):
         client.xadd(stream, fields)
     reference = fresh.reference([])
     t0 = fresh.updates["tables"]["t0"]
@@ -269,10 +271,11 @@ def test_bad_updates_are_refused_counted_and_never_applied(fresh):
     write_rows(storage, t0, tuple(range(T0_ROWS)), _rows(0.5, T0_ROWS))
     server = Server(fresh.repo, "--updates", fresh.broker.url(stream))
     try:
-        server.wait_for_metric("rec_update_records_total", len(bad) + 2)
+        server.wait_for_metric("rec_update_records_total", len(bad) + 3)
         text = _metrics(server)
-        for outcome in (*bad, "malformed"):
+        for outcome in bad:
             assert f'outcome="{outcome}"}} 1' in text, outcome
+        assert 'outcome="malformed"} 2' in text
         assert 'outcome="applied"} 1' in text
         request = fresh.request(seed=4)
         scores, params = http_infer(server, request)

@@ -39,7 +39,9 @@ def _config(url: str) -> dict:
     cfg["checkpoint"] = {"every_steps": 60, "keep_last": 3}
     cfg["sharding"] = {"constraints": {"t1": {"sharding_types": ["row_wise"]}}}
     cfg["export"] = {"table_dtypes": DTYPES}
-    cfg["publish"] = {"url": url, "every_steps": 4, "every_seconds": 0}
+    # Every 7 steps: the checkpoints (60, 120) fall between publishes, and still get one (the
+    # trainer flushes the log before it commits a checkpoint).
+    cfg["publish"] = {"url": url, "every_steps": 7, "every_seconds": 0}
     return cfg
 
 
@@ -67,7 +69,7 @@ def test_published_rows_equal_the_export_of_the_same_step_across_a_broker_restar
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
         reader.start()
-        # Kill the broker (SIGKILL: a crash) once publishing is under way; back 1.5 s later.
+        # Kill the broker (SIGKILL: a crash) once publishing is under way.
         import redis
 
         client = redis.Redis(port=broker.port)
@@ -77,7 +79,11 @@ def test_published_rows_equal_the_export_of_the_same_step_across_a_broker_restar
             time.sleep(0.05)
         client.close()
         broker.stop(kill=True)
-        time.sleep(1.5)
+        # Down until a publisher has met it down (redis-py's own retries may hide a short
+        # outage); training cannot end meanwhile: it flushes the log before each checkpoint.
+        while not any("unreachable" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            time.sleep(0.05)
         broker.start()
         assert proc.wait(timeout=600) == 0, "".join(lines)
         reader.join(timeout=10)
@@ -95,6 +101,8 @@ def test_published_rows_equal_the_export_of_the_same_step_across_a_broker_restar
     assert {r.rank for r in records} == {0, 1} and {r.world for r in records} == {2}
     assert len({r.run for r in records}) == 1 and {r.gen for r in records} == {1}
     assert state.watermark()[:2] == (1, STEPS)  # both ranks' last publish is the last step
+    for checkpoint in (STEPS // 2, STEPS):  # flushed before each checkpoint was committed
+        assert {r.rank for r in records if r.step == checkpoint and r.last} == {0, 1}
 
     final = run_dir.latest_checkpoint(run)
     middle = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(STEPS // 2)
@@ -186,3 +194,24 @@ def test_a_resumed_publisher_leaves_no_row_the_final_export_lacks(tmp_path):
         exported = _exported_rows(final, cfg, table)
         for row_id, data in state.rows.get(table, {}).items():
             assert data == exported[row_id].numpy().tobytes(), (table, row_id)
+
+
+@needs_redis
+def test_a_broker_that_refuses_writes_fails_the_run_loudly(tmp_path):
+    """The broker answers with an error (out of memory), not silence: the sender cannot deliver,
+    and training stops with that error instead of training on with rows the log will never
+    have, or hanging."""
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("rec:updates")
+        import redis
+
+        client = redis.Redis(port=broker.port)
+        client.config_set("maxmemory", 1)  # every write: OOM command not allowed
+        cfg = _config(url)
+        proc = run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)),
+                       "--run-dir", str(tmp_path / "run"), check=False, timeout=600)  # fmt: skip
+        client.close()
+    assert proc.returncode != 0
+    assert "publishing to redis://" in proc.stdout and "maxmemory" in proc.stdout, proc.stdout[
+        -3000:
+    ]

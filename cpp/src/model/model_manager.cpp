@@ -63,6 +63,7 @@ std::shared_ptr<Runner> ModelEntry::Current() const {
 
 void ModelEntry::Swap(std::shared_ptr<Runner> runner,
                       std::unique_ptr<UpdateSubscriber> subscriber) {
+  const bool reads_log = subscriber != nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     current_.swap(runner);
@@ -71,6 +72,11 @@ void ModelEntry::Swap(std::shared_ptr<Runner> runner,
   // The old reader stops (and joins) here, outside the lock; the old runner is released here or
   // by the last batch still running on it.
   subscriber.reset();
+  if (!reads_log) {  // nothing reads a log now: no stale readiness or gauges from the last one
+    stats_->has_updates = false;
+    stats_->updates.behind_ms = 0;
+    stats_->updates.connected = 0;
+  }
 }
 
 ModelManager::ModelManager(ManagerOptions options, Metrics* metrics)

@@ -396,6 +396,11 @@ Status ApplyUpdates(const nlohmann::json& manifest, const std::string& source, M
       return BadField(*spec, source, where + ".scale_bias", "\"first\" or \"none\"", &got);
     }
     p.scale_bias_first = sb == "first";
+    if (p.scale_bias_first != (p.dtype == "int8" || p.dtype == "int4")) {
+      const nlohmann::json& got = t["scale_bias"];
+      return BadField(*spec, source, where + ".scale_bias",
+                      "\"first\" for int8/int4 rows and \"none\" otherwise", &got);
+    }
     out.tables[name] = p;
   }
   spec->updates = std::move(out);

@@ -44,10 +44,14 @@ Status EmbeddingTables::Create(const UpdatesSpec& spec, std::map<std::string, Bu
       return InvalidArgument("rec.json: \"updates.tables." + name + ".buffer\" names '" +
                              place.buffer + "', which the model does not hold");
     }
-    int64_t bytes = UpdateRowBytes(place.dim, place.dtype);
-    int64_t stored = bytes < 0 ? -1 : bytes;  // the same bytes, maybe padded
-    bool fits = stored >= 0 && place.row_stride >= stored && place.offset >= 0 && place.rows >= 0 &&
-                place.offset + place.rows * place.row_stride <= it->second.size;
+    const int64_t bytes = UpdateRowBytes(place.dim, place.dtype);
+    const int64_t size = it->second.size;
+    const bool rowwise = place.dtype == "int8" || place.dtype == "int4";
+    // Divided, not multiplied: a crafted rec.json must not overflow its way past the check.
+    bool fits = bytes >= 0 && place.row_stride >= bytes && place.row_stride > 0 &&
+                place.offset >= 0 && place.offset <= size && place.rows >= 0 &&
+                place.rows <= (size - place.offset) / place.row_stride &&
+                place.scale_bias_first == rowwise;
     if (!fits) {
       return InvalidArgument(
           "rec.json: \"updates.tables." + name + "\" (offset " + std::to_string(place.offset) +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstring>
 #include <map>
 
@@ -10,14 +11,16 @@ namespace {
 
 Status Bad(const std::string& what) { return InvalidArgument("update record: " + what); }
 
+// A decimal integer in [0, 2^63 - 1]; false for anything else (no overflow).
 bool ParseCount(const std::string& text, int64_t* out) {
   if (text.empty() || text.size() > 19) return false;
-  int64_t v = 0;
+  uint64_t v = 0;
   for (char c : text) {
     if (c < '0' || c > '9') return false;
-    v = v * 10 + (c - '0');
+    v = v * 10 + static_cast<uint64_t>(c - '0');
   }
-  *out = v;
+  if (v > static_cast<uint64_t>(INT64_MAX)) return false;
+  *out = static_cast<int64_t>(v);
   return true;
 }
 
@@ -76,6 +79,14 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
   REC_RETURN_IF_ERROR(text("run", &v));
   out->run = *v;
   int64_t count = ints["count"];
+  if (count > kMaxUpdateRows) {
+    return Bad("\"count\" " + std::to_string(count) + " is over " + std::to_string(kMaxUpdateRows) +
+               " rows");
+  }
+  if (ints["dim"] > kMaxUpdateDim) {
+    return Bad("\"dim\" " + std::to_string(ints["dim"]) + " is over " +
+               std::to_string(kMaxUpdateDim));
+  }
   if (count > 0 && out->table.empty()) return Bad("\"table\" is empty but \"count\" is not 0");
   static const std::string kEmpty;
   auto ids_it = by_name.find("ids");

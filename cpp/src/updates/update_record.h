@@ -13,6 +13,10 @@ namespace rec {
 
 inline constexpr const char* kUpdateFormat = "rec.updates/1";
 inline constexpr const char* kDefaultUpdateStream = "rec:updates";
+// Bounds of one record (rec.contract.updates MAX_ROWS, MAX_DIM): a reader refuses more before
+// it allocates anything for it.
+inline constexpr int64_t kMaxUpdateRows = 1 << 20;
+inline constexpr int64_t kMaxUpdateDim = 1 << 16;
 
 struct UpdateRecord {
   std::string run;

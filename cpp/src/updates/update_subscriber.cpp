@@ -153,7 +153,13 @@ void UpdateSubscriber::Loop() {
         fields.emplace_back(Str(kv->element[k]), Str(kv->element[k + 1]));
       }
       UpdateRecord record;
-      Status st = DecodeUpdateRecord(fields, &record);
+      Status st;
+      try {
+        st = DecodeUpdateRecord(fields, &record);
+      } catch (
+          const std::exception& e) {  // out of memory: the entry is refused, the reader goes on
+        st = InvalidArgument(std::string("update record: ") + e.what());
+      }
       if (!st.ok()) {
         stats_->Count(UpdateOutcome::kMalformed);
         if (Worth(++malformed)) {
@@ -183,7 +189,8 @@ void UpdateSubscriber::Loop() {
                   : std::max<int64_t>(0, static_cast<int64_t>(WallMs()) - entry_ms));
     down_since = static_cast<int64_t>(WallMs());
   }
-  stats_->connected.store(0);
+  // No store of connected = 0 here: a new version's reader, started before this one stopped,
+  // owns the gauges now.
 }
 
 }  // namespace rec
