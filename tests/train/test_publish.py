@@ -53,6 +53,16 @@ def _exported_rows(step_dir, cfg, table: str) -> torch.Tensor:
     return fused_rows(rows, DTYPES.get(table, "int8"))
 
 
+def _applied(cfg: dict, records) -> ReplicaState:
+    """The replica rules (rec.update_log) over `records` in log order, none refused."""
+    model_cfg = config_from_dict(cfg)
+    state = ReplicaState({t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8"))
+                          for t in model_cfg.tables})  # fmt: skip
+    for rec in records:
+        assert state.apply(rec) is None
+    return state
+
+
 def model_cfg_rows(cfg, table: str) -> int:
     return next(t.rows for t in cfg.tables if t.name == table)
 
@@ -91,13 +101,7 @@ def test_published_rows_equal_the_export_of_the_same_step_across_a_broker_restar
         assert "unreachable" in out and "back after" in out, out  # the restart did happen
         records = [r for _, r in read_records(url)]
 
-    model_cfg = config_from_dict(cfg)
-    served = {
-        t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8")) for t in model_cfg.tables
-    }
-    state = ReplicaState(served)
-    for rec in records:
-        assert state.apply(rec) is None
+    state = _applied(cfg, records)
     assert {r.rank for r in records} == {0, 1} and {r.world for r in records} == {2}
     assert len({r.run for r in records}) == 1 and {r.gen for r in records} == {1}
     assert state.watermark()[:2] == (1, STEPS)  # both ranks' last publish is the last step
@@ -106,7 +110,7 @@ def test_published_rows_equal_the_export_of_the_same_step_across_a_broker_restar
 
     final = run_dir.latest_checkpoint(run)
     middle = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(STEPS // 2)
-    for table in served:
+    for table in state.tables:
         exported = _exported_rows(final, cfg, table)
         published = state.rows.get(table, {})
         # Every published row is the final export's row, bit for bit...
@@ -180,17 +184,11 @@ def test_a_resumed_publisher_leaves_no_row_the_final_export_lacks(tmp_path):
         assert re.search(r"re-sent [1-9]\d* rows at their step-40 values", out), out
         records = [r for _, r in read_records(url)]
 
-    model_cfg = config_from_dict(cfg)
-    served = {
-        t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8")) for t in model_cfg.tables
-    }
-    state = ReplicaState(served)
-    for rec in records:
-        assert state.apply(rec) is None
+    state = _applied(cfg, records)
     assert {r.gen for r in records} == {1, 2}
     assert state.watermark()[:2] == (2, 44)
     final = run_dir.latest_checkpoint(run)
-    for table in served:
+    for table in state.tables:
         exported = _exported_rows(final, cfg, table)
         for row_id, data in state.rows.get(table, {}).items():
             assert data == exported[row_id].numpy().tobytes(), (table, row_id)
