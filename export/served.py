@@ -272,11 +272,22 @@ class TbeLookup(nn.Module):
 
     def lookup(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The op on the TBE's storage: [B, sum of dims] pooled, or [N, D] for a sequence TBE."""
+        return self.lookup_in(self.weights_host, self.weights_offsets, indices, offsets)
+
+    def lookup_in(
+        self,
+        storage: torch.Tensor,
+        weights_offsets: torch.Tensor,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> torch.Tensor:
+        """The op on `storage`, feature k's table's row 0 at byte weights_offsets[k]
+        (rec.export.tiered passes the rows fetched for one batch)."""
         return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
-            dev_weights=self.weights_host,
+            dev_weights=storage,
             uvm_weights=self.no_weights,
             weights_placements=self.weights_placements,
-            weights_offsets=self.weights_offsets,
+            weights_offsets=weights_offsets,
             weights_tys=self.weights_tys,
             D_offsets=self.D_offsets,
             total_D=self.total_dim,
@@ -300,7 +311,10 @@ class TbeLookup(nn.Module):
 
     def pool(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
         """The TBE's pooled bags of table rows `indices` (feature-major `offsets`)."""
-        pooled = self.lookup(indices, offsets)
+        return self.finish(self.lookup(indices, offsets), offsets, batch)
+
+    def finish(self, pooled: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        """The op's sums as the head takes them: means divided, [B, F, D] for the DLRMs."""
         if self.flat:
             if self.has_mean:
                 lengths_fm = offsets[1:] - offsets[:-1]
@@ -434,7 +448,11 @@ class TbeBagCollection(TbeLookup):
 class TbeSink:
     """Writes streamed fp32 rows, quantized, into a TBE's storage (stream.TableSink)."""
 
-    def __init__(self, tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> None:
+    def __init__(
+        self, tbe: IntNBitTableBatchedEmbeddingBagsCodegen, skip: frozenset[str] = frozenset()
+    ) -> None:
+        """skip: tables streamed past this TBE (those of the embedding store)."""
+        self._skip = skip
         self._dest: dict[str, tuple[torch.Tensor, torch.Tensor | None, str]] = {}
         for (name, _, _, weight_ty, _), (weight, scale_bias) in zip(
             tbe.embedding_specs, tbe.split_embedding_weights(), strict=True
@@ -442,6 +460,8 @@ class TbeSink:
             self._dest[name] = (weight, scale_bias, weight_ty.name.lower())
 
     def write(self, table: str, start: int, rows: torch.Tensor) -> None:
+        if table in self._skip:
+            return
         weight, scale_bias, dtype = self._dest[table]
         codes, sb = quantize_rows(rows, dtype)
         stop = start + rows.shape[0]
@@ -480,7 +500,9 @@ def update_layout(module: nn.Module, tbe) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for one in getattr(tbe, "tbes", (tbe,)):
         buffer = buffers[one.weights_host.data_ptr()]
-        offsets = one.weights_offsets.tolist()
+        # Per table: weights_offsets is per feature (a table's features share its rows, and
+        # features need not come in table order).
+        offsets = [int(o) for o in one.weights_physical_offsets]
         for t, (name, rows, dim, weight_ty, _) in enumerate(one.embedding_specs):
             dtype = weight_ty.name.lower()
             out[name] = {
