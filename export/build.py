@@ -47,6 +47,9 @@ class Source:
     """Gathers the rows verification's float reference needs, on the first streaming pass."""
     extra_sinks: list[stream.TableSink] = field(default_factory=list)
     """Also fed by the next streaming pass (the reference rows, on the first one)."""
+    store: Any = None
+    """rec.json's `store` section when export.store puts tables in the embedding store (their
+    rows go there on the first streaming pass; rec.export.tiered), else None."""
 
     def stream_into(self, *sinks: stream.TableSink) -> None:
         extra, self.extra_sinks = self.extra_sinks, []

@@ -47,18 +47,27 @@ from rec.config import QUANT_DTYPES, export_formats
 )
 @click.option("--force", is_flag=True, help="Replace an existing --version.")
 @click.option(
+    "--store",
+    default=None,
+    metavar="URL",
+    help="redis://HOST:PORT[,...] of a Redis Cluster: the large tables' rows go there too "
+    "(export.store; docs/store.md).",
+)
+@click.option(
     "--skip-exported",
     is_flag=True,
     help="Write nothing if the newest version already holds this checkpoint (for deployments "
     "that export on every start).",
 )
-def export_command(run, repo, checkpoint, quantize, fmt, config, version, force, skip_exported):
+def export_command(
+    run, repo, checkpoint, quantize, fmt, config, version, force, store, skip_exported
+):
     """Export RUN's checkpoint, verify it, and write it into the model repository."""
     from rec.export.pipeline import export_run
 
     result = export_run(run, repo, checkpoint=checkpoint, quantize=quantize, fmt=fmt,
                         config=config, version=version, force=force,
-                        skip_exported=skip_exported)  # fmt: skip
+                        skip_exported=skip_exported, store=store)  # fmt: skip
     for fmt_name, path in result.models.items():
         click.echo(f"{fmt_name}: {path}")
 

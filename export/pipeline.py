@@ -42,11 +42,13 @@ from rec.contract import EMBEDDING_DTYPES, io_manifest
 from rec.export import formats, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
+from rec.export import store as store_lib
 from rec.export.build import Built, Log, Source, score, table_dtypes
 from rec.export.dcp_reader import CheckpointReader
 from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch
 from rec.features import feature_spec
+from rec.store.writer import delete_prefix
 
 
 @dataclass
@@ -58,10 +60,14 @@ class ExportResult:
 
 
 def resolve_config(
-    run: Path, quantize: str | None, fmt: str | None, config: str | Path | None
+    run: Path,
+    quantize: str | None,
+    fmt: str | None,
+    config: str | Path | None,
+    store: str | None = None,
 ) -> RecConfig:
     """The run's config.yaml with export settings overridden by `config`'s `export:` section,
-    then by the command-line `quantize` and `fmt`."""
+    then by the command-line `quantize`, `fmt` and `store` (export.store.url)."""
     if not (run / run_dir.CONFIG_FILE).is_file():
         run_dir.resolve_checkpoint(run)  # raises the right RunDirError
     export: dict[str, Any] = {}
@@ -77,6 +83,8 @@ def resolve_config(
         export["quantize"] = quantize
     if fmt is not None:
         export["format"] = fmt
+    if store is not None:
+        export["store"] = {**export.get("store", {}), "url": store}
     overrides = {"export": export} if export else None
     return load_config(run / run_dir.CONFIG_FILE, overrides=overrides)
 
@@ -341,6 +349,7 @@ def export_run(
     version: int | None = None,
     force: bool = False,
     skip_exported: bool = False,
+    store: str | None = None,
     eval_data: Iterable[RecBatch] | None = None,
     log: Log = print,
 ) -> ExportResult:
@@ -353,10 +362,11 @@ def export_run(
         version: version directory to write; default the next one. force: replace it.
         skip_exported: write nothing when every format's newest version already holds this
             checkpoint (a deployment that runs export on every start exports each one once).
+        store: export.store.url: the chosen tables' rows also go to that Redis Cluster.
         eval_data: held-out batches for the quality checks; default rec.data's eval split.
     """
     run, repo = Path(run), Path(repo)
-    cfg = resolve_config(run, quantize, fmt, config)
+    cfg = resolve_config(run, quantize, fmt, config, store)
     names = formats.resolve(cfg.export.format)
     if skip_exported and version is None:
         done = _already_exported(repo, cfg.export.model_name, names, run, checkpoint)
@@ -368,8 +378,14 @@ def export_run(
     targets = repo_lib.plan_targets(repo, cfg.export.model_name, names, version, force)
     labelled = list(eval_data) if eval_data is not None else eval_batches(cfg, log)
     src = _source(cfg, loaded, labelled, names, repo, log)
+    store_sink = store_lib.open_sink(cfg, table_dtypes(cfg), targets[0].model_dir.name,
+                                     targets[0].version, run, log)  # fmt: skip
+    if store_sink is not None:
+        src.extra_sinks.append(store_sink)
+        src.store = store_lib.section(store_sink)
     repo_existed = repo.exists()
     staging = repo_lib.staging_dir(repo)
+    committed = False
     try:
         built = {}
         for t in targets:
@@ -385,13 +401,23 @@ def export_run(
             torch.cat([b.labels.float() for b in src.batches]) if labelled is not None else None
         )
         checks = run_checks(cfg, reference, labels, built)
+        if store_sink is not None:
+            store_sink.finish(store_lib.run_tag(run), int(loaded.meta.get("step", 0)))
+            log(f"store: {store_sink.rows_written} rows written in {store_sink.seconds:.1f} s")
+            for b in built.values():
+                b.sections["store"] = src.store
         manifests = {t.fmt: _stage_manifest(cfg, loaded, t, built[t.fmt], checks, staging)
                      for t in targets}  # fmt: skip
         _report(checks, manifests, log)
         for t in targets:
             repo_lib.commit(staging / t.model_dir.name, t)
             log(f"wrote {t.version_dir}")
+        committed = True
     finally:
+        if store_sink is not None:
+            if not committed:  # no repository names these keys: leave none behind
+                delete_prefix(store_sink.url, store_sink.prefix, store_sink.tables)
+            store_sink.close()
         shutil.rmtree(staging, ignore_errors=True)
         if not repo_existed and repo.is_dir() and not any(repo.iterdir()):
             repo.rmdir()

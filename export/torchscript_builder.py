@@ -158,6 +158,8 @@ def freeze(scripted: torch.jit.ScriptModule, module: nn.Module) -> torch.jit.Scr
     for bit, so a factory model with batch norm would otherwise be refused by the check above."""
     if any(isinstance(m, PackedLinear) for m in module.modules()):
         return scripted
+    # A tiered model (rec.export.tiered) is called through its two exported methods.
+    methods = [m for m in ("store_ids", "forward_with_rows") if hasattr(module, m)]
     return torch.jit.freeze(
-        scripted.eval(), preserved_attrs=table_buffers(module), optimize_numerics=False
+        scripted.eval(), preserved_attrs=table_buffers(module) + methods, optimize_numerics=False
     )

@@ -13,6 +13,7 @@ import click
 
 from rec import __version__
 from rec.config import ConfigError
+from rec.contract.store import StoreError
 from rec.resources import ResourceError
 
 # Stage modules that define click commands in a `COMMANDS` list.
@@ -25,7 +26,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (ConfigError, ResourceError, FileNotFoundError, FileExistsError) as e:
+        except (ConfigError, ResourceError, StoreError, FileNotFoundError, FileExistsError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
 

@@ -550,6 +550,36 @@ class CheckpointConfig:
 
 
 @dataclass
+class StoreConfig:
+    """Tables `rec export` writes into a Redis Cluster instead of the model (rec.contract.store)."""
+
+    url: str = ""
+    """redis://HOST:PORT[,HOST:PORT...] of the cluster; empty: every table stays in the model."""
+    tables: list[str] = field(default_factory=list)
+    """Tables to put there; empty: every table of min_bytes and more (stored size)."""
+    min_bytes: int = 64 << 20
+    """With no `tables`, the stored size from which a table goes to the store."""
+    partitions: int = 16
+    """Partition hashes per table (each on one node; rows by row % partitions)."""
+    table_partitions: dict[str, int] = field(default_factory=dict)
+    """Per-table override of `partitions`."""
+
+    def __post_init__(self) -> None:
+        if self.url:
+            from rec.contract.store import StoreError, parse_store_url
+
+            try:
+                parse_store_url(self.url)
+            except StoreError as e:
+                raise ConfigError(f"export.store.url: {e}") from e
+        _check(isinstance(self.min_bytes, int) and self.min_bytes >= 0,
+               f"export.store.min_bytes={self.min_bytes!r} must be an integer >= 0")  # fmt: skip
+        for name, n in {"partitions": self.partitions, **self.table_partitions}.items():
+            _check(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1 << 14,
+                   f"export.store partitions for {name}={n!r} must be in [1, 16384]")  # fmt: skip
+
+
+@dataclass
 class ExportConfig:
     """How `rec export` quantizes and packages the model."""
 
@@ -598,6 +628,8 @@ class ExportConfig:
     chunk_rows: int = 0
     """Rows per chunk as export streams each table out of the checkpoint (never a whole float
     table in memory); 0: as many as fit in 32 MiB of fp32."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Tables kept in a Redis Cluster (the embedding tier) rather than in the model."""
 
     def __post_init__(self) -> None:
         _check(
@@ -710,7 +742,9 @@ class RecConfig:
                 self.model.dense_arch[-1] == dim,
                 f"model.dense_arch={self.model.dense_arch} must end in the embedding dim {dim}",
             )
-        for table in list(self.sharding.constraints) + list(self.export.table_dtypes):
+        store = self.export.store
+        for table in [*self.sharding.constraints, *self.export.table_dtypes, *store.tables,
+                      *store.table_partitions]:  # fmt: skip
             _check(table in names, f"unknown table {table!r}; tables are {names}")
         self._check_sequences(names)
         refused = _not_keyed_jagged(self.export.format)

@@ -20,11 +20,20 @@ def build(src: b.Source, out: Path) -> b.Built:
     scored in memory, released, reloaded from disk and scored again."""
     import torch
 
+    from rec.contract.store import store_order
     from rec.export import build as b
     from rec.export import raw_rows, served, torchscript_builder
 
     cfg = src.cfg
-    module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    stored = store_order(src.store) if src.store else []
+    if stored:  # the head and the other tables here; the stored tables' rows come per batch
+        from rec.export import tiered
+        from rec.store.reader import StoreReader, TieredScorer
+
+        module, tbe = tiered.tiered_served_module(src.loaded.model, cfg, b.table_dtypes(cfg),
+                                                  stored)  # fmt: skip
+    else:
+        module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
     layers = b.dense_layer_dtypes(module)
     if cfg.export.dense_dtype != "fp32" and not layers.get(cfg.export.dense_dtype):
         src.log(
@@ -34,15 +43,30 @@ def build(src: b.Source, out: Path) -> b.Built:
     what = f"the model of model.factory {cfg.model.factory!r}" if cfg.model.factory else "the model"
     if cfg.model.factory:  # refuse what TorchScript cannot compile before streaming the tables
         torchscript_builder.script(module, what)
-    src.stream_into(served.TbeSink(tbe))
+    src.stream_into(served.TbeSink(tbe, skip=frozenset(stored)))
     tables = served.table_storage(tbe)
+    for name in stored:  # in the embedding store, not in model.pt
+        spec = src.store["tables"][name]
+        tables[name] = {"stored_dtype": spec["dtype"], "bytes_stored": 0, "bytes_unpadded": 0,
+                        "in_store": spec["rows"] * spec["row_bytes"]}  # fmt: skip
     updates = b.updates_section(src, served.update_layout(module, tbe))
-    scripted = torchscript_builder.to_torchscript(module, src.sample, what)
+    if stored:
+        reader = StoreReader(src.store)
+        scripted = tiered.to_torchscript(module, src.sample, reader)
+
+        def scorer(model):
+            return TieredScorer(model, reader)
+    else:
+        scripted = torchscript_builder.to_torchscript(module, src.sample, what)
+
+        def scorer(model):
+            return model
+
     torch.jit.save(scripted, str(out))
-    scores = b.score(scripted, src.batches)
+    scores = b.score(scorer(scripted), src.batches)
     del scripted, module, tbe  # the TBE storage: make room for the reloaded copy
     gc.collect()
-    reloaded = torch.jit.load(str(out))
+    reloaded = scorer(torch.jit.load(str(out)))
     request = b.batching_request(cfg)
     hint = b.BF16_NOT_INVARIANT if cfg.export.dense_dtype == "bf16" else ""
     batching = b.check_batching("torchscript", reloaded, request, cfg.export.batch_invariant, hint)

@@ -1,0 +1,95 @@
+"""`rec export --store URL`: the chosen tables' rows into the embedding store (rec.contract.store)
+as export streams them out of the checkpoint, after saying what the store will hold.
+
+Which tables: export.store.tables, or every table whose stored size is export.store.min_bytes
+or more. Before any row is written export prints the memory the store needs (rec.store.plan) in
+all and per master, and refuses when a master's maxmemory cannot hold its share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from rec.config import RecConfig
+from rec.contract import EMBEDDING_DTYPES
+from rec.contract import store as contract
+from rec.store.plan import per_node, table_cost
+from rec.store.writer import StoreSink
+
+Log = Any
+
+
+def chosen_tables(cfg: RecConfig, dtypes: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """rec.json's store.tables for the tables that go to the store."""
+    sc = cfg.export.store
+    out = {}
+    for t in cfg.tables:
+        stored = t.rows * EMBEDDING_DTYPES[dtypes[t.name]].bytes_per_row(t.dim)
+        if (t.name in sc.tables) if sc.tables else stored >= sc.min_bytes:
+            out[t.name] = {
+                "rows": t.rows,
+                "dim": t.dim,
+                "dtype": dtypes[t.name],
+                "row_bytes": contract.row_bytes(t.dim, dtypes[t.name]),
+                "partitions": sc.table_partitions.get(t.name, sc.partitions),
+            }
+    return out
+
+
+def run_tag(run: Path) -> str:
+    """8 hex digits naming the run (its directory's resolved path): part of the key prefix."""
+    return hashlib.sha1(str(run.resolve()).encode()).hexdigest()[:8]
+
+
+def _masters(client) -> list[tuple[str, int | None]]:
+    """(address, maxmemory or None) of each master."""
+    out = []
+    for node in client.get_primaries():
+        r = client.get_redis_connection(node)
+        limit = int(r.config_get("maxmemory").get("maxmemory", 0))
+        out.append((f"{node.host}:{node.port}", limit or None))
+    return out
+
+
+def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, run: Path,
+              log: Log) -> StoreSink | None:  # fmt: skip
+    """The store's sink for this export (None without export.store.url), after the plan."""
+    sc = cfg.export.store
+    if not sc.url:
+        return None
+    tables = chosen_tables(cfg, dtypes)
+    if not tables:
+        log(f"store: no table of {sc.min_bytes} stored bytes or more; every table stays in "
+            "the model")  # fmt: skip
+        return None
+    formats = ("torchscript",) if cfg.export.format == "torchscript" else ()
+    if not formats or cfg.model.arch == "din" or cfg.model.factory:
+        raise contract.StoreError(
+            f"export.store: tables {', '.join(tables)} would go to the embedding store, which "
+            "serves TorchScript models of rec's pooled architectures for now (export.format "
+            f"is {cfg.export.format!r}, model.arch {cfg.model.arch!r}"
+            f"{', a model.factory' if cfg.model.factory else ''})"
+        )
+    prefix = contract.prefix(model, version, run_tag(run))
+    sink = StoreSink(sc.url, prefix, tables)
+    masters = _masters(sink.client)
+    total = sum(table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"]).bytes
+                for t in tables.values())  # fmt: skip
+    share = per_node(total, len(masters), 0)
+    log(f"store: {len(tables)} tables ({', '.join(tables)}) into {sc.url} under {prefix!r}: "
+        f"{total / 1e9:.2f} GB of Redis memory per copy, {share / 1e9:.2f} GB per master "
+        f"({len(masters)} masters; each replica holds its master's share again)")  # fmt: skip
+    for address, limit in masters:
+        if limit is not None and limit < share:
+            sink.close()
+            raise contract.StoreError(
+                f"store: master {address} has maxmemory {limit} bytes, "
+                f"less than its share {share}: add masters or memory"
+            )
+    return sink
+
+
+def section(sink: StoreSink) -> dict[str, Any]:
+    return contract.section(sink.url, sink.prefix, sink.tables)

@@ -1,0 +1,235 @@
+"""The served module when some tables live in the embedding store (rec.contract.store): the same
+FBGEMM op over the same rows, with the stored tables' rows passed in per batch.
+
+    store_ids(sparse_lengths, sparse_values) -> keys int64 [U]
+        the distinct rows this batch reads from the store, sorted, each `table << 40 | row`
+        (table: its index in rec.json's store.tables order)
+    forward_with_rows(dense, lengths, values, rows uint8 [sum of row_bytes])
+        -> scores, `rows` holding the rows of store_ids' keys in that order, each as the store
+        keeps it (codes, then fp16 scale and bias)
+
+forward_with_rows runs the in-process tables' TBE as ServedModule does, and the stored tables'
+TBE op over a buffer made of the fetched rows alone: each stored table's region holds its fetched
+rows in key order, and every id of the batch is mapped to its row's place there. The kernel, the
+rows and their order in each bag are those of the in-process model, so every pooled value, and
+so every score, is bit for bit the same (tests/store/test_tiered.py).
+"""
+
+import copy
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_inference import rounded_row_size_in_bytes
+from torch import nn
+
+from rec.config import RecConfig
+from rec.contract.store import row_bytes
+from rec.export.served import ServedModule, TbeLookup, make_tbe, table_indices
+
+# No `from __future__ import annotations` here: TorchScript reads the annotations at runtime.
+
+TABLE_SHIFT = 40
+"""A store key is table << TABLE_SHIFT | row: rows under 2^40, tables under 2^23."""
+
+
+class StoreLookup(TbeLookup):
+    """TbeLookup over stored tables: the op's storage comes with each batch. Built from a TBE
+    whose tables have one row (their specs; the rows live in the store), with the real row
+    counts from `cfg` for the id mapping."""
+
+    def __init__(self, tbe, cfg: RecConfig, feature_order: list[str], tables: list[str]) -> None:
+        super().__init__(tbe, cfg, feature_order)
+        self.weights_host = torch.empty(0, dtype=torch.uint8)  # no storage of its own
+        owner = cfg.feature_to_table()
+        by_name = {t.name: t for t in cfg.tables}
+        self.num_tables = len(tables)
+        self.table_shift = TABLE_SHIFT
+        # The store's table index of each feature.
+        self.register_buffer(
+            "feature_table", torch.tensor([tables.index(owner[f]) for f in feature_order])
+        )
+        dtypes = {name: ty for name, _, _, ty, _ in tbe.embedding_specs}
+        self.row_bytes = [row_bytes(by_name[n].dim, dtypes[n].name.lower()) for n in tables]
+        self.tbe_stride = [
+            rounded_row_size_in_bytes(by_name[n].dim, dtypes[n], tbe.row_alignment) for n in tables
+        ]
+        self.sb_first = [dtypes[n].name.lower() in ("int8", "int4") for n in tables]
+
+    def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """The batch's distinct store keys (table << 40 | row), sorted."""
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        return torch.unique(self._keyed(indices, offsets, lengths.shape[0]), sorted=True)
+
+    def _keyed(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        feature_ends = offsets[batch::batch].contiguous()
+        feature = torch.bucketize(torch.arange(indices.shape[0]), feature_ends, right=True)
+        return (self.feature_table[feature] << self.table_shift) | indices
+
+    def pooled_with_rows(
+        self, lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        keyed = self._keyed(indices, offsets, lengths.shape[0])
+        uniq, inverse = torch.unique(keyed, sorted=True, return_inverse=True)
+        table_of = uniq >> self.table_shift
+        counts = torch.bincount(table_of, minlength=self.num_tables)
+        first = torch.cumsum(counts, 0) - counts  # each table's first key in uniq
+        # Each table's region of the op's storage: its fetched rows in the TBE's layout.
+        parts: list[torch.Tensor] = []
+        starts: list[int] = []
+        at, read = 0, 0
+        for t in range(self.num_tables):
+            n = int(counts[t])
+            width = self.row_bytes[t]
+            block = rows[read : read + n * width].view(n, width)
+            read += n * width
+            if self.sb_first[t]:
+                block = torch.cat([block[:, width - 4 :], block[:, : width - 4]], 1)
+            stride = self.tbe_stride[t]
+            if stride > width:
+                block = torch.cat([block, block.new_zeros(n, stride - width)], 1)
+            parts.append(block.reshape(-1))
+            starts.append(at)
+            at += n * stride
+        storage = torch.cat(parts) if len(parts) > 0 else rows.new_zeros(0)
+        local = inverse - first[table_of[inverse]]
+        offsets_by_table = torch.tensor(starts, dtype=torch.int64)
+        # The op takes one offset per feature (a table's features share its rows).
+        weights_offsets = offsets_by_table.index_select(0, self.feature_table)
+        pooled = self.lookup_in(storage, weights_offsets, local, offsets)
+        return self.finish(pooled, offsets, lengths.shape[0])
+
+
+class SplitLookup(nn.Module):
+    """The in-process tables' TbeLookup and the stored tables' StoreLookup, their outputs put
+    back in the head's feature order."""
+
+    def __init__(self, local: TbeLookup, stored: StoreLookup, order: list[str]) -> None:
+        super().__init__()
+        self.local = local
+        self.stored = stored
+        self.flat = local.flat
+        # Where each of the head's features (flat: each column) is in cat(local, stored).
+        got = list(local.keys) + list(stored.keys)
+        if self.flat:
+            dims = dict(zip(local.keys, local.dims, strict=True))
+            dims.update(zip(stored.keys, stored.dims, strict=True))
+            start, at = {}, 0
+            for f in got:
+                start[f] = at
+                at += dims[f]
+            perm = [start[f] + i for f in order for i in range(dims[f])]
+        else:
+            perm = [got.index(f) for f in order]
+        self.register_buffer("perm", torch.tensor(perm, dtype=torch.int64))
+
+    def forward(
+        self, lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        both = torch.cat([self.local(lengths, values),
+                          self.stored.pooled_with_rows(lengths, values, rows)], 1)  # fmt: skip
+        return both.index_select(1, self.perm)
+
+
+class TieredServedModule(ServedModule):
+    """ServedModule whose lookup is a SplitLookup: forward_with_rows scores a batch with the
+    stored rows it was given; store_ids says which rows those are."""
+
+    @torch.jit.export
+    def store_ids(self, sparse_lengths: torch.Tensor, sparse_values: torch.Tensor) -> torch.Tensor:
+        return self.lookup.stored.store_keys(sparse_lengths, sparse_values)
+
+    @torch.jit.export
+    def forward_with_rows(
+        self,
+        dense_features: torch.Tensor,
+        sparse_lengths: torch.Tensor,
+        sparse_values: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> torch.Tensor:
+        dense_features = self.transform(dense_features)
+        batch = dense_features.shape[0]
+        if batch < self.min_rows:  # as ServedModule: padded rows have no ids
+            pad = self.min_rows - batch
+            dense_features = torch.cat(
+                [dense_features, dense_features.new_zeros(pad, dense_features.shape[1])]
+            )
+            sparse_lengths = torch.cat(
+                [sparse_lengths, sparse_lengths.new_zeros(pad, sparse_lengths.shape[1])]
+            )
+        pooled = self.lookup(sparse_lengths, sparse_values, rows)
+        logits = self.head(dense_features, pooled)[:batch]
+        if not self.batch_invariant:
+            return torch.sigmoid(logits)
+        tasks = logits.shape[1]
+        return torch.sigmoid(torch.cat([logits, logits], 1)[:, :tasks])
+
+    def forward(
+        self,
+        dense_features: torch.Tensor,
+        sparse_lengths: torch.Tensor,
+        sparse_values: torch.Tensor,
+    ) -> torch.Tensor:
+        raise RuntimeError(
+            "this model's stored tables are in the embedding store: call forward_with_rows with "
+            "the rows of store_ids (rec-server and rec.store do)"
+        )
+
+
+def split_tbes(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored: list[str]):
+    """(local TBE over the in-process tables' features, stored TBE over the stored tables' with
+    one-row tables, local feature order, stored feature order)."""
+    owner = cfg.feature_to_table()
+    local_order = [f for f in order if owner[f] not in stored]
+    stored_order = [f for f in order if owner[f] in stored]
+    local_cfg = copy.deepcopy(cfg)
+    local_cfg.tables = [t for t in cfg.tables if t.name not in stored]
+    one_row = copy.deepcopy(cfg)
+    one_row.tables = [t for t in one_row.tables if t.name in stored]
+    for t in one_row.tables:
+        t.rows = 1
+    local = make_tbe(local_cfg, dtypes, local_order)
+    store = make_tbe(one_row, dtypes, stored_order)
+    return local, store, local_order, stored_order
+
+
+def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str],
+                         stored: list[str]):  # fmt: skip
+    """(TieredServedModule, local TBE) for `model`'s dense weights, the tables `stored` (in
+    rec.json's store.tables order) looked up from rows passed in; the local TBE's storage is
+    allocated and zeroed, to be filled as rec.export.served.served_module's is."""
+    from rec.export.dense import swap_dense
+    from rec.export.load import dense_copy
+    from rec.export.served import make_head
+    from rec.features import feature_spec
+    from rec.model import ebc_features, ebc_path
+
+    if cfg.model.factory or cfg.model.arch == "din":
+        raise NotImplementedError("the embedding store serves rec's pooled architectures for now")
+    order = ebc_features(model.get_submodule(ebc_path(model)))
+    local_tbe, store_tbe, local_order, stored_order = split_tbes(cfg, dtypes, order, stored)
+    lookup = SplitLookup(TbeLookup(local_tbe, cfg, local_order),
+                         StoreLookup(store_tbe, cfg, stored_order, stored), order)  # fmt: skip
+    head = make_head(dense_copy(model), cfg)
+    swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
+    transform = feature_spec(cfg).dense_transform()
+    module = TieredServedModule(transform, lookup, head, cfg.export.batch_invariant)
+    return module.eval(), local_tbe
+
+
+def to_torchscript(module: nn.Module, sample, reader) -> torch.jit.ScriptModule:
+    """rec.export.torchscript_builder.to_torchscript for a tiered module: scripted and frozen
+    (its two methods kept), its scores of `sample` with rows from `reader` (a
+    rec.store.reader.StoreReader) the eager module's exactly."""
+    from rec.export.torchscript_builder import freeze, script
+    from rec.store.reader import TieredScorer
+
+    with torch.no_grad():
+        eager = TieredScorer(module, reader)(*sample)
+        scripted = freeze(script(module), module)
+        out = TieredScorer(scripted, reader)(*sample)
+    if not torch.equal(out, eager):
+        diff = (out - eager).abs().max().item()
+        raise RuntimeError(f"scripting changed the sample batch's scores (max diff {diff:g})")
+    return scripted

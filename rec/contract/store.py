@@ -1,0 +1,133 @@
+"""Contract 4, the embedding store: tables that live in a Redis Cluster instead of the model.
+
+`rec export RUN --store URL` writes the chosen tables there; rec.json's `store` section (below)
+tells a server where, and the server looks rows up through its own cache. docs/store.md is the
+prose version.
+
+The URL: `redis://HOST:PORT[,HOST:PORT...]`, any nodes of the cluster (a client learns the rest
+from them).
+
+Layout. A table's rows are split into `partitions` by `row % partitions`; partition p of table T
+of the export with key prefix P is one Redis hash,
+
+    key    "{P:T:p}"     the braces make the whole key the hash tag: a partition lives on one
+                         node, and one request per partition fetches any of its rows
+    field  the row index in decimal ASCII ("0", "17", ...)
+    value  the row's bytes as the update log sends them (rec.contract.updates): its codes, then
+           for int8/int4 its fp16 scale and fp16 bias; row_bytes(dim, dtype) bytes
+
+A model asks for rows by key, `table << 40 | row`, the table counted in the sorted order of the
+stored tables' names (store_order). And one hash "{P}:meta" says what the export wrote (format, run, step, tables) once every row is
+in: a prefix with no meta is an unfinished export. P is "rec:MODEL:VERSION:RUN8" (the model's
+name and version in the repository, the run id's first 8 characters), so a new version never
+writes over the one being served.
+
+rec.json:
+
+    "store": {"format": "rec.store/1", "url": URL, "prefix": P,
+              "tables": {T: {"rows": R, "dim": D, "dtype": "int8", "row_bytes": B,
+                             "partitions": N}}}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rec.contract.io import EMBEDDING_DTYPES
+
+FORMAT = "rec.store/1"
+MAX_PARTITIONS = 1 << 14
+"""As many as the cluster has hash slots: more could not spread any further."""
+_NODE = re.compile(r"^(?P<host>[^/:?#,\s]+):(?P<port>\d{1,5})$")
+
+
+class StoreError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    nodes: tuple[tuple[str, int], ...]
+
+    def __str__(self) -> str:
+        return "redis://" + ",".join(f"{h}:{p}" for h, p in self.nodes)
+
+
+def parse_store_url(url: str) -> StoreUrl:
+    """`redis://HOST:PORT[,HOST:PORT...]`, or a StoreError naming what is wrong."""
+    if not isinstance(url, str) or not url.startswith("redis://"):
+        raise StoreError(f"store URL {url!r}: want redis://HOST:PORT[,HOST:PORT...]")
+    nodes = []
+    for part in url[len("redis://") :].split(","):
+        m = _NODE.match(part)
+        if not m or not 0 < int(m.group("port")) < 65536:
+            raise StoreError(f"store URL {url!r}: {part!r} is not HOST:PORT (1-65535); a path or "
+                             "database number is not part of a cluster URL")  # fmt: skip
+        nodes.append((m.group("host"), int(m.group("port"))))
+    return StoreUrl(tuple(nodes))
+
+
+def row_bytes(dim: int, dtype: str) -> int:
+    """Bytes of one stored row: the update log's row layout (rec.quantize.fused_rows)."""
+    d = EMBEDDING_DTYPES[dtype]
+    codes = (dim * d.bits + 7) // 8
+    return codes + (4 if d.rowwise else 0)
+
+
+def store_order(section: dict[str, Any]) -> list[str]:
+    """The stored tables in the order a store key's table index counts them: sorted by name
+    (by code point: what a C++ std::map of the names gives too)."""
+    return sorted(section["tables"])
+
+
+def prefix(model: str, version: int, run: str) -> str:
+    return f"rec:{model}:{version}:{run[:8]}"
+
+
+def partition_key(prefix_: str, table: str, partition: int) -> str:
+    return "{" + f"{prefix_}:{table}:{partition}" + "}"
+
+
+def meta_key(prefix_: str) -> str:
+    return "{" + prefix_ + "}:meta"
+
+
+def section(url: str, prefix_: str, tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """rec.json's `store` section, checked."""
+    out = {"format": FORMAT, "url": str(parse_store_url(url)), "prefix": prefix_,
+           "tables": tables}  # fmt: skip
+    check_section(out)
+    return out
+
+
+def check_section(data: Any, source: str = "rec.json") -> None:
+    """A StoreError naming the first field of a `store` section that is wrong."""
+    if not isinstance(data, dict):
+        raise StoreError(f"{source}: store must be an object")
+    if data.get("format") != FORMAT:
+        raise StoreError(f"{source}: store.format {data.get('format')!r}, want {FORMAT!r}")
+    parse_store_url(data.get("url"))
+    if not isinstance(data.get("prefix"), str) or not data["prefix"]:
+        raise StoreError(f"{source}: store.prefix must be a non-empty string")
+    tables = data.get("tables")
+    if not isinstance(tables, dict) or not tables:
+        raise StoreError(f"{source}: store.tables must name at least one table")
+    for name, t in tables.items():
+        where = f"{source}: store.tables.{name}"
+        if not isinstance(t, dict):
+            raise StoreError(f"{where} must be an object")
+        for key, low, high in (("rows", 1, 1 << 40), ("dim", 1, 1 << 16),
+                               ("partitions", 1, MAX_PARTITIONS)):  # fmt: skip
+            v = t.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+                raise StoreError(f"{where}.{key} must be an integer in [{low}, {high}], got {v!r}")
+        if t.get("dtype") not in EMBEDDING_DTYPES:
+            raise StoreError(f"{where}.dtype {t.get('dtype')!r} is not one of "
+                             f"{sorted(EMBEDDING_DTYPES)}")  # fmt: skip
+        if t.get("row_bytes") != row_bytes(t["dim"], t["dtype"]):
+            raise StoreError(
+                f"{where}.row_bytes {t.get('row_bytes')!r}, want "
+                f"{row_bytes(t['dim'], t['dtype'])} for dim {t['dim']} {t['dtype']}"
+            )

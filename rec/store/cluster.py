@@ -1,0 +1,194 @@
+"""A Redis Cluster of our own: masters and their replicas as redis-server processes on free ports,
+joined with `redis-cli --cluster create`, for tests, the demo and the benchmarks. Nothing here
+uses a Redis that the machine happens to run.
+
+Each node can run under a command prefix (`ip netns exec NS`) and bind its own address, so a
+test puts every node on its own network-namespace "host".
+
+Example:
+    >>> with RedisCluster(tmp_path, masters=3, replicas=1) as cluster:  # doctest: +SKIP
+    ...     url = cluster.url()   # redis://127.0.0.1:PORT,127.0.0.1:PORT,...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rec.broker import BrokerError, _free_port, redis_server_path
+
+
+class ClusterError(BrokerError):
+    pass
+
+
+@dataclass
+class Node:
+    host: str
+    port: int
+    bus_port: int
+    folder: Path
+    prefix: Sequence[str] = ()
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def cli(self, *args: str, timeout: float = 30.0) -> str:
+        """redis-cli against this node (under its prefix); its stdout."""
+        cmd = [*self.prefix, "redis-cli", "-h", self.host, "-p", str(self.port), *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise ClusterError(f"redis-cli {' '.join(args)} on {self.address}: {out.stderr}")
+        return out.stdout
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class RedisCluster:
+    """`masters` masters with `replicas` replicas each, on `hosts` (one per node, cycled; all on
+    127.0.0.1 by default), data in `folder`. `prefixes`: a command prefix per host (e.g.
+    `ip netns exec h1`), the same length as `hosts`."""
+
+    def __init__(
+        self,
+        folder: Path,
+        masters: int = 3,
+        replicas: int = 1,
+        hosts: Sequence[str] = ("127.0.0.1",),
+        prefixes: Sequence[Sequence[str]] | None = None,
+        node_timeout_ms: int = 2000,
+        timeout: float = 60.0,
+    ) -> None:
+        binary = redis_server_path()
+        if binary is None:
+            raise ClusterError("redis-server is not installed (Debian: apt-get install "
+                               "redis-server; `make setup` installs it)")  # fmt: skip
+        if masters < 3:
+            raise ClusterError(f"Redis Cluster needs at least 3 masters, got {masters}")
+        self.binary, self.folder = binary, Path(folder).resolve()
+        self.node_timeout_ms = node_timeout_ms
+        prefixes = prefixes or [()] * len(hosts)
+        self.nodes: list[Node] = []
+        for i in range(masters * (1 + replicas)):
+            host, prefix = hosts[i % len(hosts)], tuple(prefixes[i % len(hosts)])
+            # A namespace's address is free on the host's side too; ports need not differ then,
+            # but they do no harm and keep one code path.
+            # The cluster bus is not port + 10000 (the default), which may be over 65535.
+            ports = [_free_port("127.0.0.1" if not prefix else "0.0.0.0") for _ in "ab"]
+            self.nodes.append(Node(host, *ports, self.folder / f"node{i}", prefix))
+        try:
+            for node in self.nodes:
+                self.start_node(node)
+            create = ["--cluster", "create", *(n.address for n in self.nodes),
+                      "--cluster-replicas", str(replicas), "--cluster-yes"]  # fmt: skip
+            self.nodes[0].cli(*create, timeout=timeout)
+            self.wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def url(self) -> str:
+        """redis://host:port,... (every node: a client finds the cluster from any of them)."""
+        return "redis://" + ",".join(n.address for n in self.nodes)
+
+    def start_node(self, node: Node, timeout: float = 20.0) -> None:
+        node.folder.mkdir(parents=True, exist_ok=True)
+        # fmt: off
+        args = [*node.prefix, self.binary, "--port", str(node.port), "--bind", node.host,
+                "--dir", str(node.folder), "--logfile", str(node.folder / "redis.log"),
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-port", str(node.bus_port),
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                "--appendonly", "no", "--save", "", "--daemonize", "no", "--protected-mode", "no"]
+        # fmt: on
+        node.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if node.proc.poll() is not None:
+                raise ClusterError(
+                    f"redis-server {node.address} exited with "
+                    f"{node.proc.returncode}; log: {self.log_tail(node)}"
+                )
+            with contextlib.suppress(ClusterError, subprocess.TimeoutExpired):
+                if node.cli("PING", timeout=2).strip() == "PONG":
+                    return
+            time.sleep(0.05)
+        raise ClusterError(f"redis-server {node.address} did not answer PING in {timeout:.0f} s")
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        """Until every live node says cluster_state:ok and every slot is served."""
+        deadline = time.monotonic() + timeout
+        info = ""
+        while time.monotonic() < deadline:
+            states = []
+            for node in self.nodes:
+                if node.alive():
+                    with contextlib.suppress(ClusterError, subprocess.TimeoutExpired):
+                        info = node.cli("CLUSTER", "INFO", timeout=2)
+                        states.append("cluster_state:ok" in info
+                                      and "cluster_slots_ok:16384" in info)  # fmt: skip
+                        continue
+                    states.append(False)
+            if states and all(states):
+                return
+            time.sleep(0.1)
+        raise ClusterError(f"the cluster did not reach cluster_state:ok in {timeout:.0f} s: {info}")
+
+    def masters(self) -> list[Node]:
+        """The live nodes that are masters now (after a failover, a former replica)."""
+        out = []
+        for node in self.nodes:
+            if node.alive() and "role:master" in node.cli("INFO", "replication", timeout=5):
+                out.append(node)
+        return out
+
+    def used_memory(self) -> dict[str, int]:
+        """used_memory per live node, bytes."""
+        out = {}
+        for node in self.nodes:
+            if node.alive():
+                for line in node.cli("INFO", "memory", timeout=5).splitlines():
+                    if line.startswith("used_memory:"):
+                        out[node.address] = int(line.split(":")[1])
+        return out
+
+    def kill(self, node: Node) -> None:
+        """SIGKILL one node (a crash)."""
+        if node.alive():
+            node.proc.send_signal(signal.SIGKILL)
+            node.proc.wait()
+
+    @staticmethod
+    def log_tail(node: Node, lines: int = 10) -> str:
+        with contextlib.suppress(OSError):
+            text = (node.folder / "redis.log").read_text(errors="replace")
+            return "".join(text.splitlines(True)[-lines:])
+        return ""
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.alive():
+                node.proc.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            if node.proc is not None:
+                try:
+                    node.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    node.proc.kill()
+                    node.proc.wait()
+
+    def __enter__(self) -> RedisCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

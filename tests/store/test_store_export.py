@@ -1,0 +1,172 @@
+"""The embedding tier, export side (#35): `rec export --store URL` writes the chosen tables' rows
+into a real Redis Cluster (3 masters, 3 replicas: our own redis-server processes), bit for bit
+the rows the exported model holds, and never over an export that is there."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
+from rec.contract import store as contract
+from rec.store.cluster import RedisCluster
+from rec.store.plan import table_cost
+from rec.store.writer import StoreSink, connect
+from tests.export.conftest import tiny_dict, write_seeded_run
+from tests.helpers import run_rec
+
+STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t0": 7}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with RedisCluster(tmp_path_factory.mktemp("cluster"), masters=3, replicas=1) as c:
+        yield c
+
+
+def stored_rows(client, prefix: str, table: str, spec: dict) -> dict[int, bytes]:
+    rows: dict[int, bytes] = {}
+    for p in range(spec["partitions"]):
+        for field, value in client.hgetall(contract.partition_key(prefix, table, p)).items():
+            row = int(field)
+            assert row % spec["partitions"] == p, f"row {row} of {table} in partition {p}"
+            rows[row] = value
+    return rows
+
+
+def model_rows(version_dir, manifest: dict, table: str) -> np.ndarray:
+    """The table's rows as model.pt holds them, in the update log's layout (codes, then fp16
+    scale and bias), from rec.json's description of its storage."""
+    place = manifest["updates"]["tables"][table]
+    buffers = dict(torch.jit.load(str(version_dir / "model.pt")).named_buffers())
+    raw = buffers[place["buffer"]].numpy()
+    stride, off = place["row_stride"], place["offset"]
+    rows = raw[off : off + place["rows"] * stride].reshape(place["rows"], stride)
+    width = contract.row_bytes(place["dim"], place["dtype"])
+    if place["scale_bias"] == "first":
+        return np.concatenate([rows[:, 4:width], rows[:, :4]], axis=1)
+    return rows[:, :width]
+
+
+@pytest.mark.parametrize("arch", ["dlrm", "dcn_v2"])
+def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch):
+    data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store=STORE)
+    data["model"]["arch"] = arch
+    run = write_seeded_run(tmp_path / "run", data)
+    out = run_rec("export", str(run), "--repo", str(tmp_path / "tiered"), "--store", cluster.url())
+    assert "GB of Redis memory per copy" in out.stdout, out.stdout
+    run_rec("export", str(run), "--repo", str(tmp_path / "plain"))  # every table in the model
+    tiered_dir, plain_dir = tmp_path / "tiered" / "rec" / "1", tmp_path / "plain" / "rec" / "1"
+    tiered = json.loads((tiered_dir / "rec.json").read_text())
+    plain = json.loads((plain_dir / "rec.json").read_text())
+    section = tiered["store"]
+    contract.check_section(section)
+    assert set(section["tables"]) == {"t0", "t1", "t2"}  # t3 stays in the model
+    assert section["tables"]["t0"]["partitions"] == 7 and section["tables"]["t0"]["dtype"] == "int4"
+    assert set(tiered["updates"]["tables"]) == {"t3"}  # model.pt holds t3 alone
+    client = connect(cluster.url())
+    prefix = section["prefix"]
+    for table, spec in section["tables"].items():
+        rows = stored_rows(client, prefix, table, spec)
+        assert sorted(rows) == list(range(spec["rows"])), table
+        got = np.stack([np.frombuffer(rows[r], dtype=np.uint8) for r in range(spec["rows"])])
+        want = model_rows(plain_dir, plain, table)
+        assert got.shape == want.shape and (got == want).all(), f"{table}: rows differ"
+    meta = client.hgetall(contract.meta_key(prefix))
+    assert meta[b"step"] == b"10" and meta[b"format"] == contract.FORMAT.encode()
+
+    # The tiered model, rows read from the store, scores as the in-process one, bit for bit.
+    from rec.contract.requests import random_request
+    from rec.store.reader import StoreReader, TieredScorer
+
+    reader = StoreReader(section)
+    scorer = TieredScorer(torch.jit.load(str(tiered_dir / "model.pt")), reader)
+    in_process = torch.jit.load(str(plain_dir / "model.pt"))
+    for batch in (1, 37, 256):
+        request = random_request(4, 5, batch, seed=batch)
+        args = [torch.from_numpy(a) for a in request.values()]
+        want, got = in_process(*args), scorer(*args)
+        assert torch.equal(got, want), (batch, (got - want).abs().max())
+
+    # Exporting over the served version (--force on version 1) must not touch its rows.
+    before = client.hgetall(contract.partition_key(prefix, "t1", 0))
+    again = run_rec("export", str(run), "--repo", str(tmp_path / "tiered"), "--store",
+                    cluster.url(), "--version", "1", "--force", check=False)  # fmt: skip
+    assert again.returncode == 2, again.stdout
+    assert "exist already" in again.stdout and prefix in again.stdout
+    assert client.hgetall(contract.partition_key(prefix, "t1", 0)) == before
+    reader.close()
+    client.close()
+
+
+def test_a_failed_export_leaves_no_keys_behind(cluster, tmp_path):
+    # The export stops after its tables were streamed (into the store too), before it commits:
+    # no repository will name those keys, so they must go again.
+    from rec.export.pipeline import export_run
+    from rec.export.store import run_tag
+
+    run = write_seeded_run(tmp_path / "run", tiny_dict(store=STORE))
+    seen: list[str] = []
+
+    def log(line: str) -> None:
+        seen.append(line)
+        if "built, scored and reloaded" in line:
+            raise RuntimeError("stopped between streaming and commit")
+
+    with pytest.raises(RuntimeError, match="stopped between"):
+        export_run(run, tmp_path / "repo", store=cluster.url(), log=log)
+    assert any(line.startswith("store: 3 tables") for line in seen), seen
+    prefix = contract.prefix("rec", 1, run_tag(run))
+    client = connect(cluster.url())
+    assert not client.exists(contract.meta_key(prefix))
+    for table, parts in (("t0", 7), ("t1", 4), ("t2", 4)):
+        for p in range(parts):
+            assert not client.exists(contract.partition_key(prefix, table, p)), (table, p)
+    client.close()
+
+
+def test_the_memory_plan_is_what_redis_uses(cluster):
+    rows, dim = 120_000, 64
+    before = sum(cluster.used_memory().values())
+    for dtype, parts in (("int8", 8), ("int4", 3)):
+        sink = StoreSink(cluster.url(), f"plan:{dtype}", {"t": {"dim": dim, "dtype": dtype,
+                                                                 "partitions": parts}})  # fmt: skip
+        for start in range(0, rows, 50_000):
+            sink.write("t", start, torch.randn(min(50_000, rows - start), dim))
+        sink.close()
+    import time
+
+    time.sleep(1.0)  # the replicas have copied every write
+    used = sum(cluster.used_memory().values()) - before
+    planned = 2 * sum(table_cost(rows, dim, d, p).bytes for d, p in (("int8", 8), ("int4", 3)))
+    assert 0.85 < planned / used < 1.15, (planned, used)
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("redis://h:6379/0", "not HOST:PORT"),
+        ("http://h:6379", "want redis://"),
+        ("redis://h:99999", "not HOST:PORT"),
+    ],
+)
+def test_a_bad_store_url_is_refused_by_name(tmp_path, url, message):
+    run = write_seeded_run(tmp_path / "run", tiny_dict(store=STORE))
+    out = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), "--store", url,
+                  check=False)  # fmt: skip
+    assert out.returncode == 2 and message in out.stdout, out.stdout
+    assert "Traceback" not in out.stdout
+
+
+def test_an_unreachable_store_is_an_error_before_any_work(tmp_path):
+    from rec.broker import _free_port
+
+    run = write_seeded_run(tmp_path / "run", tiny_dict(store=STORE))
+    url = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
+    out = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), "--store", url,
+                  check=False)  # fmt: skip
+    assert out.returncode == 2 and "cannot reach the cluster" in out.stdout, out.stdout
+    assert not (tmp_path / "repo" / "rec" / "1").exists()
