@@ -34,6 +34,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2
 
 from rec.contract import TRITON_CONFIG_FILE
+from rec.contract.updates import UpdateError, parse_url
 from rec.serve.client import FEATURES_PARAMETER
 from rec.serve.process import Endpoints, ServerProcess, http_ok, launch, pick_ports, wait_until
 from rec.serve.repository import (
@@ -46,6 +47,8 @@ from rec.serve.repository import (
 )
 
 _MODEL_PY = Path(__file__).with_name("triton_python_model.py")
+UPDATES_PARAMETER = "updates_url"
+"""The staged config's parameter naming the update log (triton_python_model.UPDATES_PARAMETER)."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,10 @@ def prepare_backends(install: TritonInstall, dest: Path) -> Path:
 
 
 def python_backend_config(
-    model: ServedModel, intra_op_threads: int = 1, allow_batch_variant: bool = False
+    model: ServedModel,
+    intra_op_threads: int = 1,
+    allow_batch_variant: bool = False,
+    updates: str | None = None,
 ):
     """The user's config, rewritten for rec's Python-backend model and multi-sample requests.
 
@@ -108,6 +114,10 @@ def python_backend_config(
     itself (`model.max_batch_size`: rec.json's serving one for the `none` form). Triton's
     dynamic batcher needs max_batch_size > 0, so each request runs as its own batch. A config
     already in the `none` form (the export's default) is kept as it is.
+
+    `updates` (rec-server's `--updates URL|none`) becomes the `updates_url` parameter: the
+    update log model.py applies instead of rec.json's `updates.url`, or `none` for no log;
+    None leaves rec.json's.
     """
     config = type(model.config)()
     config.CopyFrom(model.config)
@@ -126,6 +136,8 @@ def python_backend_config(
     config.parameters["max_rows"].string_value = str(model.max_batch_size)
     config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
     config.parameters["allow_batch_variant"].string_value = str(allow_batch_variant).lower()
+    if updates is not None:
+        config.parameters[UPDATES_PARAMETER].string_value = updates
     # Published so `rec predict --url` can map file columns without the repository at hand.
     features = {
         "dense": list(model.dense_names),
@@ -152,12 +164,16 @@ def python_backend_config(
 
 
 def stage_repository(
-    model: ServedModel, dest: Path, intra_op_threads: int = 1, allow_batch_variant: bool = False
+    model: ServedModel,
+    dest: Path,
+    intra_op_threads: int = 1,
+    allow_batch_variant: bool = False,
+    updates: str | None = None,
 ) -> Path:
     """Writes dest/<model>/{config.pbtxt, <version>/model.py}; returns dest."""
     model_dir = dest / model.name
     (model_dir / str(model.version)).mkdir(parents=True)
-    config = python_backend_config(model, intra_op_threads, allow_batch_variant)
+    config = python_backend_config(model, intra_op_threads, allow_batch_variant, updates)
     (model_dir / TRITON_CONFIG_FILE).write_text(config_text(config))
     shutil.copy2(_MODEL_PY, model_dir / str(model.version) / "model.py")
     return dest
@@ -184,6 +200,7 @@ def start_triton(
     echo: bool = False,
     allow_batch_variant: bool = False,
     ready_timeout: float = 180.0,
+    updates: str | None = None,
 ) -> ServerProcess:
     """Starts tritonserver on `repo`'s model and returns once the model is ready.
 
@@ -191,6 +208,8 @@ def start_triton(
     model (1, like rec-server's default: with more, OpenMP threads spin against each other and
     the server's own threads on a busy machine; measured 0.9 ms vs 10 ms per B=1 call here).
     The staging directory (and the server log in it) is removed when the server is stopped.
+    `updates`: the update log the model applies while serving, as rec-server's `--updates`: a
+    redis:// URL, `none` for none, None for rec.json's `updates.url` (docs/update_log.md).
 
     Example:
         >>> with start_triton(Path("model_repository"), http_port=0, grpc_port=0,
@@ -199,12 +218,19 @@ def start_triton(
         127.0.0.1:40125
     """
     served = load_model(repo, model)
+    if updates not in (None, "none"):
+        try:
+            parse_url(updates)
+        except UpdateError as e:
+            raise ServeError(f"updates: {e}") from None
     install = TritonInstall.find()
     ports = pick_ports(host, [http_port, grpc_port, metrics_port])
     staging = Path(tempfile.mkdtemp(prefix="rec-triton-"))
     try:
         backends = prepare_backends(install, staging / "backends")
-        models = stage_repository(served, staging / "models", intra_op_threads, allow_batch_variant)
+        models = stage_repository(
+            served, staging / "models", intra_op_threads, allow_batch_variant, updates
+        )
         argv = _server_argv(install, models, backends, host, ports)
         server = launch(
             "tritonserver", argv, staging / "tritonserver.log", triton_env(install), echo

@@ -12,10 +12,35 @@ because the input is batch-major jagged), run once, and the scores sliced back p
 
 A request may carry its ids as strings (`sparse_strings`, BYTES) instead of `sparse_values`; they
 are mapped with the model's feature spec by rec.features, the code the training readers use.
+
+Fresh embeddings (docs/update_log.md, Contract 3): when the version's rec.json has an `updates`
+section, a daemon thread reads the update log (a Redis stream, redis-py XREAD from entry "0") and
+writes the rows of the records after the export's (gen, step) into model.pt's TBE storage
+buffers in place, as rec-server does. The log's URL is rec.json's `updates.url`, or the config
+parameter `updates_url` (rec-server's `--updates URL|none`: a URL overrides it, `none` turns the
+log off); rec.serve.triton.start_triton(updates=...) writes that parameter. The rules are
+rec.update_log.ReplicaState's (a record is applied whole or refused whole: other run, unknown
+table, wrong dtype or dim, id out of range, backwards, malformed), the writer is
+rec.update_log.write_rows. A forward pass and the applying of a record exclude each other, so a
+batch never sees a half-written row. The counts and the watermark are Triton custom metrics
+(rec-server's names): rec_update_records_total{outcome}, rec_update_rows_applied_total,
+rec_update_watermark_step, rec_update_watermark_wall_ms, rec_update_log_connected. Each model
+instance (its own stub process) keeps its own copy of the tables and its own reader.
+
+Not done here, unlike rec-server: responses do NOT carry the embedding watermark
+(`embedding_watermark_gen`, `_step`, `_wall_ns`). This Triton's (2.51) Python backend cannot set
+response parameters: its pb_utils.InferenceResponse takes only `output_tensors` and `error`
+(passing `parameters=` fails with "incompatible constructor arguments"), so a client learns the
+watermark from /metrics only, not per response. Also missing: `--updates-max-behind-s` (a Python
+model cannot make Triton's ready routes answer not ready) and the log for an AOTInductor
+version (model.pt2 is served export-fresh).
 """
 
+import contextlib
 import json
 import os
+import threading
+from collections import Counter
 
 import fbgemm_gpu  # noqa: F401  (registers the torch.ops.fbgemm kernels model.pt calls)
 import numpy as np
@@ -25,8 +50,18 @@ import triton_python_backend_utils as pb_utils
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, the dense layers model.pt calls)
 from rec import batch_probe
 from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES
+from rec.contract.updates import UpdateError, decode, parse_url, row_bytes
 from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
+from rec.update_log import ReplicaState, ServedTable, write_rows
+
+UPDATES_PARAMETER = "updates_url"
+"""Config parameter overriding rec.json's `updates.url`: a redis:// URL, or `none`."""
+OUTCOMES = ("applied", "skipped", "other_run", "unknown_table", "row_format", "id_range",
+            "backwards", "malformed")  # fmt: skip
+"""What became of a log entry: rec-server's rec_update_records_total outcomes."""
+_BLOCK_MS = 300  # how long one XREAD waits for news; bounds how long finalize() waits
+_BATCH_ENTRIES = 256
 
 
 def _invalid(message):
@@ -65,6 +100,215 @@ def _check(dense, lengths, values, max_rows, values_name=VALUES):
     return None
 
 
+class ServedTables(ReplicaState):
+    """The loaded model's tables as the update log writes them: rec.update_log.ReplicaState's
+    rules (its `_check`: backwards, unknown table, row format, id range), plus what a server
+    adds to them as rec-server's EmbeddingTables does: a record of another run is refused (an
+    export with no run id takes the run of the first record it applies), rows of records at or
+    before the export's (gen, step) are skipped (the export holds them), and accepted rows are
+    written into the storage buffers (rec.update_log.write_rows) instead of kept. The watermark
+    starts at the export's (gen, step) and only grows.
+
+    `lock` is held by apply() for a whole record and by a forward pass for its whole run: a
+    plain mutex, not rec-server's writer-preferring reader-writer lock, because the Python
+    backend runs one execute() at a time per instance (each instance is its own stub process
+    with its own tables), so there are never two readers to share it, and with one reader and
+    one writer that each release it after one pass or one record neither can starve the other.
+    """
+
+    def __init__(self, updates, buffers):
+        places = updates["tables"]
+        super().__init__(
+            tables={n: ServedTable(p["rows"], p["dim"], p["dtype"]) for n, p in places.items()},
+            export=(int(updates.get("gen") or 0), int(updates.get("step") or 0)),
+        )
+        self.run = updates.get("run") or ""
+        self.places = places
+        self.buffers = {}
+        for name, place in places.items():
+            buffer = buffers.get(place["buffer"])
+            if buffer is None:
+                raise ValueError(f'rec.json: "updates.tables.{name}.buffer" names '
+                                 f"{place['buffer']!r}, which the model does not hold")  # fmt: skip
+            size, stride = buffer.numel(), place["row_stride"]
+            rowwise = place["dtype"] in ("int8", "int4")
+            fits = (buffer.dtype == torch.uint8 and buffer.is_contiguous() and buffer.dim() == 1
+                    and stride >= row_bytes(place["dim"], place["dtype"]) and stride > 0
+                    and 0 <= place["offset"] <= size and place["rows"] >= 0
+                    and place["rows"] <= (size - place["offset"]) // stride
+                    and (place["scale_bias"] == "first") == rowwise)  # fmt: skip
+            if not fits:
+                raise ValueError(
+                    f'rec.json: "updates.tables.{name}" (offset {place["offset"]}, '
+                    f"{place['rows']} rows of {stride} bytes) does not fit its buffer of "
+                    f"{size} bytes"
+                )
+            self.buffers[name] = buffer
+        self.lock = threading.Lock()
+        self.mark = (*self.export, 0)  # the watermark: (gen, step, wall_ns)
+        self._complete_gen = 0
+
+    def apply(self, rec):
+        """Applies `rec` whole or refuses it whole: (outcome, why), outcome one of OUTCOMES."""
+        with self.lock:
+            if self.run and rec.run != self.run:
+                why = f"record of run {rec.run!r}, the served version is of run {self.run!r}"
+                outcome = "other_run"
+            else:
+                why = self._check(rec)
+                outcome = why.split(":")[0].replace(" ", "_") if why else "applied"
+            if why is not None:
+                self.refused[outcome] += 1
+                return outcome, why
+            if rec.count and rec.version <= self.export:
+                outcome = "skipped"
+            elif rec.count:
+                place = self.places[rec.table]
+                write_rows(self.buffers[rec.table], place, rec.ids, rec.rows)
+                self.applied_rows += rec.count
+            self.run = self.run or rec.run
+            self._advance(rec)
+            return outcome, ""
+
+    def _advance(self, rec):
+        self.rank_version[rec.rank] = rec.version
+        if rec.gen > self._complete_gen:  # a resumed run: its ranks (maybe fewer) start over
+            self._complete_gen = rec.gen
+            self.complete.clear()
+        self.world = rec.world
+        if not rec.last or rec.gen < self._complete_gen:
+            return
+        self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
+        low = self.watermark()  # ReplicaState's: the oldest complete publish, once all have one
+        if low is not None and low[:2] > self.mark[:2]:
+            self.mark = low
+
+
+class UpdateReader:
+    """The daemon thread that reads the update log at `url` from entry "0" (XREAD BLOCK, up to
+    _BATCH_ENTRIES entries a read) and applies each record to `tables`. A broker that goes away
+    or errors is retried from the same cursor, the last entry id read, so nothing is lost or
+    applied twice out of order. Refusals are counted and the first few of each kind logged."""
+
+    def __init__(self, model, url, tables, metrics):
+        self.model, self.url, self.tables, self.metrics = model, parse_url(url), tables, metrics
+        self.cursor = "0"
+        self._stop = threading.Event()
+        self._logged = Counter()
+        self._thread = threading.Thread(target=self._loop, name="rec-updates", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout=5.0):
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _say(self, level, message):
+        getattr(pb_utils.Logger, f"log_{level}")(f"model '{self.model}': {message}")
+
+    def _loop(self):
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        where, client, reported_down = str(self.url), None, False
+        while not self._stop.is_set():
+            if client is None:
+                # No retries inside redis-py (its default backs off for seconds, unseen): this
+                # loop reconnects, counts the broker down and logs it.
+                client = redis.Redis(host=self.url.host, port=self.url.port,
+                                     socket_connect_timeout=1, socket_timeout=5,
+                                     retry=Retry(NoBackoff(), 0))  # fmt: skip
+                try:
+                    client.ping()
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                    client.close()
+                    client = None
+                    self.metrics.set("connected", 0)
+                    if not reported_down:
+                        self._say("warn", f"update log {where} unreachable ({e}); retrying")
+                        reported_down = True
+                    self._stop.wait(0.2)
+                    continue
+                self.metrics.set("connected", 1)
+                self._say("info", f"reading update log {where} from entry {self.cursor}")
+                reported_down = False
+            try:
+                got = client.xread({self.url.stream: self.cursor}, count=_BATCH_ENTRIES,
+                                   block=_BLOCK_MS)  # fmt: skip
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                client.close()  # the connection broke: reconnect, from the same cursor
+                client = None
+                self.metrics.set("connected", 0)
+                continue
+            except redis.ResponseError as e:  # e.g. the key is not a stream
+                self._say("warn", f"update log {where}: {e}")
+                self._stop.wait(0.5)
+                continue
+            for entry_id, fields in got[0][1] if got else ():
+                self.cursor = entry_id.decode()
+                try:
+                    self._take(fields)
+                except Exception as e:  # the reader must outlive one bad entry
+                    self._say("error", f"update log entry {self.cursor}: {e!r}")
+        if client is not None:
+            client.close()
+
+    def _take(self, fields):
+        try:
+            record = decode(fields)
+        except UpdateError as e:
+            outcome, why = "malformed", str(e)
+        else:
+            outcome, why = self.tables.apply(record)
+        self.metrics.count(outcome)
+        if outcome == "applied":
+            self.metrics.applied(record.count, self.tables.mark)
+        elif outcome != "skipped":
+            self._logged[outcome] += 1
+            n = self._logged[outcome]
+            if n <= 5 or n % 1000 == 0:  # a bad publisher must not flood the log
+                self._say("warn", f"refused update log entry {self.cursor} ({outcome}): {why}")
+
+
+class UpdateMetrics:
+    """The update log's Triton custom metrics of one model version (rec-server's names). The
+    families are kept: Triton drops a family's metrics when it is collected."""
+
+    def __init__(self, name, version):
+        labels = {"model": name, "version": str(version)}
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        self.families = {
+            "records": pb_utils.MetricFamily("rec_update_records_total",
+                                             "update log entries by what became of them",
+                                             counter),
+            "rows": pb_utils.MetricFamily("rec_update_rows_applied_total",
+                                          "rows the update log wrote into the tables", counter),
+            "step": pb_utils.MetricFamily("rec_update_watermark_step",
+                                          "the embedding watermark's step", gauge),
+            "wall": pb_utils.MetricFamily("rec_update_watermark_wall_ms",
+                                          "when the watermark's step ended (ms since the epoch)",
+                                          gauge),
+            "connected": pb_utils.MetricFamily("rec_update_log_connected",
+                                               "1 while the update log's broker answers", gauge),
+        }  # fmt: skip
+        self.records = {o: self.families["records"].Metric(labels={**labels, "outcome": o})
+                        for o in OUTCOMES}  # fmt: skip
+        self.single = {k: self.families[k].Metric(labels=labels)
+                       for k in ("rows", "step", "wall", "connected")}  # fmt: skip
+        self.single["step"].set(-1)  # as rec-server: -1 until a record is applied
+
+    def count(self, outcome):
+        self.records[outcome].increment(1)
+
+    def set(self, name, value):
+        self.single[name].set(value)
+
+    def applied(self, rows, mark):
+        self.single["rows"].increment(rows)
+        self.single["step"].set(mark[1])
+        self.single["wall"].set(mark[2] // 1_000_000)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -85,6 +329,37 @@ class TritonPythonModel:
         spec = params.get("feature_spec", {}).get("string_value")
         self.spec = FeatureSpec.from_dict(json.loads(spec)) if spec else None
         self.num_tasks = int(config["output"][0]["dims"][0])
+        url = params.get(UPDATES_PARAMETER, {}).get("string_value", "")
+        self._start_updates(path, args["model_name"], args["model_version"], url)
+
+    def _start_updates(self, path, name, version, url):
+        """The version's tables and their update log reader, as rec.json's "updates" and the
+        `updates_url` parameter say (rec-server's `--updates`: empty takes rec.json's url)."""
+        self.tables, self.reader = None, None
+        updates = batch_probe.read_manifest(path).get("updates")
+        url = url or (updates or {}).get("url") or ""
+        if not url or url == "none":
+            return  # no log: served as exported, with no lock taken
+        try:
+            parse_url(url)
+        except UpdateError as e:
+            raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
+        if not updates or path.endswith(".pt2"):
+            pb_utils.Logger.log_warn(
+                f"model '{name}' version {version} cannot take updates (rec's Triton model "
+                'applies the update log to a TorchScript export with rec.json "updates" '
+                "only); serving it as exported"
+            )
+            return
+        try:
+            self.tables = ServedTables(updates, dict(self.model.named_buffers()))
+        except (KeyError, ValueError) as e:
+            raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
+        self.reader = UpdateReader(name, url, self.tables, UpdateMetrics(name, version))
+
+    def finalize(self):
+        if getattr(self, "reader", None) is not None:
+            self.reader.stop()
 
     def _probe_batching(self, path, name, version, allow):
         """rec.json's batch probe on this CPU (rec.batch_probe): a model that scores it
@@ -174,6 +449,12 @@ class TritonPythonModel:
             # Copies (Triton's input buffers are read-only), which from_numpy wants anyway.
             return torch.from_numpy(np.concatenate([b[k] for b in batch]))
 
-        with torch.inference_mode():
-            scores = self.model(cat(1), cat(2), cat(3))
+        args = cat(1), cat(2), cat(3)
+        # No record is applied while the pass runs: it sees each one wholly or not at all.
+        tables = self.tables
+        with (
+            tables.lock if tables is not None else contextlib.nullcontext(),
+            torch.inference_mode(),
+        ):
+            scores = self.model(*args)
         return scores.numpy().astype(np.float32, copy=False)
