@@ -1,6 +1,7 @@
 #include "model/model_manager.h"
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "common/log.h"
@@ -170,7 +171,9 @@ Status ModelManager::Reload(const std::string& name) {
     st = LoadAotiModel(path, (version_dir / kManifestFile).string(), entry->spec(), version,
                        concurrency, &runner, updates);
   } else if (st.ok()) {
-    st = LoadTorchModel(path, entry->spec(), version, &runner, updates);
+    std::shared_ptr<EmbeddingStore> store;
+    st = OpenStore(entry, version_dir, &store);
+    if (st.ok()) st = LoadTorchModel(path, entry->spec(), version, &runner, updates, store);
   }
   if (st.ok()) st = ProbeBatching(entry, version, runner.get());
   std::unique_ptr<UpdateSubscriber> subscriber;
@@ -192,6 +195,22 @@ Status ModelManager::Reload(const std::string& name) {
     LogInfo("loaded model '" + name + "' version " + version + " from " + path);
   }
   return Status::Ok();
+}
+
+Status ModelManager::OpenStore(ModelEntry* entry, const std::filesystem::path& version_dir,
+                               std::shared_ptr<EmbeddingStore>* out) {
+  const std::string manifest = (version_dir / kManifestFile).string();
+  std::ifstream in(manifest);
+  if (!in) return Status::Ok();  // no rec.json of its own: no stored tables
+  std::stringstream text;
+  text << in.rdbuf();
+  StoreSpec spec;
+  Status st = ParseStoreSection(text.str(), manifest, &spec);
+  if (!st.ok() || !spec.present) return st;
+  StoreOptions options;
+  options.cache_bytes = options_.store_cache_bytes;
+  entry->stats()->has_store.store(true);
+  return EmbeddingStore::Open(spec, options, &entry->stats()->store, out);
 }
 
 Status ModelManager::StartUpdates(ModelEntry* entry, const std::string& version, Runner* runner,

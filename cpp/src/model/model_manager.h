@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "model/model_spec.h"
 #include "model/runner.h"
 #include "observability/metrics.h"
+#include "store/embedding_store.h"
 #include "updates/update_subscriber.h"
 
 namespace rec {
@@ -34,6 +36,8 @@ struct ManagerOptions {
   // A model whose update log reader is further behind than this (ms; 0: no bound) is not
   // ready: its rows are older than the log says they should be.
   int64_t updates_max_behind_ms = 0;
+  // The row cache of a version whose tables are in the embedding store (rec.json "store").
+  int64_t store_cache_bytes = int64_t{256} << 20;
   BatcherOptions batcher;
 };
 
@@ -89,6 +93,9 @@ class ModelManager {
   Status PickVersion(const ModelEntry& entry, std::string* version) const;
   // The reader of the update log for a freshly loaded version, or null (no log, or a version
   // that cannot take updates).
+  // The embedding store of a version whose rec.json has a "store" section (else null).
+  Status OpenStore(ModelEntry* entry, const std::filesystem::path& version_dir,
+                   std::shared_ptr<EmbeddingStore>* out);
   Status StartUpdates(ModelEntry* entry, const std::string& version, Runner* runner,
                       std::unique_ptr<UpdateSubscriber>* out);
   void PollLoop(int interval_s);

@@ -83,8 +83,12 @@ DataType FromTorch(c10::ScalarType t) {
 
 class TorchRunner : public Runner {
  public:
-  TorchRunner(torch::jit::Module module, const ModelSpec& spec, std::string version)
-      : module_(std::move(module)), spec_(spec), version_(std::move(version)) {}
+  TorchRunner(torch::jit::Module module, const ModelSpec& spec, std::string version,
+              std::shared_ptr<EmbeddingStore> store)
+      : module_(std::move(module)),
+        spec_(spec),
+        version_(std::move(version)),
+        store_(std::move(store)) {}
 
   const std::string& version() const override { return version_; }
 
@@ -106,6 +110,23 @@ class TorchRunner : public Runner {
     } catch (const std::exception& e) {
       return Internal(std::string("forward failed: ") + e.what());
     }
+  }
+
+  // A model with stored tables: the rows its batch reads, from the store, then its forward.
+  Status StoredForward(std::vector<c10::IValue> args, c10::IValue* result) {
+    if (spec_.lengths_input < 0 || spec_.values_input < 0) {
+      return InvalidArgument("a model with stored tables needs the sparse_lengths/values pair");
+    }
+    at::Tensor keys =
+        module_.get_method("store_ids")({args[spec_.lengths_input], args[spec_.values_input]})
+            .toTensor()
+            .contiguous();
+    std::string rows;
+    REC_RETURN_IF_ERROR(store_->Fetch(keys.data_ptr<int64_t>(), keys.numel(), &rows));
+    args.emplace_back(torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size())},
+                                       torch::TensorOptions().dtype(c10::kByte)));
+    *result = module_.get_method("forward_with_rows")(args);
+    return Status::Ok();
   }
 
   std::shared_ptr<EmbeddingTables> tables() const override { return tables_; }
@@ -136,7 +157,12 @@ class TorchRunner : public Runner {
     std::vector<c10::IValue> args;
     args.reserve(inputs.size());
     for (const Tensor& t : inputs) args.emplace_back(WrapInput(t));
-    c10::IValue result = module_.forward(args);
+    c10::IValue result;
+    if (store_) {
+      REC_RETURN_IF_ERROR(StoredForward(std::move(args), &result));
+    } else {
+      result = module_.forward(args);
+    }
     std::vector<at::Tensor> tensors;
     if (result.isTensor()) {
       tensors.push_back(result.toTensor());
@@ -158,6 +184,7 @@ class TorchRunner : public Runner {
   torch::jit::Module module_;
   const ModelSpec& spec_;
   std::string version_;
+  std::shared_ptr<EmbeddingStore> store_;
   std::shared_ptr<EmbeddingTables> tables_;
 };
 
@@ -301,7 +328,7 @@ void ConfigureTorchThreads(int intra_op_threads) {
 
 Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
                       const std::string& version, std::shared_ptr<Runner>* runner,
-                      const UpdatesSpec& updates) {
+                      const UpdatesSpec& updates, std::shared_ptr<EmbeddingStore> store) {
   torch::jit::Module module;
   try {
     module = torch::jit::load(model_path, torch::kCPU);
@@ -310,7 +337,12 @@ Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
     return InvalidArgument("cannot load " + model_path + ": " + FirstLine(e));
   }
   REC_RETURN_IF_ERROR(CheckSignature(module, spec));
-  auto candidate = std::make_shared<TorchRunner>(std::move(module), spec, version);
+  if (store && (!module.find_method("store_ids") || !module.find_method("forward_with_rows"))) {
+    return InvalidArgument(model_path + ": rec.json has a \"store\" section but the model has " +
+                           "no store_ids / forward_with_rows (not a tiered export)");
+  }
+  auto candidate =
+      std::make_shared<TorchRunner>(std::move(module), spec, version, std::move(store));
   Status attached = candidate->AttachTables(updates);
   if (!attached.ok()) return InvalidArgument(model_path + ": " + attached.message());
   REC_RETURN_IF_ERROR(WarmUp(candidate.get(), spec, model_path));
@@ -322,6 +354,7 @@ Status WarmUp(Runner* runner, const ModelSpec& spec, const std::string& model_pa
   int64_t rows = std::min<int64_t>(2, spec.max_batch_size);
   std::vector<Tensor> outputs;
   Status st = runner->Run(WarmupBatch(spec, rows), &outputs);
+  if (st.code() == StatusCode::kUnavailable) return st;  // the embedding store, named
   if (st.ok()) st = CheckOutputs(spec, rows, outputs);
   if (!st.ok()) {
     return InvalidArgument("model " + model_path +

@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "model/model_spec.h"
 #include "model/runner.h"
+#include "store/embedding_store.h"
 
 namespace rec {
 
@@ -32,9 +33,11 @@ void ConfigureTorchThreads(int intra_op_threads);
 // Loads `model_path`, checks forward's arity against the spec, runs a warm-up batch and checks
 // the outputs' dtypes and shapes. On success *runner serves `version`.
 // `updates`: where the version's tables lie for the update log (its rec.json "updates"); a
-// version without one cannot take updates.
+// version without one cannot take updates. `store`: where its stored tables' rows are (its
+// rec.json "store"; the model then has store_ids and forward_with_rows, rec.export.tiered).
 Status LoadTorchModel(const std::string& model_path, const ModelSpec& spec,
                       const std::string& version, std::shared_ptr<Runner>* runner,
-                      const UpdatesSpec& updates = UpdatesSpec{});
+                      const UpdatesSpec& updates = UpdatesSpec{},
+                      std::shared_ptr<EmbeddingStore> store = nullptr);
 
 }  // namespace rec

@@ -146,6 +146,7 @@ std::string Metrics::Prometheus() const {
     stats->batch_size.AppendPrometheus("rec_batch_size", labels(model), &out);
   }
   AppendUpdates(labels, &out);
+  AppendStore(labels, &out);
   out +=
       "# HELP rec_http_connections_closed_total HTTP connections closed by the server: idle, "
       "request not received in time, over the connection limit\n"
@@ -217,6 +218,57 @@ void Metrics::AppendUpdates(const std::function<std::string(const std::string&)>
   for (const auto& [model, stats] : models_) {
     if (stats->has_updates.load())
       stats->update_lag_ms.AppendPrometheus("rec_update_lag_ms", labels(model), out);
+  }
+}
+
+void Metrics::AppendStore(const std::function<std::string(const std::string&)>& labels,
+                          std::string* out) const {
+  struct Line {
+    const char* name;
+    const char* type;
+    const char* help;
+    int64_t (*get)(const StoreStats&);
+  };
+  static const Line kLines[] = {
+      {"rec_store_cache_hits_total", "counter", "Embedding store rows found in the row cache",
+       [](const StoreStats& s) { return static_cast<int64_t>(s.cache_hits.load()); }},
+      {"rec_store_cache_misses_total", "counter", "Embedding store rows read from the store",
+       [](const StoreStats& s) { return static_cast<int64_t>(s.cache_misses.load()); }},
+      {"rec_store_lookups_total", "counter", "Batches that read rows from the store",
+       [](const StoreStats& s) { return static_cast<int64_t>(s.lookups.load()); }},
+      {"rec_store_lookup_us_total", "counter",
+       "Time those batches waited for the store (all nodes, in parallel)",
+       [](const StoreStats& s) { return static_cast<int64_t>(s.lookup_ns.load() / 1000); }},
+      {"rec_store_failed_lookups_total", "counter",
+       "Batches refused for the store: unavailable, or a row missing or malformed",
+       [](const StoreStats& s) { return static_cast<int64_t>(s.failed_lookups.load()); }},
+      {"rec_store_cache_bytes", "gauge", "Bytes the row cache holds (rows and their overhead)",
+       [](const StoreStats& s) { return s.cache_bytes.load(); }},
+      {"rec_store_cache_capacity_bytes", "gauge", "The row cache's bound (--store-cache-bytes)",
+       [](const StoreStats& s) { return s.cache_capacity.load(); }},
+  };
+  bool any = false;
+  for (const auto& [model, stats] : models_) any = any || stats->has_store.load();
+  if (!any) return;
+  for (const Line& l : kLines) {
+    *out +=
+        std::string("# HELP ") + l.name + " " + l.help + "\n# TYPE " + l.name + " " + l.type + "\n";
+    for (const auto& [model, stats] : models_) {
+      if (!stats->has_store.load()) continue;
+      *out += std::string(l.name) + "{" + labels(model) + "} " +
+              std::to_string(l.get(stats->store)) + "\n";
+    }
+  }
+  *out +=
+      "# HELP rec_store_node_requests_total Partition reads (HMGET) sent to each store node\n"
+      "# TYPE rec_store_node_requests_total counter\n";
+  for (const auto& [model, stats] : models_) {
+    if (!stats->has_store.load()) continue;
+    std::lock_guard<std::mutex> lock(stats->store.mu);
+    for (const auto& [node, count] : stats->store.node_requests) {
+      *out += "rec_store_node_requests_total{" + labels(model) + ",node=\"" + node + "\"} " +
+              std::to_string(count) + "\n";
+    }
   }
 }
 

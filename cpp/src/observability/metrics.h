@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "store/store_stats.h"
 #include "updates/update_stats.h"
 
 namespace rec {
@@ -47,6 +48,9 @@ struct ModelStats {
   std::atomic<bool> has_updates{false};
   UpdateStats updates;
   Histogram update_lag_ms;  // per batch: wall time now minus its embedding watermark's
+  // The embedding store (rec.json "store"): set once a version reads one.
+  std::atomic<bool> has_store{false};
+  StoreStats store;
 
   void RecordSuccess(uint64_t request_ns);
   void RecordFailure(uint64_t request_ns);
@@ -73,6 +77,8 @@ class Metrics {
  private:
   void AppendUpdates(const std::function<std::string(const std::string&)>& labels,
                      std::string* out) const;
+  void AppendStore(const std::function<std::string(const std::string&)>& labels,
+                   std::string* out) const;
 
   HttpCloseCounts http_closes_;
   mutable std::mutex mu_;

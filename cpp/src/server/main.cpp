@@ -82,6 +82,7 @@ int Serve(const rec::ServerOptions& o) {
   mo.allow_batch_variant = o.allow_batch_variant;
   mo.updates_url = o.updates;
   mo.updates_max_behind_ms = static_cast<int64_t>(o.updates_max_behind_s) * 1000;
+  mo.store_cache_bytes = o.store_cache_bytes;
   mo.batcher.executor_threads = o.executor_threads;
   mo.batcher.max_queue_size = static_cast<size_t>(o.max_queue_size);
   mo.batcher.request_timeout_us = o.request_timeout_ms * 1000;

@@ -70,6 +70,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--trace-file", str(&o->trace_file)},
       {"--updates", str(&o->updates)},
       {"--updates-max-behind-s", i32(&o->updates_max_behind_s, 0, 86400)},
+      {"--store-cache-bytes", i64(&o->store_cache_bytes, 0, INT64_MAX)},
   };
 }
 
@@ -181,6 +182,9 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "                           \"updates.url\"; none: no log)\n"
          "  --updates-max-behind-s N  not ready while more than N s behind the update log (or\n"
          "                           its broker unreachable that long); 0: no bound\n"
+         "  --store-cache-bytes N    rows of the embedding store (rec.json \"store\") kept in\n"
+         "                           memory per served version, least recently used out\n"
+         "                           first (default 268435456 = 256 MiB)\n"
          "  --trace-file PATH        where request traces go (Triton's JSON trace format),\n"
          "                           once POST /v2/trace/setting or the TraceSetting RPC\n"
          "                           sets trace_level TIMESTAMPS; PATH.N every\n"

@@ -34,9 +34,10 @@ struct ServerOptions {
   int poll_repository_s = 0;
   std::string updates;           // the update log; empty: rec.json's "updates.url"; "none": no log
   int updates_max_behind_s = 0;  // not ready past this far behind the log; 0: no bound
-  int log_verbose = 0;           // the starting log_verbose_level (POST /v2/logging changes it)
-  std::string log_file;          // empty: stderr
-  std::string trace_file;        // empty: tracing cannot be turned on
+  int64_t store_cache_bytes = int64_t{256} << 20;  // the embedding store's row cache per version
+  int log_verbose = 0;     // the starting log_verbose_level (POST /v2/logging changes it)
+  std::string log_file;    // empty: stderr
+  std::string trace_file;  // empty: tracing cannot be turned on
   bool help = false;
 };
 

@@ -1,0 +1,75 @@
+// ClusterClient: HMGETs against a Redis Cluster with Debian's hiredis. Keys are routed by their
+// hash slot (CLUSTER SLOTS); each node's share of a batch goes out as one pipeline, every
+// node's pipeline is sent before any reply is read, so the nodes work in parallel. A moved
+// slot, a failed-over master or a dropped connection refreshes the slot map and retries the
+// batch, within a deadline; after it, the batch fails as Unavailable naming the store.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+struct redisContext;
+
+namespace rec {
+
+struct HashGet {
+  std::string key;
+  std::vector<std::string> fields;
+};
+
+struct FieldValue {
+  bool found = false;
+  std::string value;
+};
+
+class ClusterClient {
+ public:
+  // `name` (the store's URL) is what errors call the store.
+  ClusterClient(std::string name, std::vector<std::pair<std::string, int>> seeds,
+                std::chrono::milliseconds timeout, std::chrono::milliseconds retry_for);
+  ~ClusterClient();
+  ClusterClient(const ClusterClient&) = delete;
+  ClusterClient& operator=(const ClusterClient&) = delete;
+
+  // Reads the slot map from the first seed that answers.
+  Status Connect();
+  // (*out)[i][j]: field j of gets[i]. per_node: requests sent to each node ("host:port"), added.
+  // Safe to call from several threads (one batch at a time).
+  Status HashGets(const std::vector<HashGet>& gets, std::vector<std::vector<FieldValue>>* out,
+                  std::map<std::string, uint64_t>* per_node);
+  // Whether `key` exists (on the node that owns it).
+  Status Exists(const std::string& key, bool* exists);
+
+ private:
+  struct Node {
+    std::string host;
+    int port = 0;
+    redisContext* ctx = nullptr;
+  };
+  // An attempt's outcome: done, retry after refreshing the slot map, or give up.
+  enum class Attempt { kDone, kRetry, kFailed };
+
+  Status RefreshSlotsLocked();
+  Status ConnectLocked(Node* node);
+  void DropLocked(Node* node);
+  Node* NodeLocked(const std::string& address);
+  Attempt TryLocked(const std::vector<HashGet>& gets, std::vector<std::vector<FieldValue>>* out,
+                    std::map<std::string, uint64_t>* per_node, std::string* why, Status* failed);
+
+  const std::string name_;
+  const std::vector<std::pair<std::string, int>> seeds_;
+  const std::chrono::milliseconds timeout_, retry_for_;
+  std::mutex mu_;
+  std::map<std::string, Node> nodes_;            // by "host:port"
+  std::array<std::string, 16384> slot_owner_{};  // "host:port" of each slot's master
+};
+
+}  // namespace rec

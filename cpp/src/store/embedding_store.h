@@ -1,0 +1,50 @@
+// EmbeddingStore: the rows of a version's stored tables (rec.json "store"), read through a
+// bounded in-process cache from the Redis Cluster the export wrote them to. Per batch: the
+// cache first, then one HMGET per partition of the missing rows, every node in parallel
+// (ClusterClient). A row the store does not have is an error naming it, never a zero row.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "store/cluster_client.h"
+#include "store/row_cache.h"
+#include "store/store_spec.h"
+#include "store/store_stats.h"
+
+namespace rec {
+
+struct StoreOptions {
+  int64_t cache_bytes = int64_t{256} << 20;
+  std::chrono::milliseconds timeout{1000};    // connect and read, per node
+  std::chrono::milliseconds retry_for{3000};  // a failover takes about the cluster's node timeout
+};
+
+class EmbeddingStore {
+ public:
+  static constexpr int kTableShift = 40;  // a key is table << 40 | row (rec.export.tiered)
+
+  // Connects, reads the slot map and checks that the export finished (its meta hash exists);
+  // Unavailable with the reason otherwise.
+  static Status Open(const StoreSpec& spec, const StoreOptions& options, StoreStats* stats,
+                     std::shared_ptr<EmbeddingStore>* out);
+
+  // The rows of `keys` (sorted, distinct, each table << 40 | row) concatenated in key order,
+  // each as the store keeps it, into *rows.
+  Status Fetch(const int64_t* keys, int64_t n, std::string* rows);
+
+  const StoreSpec& spec() const { return spec_; }
+
+ private:
+  EmbeddingStore(const StoreSpec& spec, const StoreOptions& options, StoreStats* stats);
+
+  const StoreSpec spec_;
+  StoreStats* stats_;
+  RowCache cache_;
+  ClusterClient client_;
+};
+
+}  // namespace rec

@@ -1,0 +1,134 @@
+#include "store/store_spec.h"
+
+#include <nlohmann/json.hpp>
+
+namespace rec {
+namespace {
+
+constexpr const char* kFormat = "rec.store/1";
+constexpr int64_t kMaxPartitions = 1 << 14;
+
+int64_t RowBytes(int64_t dim, const std::string& dtype) {
+  if (dtype == "int8") return dim + 4;
+  if (dtype == "int4") return (dim * 4 + 7) / 8 + 4;
+  if (dtype == "fp16") return dim * 2;
+  if (dtype == "fp32") return dim * 4;
+  return -1;
+}
+
+}  // namespace
+
+Status ParseStoreUrl(const std::string& url, std::vector<std::pair<std::string, int>>* nodes) {
+  const std::string scheme = "redis://";
+  if (url.compare(0, scheme.size(), scheme) != 0) {
+    return InvalidArgument("store URL '" + url + "': want redis://HOST:PORT[,HOST:PORT...]");
+  }
+  nodes->clear();
+  size_t start = scheme.size();
+  while (true) {
+    const size_t end = url.find(',', start);
+    const std::string part = url.substr(start, end == std::string::npos ? end : end - start);
+    const size_t colon = part.rfind(':');
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < part.size() &&
+              part.size() - colon - 1 <= 5 && part.find_first_of("/?#") == std::string::npos;
+    int port = 0;
+    for (size_t i = colon + 1; ok && i < part.size(); ++i) {
+      ok = part[i] >= '0' && part[i] <= '9';
+      port = port * 10 + (part[i] - '0');
+    }
+    if (!ok || port < 1 || port > 65535) {
+      return InvalidArgument("store URL '" + url + "': '" + part + "' is not HOST:PORT (1-65535)");
+    }
+    nodes->emplace_back(part.substr(0, colon), port);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return Status::Ok();
+}
+
+Status ParseStoreSection(const std::string& manifest_text, const std::string& source,
+                         StoreSpec* out) {
+  *out = StoreSpec{};
+  nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object()) {
+    return InvalidArgument(source + " is not a JSON object");
+  }
+  auto it = manifest.find("store");
+  if (it == manifest.end() || it->is_null()) return Status::Ok();
+  const nlohmann::json& s = *it;
+  auto bad = [&](const std::string& what) { return InvalidArgument(source + ": store" + what); };
+  if (!s.is_object()) return bad(" must be an object");
+  if (!s.contains("format") || s["format"] != kFormat) {
+    return bad(".format must be \"" + std::string(kFormat) + "\"");
+  }
+  if (!s.contains("url") || !s["url"].is_string()) return bad(".url must be a string");
+  out->url = s["url"].get<std::string>();
+  Status url = ParseStoreUrl(out->url, &out->nodes);
+  if (!url.ok()) return bad(".url: " + url.message());
+  if (!s.contains("prefix") || !s["prefix"].is_string() || s["prefix"].get<std::string>().empty()) {
+    return bad(".prefix must be a non-empty string");
+  }
+  out->prefix = s["prefix"].get<std::string>();
+  if (!s.contains("tables") || !s["tables"].is_object() || s["tables"].empty()) {
+    return bad(".tables must name at least one table");
+  }
+  for (const auto& [name, t] : s["tables"].items()) {
+    const std::string where = ".tables." + name;
+    if (!t.is_object()) return bad(where + " must be an object");
+    StoreTable table;
+    table.name = name;
+    const std::pair<const char*, int64_t*> ints[] = {{"rows", &table.rows},
+                                                     {"dim", &table.dim},
+                                                     {"row_bytes", &table.row_bytes},
+                                                     {"partitions", &table.partitions}};
+    for (const auto& [key, dest] : ints) {
+      if (!t.contains(key) || !t[key].is_number_integer() || t[key].get<int64_t>() < 1) {
+        return bad(where + "." + key + " must be a positive integer");
+      }
+      *dest = t[key].get<int64_t>();
+    }
+    if (!t.contains("dtype") || !t["dtype"].is_string()) return bad(where + ".dtype: missing");
+    table.dtype = t["dtype"].get<std::string>();
+    const int64_t want = RowBytes(table.dim, table.dtype);
+    if (want < 0) return bad(where + ".dtype '" + table.dtype + "' is not int8, int4, fp16, fp32");
+    if (table.row_bytes != want) {
+      return bad(where + ".row_bytes " + std::to_string(table.row_bytes) + ", want " +
+                 std::to_string(want) + " for dim " + std::to_string(table.dim) + " " +
+                 table.dtype);
+    }
+    if (table.partitions > kMaxPartitions || table.rows > (int64_t{1} << 40)) {
+      return bad(where + ": partitions over 16384 or rows over 2^40");
+    }
+    out->tables.push_back(std::move(table));
+  }
+  out->present = true;
+  return Status::Ok();
+}
+
+std::string PartitionKey(const std::string& prefix, const std::string& table, int64_t partition) {
+  return "{" + prefix + ":" + table + ":" + std::to_string(partition) + "}";
+}
+
+int KeySlot(const std::string& key) {
+  // Redis hashes the part between the first '{' and the next '}' when it is not empty.
+  size_t start = 0, len = key.size();
+  const size_t open = key.find('{');
+  if (open != std::string::npos) {
+    const size_t close = key.find('}', open + 1);
+    if (close != std::string::npos && close > open + 1) {
+      start = open + 1;
+      len = close - open - 1;
+    }
+  }
+  uint16_t crc = 0;  // CRC16/XMODEM: polynomial 0x1021, initial 0
+  for (size_t i = start; i < start + len; ++i) {
+    crc ^= static_cast<uint16_t>(static_cast<uint8_t>(key[i])) << 8;
+    for (int b = 0; b < 8; ++b) {
+      crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021)
+                           : static_cast<uint16_t>(crc << 1);
+    }
+  }
+  return crc & 16383;
+}
+
+}  // namespace rec

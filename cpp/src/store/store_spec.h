@@ -1,0 +1,46 @@
+// StoreSpec: rec.json's "store" section (rec/contract/store.py, Contract 4): which tables of a
+// version live in the embedding store, where, and how their rows are laid out there.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace rec {
+
+struct StoreTable {
+  std::string name;
+  int64_t rows = 0;
+  int64_t dim = 0;
+  std::string dtype;
+  int64_t row_bytes = 0;
+  int64_t partitions = 0;
+};
+
+struct StoreSpec {
+  bool present = false;
+  std::string url;
+  std::vector<std::pair<std::string, int>> nodes;  // the URL's host:port list
+  std::string prefix;
+  // Sorted by name (nlohmann's objects are std::maps): the order a store key's table index
+  // counts, as rec.contract.store.store_order.
+  std::vector<StoreTable> tables;
+};
+
+// Parses `redis://HOST:PORT[,HOST:PORT...]` into nodes; InvalidArgument naming what is wrong.
+Status ParseStoreUrl(const std::string& url, std::vector<std::pair<std::string, int>>* nodes);
+
+// The "store" section of one version's rec.json text (absent: *out stays not present).
+Status ParseStoreSection(const std::string& manifest_text, const std::string& source,
+                         StoreSpec* out);
+
+// "{PREFIX:TABLE:PARTITION}": the hash of one partition; the braces make it the hash tag.
+std::string PartitionKey(const std::string& prefix, const std::string& table, int64_t partition);
+
+// Redis Cluster's hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
+int KeySlot(const std::string& key);
+
+}  // namespace rec

@@ -1,0 +1,23 @@
+// What the embedding store did for one model (rec-server's /metrics). No other dependency, so
+// the metrics unit can hold it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace rec {
+
+struct StoreStats {
+  std::atomic<uint64_t> cache_hits{0}, cache_misses{0};
+  std::atomic<uint64_t> lookups{0};         // batches that read rows from the store
+  std::atomic<uint64_t> lookup_ns{0};       // time those reads took (the store's round trips)
+  std::atomic<uint64_t> failed_lookups{0};  // batches refused: store unavailable, rows missing
+  std::atomic<int64_t> cache_bytes{0}, cache_capacity{0};
+  std::mutex mu;
+  std::map<std::string, uint64_t> node_requests;  // HMGETs per node ("host:port")
+};
+
+}  // namespace rec

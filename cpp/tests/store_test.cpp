@@ -1,0 +1,95 @@
+// The embedding store's units without a cluster: rec.json's "store" section refused the way
+// rec/contract/store.py words it, Redis Cluster's key slots, and the row cache's bound under
+// ids chosen to break it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "store/row_cache.h"
+#include "store/store_spec.h"
+
+namespace rec {
+namespace {
+
+const char* kSection = R"({"store": {"format": "rec.store/1",
+  "url": "redis://10.0.0.1:7000,h2:7001", "prefix": "rec:rec:1:abcdef01",
+  "tables": {"t1": {"rows": 120, "dim": 8, "dtype": "fp16", "row_bytes": 16, "partitions": 4},
+             "t0": {"rows": 300, "dim": 8, "dtype": "int4", "row_bytes": 8, "partitions": 7}}}})";
+
+TEST(StoreSpec, ParsesTheSectionInItsOrder) {
+  StoreSpec spec;
+  ASSERT_TRUE(ParseStoreSection(kSection, "rec.json", &spec).ok());
+  ASSERT_TRUE(spec.present);
+  ASSERT_EQ(spec.nodes.size(), 2u);
+  EXPECT_EQ(spec.nodes[1], (std::pair<std::string, int>{"h2", 7001}));
+  ASSERT_EQ(spec.tables.size(), 2u);
+  // A key's table index counts the tables sorted by name (rec.contract.store.store_order),
+  // whatever order rec.json lists them in.
+  EXPECT_EQ(spec.tables[0].name, "t0");
+  EXPECT_EQ(spec.tables[0].partitions, 7);
+  StoreSpec none;
+  ASSERT_TRUE(ParseStoreSection(R"({"format": "torchscript"})", "rec.json", &none).ok());
+  EXPECT_FALSE(none.present);
+}
+
+TEST(StoreSpec, RefusesAMalformedSectionNamingTheField) {
+  struct Case {
+    std::string from, to;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"rec.store/1", "rec.store/2", "store.format must be \"rec.store/1\""},
+      {"h2:7001", "h2:70010", "is not HOST:PORT"},
+      {"\"row_bytes\": 16", "\"row_bytes\": 17", "store.tables.t1.row_bytes 17, want 16"},
+      {"\"partitions\": 4", "\"partitions\": 0", "store.tables.t1.partitions must be a positive"},
+      {"\"dtype\": \"fp16\"", "\"dtype\": \"bf16\"", "dtype 'bf16' is not int8"},
+      {"rec:rec:1:abcdef01", "", "store.prefix must be a non-empty string"},
+  };
+  for (const Case& c : cases) {
+    std::string text = kSection;
+    text.replace(text.find(c.from), c.from.size(), c.to);
+    StoreSpec spec;
+    Status st = ParseStoreSection(text, "rec.json", &spec);
+    ASSERT_FALSE(st.ok()) << c.to;
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << st.message();
+  }
+}
+
+TEST(StoreSpec, KeySlotsAreRedisClusters) {
+  // Values from Redis's own CLUSTER KEYSLOT.
+  EXPECT_EQ(KeySlot("foo"), 12182);
+  EXPECT_EQ(KeySlot("somekey"), 11058);
+  EXPECT_EQ(KeySlot("{user1000}.following"), KeySlot("user1000"));
+  EXPECT_EQ(KeySlot("foo{}{bar}"), KeySlot("foo{}{bar}"));  // an empty tag: the whole key
+  EXPECT_NE(KeySlot("foo{}{bar}"), KeySlot("bar"));
+  EXPECT_EQ(PartitionKey("rec:m:1:ab", "t0", 3), "{rec:m:1:ab:t0:3}");
+}
+
+TEST(RowCache, TheBoundHoldsUnderAnyIds) {
+  const int64_t capacity = 64 * (68 + RowCache::kEntryOverhead);
+  RowCache cache(capacity);
+  const std::string row(68, 'r');
+  // Every id new (a scan), then the same few again and again, then huge and negative ids.
+  for (int64_t id = 0; id < 100000; ++id) cache.Put(id * 7919, row);
+  EXPECT_LE(cache.bytes(), capacity);
+  EXPECT_EQ(cache.entries(), 64);
+  for (int64_t id : {int64_t{-1}, INT64_MAX, INT64_MIN}) cache.Put(id, row);
+  EXPECT_LE(cache.bytes(), capacity);
+  std::string out;
+  EXPECT_TRUE(cache.Get(INT64_MIN, &out));
+  EXPECT_EQ(out, row);
+  // The least recently used go first: a row read just now survives the next insert.
+  EXPECT_TRUE(cache.Get(99999 * 7919, &out));
+  cache.Put(-2, row);
+  EXPECT_TRUE(cache.Get(99999 * 7919, &out));
+  // A row larger than the whole cache is not kept, and evicts nothing.
+  cache.Put(-3, std::string(capacity, 'x'));
+  EXPECT_FALSE(cache.Get(-3, &out));
+  EXPECT_EQ(cache.entries(), 64);
+  cache.Erase(-2);
+  EXPECT_FALSE(cache.Get(-2, &out));
+}
+
+}  // namespace
+}  // namespace rec

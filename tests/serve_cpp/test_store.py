@@ -1,0 +1,123 @@
+"""rec-server serving a model whose large tables are in the embedding store (#35), with the real
+parts: our own 3-master, 3-replica Redis Cluster, `rec export --store`, rec-server over HTTP and
+gRPC. Its scores must be the in-process model's (the same run exported without the store), bit
+for bit; what the store cannot give is an error that names it, never a zero row."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from clients import infer_inputs
+from server import Server, run_to_exit
+
+import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
+from rec.broker import _free_port, redis_server_path
+from rec.contract import store as contract
+from rec.contract.requests import random_request
+from rec.store.cluster import RedisCluster
+from rec.store.writer import connect
+from tests.export.conftest import tiny_dict, write_seeded_run
+from tests.helpers import run_rec
+
+pytestmark = pytest.mark.skipif(
+    redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
+)
+STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t0": 7}}
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory):
+    """(cluster, tiered repository, the in-process model.pt of the same run)."""
+    tmp = tmp_path_factory.mktemp("tier")
+    with RedisCluster(tmp / "cluster", masters=3, replicas=1) as cluster:
+        data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store=STORE)
+        run = write_seeded_run(tmp / "run", data)
+        run_rec("export", str(run), "--repo", str(tmp / "tiered"), "--store", cluster.url())
+        run_rec("export", str(run), "--repo", str(tmp / "plain"))
+        plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
+        yield cluster, tmp / "tiered", plain
+
+
+def scores(module, server: Server, request: dict) -> np.ndarray:
+    url = server.http if module is httpclient else server.grpc
+    with module.InferenceServerClient(url) as client:
+        return client.infer("rec", infer_inputs(module, request)).as_numpy("scores")
+
+
+def test_served_scores_are_the_in_process_models_bit_for_bit(tier):
+    cluster, repo, plain = tier
+    server = Server(repo, "--store-cache-bytes", str(4 << 10))  # small: evictions happen
+    try:
+        for batch, module in ((1, httpclient), (37, grpcclient), (256, httpclient)):
+            for seed in range(3):
+                request = random_request(4, 5, batch, seed=seed)
+                want = plain(*[torch.from_numpy(a) for a in request.values()]).numpy()
+                got = scores(module, server, request)
+                assert np.array_equal(got, want), (batch, seed, np.abs(got - want).max())
+        # Served through the cache and the store, from more than one node.
+        assert server.metric("rec_store_cache_hits_total") > 0
+        assert server.metric("rec_store_cache_misses_total") > 0
+        assert server.metric("rec_store_cache_bytes") <= 4 << 10
+        nodes = server.metric("rec_store_node_requests_total")
+        assert nodes >= server.metric("rec_store_lookups_total") > 0
+        with urllib.request.urlopen(f"http://{server.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        asked = set(re.findall(r'^rec_store_node_requests_total\{[^}]*node="([^"]+)"', text, re.M))
+        assert len(asked) >= 2, asked  # the partitions spread over the masters
+    finally:
+        server.stop()
+
+
+def test_a_missing_row_is_an_error_that_names_it(tier):
+    cluster, repo, plain = tier
+    section = json.loads((repo / "rec" / "1" / "rec.json").read_text())["store"]
+    request = random_request(4, 5, 8, seed=11)
+    # A row this request reads: the model says which (its keys), none of them cached yet.
+    keys = torch.jit.load(str(repo / "rec" / "1" / "model.pt")).store_ids(
+        torch.from_numpy(request["sparse_lengths"]), torch.from_numpy(request["sparse_values"])
+    )
+    names = contract.store_order(section)
+    key = int(keys[0])
+    table, row = names[key >> 40], key & ((1 << 40) - 1)
+    partition = row % section["tables"][table]["partitions"]
+    client = connect(cluster.url())
+    hash_key = contract.partition_key(section["prefix"], table, partition)
+    saved = client.hget(hash_key, str(row))
+    client.hdel(hash_key, str(row))
+    server = Server(repo)
+    try:
+        with httpclient.InferenceServerClient(server.http) as c, pytest.raises(Exception) as err:
+            c.infer("rec", infer_inputs(httpclient, request))
+        message = str(err.value)
+        assert f"row {row} of table '{table}' is missing" in message, message
+        assert server.metric("rec_store_failed_lookups_total") >= 1
+        client.hset(hash_key, str(row), saved)  # back: the same request now scores right
+        want = plain(*[torch.from_numpy(a) for a in request.values()]).numpy()
+        assert np.array_equal(scores(httpclient, server, request), want)
+    finally:
+        server.stop()
+        client.hset(hash_key, str(row), saved)
+        client.close()
+
+
+def test_an_unreachable_store_stops_the_load_naming_it(tier, tmp_path):
+    _, repo, _ = tier
+    moved = tmp_path / "repo"
+    shutil.copytree(repo, moved)
+    dead = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
+    for manifest in moved.glob("rec/**/rec.json"):
+        data = json.loads(manifest.read_text())
+        data["store"]["url"] = dead
+        manifest.write_text(json.dumps(data))
+    out = run_to_exit("--model-repository", str(moved), "--http-port", "0", "--grpc-port", "0",
+                      "--metrics-port", "0")  # fmt: skip
+    assert out.returncode != 0
+    assert f"embedding store {dead}" in out.stderr and "unreachable" in out.stderr, out.stderr
