@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/freshness.py                       # the default model
     .venv/bin/python benchmarks/freshness.py --config examples/criteo_kaggle.yaml --label kaggle
+    .venv/bin/python benchmarks/freshness.py --compare   # both, in one run, and their ratios
 
 1. Our own redis-server (rec.broker). `rec train` a first part of the run (publishing), `rec
    export` it, and rec-server serves the export with `--updates` on the log.
@@ -176,32 +177,89 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--window-s", type=float, default=8.0,
                         help="seconds per (update rate, batch size) latency window")  # fmt: skip
+    parser.add_argument("--compare", action="store_true",
+                        help="the default model, then the Kaggle-size one (40 + 200 steps), and "
+                        "their ratios in freshness_compare.json")  # fmt: skip
     args = parser.parse_args()
+    if not args.compare:
+        run_one(args, args.config, args.label, args.first_steps, args.steps)
+        return
+    small = run_one(args, None, "default", args.first_steps, args.steps)
+    large = run_one(args, KAGGLE, "kaggle", 40, 200)
+    compare(small, large)
 
+
+KAGGLE = "examples/criteo_kaggle.yaml"
+COMPARED = {
+    "freshness_p99_s_from_step": ("freshness_s_from_step", "p99"),
+    "freshness_p99_s_worst_row": ("freshness_s_worst_row", "p99"),
+    "serving_p99_ms_b1_quiet": ("latency_ms_b1_quiet", "p99"),
+    "serving_p99_ms_b1_while_training": ("latency_ms_b1_under_updates", "p99"),
+    "replay_rows_per_s": ("replay_rows_per_s", None),
+    "server_peak_rss_bytes": ("server_peak_rss_bytes", None),
+}
+
+
+def compare(small: dict, large: dict) -> None:
+    """freshness_compare.json: each headline number for both models and large / small."""
+    rows = {}
+    for name, (key, sub) in COMPARED.items():
+        a, b = small[key], large[key]
+        a, b = (a[sub], b[sub]) if sub else (a, b)
+        rows[name] = {"default": a, "kaggle": b, "kaggle_over_default": round(b / a, 3)}
+    for batch in (1, 512):
+        for rate in (10_000, 100_000):
+            key = f"b{batch}_rate{rate}_p99_ratio"
+            a = small["serving_under_update_streams"][key]
+            b = large["serving_under_update_streams"][key]
+            rows[f"p99_with_{rate}_rows_per_s_over_none_b{batch}"] = {"default": a, "kaggle": b}
+    rows["publish_share_of_train_time"] = {
+        m["label"]: round(m["publish_seconds_rank0"] / m["train_seconds"], 4)
+        for m in (small, large)
+        if m["publish_seconds_rank0"] is not None
+    }
+    out = {"benchmark": "freshness_compare", "cpu": small["cpu"], "date": small["date"],
+           "command": "benchmarks/freshness.py --compare", "rows": rows}  # fmt: skip
+    path = RESULTS / "freshness_compare.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    log(json.dumps(out, indent=1))
+    log(f"wrote {path}")
+
+
+def run_one(args, config: str | None, label: str, first_steps: int, steps: int) -> dict:
+    """One model's whole measurement; writes freshness_<label>.json and returns it."""
     from rec.broker import RedisBroker
     from rec.config import load_config
     from rec.contract import read_manifest
     from rec.contract.requests import random_request
     from rec.cpu import cpu_info, describe
     from rec.serve.cpp import launch_cpp
+    from rec.train.sharding import PUBLISHABLE_SHARDING_TYPES
     from rec.update_log import read_records
 
     work = Path(tempfile.mkdtemp(prefix="rec-fresh-"))
     broker = RedisBroker(work / "redis")
     url = broker.url("rec:updates")
-    cfg = load_config(args.config)
+    cfg = load_config(config)
     data = yaml.safe_load(cfg.to_yaml())
-    data["training"]["steps"] = args.first_steps
+    data["training"]["steps"] = first_steps
     data["training"]["eval_every"] = 0
     data["training"]["eval_batches"] = 2
     data["checkpoint"]["every_steps"] = 0
     data["publish"] = {"url": url, "every_seconds": args.every_s, "every_steps": 0}
+    # Publishing needs whole rows per rank: a table the config keeps data_parallel (the Kaggle
+    # config's 3- and 4-row tables) is moved to table_wise here, where `rec train` would refuse it.
+    for name, c in (data.get("sharding", {}).get("constraints") or {}).items():
+        kept = [s for s in c.get("sharding_types") or [] if s in PUBLISHABLE_SHARDING_TYPES]
+        if c.get("sharding_types") and not kept:
+            log(f"table {name}: {c['sharding_types']} -> table_wise (publishing needs whole rows)")
+            c["sharding_types"] = ["table_wise"]
     data["export"]["eval_batches"] = 2
-    config = work / "config.yaml"
-    config.write_text(yaml.safe_dump(data))
+    config_path = work / "config.yaml"
+    config_path.write_text(yaml.safe_dump(data))
     run, repo = work / "run", work / "repo"
-    log(f"work in {work}; training the first {args.first_steps} steps")
-    rec("train", "--config", str(config), "--run-dir", str(run), "--nproc", str(args.nproc))
+    log(f"work in {work}; training the first {first_steps} steps")
+    rec("train", "--config", str(config_path), "--run-dir", str(run), "--nproc", str(args.nproc))
     log("exporting")
     rec("export", str(run), "--repo", str(repo))
     manifest = read_manifest(repo / "rec" / "rec.json")
@@ -213,13 +271,13 @@ def main() -> None:
     time.sleep(args.quiet_s)
     quiet_end = time.time()
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    saved["training"]["steps"] = args.first_steps + args.steps
+    saved["training"]["steps"] = first_steps + steps
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
-    log(f"training {args.steps} more steps while serving, publishing every {args.every_s} s")
+    log(f"training {steps} more steps while serving, publishing every {args.every_s} s")
     t_train = time.time()
     out = rec("train", "--resume", str(run), "--nproc", str(args.nproc))
     train_s = time.time() - t_train
-    last = args.first_steps + args.steps
+    last = first_steps + steps
     deadline = time.time() + 120
     while time.time() < deadline and not any(s >= last for _, _, s, _ in client.samples[-50:]):
         time.sleep(0.1)
@@ -251,7 +309,7 @@ def main() -> None:
             fresh_worst.append(t_seen - ends[steps[k - 1]] / 1e9)
 
     # The rows/s one replica applies: a second one replays the whole log from the export.
-    rows = sum(r.count for r in records if r.step > args.first_steps)
+    rows = sum(r.count for r in records if r.step > first_steps)
     replica = launch_cpp(repo, "--updates", url)
     t0 = time.perf_counter()
     import urllib.request
@@ -276,12 +334,12 @@ def main() -> None:
     busy = client.window(t_train, busy_end)
     results = {
         "benchmark": "freshness",
-        "label": args.label,
-        "config": args.config or "embedded default",
+        "label": label,
+        "config": config or "embedded default",
         "cpu": describe(cpu_info()),
         "date": time.strftime("%Y-%m-%d"),
         "publish_every_s": args.every_s,
-        "steps_while_serving": args.steps,
+        "steps_while_serving": steps,
         "freshness_s_from_step": percentiles(fresh_step),
         "freshness_s_worst_row": percentiles(fresh_worst),
         "latency_ms_b1_quiet": percentiles([x * 1e3 for x in quiet]),
@@ -298,10 +356,11 @@ def main() -> None:
     if q.get("p99") and b.get("p99"):
         results["p99_under_updates_over_quiet"] = round(b["p99"] / q["p99"], 3)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"freshness_{args.label}.json"
+    path = RESULTS / f"freshness_{label}.json"
     path.write_text(json.dumps(results, indent=1) + "\n")
     log(json.dumps(results, indent=1))
     log(f"wrote {path}")
+    return results
 
 
 if __name__ == "__main__":
