@@ -5,9 +5,12 @@ for bit; what the store cannot give is an error that names it, never a zero row.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -19,6 +22,7 @@ from clients import infer_inputs
 from server import Server, run_to_exit
 
 import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
+from rec import netns
 from rec.broker import _free_port, redis_server_path
 from rec.contract import store as contract
 from rec.contract.requests import random_request
@@ -35,15 +39,23 @@ STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t0
 
 @pytest.fixture(scope="module")
 def tier(tmp_path_factory):
-    """(cluster, tiered repository, the in-process model.pt of the same run)."""
+    """(cluster, tiered repository, the in-process model.pt of the same run, hosts). The cluster
+    runs on 3 network-namespace hosts (a master and a replica of another on each) where this
+    machine can make them (root), else on this host (hosts None)."""
     tmp = tmp_path_factory.mktemp("tier")
-    with RedisCluster(tmp / "cluster", masters=3, replicas=1) as cluster:
+    with contextlib.ExitStack() as stack:
+        hosts = None if netns.unavailable() else stack.enter_context(netns.Hosts(3))
+        where = {} if hosts is None else {
+            "hosts": [hosts.address(i) for i in range(3)],
+            "prefixes": [hosts.prefix(i) for i in range(3)],
+        }  # fmt: skip
+        cluster = stack.enter_context(RedisCluster(tmp / "cluster", 3, 1, **where))
         data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store=STORE)
         run = write_seeded_run(tmp / "run", data)
         run_rec("export", str(run), "--repo", str(tmp / "tiered"), "--store", cluster.url())
         run_rec("export", str(run), "--repo", str(tmp / "plain"))
         plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
-        yield cluster, tmp / "tiered", plain
+        yield cluster, tmp / "tiered", plain, hosts
 
 
 def scores(module, server: Server, request: dict) -> np.ndarray:
@@ -53,7 +65,7 @@ def scores(module, server: Server, request: dict) -> np.ndarray:
 
 
 def test_served_scores_are_the_in_process_models_bit_for_bit(tier):
-    cluster, repo, plain = tier
+    cluster, repo, plain, _ = tier
     server = Server(repo, "--store-cache-bytes", str(4 << 10))  # small: evictions happen
     try:
         for batch, module in ((1, httpclient), (37, grpcclient), (256, httpclient)):
@@ -77,7 +89,7 @@ def test_served_scores_are_the_in_process_models_bit_for_bit(tier):
 
 
 def test_a_missing_row_is_an_error_that_names_it(tier):
-    cluster, repo, plain = tier
+    cluster, repo, plain, _ = tier
     section = json.loads((repo / "rec" / "1" / "rec.json").read_text())["store"]
     request = random_request(4, 5, 8, seed=11)
     # A row this request reads: the model says which (its keys), none of them cached yet.
@@ -109,7 +121,7 @@ def test_a_missing_row_is_an_error_that_names_it(tier):
 
 
 def test_an_unreachable_store_stops_the_load_naming_it(tier, tmp_path):
-    _, repo, _ = tier
+    _, repo, _, _ = tier
     moved = tmp_path / "repo"
     shutil.copytree(repo, moved)
     dead = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
@@ -121,3 +133,66 @@ def test_an_unreachable_store_stops_the_load_naming_it(tier, tmp_path):
                       "--metrics-port", "0")  # fmt: skip
     assert out.returncode != 0
     assert f"embedding store {dead}" in out.stderr and "unreachable" in out.stderr, out.stderr
+
+
+def test_a_master_killed_under_load_fails_over_and_no_score_is_wrong(tier):
+    """Last in this file: it leaves the cluster failed over. Every row comes from the store (no
+    cache); two clients score the same 20 requests again and again while one master is
+    SIGKILLed. Redis Cluster promotes its replica (node timeout 2 s) and rec-server follows the
+    new slot map: requests meanwhile either wait out the failover or fail with 503 naming the
+    store, and not one score differs from the in-process model's."""
+    cluster, repo, plain, hosts = tier
+    if hosts is None:
+        pytest.skip(f"the cluster is not on namespace hosts: {netns.unavailable()}")
+    requests = [random_request(4, 5, 16, seed=100 + i) for i in range(20)]
+    expected = [plain(*[torch.from_numpy(a) for a in r.values()]).numpy() for r in requests]
+    server = Server(repo, "--store-cache-bytes", "0")
+    results: list[tuple[float, str]] = []  # (time, "ok" | "wrong" | the error)
+    stop = threading.Event()
+
+    def client(offset: int) -> None:
+        with httpclient.InferenceServerClient(server.http, connection_timeout=30.0,
+                                              network_timeout=30.0) as c:  # fmt: skip
+            k = offset
+            while not stop.is_set():
+                i = k % len(requests)
+                k += 1
+                try:
+                    got = c.infer("rec", infer_inputs(httpclient, requests[i])).as_numpy("scores")
+                    results.append((time.monotonic(), "ok" if np.array_equal(got, expected[i])
+                                    else "wrong"))  # fmt: skip
+                except Exception as e:  # the server's error response
+                    results.append((time.monotonic(), str(e)))
+
+    threads = [threading.Thread(target=client, args=(o,)) for o in (0, 7)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        victim = cluster.masters()[0]
+        killed = time.monotonic()
+        cluster.kill(victim)
+        # Failed over once 3 masters are alive again (the others call the cluster ok until
+        # they notice the loss, after the node timeout).
+        deadline = time.monotonic() + 30
+        while len(cluster.masters()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.wait_ok(timeout=30)
+        recovered = time.monotonic()
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        server.stop()
+    outcomes = [r for _, r in results]
+    failed = [r for r in outcomes if r not in ("ok", "wrong")]
+    assert outcomes.count("wrong") == 0
+    assert sum(1 for t, r in results if t < killed and r == "ok") > 0
+    assert sum(1 for t, r in results if t > recovered and r == "ok") > 0, failed[-3:]
+    for message in failed:
+        assert "embedding store" in message and "503" in message, message
+    print(
+        f"failover of {victim.address}: {len(outcomes)} requests, {len(failed)} failed with 503, "
+        f"{recovered - killed:.1f} s to cluster_state ok"
+    )

@@ -37,7 +37,9 @@ ClusterClient::~ClusterClient() {
 
 Status ClusterClient::Connect() {
   std::lock_guard<std::mutex> lock(mu_);
-  return RefreshSlotsLocked();
+  std::string why;
+  if (RefreshSlotsLocked(&why)) return Status::Ok();
+  return Unavailable("embedding store " + name_ + ": " + why);
 }
 
 Status ClusterClient::ConnectLocked(Node* node) {
@@ -70,7 +72,7 @@ ClusterClient::Node* ClusterClient::NodeLocked(const std::string& address) {
   return &nodes_.emplace(address, std::move(node)).first->second;
 }
 
-Status ClusterClient::RefreshSlotsLocked() {
+bool ClusterClient::RefreshSlotsLocked(std::string* why) {
   // Ask the nodes we know (a failed master's replica may own its slots now), then the seeds.
   std::vector<std::string> candidates;
   for (const auto& [address, node] : nodes_) candidates.push_back(address);
@@ -123,9 +125,10 @@ Status ClusterClient::RefreshSlotsLocked() {
       continue;
     }
     slot_owner_ = owners;
-    return Status::Ok();
+    return true;
   }
-  return Unavailable("embedding store " + name_ + ": no slot map (" + last + ")");
+  *why = "no slot map (" + last + ")";
+  return false;
 }
 
 ClusterClient::Attempt ClusterClient::TryLocked(const std::vector<HashGet>& gets,
@@ -237,8 +240,7 @@ Status ClusterClient::HashGets(const std::vector<HashGet>& gets,
     for (auto& [address, node] : nodes_) DropLocked(&node);
     std::this_thread::sleep_for(
         std::chrono::milliseconds(std::min(200, 10 << std::min(attempt, 4))));
-    Status refreshed = RefreshSlotsLocked();
-    if (!refreshed.ok()) why = refreshed.message();
+    RefreshSlotsLocked(&why);
   }
   return Unavailable("embedding store " + name_ + ": " + why + " (retried for " +
                      std::to_string(retry_for_.count()) + " ms)");
@@ -246,7 +248,10 @@ Status ClusterClient::HashGets(const std::vector<HashGet>& gets,
 
 Status ClusterClient::Exists(const std::string& key, bool* exists) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (slot_owner_[KeySlot(key)].empty()) REC_RETURN_IF_ERROR(RefreshSlotsLocked());
+  std::string why;
+  if (slot_owner_[KeySlot(key)].empty() && !RefreshSlotsLocked(&why)) {
+    return Unavailable("embedding store " + name_ + ": " + why);
+  }
   Node* node = NodeLocked(slot_owner_[KeySlot(key)]);
   REC_RETURN_IF_ERROR(ConnectLocked(node));
   auto* reply =

@@ -57,7 +57,8 @@ class ClusterClient {
   // An attempt's outcome: done, retry after refreshing the slot map, or give up.
   enum class Attempt { kDone, kRetry, kFailed };
 
-  Status RefreshSlotsLocked();
+  // Reads the slot map from the first node that gives a whole one; else false and *why.
+  bool RefreshSlotsLocked(std::string* why);
   Status ConnectLocked(Node* node);
   void DropLocked(Node* node);
   Node* NodeLocked(const std::string& address);
