@@ -13,29 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rec.config import RecConfig
-from rec.contract import EMBEDDING_DTYPES
 from rec.contract import store as contract
-from rec.store.plan import per_node, table_cost
+from rec.store.plan import chosen_tables, per_node, table_cost
 from rec.store.writer import StoreSink
 
 Log = Any
-
-
-def chosen_tables(cfg: RecConfig, dtypes: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """rec.json's store.tables for the tables that go to the store."""
-    sc = cfg.export.store
-    out = {}
-    for t in cfg.tables:
-        stored = t.rows * EMBEDDING_DTYPES[dtypes[t.name]].bytes_per_row(t.dim)
-        if (t.name in sc.tables) if sc.tables else stored >= sc.min_bytes:
-            out[t.name] = {
-                "rows": t.rows,
-                "dim": t.dim,
-                "dtype": dtypes[t.name],
-                "row_bytes": contract.row_bytes(t.dim, dtypes[t.name]),
-                "partitions": sc.table_partitions.get(t.name, sc.partitions),
-            }
-    return out
 
 
 def run_tag(run: Path) -> str:

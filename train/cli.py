@@ -72,13 +72,43 @@ def train_command(config, run_dir, nproc, resume, max_restarts, publish) -> None
     help="Ranks per host (default: sharding.topology.local_world_size, else all on one host).",
 )
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON, for scripts.")
-def plan_command(config, world_size, local_world_size, as_json) -> None:
+@click.option(
+    "--store-masters",
+    type=click.IntRange(min=3),
+    default=None,
+    help="Also plan export.store's tables in a Redis Cluster of this many masters.",
+)
+@click.option("--store-replicas", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option(
+    "--cache-hit-rate",
+    type=click.FloatRange(0.0, 1.0, max_open=True),
+    default=0.9,
+    show_default=True,
+    help="The row cache is sized for this share of lookups.",
+)
+@click.option("--zipf", "alpha", type=click.FloatRange(min=0.0, min_open=True), default=1.05,
+              show_default=True, help="Each stored table's ids taken as Zipf(ALPHA).")  # fmt: skip
+def plan_command(config, world_size, local_world_size, as_json, store_masters, store_replicas,
+                 cache_hit_rate, alpha) -> None:  # fmt: skip
     """The sharding plan for a config and world size, with memory per rank against capacity,
-    estimated step time and bytes per collective within and across hosts; no training."""
+    estimated step time and bytes per collective within and across hosts; no training. With
+    --store-masters, also the embedding store's memory per node and the row cache a replica
+    needs (docs/store.md)."""
     from rec.train.plan_stats import format_report, plan_report_for
 
     report = plan_report_for(config, world_size, local_world_size)
-    click.echo(json.dumps(report, indent=1) if as_json else format_report(report))
+    text = format_report(report)
+    if store_masters is not None:
+        from rec.config import load_config
+        from rec.store.plan import format_store_plan, store_plan
+
+        cfg = load_config(config)
+        dtypes = {t.name: cfg.export.table_dtypes.get(t.name, cfg.export.quantize)
+                  for t in cfg.tables}  # fmt: skip
+        report["store"] = store_plan(cfg, dtypes, store_masters, store_replicas,
+                                     cache_hit_rate, alpha)  # fmt: skip
+        text += "\n" + format_store_plan(report["store"])
+    click.echo(json.dumps(report, indent=1) if as_json else text)
 
 
 COMMANDS = [train_command, plan_command]

@@ -130,19 +130,21 @@ def test_a_failed_export_leaves_no_keys_behind(cluster, tmp_path):
 
 def test_the_memory_plan_is_what_redis_uses(cluster):
     rows, dim = 120_000, 64
-    before = sum(cluster.used_memory().values())
+    masters = cluster.masters()
+
+    def used() -> int:  # one copy: the masters' (replicas copy them at their own pace)
+        memory = cluster.used_memory()
+        return sum(memory[m.address] for m in masters)
+
+    before = used()
     for dtype, parts in (("int8", 8), ("int4", 3)):
-        sink = StoreSink(cluster.url(), f"plan:{dtype}", {"t": {"dim": dim, "dtype": dtype,
-                                                                 "partitions": parts}})  # fmt: skip
+        spec = {"t": {"dim": dim, "dtype": dtype, "partitions": parts}}
+        sink = StoreSink(cluster.url(), f"plan:{dtype}", spec)
         for start in range(0, rows, 50_000):
             sink.write("t", start, torch.randn(min(50_000, rows - start), dim))
         sink.close()
-    import time
-
-    time.sleep(1.0)  # the replicas have copied every write
-    used = sum(cluster.used_memory().values()) - before
-    planned = 2 * sum(table_cost(rows, dim, d, p).bytes for d, p in (("int8", 8), ("int4", 3)))
-    assert 0.85 < planned / used < 1.15, (planned, used)
+    planned = sum(table_cost(rows, dim, d, p).bytes for d, p in (("int8", 8), ("int4", 3)))
+    assert 0.85 < planned / (used() - before) < 1.15, (planned, used() - before)
 
 
 def test_a_bad_store_url_is_refused_by_name(tmp_path):
@@ -172,3 +174,32 @@ def test_an_unreachable_store_is_an_error_before_any_work(tmp_path):
                   check=False)  # fmt: skip
     assert out.returncode == 2 and "cannot reach the cluster" in out.stdout, out.stdout
     assert not (tmp_path / "repo" / "rec" / "1").exists()
+
+
+def test_the_plan_sizes_the_store_and_the_cache(tmp_path):
+    from click.testing import CliRunner
+
+    from rec.cli import main
+    from rec.store.plan import rows_for_hit_rate
+    from tests.helpers import write_config
+
+    # The cache's rows for a hit rate: the exact Zipf sums agree with the approximation.
+    for alpha in (1.05, 1.2):
+        weights = np.arange(1, 200_001, dtype=np.float64) ** -alpha
+        share = np.cumsum(weights) / weights.sum()
+        for rate in (0.5, 0.9):
+            exact = int(np.searchsorted(share, rate)) + 1
+            assert abs(rows_for_hit_rate(200_000, alpha, rate) - exact) <= 0.01 * exact + 1
+    config = write_config(tmp_path / "c.yaml", tiny_dict(store={**STORE, "min_bytes": 0}))
+    out = CliRunner().invoke(main, ["plan", "-c", str(config), "--store-masters", "3",
+                                    "--store-replicas", "2", "--json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)["store"]
+    assert set(plan["tables"]) == {"t0", "t1", "t2"} and plan["nodes"] == 9
+    per_copy = sum(
+        table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"]).bytes
+        for t in plan["tables"].values()
+    )
+    assert plan["store_bytes_per_copy"] == per_copy
+    assert plan["store_bytes_all_copies"] == 3 * per_copy
+    assert plan["bytes_per_node"] == -(-per_copy // 3)
