@@ -27,6 +27,18 @@ batch never sees a half-written row. The counts and the watermark are Triton cus
 rec_update_watermark_step, rec_update_watermark_wall_ms, rec_update_log_connected. Each model
 instance (its own stub process) keeps its own copy of the tables and its own reader.
 
+Stored tables (docs/store.md, Contract 4): when the version's rec.json has a `store` section, its
+large tables are in a Redis Cluster and model.pt's plain forward refuses to run. initialize opens
+a rec.store.reader.StoreReader on the section (a store that cannot be reached, or that holds no
+finished export under the version's prefix, fails the load naming the store), and every batch,
+the load-time batch probe's included, is scored as rec-server does: store_ids, the rows read from
+the store (one pipelined HMGET per partition), forward_with_rows. A row the store does not have,
+or one of the wrong size, fails the batch with an error naming the row (INTERNAL); a store that
+does not answer fails it naming the store (UNAVAILABLE). Never a zero row. The update log writes
+the in-process tables only (rec.json's updates.tables lists those). Unlike rec-server there is
+no row cache in front of the store (each batch reads its rows), and the retries after a moved
+slot or a lost node are redis-py's cluster client's own, not rec-server's 3 s.
+
 Not done here, unlike rec-server: responses do NOT carry the embedding watermark
 (`embedding_watermark_gen`, `_step`, `_wall_ns`). This Triton's (2.51) Python backend cannot set
 response parameters: its pb_utils.InferenceResponse takes only `output_tensors` and `error`
@@ -50,6 +62,7 @@ import triton_python_backend_utils as pb_utils
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, the dense layers model.pt calls)
 from rec import batch_probe
 from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES
+from rec.contract.store import StoreError, check_section, meta_key
 from rec.contract.updates import UpdateError, decode, parse_url, row_bytes
 from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
@@ -98,6 +111,56 @@ def _check(dense, lengths, values, max_rows, values_name=VALUES):
     if values.size != total:
         return f"input '{values_name}': has {values.size} values but sum of '{LENGTHS}' is {total}"
     return None
+
+
+class StoreUnavailable(StoreError):
+    """The store did not answer (a node down or unreachable, the cluster down, a timeout)."""
+
+
+class StoreRows:
+    """The stored tables of a tiered model (rec.export.tiered) behind a rec.json `store`
+    section: rows(lengths, values) are the batch's rows, store_ids' keys read through a
+    rec.store.reader.StoreReader, for forward_with_rows. Opening it checks that the store
+    answers and holds a finished export under the section's prefix (its meta hash)."""
+
+    def __init__(self, model, section):
+        from rec.store.reader import StoreReader  # loaded only for a version with a store
+
+        check_section(section)
+        self.model, self.url = model, section["url"]
+        try:
+            self.reader = StoreReader(section)
+        except StoreError as e:  # "store URL: cannot reach the cluster (...)"
+            why = str(e).removeprefix(f"store {self.url}: ")
+            raise StoreUnavailable(f"embedding store {self.url} unreachable: {why}") from None
+        try:
+            finished = self.reader.client.exists(meta_key(section["prefix"]))
+        except Exception as e:
+            self.reader.close()
+            raise self._unavailable(e) from None
+        if not finished:
+            self.reader.close()
+            raise StoreUnavailable(f"embedding store {self.url}: no finished export under "
+                                   f"'{section['prefix']}' (its meta hash is missing)")  # fmt: skip
+
+    def rows(self, lengths, values):
+        keys = self.model.store_ids(lengths, values)
+        try:
+            return self.reader.rows(keys)
+        except StoreError as e:  # a row missing or of the wrong size: the reader names it
+            raise StoreError(f"embedding {e}" if str(e).startswith("store ") else str(e)) from None
+        except Exception as e:
+            raise self._unavailable(e) from None
+
+    def _unavailable(self, e):
+        from redis.exceptions import RedisClusterException, RedisError
+
+        if not isinstance(e, (RedisError, RedisClusterException, OSError)):
+            return e  # not the store's: raised as it is
+        return StoreUnavailable(f"embedding store {self.url} unavailable: {type(e).__name__}: {e}")
+
+    def close(self):
+        self.reader.close()
 
 
 class ServedTables(ReplicaState):
@@ -324,6 +387,8 @@ class TritonPythonModel:
             self.model = AotiModel(os.path.dirname(path))
         else:
             self.model = torch.jit.load(path, map_location="cpu").eval()
+        self.tables, self.reader = None, None  # the update log's, after the probe
+        self.store = self._open_store(path, args["model_name"], args["model_version"])
         allow = params.get("allow_batch_variant", {}).get("string_value") == "true"
         self._probe_batching(path, args["model_name"], args["model_version"], allow)
         spec = params.get("feature_spec", {}).get("string_value")
@@ -331,6 +396,28 @@ class TritonPythonModel:
         self.num_tasks = int(config["output"][0]["dims"][0])
         url = params.get(UPDATES_PARAMETER, {}).get("string_value", "")
         self._start_updates(path, args["model_name"], args["model_version"], url)
+
+    def _open_store(self, path, name, version):
+        """The version's StoreRows when its rec.json has a `store` section, else None. A store
+        that cannot serve fails the load, naming it."""
+        section = batch_probe.read_manifest(path).get("store")
+        if section is None:
+            return None
+        where = f"model '{name}' version {version}"
+        if not hasattr(self.model, "store_ids"):
+            raise pb_utils.TritonModelException(
+                f'{where}: rec.json has a "store" section but {os.path.basename(path)} has no '
+                "store_ids/forward_with_rows (not a tiered TorchScript export)"
+            )
+        try:
+            store = StoreRows(self.model, section)
+        except StoreError as e:
+            raise pb_utils.TritonModelException(f"{where}: {e}") from None
+        pb_utils.Logger.log_info(
+            f"{where}: tables {', '.join(sorted(section['tables']))} read from embedding store "
+            f"{section['url']} under '{section['prefix']}'"
+        )
+        return store
 
     def _start_updates(self, path, name, version, url):
         """The version's tables and their update log reader, as rec.json's "updates" and the
@@ -360,6 +447,8 @@ class TritonPythonModel:
     def finalize(self):
         if getattr(self, "reader", None) is not None:
             self.reader.stop()
+        if getattr(self, "store", None) is not None:
+            self.store.close()
 
     def _probe_batching(self, path, name, version, allow):
         """rec.json's batch probe on this CPU (rec.batch_probe): a model that scores it
@@ -369,7 +458,12 @@ class TritonPythonModel:
         request = batch_probe.from_manifest(manifest)
         if request is None:
             return
-        diff = batch_probe.batch_variance(self.model, request)
+        try:  # the path requests take: a tiered model's rows come from the store
+            diff = batch_probe.batch_variance(self._score, request)
+        except StoreError as e:
+            raise pb_utils.TritonModelException(
+                f"model '{name}' version {version}: batch probe: {e}"
+            ) from None
         # The family is kept too: Triton drops a family's metrics when it is collected.
         self._variant_family = pb_utils.MetricFamily(
             name="rec_model_batch_variant",
@@ -407,6 +501,14 @@ class TritonPythonModel:
         if batch:
             try:
                 scores = self._run(batch)
+            except StoreError as e:  # the store's failure fails the batch, naming what failed
+                code = (pb_utils.TritonError.UNAVAILABLE if isinstance(e, StoreUnavailable)
+                        else pb_utils.TritonError.INTERNAL)  # fmt: skip
+                for i, *_ in batch:
+                    responses[i] = pb_utils.InferenceResponse(
+                        output_tensors=[], error=pb_utils.TritonError(str(e), code)
+                    )
+                return responses
             except RuntimeError as e:  # a model failure fails the batch it ran, not the server
                 for i, *_ in batch:
                     responses[i] = pb_utils.InferenceResponse(
@@ -449,12 +551,18 @@ class TritonPythonModel:
             # Copies (Triton's input buffers are read-only), which from_numpy wants anyway.
             return torch.from_numpy(np.concatenate([b[k] for b in batch]))
 
-        args = cat(1), cat(2), cat(3)
-        # No record is applied while the pass runs: it sees each one wholly or not at all.
-        tables = self.tables
-        with (
-            tables.lock if tables is not None else contextlib.nullcontext(),
-            torch.inference_mode(),
-        ):
-            scores = self.model(*args)
+        scores = self._score(cat(1), cat(2), cat(3))
         return scores.numpy().astype(np.float32, copy=False)
+
+    def _score(self, dense, lengths, values):
+        """The model's scores of one batch: forward, or for a tiered model forward_with_rows
+        with the batch's rows read from the store (outside the lock: the log does not write
+        stored rows). Requests and the load-time batch probe both score here."""
+        with torch.inference_mode():
+            rows = self.store.rows(lengths, values) if self.store is not None else None
+            # No record is applied while the pass runs: it sees each one wholly or not at all.
+            tables = self.tables
+            with tables.lock if tables is not None else contextlib.nullcontext():
+                if rows is None:
+                    return self.model(dense, lengths, values)
+                return self.model.forward_with_rows(dense, lengths, values, rows)

@@ -1,0 +1,176 @@
+"""rec's Triton model serving a version whose large tables are in the embedding store (#35,
+docs/store.md), with the real parts: our own 3-master, 3-replica Redis Cluster
+(rec.store.cluster), `rec export --store`, and the real tritonserver (nvidia-pytriton) running
+serve/triton_python_model.py, which reads the rows of each batch from the cluster.
+
+The reference is the same run exported without the store, its model.pt loaded in this process:
+Triton's scores must equal its scores bit for bit, over HTTP and gRPC. A row the store does not
+have fails the request with an error naming the row, never a zero row. One Triton for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import fbgemm_gpu  # noqa: F401  (registers the ops model.pt calls)
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, before torch.jit.load)
+from rec.broker import redis_server_path
+from rec.contract import DENSE, LENGTHS, VALUES
+from rec.contract import store as contract
+from rec.contract.requests import random_request
+from rec.serve.repository import ServeError
+from rec.serve.triton import TritonInstall, start_triton
+from rec.store.cluster import RedisCluster
+from rec.store.writer import connect
+from tests.export.conftest import tiny_dict, write_seeded_run
+from tests.helpers import run_rec
+
+
+def _triton_missing() -> str | None:
+    try:
+        TritonInstall.find()
+    except ServeError as e:
+        return str(e)
+    return None
+
+
+pytestmark = [
+    pytest.mark.skipif(redis_server_path() is None,
+                       reason="redis-server is not installed (make setup installs it)"),
+    pytest.mark.skipif(_triton_missing() is not None, reason=str(_triton_missing())),
+]  # fmt: skip
+STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4}
+NUM_DENSE, NUM_SPARSE = 4, 5  # tests.export.conftest's tiny model
+
+
+class Tier:
+    """The cluster, the tiered repository, the plain export's model.pt and Triton serving the
+    tiered one."""
+
+    def __init__(self, tmp, cluster: RedisCluster) -> None:
+        self.cluster = cluster
+        data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store=STORE)
+        run = write_seeded_run(tmp / "run", data)
+        self.repo = tmp / "tiered"
+        run_rec("export", str(run), "--repo", str(self.repo), "--store", self.cluster.url())
+        run_rec("export", str(run), "--repo", str(tmp / "plain"))
+        self.manifest = json.loads((self.repo / "rec" / "1" / "rec.json").read_text())
+        self.plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
+        self.tiered = torch.jit.load(str(self.repo / "rec" / "1" / "model.pt"))
+        self.server = start_triton(self.repo, http_port=0, grpc_port=0, metrics_port=0)
+
+    def want(self, request: dict) -> np.ndarray:
+        with torch.inference_mode():
+            return self.plain(*(torch.from_numpy(request[n]) for n in (DENSE, LENGTHS, VALUES)))
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tier")
+    with RedisCluster(tmp / "cluster", masters=3, replicas=1) as cluster:
+        t = Tier(tmp, cluster)
+        try:
+            yield t
+        finally:
+            code = t.server.stop()  # finalize() closes the store's client: a clean exit
+    assert code == 0, t.server.log_tail()
+
+
+def infer(module, server, request: dict) -> np.ndarray:
+    url = server.endpoints.http if module is httpclient else server.endpoints.grpc
+    inputs = []
+    for name, datatype in ((DENSE, "FP32"), (LENGTHS, "INT32"), (VALUES, "INT64")):
+        i = module.InferInput(name, list(request[name].shape), datatype)
+        i.set_data_from_numpy(request[name])
+        inputs.append(i)
+    with module.InferenceServerClient(url) as client:
+        return client.infer("rec", inputs).as_numpy("scores")
+
+
+def test_triton_scores_as_the_in_process_model_bit_for_bit(tier):
+    store = tier.manifest["store"]
+    assert sorted(store["tables"]) == STORE["tables"] and store["url"] == tier.cluster.url()
+    # The update log's layout lists the in-process table only: the log does not write the store.
+    assert set(tier.manifest["updates"]["tables"]) == {"t3"}
+    buffer = tier.manifest["updates"]["tables"]["t3"]["buffer"]
+    assert buffer in dict(tier.tiered.named_buffers())  # where the model's log reader writes
+    # model.pt's plain forward refuses: every score below went through the store.
+    request = random_request(NUM_DENSE, NUM_SPARSE, 4, seed=0)
+    with pytest.raises(torch.jit.Error, match="embedding store"):
+        tier.tiered(*(torch.from_numpy(request[n]) for n in (DENSE, LENGTHS, VALUES)))
+    for batch, module in ((1, httpclient), (37, grpcclient), (256, httpclient), (5, grpcclient)):
+        for seed in range(2):
+            request = random_request(NUM_DENSE, NUM_SPARSE, batch, seed=seed)
+            want = tier.want(request).numpy()
+            got = infer(module, tier.server, request)
+            assert got.dtype == np.float32 and got.shape == want.shape
+            assert np.array_equal(got, want), (batch, seed, np.abs(got - want).max())
+    # The load-time batch probe ran, through the store (forward would have raised).
+    assert "batch_probe" in tier.manifest and tier.manifest["dense"]["batch_invariant"]
+    with urllib.request.urlopen(f"http://{tier.server.endpoints.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert re.search(r'^rec_model_batch_variant\{[^}]*model="rec"[^}]*\} 0$', text, re.M), text
+
+
+def ids(tier, request: dict) -> list[int]:
+    """The store keys (table << 40 | row) that `request` reads."""
+    lengths, values = (torch.from_numpy(request[n]) for n in (LENGTHS, VALUES))
+    return tier.tiered.store_ids(lengths, values).tolist()
+
+
+def test_a_missing_row_fails_its_request_naming_the_row(tier):
+    store = tier.manifest["store"]
+    request = random_request(NUM_DENSE, NUM_SPARSE, 8, seed=11)
+    keys = ids(tier, request)
+    key = keys[len(keys) // 2]
+    table, row = contract.store_order(store)[key >> 40], key & ((1 << 40) - 1)
+    hash_key = contract.partition_key(
+        store["prefix"], table, row % store["tables"][table]["partitions"]
+    )
+    client = connect(store["url"])
+    saved = client.hget(hash_key, str(row))
+    assert saved is not None and len(saved) == store["tables"][table]["row_bytes"]
+    try:
+        client.hdel(hash_key, str(row))
+        for module, status in ((httpclient, "500"), (grpcclient, "StatusCode.INTERNAL")):
+            with pytest.raises(InferenceServerException) as err:
+                infer(module, tier.server, request)
+            message = str(err.value)
+            assert f"row {row} of table '{table}' is missing" in message, message
+            assert f"embedding store {store['url']}: row" in message, message
+            assert err.value.status() == status, message
+        # Triton keeps serving: another request, and this one once the row is back.
+        other = next(r for r in (random_request(NUM_DENSE, NUM_SPARSE, 3, seed=s)
+                                 for s in range(12, 100)) if key not in ids(tier, r))  # fmt: skip
+        assert np.array_equal(infer(grpcclient, tier.server, other), tier.want(other).numpy())
+    finally:
+        client.hset(hash_key, str(row), saved)
+        client.close()
+    assert np.array_equal(infer(httpclient, tier.server, request), tier.want(request).numpy())
+
+
+def test_a_store_that_is_gone_fails_the_request_naming_it(tier):
+    """Last in the module: the whole cluster killed. The request fails with UNAVAILABLE naming
+    the store, and Triton still answers (its model is not lost)."""
+    for node in tier.cluster.nodes:
+        tier.cluster.kill(node)
+    request = random_request(NUM_DENSE, NUM_SPARSE, 2, seed=3)
+    for module, status in ((httpclient, "503"), (grpcclient, "StatusCode.UNAVAILABLE")):
+        with pytest.raises(InferenceServerException) as err:
+            infer(module, tier.server, request)
+        message = str(err.value)
+        assert f"embedding store {tier.manifest['store']['url']} unavailable" in message, message
+        assert err.value.status() == status, message
+    with urllib.request.urlopen(
+        f"http://{tier.server.endpoints.http}/v2/models/rec/ready", timeout=10
+    ) as r:
+        assert r.status == 200
