@@ -132,6 +132,29 @@ class SplitLookup(nn.Module):
         return both.index_select(1, self.perm)
 
 
+class AllStoredLookup(nn.Module):
+    """SplitLookup when every table is in the store: the stored tables' lookup alone."""
+
+    def __init__(self, stored: StoreLookup, order: list[str]) -> None:
+        super().__init__()
+        self.stored = stored
+        if stored.flat:
+            dims = dict(zip(stored.keys, stored.dims, strict=True))
+            start, at = {}, 0
+            for f in stored.keys:
+                start[f] = at
+                at += dims[f]
+            perm = [start[f] + i for f in order for i in range(dims[f])]
+        else:
+            perm = [list(stored.keys).index(f) for f in order]
+        self.register_buffer("perm", torch.tensor(perm, dtype=torch.int64))
+
+    def forward(
+        self, lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        return self.stored.pooled_with_rows(lengths, values, rows).index_select(1, self.perm)
+
+
 class TieredServedModule(ServedModule):
     """ServedModule whose lookup is a SplitLookup: forward_with_rows scores a batch with the
     stored rows it was given; store_ids says which rows those are."""
@@ -189,7 +212,8 @@ def split_tbes(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored:
     one_row.tables = [t for t in one_row.tables if t.name in stored]
     for t in one_row.tables:
         t.rows = 1
-    local = make_tbe(local_cfg, dtypes, local_order)
+    # FBGEMM's TBE needs a table: with every table stored there is no local one (None).
+    local = make_tbe(local_cfg, dtypes, local_order) if local_cfg.tables else None
     store = make_tbe(one_row, dtypes, stored_order)
     return local, store, local_order, stored_order
 
@@ -197,8 +221,9 @@ def split_tbes(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored:
 def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str],
                          stored: list[str]):  # fmt: skip
     """(TieredServedModule, local TBE) for `model`'s dense weights, the tables `stored` (in
-    rec.json's store.tables order) looked up from rows passed in; the local TBE's storage is
-    allocated and zeroed, to be filled as rec.export.served.served_module's is."""
+    rec.contract.store.store_order) looked up from rows passed in; the local TBE's storage is
+    allocated and zeroed, to be filled as rec.export.served.served_module's is (None when every
+    table is stored)."""
     from rec.export.dense import swap_dense
     from rec.export.load import dense_copy
     from rec.export.served import make_head
@@ -209,8 +234,11 @@ def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str
         raise NotImplementedError("the embedding store serves rec's pooled architectures for now")
     order = ebc_features(model.get_submodule(ebc_path(model)))
     local_tbe, store_tbe, local_order, stored_order = split_tbes(cfg, dtypes, order, stored)
-    lookup = SplitLookup(TbeLookup(local_tbe, cfg, local_order),
-                         StoreLookup(store_tbe, cfg, stored_order, stored), order)  # fmt: skip
+    store_lookup = StoreLookup(store_tbe, cfg, stored_order, stored)
+    if local_tbe is None:
+        lookup: nn.Module = AllStoredLookup(store_lookup, order)
+    else:
+        lookup = SplitLookup(TbeLookup(local_tbe, cfg, local_order), store_lookup, order)
     head = make_head(dense_copy(model), cfg)
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
     transform = feature_spec(cfg).dense_transform()

@@ -43,13 +43,17 @@ def build(src: b.Source, out: Path) -> b.Built:
     what = f"the model of model.factory {cfg.model.factory!r}" if cfg.model.factory else "the model"
     if cfg.model.factory:  # refuse what TorchScript cannot compile before streaming the tables
         torchscript_builder.script(module, what)
-    src.stream_into(served.TbeSink(tbe, skip=frozenset(stored)))
-    tables = served.table_storage(tbe)
+    if tbe is None:  # every table in the store: nothing of the tables in model.pt
+        src.stream_into()
+        tables: dict = {}
+    else:
+        src.stream_into(served.TbeSink(tbe, skip=frozenset(stored)))
+        tables = served.table_storage(tbe)
     for name in stored:  # in the embedding store, not in model.pt
         spec = src.store["tables"][name]
         tables[name] = {"stored_dtype": spec["dtype"], "bytes_stored": 0, "bytes_unpadded": 0,
                         "in_store": spec["rows"] * spec["row_bytes"]}  # fmt: skip
-    updates = b.updates_section(src, served.update_layout(module, tbe))
+    updates = b.updates_section(src, served.update_layout(module, tbe) if tbe is not None else {})
     if stored:
         reader = StoreReader(src.store)
         scripted = tiered.to_torchscript(module, src.sample, reader)

@@ -51,9 +51,11 @@ def model_rows(version_dir, manifest: dict, table: str) -> np.ndarray:
     return rows[:, :width]
 
 
-@pytest.mark.parametrize("arch", ["dlrm", "dcn_v2"])
-def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch):
-    data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store=STORE)
+# dlrm's pooling is [B, F, D], dcn_v2's flat; with t3 in the model, and every table stored.
+@pytest.mark.parametrize("arch, stored", [("dlrm", ["t0", "t1", "t2"]),
+                                          ("dcn_v2", ["t0", "t1", "t2", "t3"])])  # fmt: skip
+def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, stored):
+    data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store={**STORE, "tables": stored})
     data["model"]["arch"] = arch
     run = write_seeded_run(tmp_path / "run", data)
     out = run_rec("export", str(run), "--repo", str(tmp_path / "tiered"), "--store", cluster.url())
@@ -64,9 +66,9 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch):
     plain = json.loads((plain_dir / "rec.json").read_text())
     section = tiered["store"]
     contract.check_section(section)
-    assert set(section["tables"]) == {"t0", "t1", "t2"}  # t3 stays in the model
+    assert set(section["tables"]) == set(stored)
     assert section["tables"]["t0"]["partitions"] == 7 and section["tables"]["t0"]["dtype"] == "int4"
-    assert set(tiered["updates"]["tables"]) == {"t3"}  # model.pt holds t3 alone
+    assert set(tiered["updates"]["tables"]) == {"t0", "t1", "t2", "t3"} - set(stored)
     client = connect(cluster.url())
     prefix = section["prefix"]
     for table, spec in section["tables"].items():
