@@ -17,10 +17,10 @@ of the export with key prefix P is one Redis hash,
            for int8/int4 its fp16 scale and fp16 bias; row_bytes(dim, dtype) bytes
 
 A model asks for rows by key, `table << 40 | row`, the table counted in the sorted order of the
-stored tables' names (store_order). And one hash "{P}:meta" says what the export wrote (format, run, step, tables) once every row is
-in: a prefix with no meta is an unfinished export. P is "rec:MODEL:VERSION:RUN8" (the model's
-name and version in the repository, the run id's first 8 characters), so a new version never
-writes over the one being served.
+stored tables' names (store_order). And one hash "{P}:meta" says what the export wrote (format,
+run, step, tables) once every row is in: a prefix with no meta is an unfinished export. P is
+"rec:MODEL:VERSION:RUN8" (the model's name and version in the repository, 8 hex digits naming
+the run), so a new version never writes over the one being served.
 
 rec.json:
 
