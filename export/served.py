@@ -119,15 +119,24 @@ class ServedModule(nn.Module):
     ) -> torch.Tensor:
         dense_features = self.transform(dense_features)
         batch = dense_features.shape[0]
-        if batch < self.min_rows:  # empty bags and zero features: rows that are dropped below
+        dense_features, sparse_lengths = self.padded(dense_features, sparse_lengths)
+        logits = self.head(dense_features, self.lookup(sparse_lengths, sparse_values))
+        return self.scores(logits[:batch])
+
+    def padded(
+        self, dense: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """dense and lengths with zero rows (empty bags and zero features) added up to
+        min_rows; the caller drops their logits."""
+        batch = dense.shape[0]
+        if batch < self.min_rows:
             pad = self.min_rows - batch
-            dense_features = torch.cat(
-                [dense_features, dense_features.new_zeros(pad, dense_features.shape[1])]
-            )
-            sparse_lengths = torch.cat(
-                [sparse_lengths, sparse_lengths.new_zeros(pad, sparse_lengths.shape[1])]
-            )
-        logits = self.head(dense_features, self.lookup(sparse_lengths, sparse_values))[:batch]
+            dense = torch.cat([dense, dense.new_zeros(pad, dense.shape[1])])
+            lengths = torch.cat([lengths, lengths.new_zeros(pad, lengths.shape[1])])
+        return dense, lengths
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """The sigmoid of the request's logits [B, T]."""
         if not self.batch_invariant:
             return torch.sigmoid(logits)
         # ATen's vectorized sigmoid and its scalar tail loop differ in the last bit, and which

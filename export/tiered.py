@@ -173,20 +173,9 @@ class TieredServedModule(ServedModule):
     ) -> torch.Tensor:
         dense_features = self.transform(dense_features)
         batch = dense_features.shape[0]
-        if batch < self.min_rows:  # as ServedModule: padded rows have no ids
-            pad = self.min_rows - batch
-            dense_features = torch.cat(
-                [dense_features, dense_features.new_zeros(pad, dense_features.shape[1])]
-            )
-            sparse_lengths = torch.cat(
-                [sparse_lengths, sparse_lengths.new_zeros(pad, sparse_lengths.shape[1])]
-            )
-        pooled = self.lookup(sparse_lengths, sparse_values, rows)
-        logits = self.head(dense_features, pooled)[:batch]
-        if not self.batch_invariant:
-            return torch.sigmoid(logits)
-        tasks = logits.shape[1]
-        return torch.sigmoid(torch.cat([logits, logits], 1)[:, :tasks])
+        dense_features, sparse_lengths = self.padded(dense_features, sparse_lengths)
+        logits = self.head(dense_features, self.lookup(sparse_lengths, sparse_values, rows))
+        return self.scores(logits[:batch])
 
     def forward(
         self,

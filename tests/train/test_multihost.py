@@ -15,23 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from rec import run_dir
+from rec import netns, run_dir
 from tests.helpers import REPO, run_rec, write_config
 
 SCRIPT = REPO / "scripts" / "multihost.sh"
-
-
-def _namespaces_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root (ip netns); this session is not root"
-    if shutil.which("ip") is None:
-        return "iproute2's ip command is not installed"
-    probe = f"recprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create a network namespace here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], check=False)
-    return None
 
 
 def test_script_refuses_clearly_without_root(tmp_path):
@@ -50,7 +37,7 @@ def test_script_refuses_clearly_without_root(tmp_path):
 @pytest.fixture
 def two_hosts(tmp_path, tiny_config):
     """(config path, run dir, a function starting the script); skips where it cannot run."""
-    reason = _namespaces_unavailable()
+    reason = netns.unavailable()
     if reason:
         pytest.skip(reason)
     tiny_config["sharding"] = {
