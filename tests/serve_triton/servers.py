@@ -11,13 +11,30 @@ from pathlib import Path
 
 import pytest
 
+from rec.broker import redis_server_path
 from rec.serve.cpp import find_cpp_server, start_cpp
 from rec.serve.process import ServerProcess
 from rec.serve.repository import ServeError
-from rec.serve.triton import start_triton
+from rec.serve.triton import TritonInstall, start_triton
 from tests.serve_triton.tiny_repo import write_tiny_repository
 
 _cache: dict[str, object] = {}
+
+
+def _triton_missing() -> str | None:
+    try:
+        TritonInstall.find()
+    except ServeError as e:
+        return str(e)
+    return None
+
+
+TRITON_AND_REDIS = [
+    pytest.mark.skipif(redis_server_path() is None,
+                       reason="redis-server is not installed (make setup installs it)"),
+    pytest.mark.skipif(_triton_missing() is not None, reason=str(_triton_missing())),
+]  # fmt: skip
+"""The skip marks of a test module that needs the Triton binary and redis-server."""
 FREE_PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
 
 

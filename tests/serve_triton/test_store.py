@@ -23,31 +23,17 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, before torch.jit.load)
-from rec.broker import redis_server_path
 from rec.contract import DENSE, LENGTHS, VALUES
 from rec.contract import store as contract
 from rec.contract.requests import random_request
-from rec.serve.repository import ServeError
-from rec.serve.triton import TritonInstall, start_triton
+from rec.serve.triton import start_triton
 from rec.store.cluster import RedisCluster
 from rec.store.writer import connect
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import run_rec
+from tests.serve_triton.servers import TRITON_AND_REDIS
 
-
-def _triton_missing() -> str | None:
-    try:
-        TritonInstall.find()
-    except ServeError as e:
-        return str(e)
-    return None
-
-
-pytestmark = [
-    pytest.mark.skipif(redis_server_path() is None,
-                       reason="redis-server is not installed (make setup installs it)"),
-    pytest.mark.skipif(_triton_missing() is not None, reason=str(_triton_missing())),
-]  # fmt: skip
+pytestmark = TRITON_AND_REDIS
 STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4}
 NUM_DENSE, NUM_SPARSE = 4, 5  # tests.export.conftest's tiny model
 

@@ -31,30 +31,18 @@ import tritonclient.http as httpclient
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt calls)
 from rec import run_dir
-from rec.broker import RedisBroker, redis_server_path
+from rec.broker import RedisBroker
 from rec.contract import DENSE, LENGTHS, VALUES
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode
 from rec.quantize import fused_rows
 from rec.serve.repository import ServeError, load_model
-from rec.serve.triton import UPDATES_PARAMETER, TritonInstall, python_backend_config, start_triton
+from rec.serve.triton import UPDATES_PARAMETER, python_backend_config, start_triton
 from rec.update_log import write_rows
+from tests.serve_triton.servers import TRITON_AND_REDIS
 from tests.serve_triton.tiny_repo import NUM_DENSE, NUM_SPARSE, TINY, write_seeded_run
 
-
-def _triton_missing() -> str | None:
-    try:
-        TritonInstall.find()
-    except ServeError as e:
-        return str(e)
-    return None
-
-
-pytestmark = [
-    pytest.mark.skipif(redis_server_path() is None,
-                       reason="redis-server is not installed (make setup installs it)"),
-    pytest.mark.skipif(_triton_missing() is not None, reason=str(_triton_missing())),
-]  # fmt: skip
+pytestmark = TRITON_AND_REDIS
 RUN, GEN, EXPORTED = "triton-run", 1, 10
 # t0 (feature "user") is large enough that writing all of it takes about a forward pass's time:
 # a pass that were not held off would see it half written.
