@@ -171,13 +171,13 @@ def test_prometheus_scrapes_rec_server(stack):
         return result[0]["value"][1] if result else None
 
     assert wait_for("up{job=rec} == 1", lambda: query('up{job="rec"}') == "1", 90, 3)
-    success = wait_for(
-        "a scraped nv_inference_request_success",
-        lambda: query('sum(nv_inference_request_success{job="rec"})'),
-        90,
-        3,
-    )
-    assert float(success) > 0  # the scores of the test above
+
+    def scored() -> bool:
+        # A scrape from before the test above reads 0; the next one (15 s later) has its scores.
+        value = query('sum(nv_inference_request_success{job="rec"})')
+        return value is not None and float(value) > 0
+
+    assert wait_for("a scraped nv_inference_request_success above 0", scored, 90, 3)
 
 
 def test_new_export_version_is_hot_swapped(stack):
