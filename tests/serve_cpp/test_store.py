@@ -11,6 +11,7 @@ import re
 import shutil
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -19,7 +20,8 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from clients import infer_inputs
-from server import Server, run_to_exit
+from server import Server
+from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
 from rec import netns
@@ -120,19 +122,49 @@ def test_a_missing_row_is_an_error_that_names_it(tier):
         client.close()
 
 
-def test_an_unreachable_store_stops_the_load_naming_it(tier, tmp_path):
-    _, repo, _, _ = tier
+def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_path):
+    """The server comes up, the model is not ready and says why (readiness, inference, the
+    repository index), and the load is retried: rec.json pointed back at the live cluster makes
+    it ready without a restart, scoring as the in-process model does."""
+    cluster, repo, plain, _ = tier
     moved = tmp_path / "repo"
     shutil.copytree(repo, moved)
     dead = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
-    for manifest in moved.glob("rec/**/rec.json"):
+    manifests = list(moved.glob("rec/**/rec.json"))
+    for manifest in manifests:
         data = json.loads(manifest.read_text())
         data["store"]["url"] = dead
         manifest.write_text(json.dumps(data))
-    out = run_to_exit("--model-repository", str(moved), "--http-port", "0", "--grpc-port", "0",
-                      "--metrics-port", "0")  # fmt: skip
-    assert out.returncode != 0
-    assert f"embedding store {dead}" in out.stderr and "unreachable" in out.stderr, out.stderr
+    server = Server(moved)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://{server.http}/v2/models/rec/ready", timeout=10)
+        body = err.value.read().decode()
+        assert err.value.code == 503 and f"embedding store {dead}" in body, body
+        assert "unreachable" in body, body
+        request = random_request(4, 5, 3, seed=2)
+        c = httpclient.InferenceServerClient(server.http)
+        with pytest.raises(InferenceServerException) as failed:
+            c.infer("rec", infer_inputs(httpclient, request))
+        assert "not ready" in str(failed.value) and dead in str(failed.value), str(failed.value)
+        with grpcclient.InferenceServerClient(server.grpc) as c:
+            index = c.get_model_repository_index(as_json=True)["models"]
+            assert index[0]["state"] == "UNAVAILABLE" and dead in index[0]["reason"], index
+            with pytest.raises(InferenceServerException) as failed:
+                c.infer("rec", infer_inputs(grpcclient, request))
+        assert failed.value.status() == "StatusCode.UNAVAILABLE", failed.value.status()
+        for manifest in manifests:  # the store is back (here: rec.json names the live one)
+            data = json.loads(manifest.read_text())
+            data["store"]["url"] = cluster.url()
+            manifest.write_text(json.dumps(data))
+        deadline = time.monotonic() + 30
+        while not httpclient.InferenceServerClient(server.http).is_model_ready("rec"):
+            assert time.monotonic() < deadline, server.stderr()[-2000:]
+            time.sleep(0.2)
+        want = plain(*[torch.from_numpy(a) for a in request.values()]).numpy()
+        assert np.array_equal(scores(httpclient, server, request), want)
+    finally:
+        server.stop()
 
 
 def test_a_master_killed_under_load_fails_over_and_no_score_is_wrong(tier):

@@ -211,6 +211,7 @@ grpc::Status GrpcApi::RepositoryIndex(const inference::RepositoryIndexRequest&,
     m->set_name(e->spec().name);
     m->set_version(runner ? runner->version() : "");
     m->set_state(runner ? "READY" : "UNAVAILABLE");
+    if (!runner) m->set_reason(e->LoadError());
   }
   return grpc::Status::OK;
 }
@@ -232,6 +233,7 @@ void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
   ModelEntry* e = nullptr;
   Status st = FindModel(request->model_name(), request->model_version(), &e);
   if (!st.ok()) return done(st, nullptr);
+  if (!e->Current()) return done(e->NotLoaded(), nullptr);
   // The tensors take the request's raw bytes instead of copying them (a B = 512 request is
   // hundreds of KB); the request is not read again.
   InferRequest r;

@@ -218,7 +218,8 @@ HttpResponse HttpApi::ModelRoute(ModelEntry* entry, const std::string& version,
         NotFound("model '" + entry->spec().name + "' version " + version + " is not served"));
   }
   if (method != "GET") return ErrorResponse(NotFound("unknown route for " + method));
-  if (verb == "ready") return Empty(runner && entry->Ready() && !shutting_down_ ? 200 : 503);
+  if (verb == "ready" && !runner) return ErrorResponse(entry->NotLoaded());  // with the reason
+  if (verb == "ready") return Empty(entry->Ready() && !shutting_down_ ? 200 : 503);
   if (verb == "stats") return Statistics({entry});
   if (verb == "config") {
     std::string out;
@@ -250,7 +251,8 @@ HttpResponse HttpApi::RepositoryRoute(const std::vector<std::string>& p,
       auto runner = e->Current();
       index.push_back({{"name", e->spec().name},
                        {"version", runner ? runner->version() : ""},
-                       {"state", runner ? "READY" : "UNAVAILABLE"}});
+                       {"state", runner ? "READY" : "UNAVAILABLE"},
+                       {"reason", runner ? "" : e->LoadError()}});
     }
     return JsonResponse(200, index);
   }
@@ -391,6 +393,7 @@ void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&&
     return fail(
         NotFound("model '" + entry->spec().name + "' version " + version + " is not served"));
   }
+  if (!runner) return fail(entry->NotLoaded());
   st = ValidateRequest(entry->spec(), request.get());
   if (!st.ok()) return fail(st);
   if ((request->trace = Tracer::Get().Start(request->model_name))) {

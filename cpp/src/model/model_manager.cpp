@@ -1,5 +1,7 @@
 #include "model/model_manager.h"
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -57,6 +59,22 @@ bool ModelEntry::Ready() const {
            stats_->updates.behind_ms.load() > max_behind_ms_);
 }
 
+std::string ModelEntry::LoadError() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return load_error_;
+}
+
+void ModelEntry::SetLoadError(std::string why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  load_error_ = std::move(why);
+}
+
+Status ModelEntry::NotLoaded() const {
+  const std::string why = LoadError();
+  return Unavailable("model '" + spec_.name + "' is not " +
+                     (why.empty() ? std::string("loaded") : "ready: " + why));
+}
+
 std::shared_ptr<Runner> ModelEntry::Current() const {
   std::lock_guard<std::mutex> lock(mu_);
   return current_;
@@ -69,6 +87,7 @@ void ModelEntry::Swap(std::shared_ptr<Runner> runner,
     std::lock_guard<std::mutex> lock(mu_);
     current_.swap(runner);
     subscriber_.swap(subscriber);
+    load_error_.clear();
   }
   // The old reader stops (and joins) here, outside the lock; the old runner is released here or
   // by the last batch still running on it.
@@ -127,7 +146,14 @@ Status ModelManager::LoadModel(const std::string& name) {
   ModelEntry* raw = entry.get();
   raw->set_max_behind_ms(options_.updates_max_behind_ms);
   models_[name] = std::move(entry);
-  return Reload(raw->spec().name);
+  Status st = Reload(raw->spec().name);
+  if (st.code() != StatusCode::kUnavailable) return st;
+  // A store that is down now may be up in a minute: serve the other models, say why this one
+  // is not ready, and retry.
+  raw->SetLoadError(st.message());
+  LogWarning("model '" + name + "' is not ready: " + st.message() + "; retrying every " +
+             std::to_string(kRetryLoadS) + " s");
+  return Status::Ok();
 }
 
 Status ModelManager::PickVersion(const ModelEntry& entry, std::string* version) const {
@@ -275,15 +301,26 @@ std::vector<ModelEntry*> ModelManager::All() {
 }
 
 void ModelManager::StartPolling(int interval_s) {
-  if (interval_s <= 0) return;
+  bool unloaded = false;
+  for (ModelEntry* e : All()) unloaded = unloaded || !e->Current();
+  if (interval_s <= 0 && !unloaded) return;
   poll_thread_ = std::thread([this, interval_s] { PollLoop(interval_s); });
 }
 
 void ModelManager::PollLoop(int interval_s) {
+  using Clock = std::chrono::steady_clock;
+  const int tick_s = interval_s > 0 ? std::min(interval_s, kRetryLoadS) : kRetryLoadS;
+  Clock::time_point next_scan = Clock::now() + std::chrono::seconds(interval_s);
   std::unique_lock<std::mutex> lock(poll_mu_);
-  while (!poll_cv_.wait_for(lock, std::chrono::seconds(interval_s), [this] { return stopping_; })) {
+  while (!poll_cv_.wait_for(lock, std::chrono::seconds(tick_s), [this] { return stopping_; })) {
     lock.unlock();
-    for (ModelEntry* e : All()) Reload(e->spec().name);  // failures are logged; old stays
+    const bool scan = interval_s > 0 && Clock::now() >= next_scan;
+    if (scan) next_scan = Clock::now() + std::chrono::seconds(interval_s);
+    for (ModelEntry* e : All()) {
+      if (!scan && e->Current()) continue;
+      Status st = Reload(e->spec().name);  // failures are logged; a served version stays
+      if (!st.ok() && !e->Current()) e->SetLoadError(st.message());
+    }
     lock.lock();
   }
 }

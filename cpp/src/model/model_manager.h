@@ -54,6 +54,11 @@ class ModelEntry {
   // A version is served, and its update log reader (if any) is within the bound.
   bool Ready() const;
   void set_max_behind_ms(int64_t ms) { max_behind_ms_ = ms; }
+  // Why no version is served (a service it needs was unavailable at load), or empty.
+  std::string LoadError() const;
+  void SetLoadError(std::string why);
+  // The 503 / UNAVAILABLE a request to this model gets while no version is served.
+  Status NotLoaded() const;
   // Serves `runner` (with its update log reader, or null) from now on; the old version's reader
   // stops here.
   void Swap(std::shared_ptr<Runner> runner, std::unique_ptr<UpdateSubscriber> subscriber);
@@ -66,6 +71,7 @@ class ModelEntry {
   mutable std::mutex mu_;
   std::shared_ptr<Runner> current_;
   std::unique_ptr<UpdateSubscriber> subscriber_;  // under mu_
+  std::string load_error_;                        // under mu_
   std::unique_ptr<Batcher> batcher_;              // last: it calls Current() from its threads
 };
 
@@ -74,14 +80,19 @@ class ModelManager {
   ModelManager(ManagerOptions options, Metrics* metrics);
   ~ModelManager();
 
-  // Loads every model; any failure is fatal at startup.
+  // Loads every model. A model whose load found a service unavailable (its embedding store) is
+  // kept unloaded and not ready, with the reason, and retried every few seconds; any other
+  // failure is fatal at startup.
   Status LoadAll();
   ModelEntry* Find(const std::string& name);
   std::vector<ModelEntry*> All();
   // Loads the newest (or pinned) version of `name` if it differs from the served one, warms it
   // up and swaps it in. Safe to call from any thread.
   Status Reload(const std::string& name);
+  // Every interval_s (0: never), loads a newer version directory if one appeared; models not
+  // loaded yet retry every kRetryLoadS regardless.
   void StartPolling(int interval_s);
+  static constexpr int kRetryLoadS = 2;
   // Stops polling and drains every batcher (in-flight requests finish).
   void Shutdown();
 
@@ -91,11 +102,11 @@ class ModelManager {
   // single-sample scores differ here, or serves it with a warning (allow_batch_variant).
   Status ProbeBatching(ModelEntry* entry, const std::string& version, Runner* runner);
   Status PickVersion(const ModelEntry& entry, std::string* version) const;
-  // The reader of the update log for a freshly loaded version, or null (no log, or a version
-  // that cannot take updates).
   // The embedding store of a version whose rec.json has a "store" section (else null).
   Status OpenStore(ModelEntry* entry, const std::filesystem::path& version_dir,
                    std::shared_ptr<EmbeddingStore>* out);
+  // The reader of the update log for a freshly loaded version, or null (no log, or a version
+  // that cannot take updates).
   Status StartUpdates(ModelEntry* entry, const std::string& version, Runner* runner,
                       std::unique_ptr<UpdateSubscriber>* out);
   void PollLoop(int interval_s);
