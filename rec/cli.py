@@ -17,7 +17,7 @@ from rec.contract.store import StoreError
 from rec.resources import ResourceError
 
 # Stage modules that define click commands in a `COMMANDS` list.
-_STAGE_CLI_MODULES = ("rec.train.cli", "rec.export.cli", "rec.serve.cli")
+_STAGE_CLI_MODULES = ("rec.train.cli", "rec.export.cli", "rec.serve.cli", "rec.store.cli")
 
 
 class _Group(click.Group):

@@ -15,6 +15,7 @@ rules a replica follows, written once in Python: rec-server's C++ applier is che
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -54,6 +55,9 @@ class ReplicaState:
 
     tables: dict[str, ServedTable]
     export: tuple[int, int] = (0, 0)
+    stored: dict[str, ServedTable] = field(default_factory=dict)
+    """Tables in the embedding store (rec.contract.store): their records are checked and count
+    toward the watermark, but their rows are written to the store (rec.store.follow), not kept."""
     """(gen, step) the served export holds: rows of records up to it are skipped."""
     rows: dict[str, dict[int, bytes]] = field(default_factory=dict)
     rank_version: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -68,7 +72,7 @@ class ReplicaState:
         if reason is not None:
             self.refused[reason.split(":")[0]] += 1
             return reason
-        if rec.count and rec.version > self.export:
+        if self.fresh(rec) and rec.table not in self.stored:
             width = len(rec.rows) // rec.count
             table = self.rows.setdefault(rec.table, {})
             for i, row_id in enumerate(rec.ids):
@@ -82,13 +86,17 @@ class ReplicaState:
             self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
         return None
 
+    def fresh(self, rec: UpdateRecord) -> bool:
+        """Whether `rec` (checked) carries rows newer than the served export."""
+        return bool(rec.count) and rec.version > self.export
+
     def _check(self, rec: UpdateRecord) -> str | None:
         seen = self.rank_version.get(rec.rank)
         if seen is not None and rec.version < seen:
             return f"backwards: rank {rec.rank} sent {rec.version} after {seen}"
         if rec.count == 0:
             return None
-        served = self.tables.get(rec.table)
+        served = self.tables.get(rec.table) or self.stored.get(rec.table)
         if served is None:
             return f"unknown table: {rec.table!r} is not in the served model"
         if (rec.dtype, rec.dim) != (served.dtype, served.dim):
@@ -103,6 +111,66 @@ class ReplicaState:
         if not self.world or len(self.complete) < self.world:
             return None
         return min(self.complete.values())
+
+
+class Applier(ReplicaState):
+    """ReplicaState's rules as a server applies them, written once for rec's Triton model
+    (serve/triton_python_model.ServedTables) and the store's follower (rec.store.follow); its
+    C++ twin is rec-server's EmbeddingTables. Beyond `_check` (backwards, unknown table, row
+    format, id range): a record of another run is refused (an export with no run id takes the
+    run of the first record it applies), rows of records at or before the export's (gen, step)
+    are skipped (the export holds them), and accepted rows go to `write(rec)`. The watermark,
+    `mark` (gen, step, wall_ns), starts at the export's (gen, step) and only grows.
+
+    `lock` is held by apply() for a whole record; a reader that must not see a record half
+    applied holds it too."""
+
+    def __init__(self, tables: dict[str, ServedTable], export: tuple[int, int], run: str = "",
+                 stored: dict[str, ServedTable] | None = None) -> None:  # fmt: skip
+        super().__init__(tables=tables, export=export, stored=stored or {})
+        self.run = run
+        self.lock = threading.Lock()
+        self.mark = (*export, 0)
+        self._complete_gen = 0
+
+    def write(self, rec: UpdateRecord) -> None:
+        """Puts the rows of `rec` (checked, newer than the export) where they are served."""
+        raise NotImplementedError
+
+    def apply(self, rec: UpdateRecord) -> tuple[str, str]:
+        """Applies `rec` whole or refuses it whole: (outcome, why); outcome is "applied",
+        "skipped" or a refusal (rec-server's rec_update_records_total outcomes)."""
+        with self.lock:
+            if self.run and rec.run != self.run:
+                why = f"record of run {rec.run!r}, the served version is of run {self.run!r}"
+                outcome = "other_run"
+            else:
+                why = self._check(rec)
+                outcome = why.split(":")[0].replace(" ", "_") if why else "applied"
+            if why is not None:
+                self.refused[outcome] += 1
+                return outcome, why
+            if rec.count and not self.fresh(rec):
+                outcome = "skipped"
+            elif rec.count:
+                self.write(rec)
+                self.applied_rows += rec.count
+            self.run = self.run or rec.run
+            self._advance(rec)
+            return outcome, ""
+
+    def _advance(self, rec: UpdateRecord) -> None:
+        self.rank_version[rec.rank] = rec.version
+        if rec.gen > self._complete_gen:  # a resumed run: its ranks (maybe fewer) start over
+            self._complete_gen = rec.gen
+            self.complete.clear()
+        self.world = rec.world
+        if not rec.last or rec.gen < self._complete_gen:
+            return
+        self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
+        low = self.watermark()  # the oldest complete publish, once every rank has one
+        if low is not None and low[:2] > self.mark[:2]:
+            self.mark = low
 
 
 def decode_or_reason(fields: dict) -> UpdateRecord | str:

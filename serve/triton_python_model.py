@@ -66,7 +66,7 @@ from rec.contract.store import StoreError, check_section, meta_key
 from rec.contract.updates import UpdateError, decode, parse_url, row_bytes
 from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
-from rec.update_log import ReplicaState, ServedTable, write_rows
+from rec.update_log import Applier, ServedTable, write_rows
 
 UPDATES_PARAMETER = "updates_url"
 """Config parameter overriding rec.json's `updates.url`: a redis:// URL, or `none`."""
@@ -163,29 +163,28 @@ class StoreRows:
         self.reader.close()
 
 
-class ServedTables(ReplicaState):
-    """The loaded model's tables as the update log writes them: rec.update_log.ReplicaState's
-    rules (its `_check`: backwards, unknown table, row format, id range), plus what a server
-    adds to them as rec-server's EmbeddingTables does: a record of another run is refused (an
-    export with no run id takes the run of the first record it applies), rows of records at or
-    before the export's (gen, step) are skipped (the export holds them), and accepted rows are
-    written into the storage buffers (rec.update_log.write_rows) instead of kept. The watermark
-    starts at the export's (gen, step) and only grows.
+class ServedTables(Applier):
+    """The loaded model's tables as the update log writes them: rec.update_log.Applier's rules,
+    accepted rows written into the storage buffers (rec.update_log.write_rows). Rows of tables
+    in the embedding store (`stored`, rec.json "store") are checked and count toward the
+    watermark, but are not written here: the store's follower (rec.store.follow) writes them to
+    the store, where every batch reads them.
 
-    `lock` is held by apply() for a whole record and by a forward pass for its whole run: a
-    plain mutex, not rec-server's writer-preferring reader-writer lock, because the Python
+    `lock` (Applier's) is held by apply() for a whole record and by a forward pass for its whole
+    run: a plain mutex, not rec-server's writer-preferring reader-writer lock, because the Python
     backend runs one execute() at a time per instance (each instance is its own stub process
     with its own tables), so there are never two readers to share it, and with one reader and
     one writer that each release it after one pass or one record neither can starve the other.
     """
 
-    def __init__(self, updates, buffers):
-        places = updates["tables"]
+    def __init__(self, updates, buffers, stored=None):
+        places, stored = updates["tables"], stored or {}
         super().__init__(
             tables={n: ServedTable(p["rows"], p["dim"], p["dtype"]) for n, p in places.items()},
             export=(int(updates.get("gen") or 0), int(updates.get("step") or 0)),
+            run=updates.get("run") or "",
+            stored={n: ServedTable(t["rows"], t["dim"], t["dtype"]) for n, t in stored.items()},
         )
-        self.run = updates.get("run") or ""
         self.places = places
         self.buffers = {}
         for name, place in places.items():
@@ -207,44 +206,10 @@ class ServedTables(ReplicaState):
                     f"{size} bytes"
                 )
             self.buffers[name] = buffer
-        self.lock = threading.Lock()
-        self.mark = (*self.export, 0)  # the watermark: (gen, step, wall_ns)
-        self._complete_gen = 0
 
-    def apply(self, rec):
-        """Applies `rec` whole or refuses it whole: (outcome, why), outcome one of OUTCOMES."""
-        with self.lock:
-            if self.run and rec.run != self.run:
-                why = f"record of run {rec.run!r}, the served version is of run {self.run!r}"
-                outcome = "other_run"
-            else:
-                why = self._check(rec)
-                outcome = why.split(":")[0].replace(" ", "_") if why else "applied"
-            if why is not None:
-                self.refused[outcome] += 1
-                return outcome, why
-            if rec.count and rec.version <= self.export:
-                outcome = "skipped"
-            elif rec.count:
-                place = self.places[rec.table]
-                write_rows(self.buffers[rec.table], place, rec.ids, rec.rows)
-                self.applied_rows += rec.count
-            self.run = self.run or rec.run
-            self._advance(rec)
-            return outcome, ""
-
-    def _advance(self, rec):
-        self.rank_version[rec.rank] = rec.version
-        if rec.gen > self._complete_gen:  # a resumed run: its ranks (maybe fewer) start over
-            self._complete_gen = rec.gen
-            self.complete.clear()
-        self.world = rec.world
-        if not rec.last or rec.gen < self._complete_gen:
-            return
-        self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
-        low = self.watermark()  # ReplicaState's: the oldest complete publish, once all have one
-        if low is not None and low[:2] > self.mark[:2]:
-            self.mark = low
+    def write(self, rec):
+        if rec.table in self.buffers:
+            write_rows(self.buffers[rec.table], self.places[rec.table], rec.ids, rec.rows)
 
 
 class UpdateReader:
@@ -423,7 +388,8 @@ class TritonPythonModel:
         """The version's tables and their update log reader, as rec.json's "updates" and the
         `updates_url` parameter say (rec-server's `--updates`: empty takes rec.json's url)."""
         self.tables, self.reader = None, None
-        updates = batch_probe.read_manifest(path).get("updates")
+        manifest = batch_probe.read_manifest(path)
+        updates = manifest.get("updates")
         url = url or (updates or {}).get("url") or ""
         if not url or url == "none":
             return  # no log: served as exported, with no lock taken
@@ -439,7 +405,8 @@ class TritonPythonModel:
             )
             return
         try:
-            self.tables = ServedTables(updates, dict(self.model.named_buffers()))
+            stored = (manifest.get("store") or {}).get("tables")
+            self.tables = ServedTables(updates, dict(self.model.named_buffers()), stored)
         except (KeyError, ValueError) as e:
             raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
         self.reader = UpdateReader(name, url, self.tables, UpdateMetrics(name, version))

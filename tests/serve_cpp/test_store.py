@@ -16,6 +16,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import redis
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -25,10 +26,12 @@ from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
 from rec import netns
-from rec.broker import _free_port, redis_server_path
+from rec.broker import RedisBroker, _free_port, redis_server_path
 from rec.contract import store as contract
 from rec.contract.requests import random_request
+from rec.contract.updates import UpdateRecord, encode, row_bytes
 from rec.store.cluster import RedisCluster
+from rec.store.reader import StoreReader, TieredScorer
 from rec.store.writer import connect
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import run_rec
@@ -165,6 +168,82 @@ def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_pat
         assert np.array_equal(scores(httpclient, server, request), want)
     finally:
         server.stop()
+
+
+def _shifted_rows(client, section: dict, table: str, ids: list[int]) -> bytes:
+    """Valid rows for `ids` that differ from theirs: each id gets the next stored row."""
+    spec = section["tables"][table]
+
+    def row(i: int) -> bytes:
+        key = contract.partition_key(section["prefix"], table, i % spec["partitions"])
+        return client.hget(key, str(i))
+
+    return b"".join(row((i + 1) % spec["rows"]) for i in ids)
+
+
+def test_fresh_rows_reach_the_cache_at_once_and_the_store_through_the_follower(tier, tmp_path):
+    """A record of a stored table in the update log: rec-server writes its rows into its row
+    cache as it applies it (scores change at once, with the follower not running yet), then
+    `rec store follow` writes them into the store, where a server that does not read the log
+    finds them. Both score as the tiered model does over the updated store, bit for bit; a
+    record of the wrong row format is refused by both."""
+    cluster, repo, _, _ = tier
+    manifest = json.loads((repo / "rec" / "1" / "rec.json").read_text())
+    section, updates = manifest["store"], manifest["updates"]
+    table = "t0"
+    spec = section["tables"][table]
+    width = spec["row_bytes"]
+    broker = RedisBroker(tmp_path / "broker")
+    client = connect(cluster.url())
+    url = broker.url("rec:updates")
+    ids = list(range(0, spec["rows"], 2))
+
+    def key(i: int) -> str:
+        return contract.partition_key(section["prefix"], table, i % spec["partitions"])
+
+    old = [client.hget(key(i), str(i)) for i in ids]
+    step = int(updates["step"]) + 1
+    rows = _shifted_rows(client, section, table, ids)
+    record = UpdateRecord("r1", 1, 0, 1, step, time.time_ns(), True, table, spec["dtype"],
+                          spec["dim"], tuple(ids), rows)  # fmt: skip
+    wide = spec["dim"] * 2
+    bad = UpdateRecord("r1", 1, 0, 1, step, time.time_ns(), False, table, spec["dtype"], wide,
+                       (1,), bytes(row_bytes(wide, spec["dtype"])))  # fmt: skip
+    server = Server(repo, "--updates", url)
+    try:
+        request = random_request(4, 5, 64, seed=11)
+        before = scores(httpclient, server, request)
+        with redis.Redis(port=broker.port) as log:
+            log.xadd("rec:updates", encode(bad))
+            log.xadd("rec:updates", encode(record))
+        server.wait_for_metric("rec_store_cache_refreshed_rows_total", len(ids), timeout=30)
+        cached = scores(httpclient, server, request)
+        assert not np.array_equal(cached, before)
+        assert client.hget(key(ids[1]), str(ids[1])) == old[1]  # not in the store yet
+        out = run_rec("store", "follow", str(repo), "--updates", url, "--idle-exit-s", "1").stdout
+        assert f"{len(ids)} rows into {cluster.url()}" in out and "1 refused" in out, out
+        assert "refused: row format" in out, out
+        assert client.hget(key(ids[1]), str(ids[1])) == rows[width : 2 * width]
+        model = torch.jit.load(str(repo / "rec" / "1" / "model.pt"))
+        reader = StoreReader(section)
+        try:
+            want = TieredScorer(model, reader)(*[torch.from_numpy(a) for a in request.values()])
+        finally:
+            reader.close()
+        assert np.array_equal(cached, want.numpy())
+        no_log = Server(repo, "--updates", "none", "--store-cache-bytes", "0")
+        try:
+            assert np.array_equal(scores(grpcclient, no_log, request), want.numpy())
+        finally:
+            no_log.stop()
+        text = urllib.request.urlopen(f"http://{server.metrics}/metrics", timeout=10).read()
+        assert b'outcome="row_format"' in text, text
+    finally:
+        server.stop()
+        for i, value in zip(ids, old, strict=True):  # the export's rows, for the tests after
+            client.hset(key(i), str(i), value)
+        client.close()
+        broker.stop()
 
 
 def test_a_master_killed_under_load_fails_over_and_no_score_is_wrong(tier):

@@ -148,7 +148,21 @@ class TorchRunner : public Runner {
       held->push_back(t);
       buffers[b.name] = {t.data_ptr<uint8_t>(), static_cast<int64_t>(t.numel())};
     }
-    return EmbeddingTables::Create(updates, std::move(buffers), held, &tables_);
+    if (!store_) return EmbeddingTables::Create(updates, std::move(buffers), held, &tables_);
+    UpdatesSpec with_stored = updates;
+    const std::vector<StoreTable>& stored = store_->spec().tables;
+    for (size_t i = 0; i < stored.size(); ++i) {
+      with_stored.stored[stored[i].name] = {static_cast<int64_t>(i), stored[i].rows, stored[i].dim,
+                                            stored[i].dtype};
+    }
+    // The tables' writer lock is held while a record's rows go into the cache, and a forward
+    // pass (its fetch from the store included) holds the reader side: see Refresh.
+    std::shared_ptr<EmbeddingStore> store = store_;  // the update log's reader may outlive us
+    return EmbeddingTables::Create(
+        with_stored, std::move(buffers), held, &tables_,
+        [store](int64_t table, const std::vector<int64_t>& ids, const std::string& rows) {
+          store->Refresh(table, ids, rows);
+        });
   }
 
  private:

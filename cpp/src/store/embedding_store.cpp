@@ -108,4 +108,14 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) 
   return Status::Ok();
 }
 
+void EmbeddingStore::Refresh(int64_t table, const std::vector<int64_t>& ids,
+                             const std::string& rows) {
+  const size_t width = static_cast<size_t>(spec_.tables[table].row_bytes);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    cache_.Put(table << kTableShift | ids[i], rows.substr(i * width, width));
+  }
+  stats_->refreshed_rows.fetch_add(ids.size());
+  stats_->cache_bytes.store(cache_.bytes());
+}
+
 }  // namespace rec

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "store/cluster_client.h"
@@ -35,6 +36,13 @@ class EmbeddingStore {
   // The rows of `keys` (sorted, distinct, each table << 40 | row) concatenated in key order,
   // each as the store keeps it, into *rows.
   Status Fetch(const int64_t* keys, int64_t n, std::string* rows);
+
+  // Fresh rows of stored table `table` (its index in spec().tables) from the update log, each
+  // row_bytes long, concatenated in `ids` order: written into the cache, present or not, so
+  // this replica serves them at once, before (or without) the store's follower writing them to
+  // the store (rec.store.follow). The caller keeps Fetch from running meanwhile (the tables'
+  // writer lock), so a fetch that read the older row from the store cannot put it back after.
+  void Refresh(int64_t table, const std::vector<int64_t>& ids, const std::string& rows);
 
   const StoreSpec& spec() const { return spec_; }
 

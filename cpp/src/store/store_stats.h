@@ -15,6 +15,7 @@ struct StoreStats {
   std::atomic<uint64_t> lookups{0};         // batches that read rows from the store
   std::atomic<uint64_t> lookup_ns{0};       // time those reads took (the store's round trips)
   std::atomic<uint64_t> failed_lookups{0};  // batches refused: store unavailable, rows missing
+  std::atomic<uint64_t> refreshed_rows{0};  // rows the update log wrote into the row cache
   std::atomic<int64_t> cache_bytes{0}, cache_capacity{0};
   std::mutex mu;
   std::map<std::string, uint64_t> node_requests;  // HMGETs per node ("host:port")

@@ -37,7 +37,11 @@ std::vector<std::pair<std::string, int64_t>> WatermarkParameters(const Watermark
 }
 
 Status EmbeddingTables::Create(const UpdatesSpec& spec, std::map<std::string, Buffer> buffers,
-                               std::shared_ptr<void> owner, std::shared_ptr<EmbeddingTables>* out) {
+                               std::shared_ptr<void> owner, std::shared_ptr<EmbeddingTables>* out,
+                               StoredRowsSink stored_rows) {
+  if (!spec.stored.empty() && !stored_rows) {
+    return InvalidArgument("stored tables but nowhere to put their fresh rows");
+  }
   for (const auto& [name, place] : spec.tables) {
     auto it = buffers.find(place.buffer);
     if (it == buffers.end()) {
@@ -59,13 +63,17 @@ Status EmbeddingTables::Create(const UpdatesSpec& spec, std::map<std::string, Bu
           " bytes) does not fit its buffer of " + std::to_string(it->second.size) + " bytes");
     }
   }
-  out->reset(new EmbeddingTables(spec, std::move(buffers), std::move(owner)));
+  out->reset(
+      new EmbeddingTables(spec, std::move(buffers), std::move(owner), std::move(stored_rows)));
   return Status::Ok();
 }
 
 EmbeddingTables::EmbeddingTables(UpdatesSpec spec, std::map<std::string, Buffer> buffers,
-                                 std::shared_ptr<void> owner)
-    : spec_(std::move(spec)), buffers_(std::move(buffers)), owner_(std::move(owner)) {
+                                 std::shared_ptr<void> owner, StoredRowsSink stored_rows)
+    : spec_(std::move(spec)),
+      buffers_(std::move(buffers)),
+      owner_(std::move(owner)),
+      stored_rows_(std::move(stored_rows)) {
   pthread_rwlockattr_t attr;
   pthread_rwlockattr_init(&attr);
   // glibc prefers readers by default: overlapping forward passes would starve the writer.
@@ -100,19 +108,23 @@ UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) co
   }
   if (r.ids.empty()) return UpdateOutcome::kApplied;
   auto it = spec_.tables.find(r.table);
-  if (it == spec_.tables.end()) {
+  auto stored = spec_.stored.find(r.table);
+  if (it == spec_.tables.end() && stored == spec_.stored.end()) {
     *why = "table '" + r.table + "' is not in the served model";
     return UpdateOutcome::kUnknownTable;
   }
-  const TablePlace& p = it->second;
-  if (r.dtype != p.dtype || r.dim != p.dim) {
-    *why = "'" + r.table + "' is served as " + p.dtype + " dim " + std::to_string(p.dim) +
+  const bool local = it != spec_.tables.end();
+  const std::string& dtype = local ? it->second.dtype : stored->second.dtype;
+  const int64_t dim = local ? it->second.dim : stored->second.dim;
+  const int64_t rows = local ? it->second.rows : stored->second.rows;
+  if (r.dtype != dtype || r.dim != dim) {
+    *why = "'" + r.table + "' is served as " + dtype + " dim " + std::to_string(dim) +
            ", the record has " + r.dtype + " dim " + std::to_string(r.dim);
     return UpdateOutcome::kRowFormat;
   }
-  if (r.ids.back() >= p.rows) {
+  if (r.ids.back() >= rows) {
     *why = "id " + std::to_string(r.ids.back()) + " is outside '" + r.table + "''s " +
-           std::to_string(p.rows) + " rows";
+           std::to_string(rows) + " rows";
     return UpdateOutcome::kIdRange;
   }
   if (std::tie(r.gen, r.step) <= std::tie(spec_.gen, spec_.step)) return UpdateOutcome::kSkipped;
@@ -122,7 +134,10 @@ UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) co
 UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
   pthread_rwlock_wrlock(&lock_);
   UpdateOutcome outcome = Check(r, why);
-  if (outcome == UpdateOutcome::kApplied && !r.ids.empty()) {
+  auto stored = spec_.stored.find(r.table);
+  if (outcome == UpdateOutcome::kApplied && !r.ids.empty() && stored != spec_.stored.end()) {
+    stored_rows_(stored->second.index, r.ids, r.rows);
+  } else if (outcome == UpdateOutcome::kApplied && !r.ids.empty()) {
     const TablePlace& p = spec_.tables.at(r.table);
     uint8_t* base = buffers_.at(p.buffer).data + p.offset;
     const size_t row_bytes = static_cast<size_t>(UpdateRowBytes(r.dim, r.dtype));

@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,6 +36,19 @@ struct TablePlace {
   bool scale_bias_first = false;  // FBGEMM's int-N-bit rows: fp16 scale and bias, then codes
 };
 
+// A table in the embedding store (rec.json "store"): its records are checked and advance the
+// watermark like the others, and their rows go to the StoredRowsSink instead of a buffer.
+struct StoredPlace {
+  int64_t index = 0;  // its index in the store's table order (a store key's table)
+  int64_t rows = 0;
+  int64_t dim = 0;
+  std::string dtype;
+};
+
+// Where a stored table's fresh rows go (the row cache): table index, ids, rows in log layout.
+using StoredRowsSink =
+    std::function<void(int64_t, const std::vector<int64_t>&, const std::string&)>;
+
 // rec.json's "updates" section.
 struct UpdatesSpec {
   bool present = false;
@@ -43,6 +57,7 @@ struct UpdatesSpec {
   int64_t step = 0;  // the checkpoint step the export holds
   int64_t gen = 0;   // the publisher's generation that trained up to it (0: none)
   std::map<std::string, TablePlace> tables;
+  std::map<std::string, StoredPlace> stored;  // from rec.json "store", not "updates"
 };
 
 // The embedding watermark: every row trained up to (gen, step) is in the tables. A version
@@ -66,8 +81,10 @@ class EmbeddingTables {
   };
 
   // Checks that every table lies inside its buffer. `owner` keeps the buffers alive.
+  // `stored_rows` takes the rows of spec.stored's tables (required when there are any).
   static Status Create(const UpdatesSpec& spec, std::map<std::string, Buffer> buffers,
-                       std::shared_ptr<void> owner, std::shared_ptr<EmbeddingTables>* out);
+                       std::shared_ptr<void> owner, std::shared_ptr<EmbeddingTables>* out,
+                       StoredRowsSink stored_rows = nullptr);
   ~EmbeddingTables();
   EmbeddingTables(const EmbeddingTables&) = delete;
   EmbeddingTables& operator=(const EmbeddingTables&) = delete;
@@ -93,13 +110,14 @@ class EmbeddingTables {
 
  private:
   EmbeddingTables(UpdatesSpec spec, std::map<std::string, Buffer> buffers,
-                  std::shared_ptr<void> owner);
+                  std::shared_ptr<void> owner, StoredRowsSink stored_rows);
   UpdateOutcome Check(const UpdateRecord& r, std::string* why) const;
   void Advance(const UpdateRecord& r);
 
   UpdatesSpec spec_;
   std::map<std::string, Buffer> buffers_;
   std::shared_ptr<void> owner_;
+  StoredRowsSink stored_rows_;
   pthread_rwlock_t lock_;
   // Under the write lock:
   std::string run_;

@@ -1,0 +1,81 @@
+"""Click commands of the embedding store: `rec store follow` and `rec store delete`.
+
+Both name a version of a model repository (its rec.json's `store` section says where its rows
+are); a StoreError (no store section, an unreachable cluster, an unfinished export) becomes one
+`error:` line and exit code 2 (rec.cli).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+from rec.contract.store import StoreError
+
+_PATH = click.Path(path_type=Path, exists=True, file_okay=False)
+
+
+def version_manifest(repo: Path, model: str, version: int | None) -> tuple[int, dict]:
+    """(version, its rec.json) of `model` in `repo`: `version`, or the newest with a store."""
+    root = repo / model
+    versions = sorted((int(p.name) for p in root.glob("*") if p.name.isdigit()), reverse=True)
+    for v in versions if version is None else [version]:
+        path = root / str(v) / "rec.json"
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        if data.get("store") or version is not None:
+            return v, data
+    which = f"version {version}" if version is not None else "version exported with --store"
+    raise StoreError(f"{root}: no {which} (a version directory with its own rec.json)")
+
+
+@click.group("store")
+def store() -> None:
+    """The embedding store of versions exported with `rec export --store` (docs/store.md)."""
+
+
+@store.command("follow")
+@click.argument("repo", type=_PATH)
+@click.option("--model", default="rec", show_default=True)
+@click.option("--version", type=click.IntRange(1), help="Default: the newest stored version.")
+@click.option("--updates", "updates_url", help="The update log (default: rec.json's updates.url).")
+@click.option("--idle-exit-s", type=click.FloatRange(0), help="Exit once the log is this idle.")
+def follow(repo, model, version, updates_url, idle_exit_s) -> None:
+    """Write the update log's rows of the stored tables into the store, as they arrive."""
+    from rec.store.follow import StoreFollower
+
+    version, manifest = version_manifest(repo, model, version)
+    follower = StoreFollower(manifest, updates_url, log=lambda line: click.echo(line, err=True))
+    click.echo(f"following {follower.url} into {manifest['store']['url']} for model '{model}' "
+               f"version {version}, from entry {follower.cursor}", err=True)  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        follower.run(stop, idle_exit_s)
+    finally:
+        follower.close()
+
+
+@store.command("delete")
+@click.argument("repo", type=_PATH)
+@click.option("--model", default="rec", show_default=True)
+@click.option("--version", type=click.IntRange(1), required=True)
+def delete(repo, model, version) -> None:
+    """Delete a version's rows from the store (a server still serving it then fails its lookups)."""
+    from rec.store.writer import delete_prefix
+
+    version, manifest = version_manifest(repo, model, version)
+    section = manifest.get("store")
+    if not section:
+        raise StoreError(f"model '{model}' version {version} has no tables in a store")
+    n = delete_prefix(section["url"], section["prefix"], section["tables"])
+    click.echo(f"deleted {n} keys under {section['prefix']!r} from {section['url']}")
+
+
+COMMANDS = [store]

@@ -1,0 +1,172 @@
+"""Fresh rows into the embedding store: the update log's rows of a version's stored tables,
+written into that version's partition hashes (rec.contract.store) as training publishes them.
+
+One follower per stored version. It reads the log (rec.contract.updates) from where it last
+stopped, applies each record by the servers' rules (rec.update_log.Applier: same run, in order,
+checked, rows newer than the export only) and writes the accepted rows with one pipelined HSET
+per partition. The store keeps the follower's place in the version's meta hash (`follow_id`,
+and the watermark it reached as `follow_gen`, `follow_step`), so a restarted follower goes on
+from there and never re-applies an older record over a newer one.
+
+Replicas read the same log: rec-server writes a stored table's rows into its own row cache as
+it applies each record, so a replica serves a row fresh from its cache even before the follower
+has written it here, and a row it has not cached comes from here (docs/store.md).
+
+Example:
+    >>> follower = StoreFollower(manifest.data, "redis://127.0.0.1:6379")  # doctest: +SKIP
+    >>> follower.run(stop)  # until `stop` is set  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rec.contract.store import StoreError, check_section, meta_key, partition_key
+from rec.contract.updates import UpdateRecord, parse_url
+from rec.update_log import Applier, ServedTable, decode_or_reason
+
+READ_ENTRIES = 256
+"""Log entries one XREAD returns at most (a record is up to 16,384 rows)."""
+
+
+@dataclass
+class FollowStats:
+    records: int = 0
+    rows: int = 0
+    refused: int = 0
+    seconds_writing: float = 0.0
+
+
+class StoreApplier(Applier):
+    """Applier whose rows go into the stored tables' partition hashes under `prefix`."""
+
+    def __init__(self, store: dict, updates: dict, client) -> None:
+        tables = store["tables"]
+        super().__init__(
+            tables={},
+            export=(int(updates.get("gen") or 0), int(updates.get("step") or 0)),
+            run=updates.get("run") or "",
+            stored={n: ServedTable(t["rows"], t["dim"], t["dtype"]) for n, t in tables.items()},
+        )
+        self.prefix, self.partitions, self.client = store["prefix"], tables, client
+        self.pipe = client.pipeline(transaction=False)
+        self.pending = 0
+
+    def write(self, rec: UpdateRecord) -> None:
+        parts = self.partitions[rec.table]["partitions"]
+        width = len(rec.rows) // rec.count
+        groups: dict[int, dict[str, bytes]] = {}
+        for i, row in enumerate(rec.ids):
+            groups.setdefault(row % parts, {})[str(row)] = rec.rows[i * width : (i + 1) * width]
+        for p, fields in groups.items():
+            self.pipe.hset(partition_key(self.prefix, rec.table, p), mapping=fields)
+        self.pending += rec.count
+
+    def flush(self) -> None:
+        if self.pending:
+            self.pipe.execute()
+            self.pipe, self.pending = self.client.pipeline(transaction=False), 0
+
+
+class StoreFollower:
+    """Follows the update log at `updates_url` (default: rec.json's `updates.url`) into the
+    store of the version whose rec.json is `manifest` (its `store` and `updates` sections)."""
+
+    def __init__(self, manifest: dict, updates_url: str | None = None,
+                 log: Callable[[str], None] = print) -> None:  # fmt: skip
+        from rec.store.writer import connect
+
+        store, updates = manifest.get("store"), manifest.get("updates")
+        if not store:
+            raise StoreError('rec.json has no "store" section: this version keeps every table in '
+                             "its model file; there is nothing to follow into a store")  # fmt: skip
+        check_section(store)
+        if updates is None:
+            raise StoreError('rec.json has no "updates" section (an export older than the update '
+                             "log): its rows cannot be matched to the log's records")  # fmt: skip
+        url = updates_url or updates.get("url")
+        if not url:
+            raise StoreError("no update log to follow: the run did not publish (publish.url) and "
+                             "no --updates URL was given")  # fmt: skip
+        self.where = parse_url(url)
+        self.url, self.store_url, self.log = url, store["url"], log
+        self.client = connect(store["url"])
+        self.meta = meta_key(store["prefix"])
+        if not self.client.exists(self.meta):
+            raise StoreError(f"store {store['url']}: no finished export under "
+                             f"{store['prefix']!r} (its meta hash is missing)")  # fmt: skip
+        self.applier = StoreApplier(store, updates, self.client)
+        saved = self.client.hmget(self.meta, ["follow_id", "follow_run"])
+        self.cursor = saved[0].decode() if saved[0] else "0"
+        if saved[1] and not self.applier.run:
+            self.applier.run = saved[1].decode()
+        self.stats = FollowStats()
+
+    def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> FollowStats:
+        """Reads and applies until `stop` is set (or the log has been idle for `idle_exit_s`);
+        logs progress every 10 s. A broker error is retried from the same entry."""
+        import redis
+
+        broker = redis.Redis(host=self.where.host, port=self.where.port, socket_timeout=10)
+        last_entry, last_line, backoff = time.monotonic(), time.monotonic(), 0.1
+        try:
+            while not stop.is_set():
+                try:
+                    got = broker.xread({self.where.stream: self.cursor}, count=READ_ENTRIES,
+                                       block=200)  # fmt: skip
+                    backoff = 0.1
+                except redis.RedisError as e:
+                    self.log(f"update log {self.url}: {e}; retrying from entry {self.cursor}")
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                if got:
+                    self._apply(got[0][1])
+                    last_entry = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - last_entry > idle_exit_s:
+                    break
+                if time.monotonic() - last_line > 10:
+                    self._progress()
+                    last_line = time.monotonic()
+        finally:
+            broker.close()
+        self._progress()
+        return self.stats
+
+    def _apply(self, entries) -> None:
+        t0 = time.perf_counter()
+        for entry_id, fields in entries:
+            rec = decode_or_reason(fields)
+            if isinstance(rec, str):
+                self.stats.refused += 1
+                why = rec
+            else:
+                outcome, why = self.applier.apply(rec)
+                self.stats.refused += outcome not in ("applied", "skipped")
+                self.stats.records += 1
+                self.stats.rows += rec.count if outcome == "applied" else 0
+            if why and self.stats.refused <= 5:
+                self.log(f"entry {entry_id.decode()} refused: {why}")
+        # The rows, then where they came from: a follower killed in between re-applies these
+        # entries (each row its whole value), it never skips one.
+        self.applier.flush()
+        self.cursor = entries[-1][0].decode()
+        gen, step, _ = self.applier.mark
+        self.client.hset(self.meta, mapping={"follow_id": self.cursor, "follow_gen": str(gen),
+                                             "follow_step": str(step),
+                                             "follow_run": self.applier.run})  # fmt: skip
+        self.stats.seconds_writing += time.perf_counter() - t0
+
+    def _progress(self) -> None:
+        s = self.stats
+        rate = s.rows / s.seconds_writing if s.seconds_writing else 0.0
+        gen, step, _ = self.applier.mark
+        self.log(f"store follow: {s.records} records, {s.rows} rows into {self.store_url} "
+                 f"({rate:,.0f} rows/s writing), watermark gen {gen} step {step}, "
+                 f"{s.refused} refused, at entry {self.cursor}")  # fmt: skip
+
+    def close(self) -> None:
+        self.client.close()
