@@ -49,14 +49,14 @@ RUN .venv/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-dep
 FROM ${BASE}
 ENV DEBIAN_FRONTEND=noninteractive
 # rec-server's shared libraries from Debian (gRPC, protobuf, hiredis); LibTorch comes with the
-# venv.
+# venv. redis-server: the embedding store's cluster nodes of compose's "tier" profile.
 RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends libgrpc++1.51 libprotobuf32 zlib1g \
-       libhiredis0.14 \
+       libhiredis0.14 redis-server \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --create-home --home-dir /home/rec --shell /usr/sbin/nologin rec \
-    && mkdir -p /runs /models \
-    && chown rec:rec /runs /models
+    && mkdir -p /runs /models /models-tier \
+    && chown rec:rec /runs /models /models-tier
 WORKDIR /opt/rec
 COPY --from=build /opt/rec/.venv .venv
 COPY --from=build /opt/rec/pyproject.toml /opt/rec/README.md ./

@@ -68,8 +68,9 @@ def wait_for(what: str, check, timeout: float, every: float = 1.0):
 
 class Stack:
     def __init__(self, tmp: Path) -> None:
-        http, grpc, metrics, prom = pick_ports("127.0.0.1", [0, 0, 0, 0])
+        http, grpc, metrics, prom, *tier = pick_ports("127.0.0.1", [0] * 8)
         self.http, self.grpc, self.metrics, self.prom = http, grpc, metrics, prom
+        self.tier_http, self.tier_metrics = tier[0::2], tier[1::2]  # replicas a and b
         config_dir = tmp / "config"
         config_dir.mkdir()
         (config_dir / "tiny.yaml").write_text(yaml.safe_dump(TINY))
@@ -84,6 +85,10 @@ class Stack:
             "REC_GRPC_PORT": str(grpc),
             "REC_METRICS_PORT": str(metrics),
             "PROMETHEUS_PORT": str(prom),
+            "REC_TIER_A_HTTP_PORT": str(tier[0]),
+            "REC_TIER_A_METRICS_PORT": str(tier[1]),
+            "REC_TIER_B_HTTP_PORT": str(tier[2]),
+            "REC_TIER_B_METRICS_PORT": str(tier[3]),
         }
         self.tmp = tmp
 
@@ -95,14 +100,14 @@ class Stack:
         return time.monotonic() - start
 
     def container(self, service: str) -> str:
-        return compose("ps", "-q", service, env=self.env).stdout.strip()
+        return compose("--profile", "tier", "ps", "-q", service, env=self.env).stdout.strip()
 
-    def health(self) -> str:
-        cid = self.container("server")
+    def health(self, service: str = "server") -> str:
+        cid = self.container(service)
         return docker("inspect", "-f", "{{.State.Health.Status}}", cid).strip() if cid else ""
 
     def logs(self, service: str) -> str:
-        return compose("logs", "--no-color", service, env=self.env).stdout
+        return compose("--profile", "tier", "logs", "--no-color", service, env=self.env).stdout
 
     def predict(self, protocol: str, url: str, repo: Path, out: Path) -> list[str]:
         rec = [str(ROOT / ".venv/bin/rec"), "predict", "--url", url, "--protocol", protocol]
@@ -120,15 +125,16 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = Stack(tmp_path_factory.mktemp("deploy"))
-    compose("down", "-v", "--remove-orphans", env=s.env, check=False)  # a killed earlier run
+    down = ("--profile", "tier", "down", "-v", "--remove-orphans")
+    compose(*down, env=s.env, check=False)  # a killed earlier run
     try:
         s.first_up_s = s.up()
         print(f"first up: healthy after {s.first_up_s:.0f} s (train + export + load)")
         yield s
     finally:
-        for service in ("train", "export", "server", "prometheus"):
+        for service in ("train", "export", "server", "prometheus", "store-init", "server-a"):
             print(f"--- {service} ---\n{s.logs(service)[-3000:]}")
-        compose("down", "-v", "--remove-orphans", env=s.env, check=False)
+        compose(*down, env=s.env, check=False)
 
 
 def test_volumes_hold_the_run_and_the_repository(stack):
@@ -178,6 +184,27 @@ def test_prometheus_scrapes_rec_server(stack):
         return value is not None and float(value) > 0
 
     assert wait_for("a scraped nv_inference_request_success above 0", scored, 90, 3)
+
+
+def test_two_replicas_serve_the_tables_from_one_redis_cluster(stack):
+    """Profile "tier": a 3-node Redis Cluster holding every table of the same checkpoint, and two
+    rec-server replicas reading it through their own caches. Both score as the in-process
+    server does, bit for bit, and both read rows from the cluster's three nodes."""
+    repo = stack.copy_repository("tier_reference")
+    reference = stack.predict("http", f"127.0.0.1:{stack.http}", repo, stack.tmp / "ref.csv")
+    compose("--profile", "tier", "up", "-d", "server-a", "server-b", env=stack.env,
+            timeout=UP_TIMEOUT)  # fmt: skip
+    for replica in ("server-a", "server-b"):
+        wait_for(f"{replica} to be healthy", lambda r=replica: stack.health(r) == "healthy", 180)
+    init = stack.logs("store-init")
+    assert "/models-tier/rec/1" in init, init[-2000:]  # its export, into the cluster
+    for name, port, metrics in zip("ab", stack.tier_http, stack.tier_metrics, strict=True):
+        scored = stack.predict("http", f"127.0.0.1:{port}", repo, stack.tmp / f"tier_{name}.csv")
+        assert scored == reference, f"replica {name}"
+        status, body = get(f"http://127.0.0.1:{metrics}/metrics")
+        nodes = {line.split('node="')[1].split('"')[0] for line in body.decode().splitlines()
+                 if line.startswith("rec_store_node_requests_total{")}  # fmt: skip
+        assert status == 200 and len(nodes) == 3, (name, nodes)
 
 
 def test_new_export_version_is_hot_swapped(stack):

@@ -39,13 +39,15 @@ def test_compose_file_validates():
         text=True,
         timeout=60,
     ).stdout.split()
-    assert set(services) == {"train", "export", "server", "triton", "prometheus"}
+    tier = {"redis-1", "redis-2", "redis-3", "store-init", "server-a", "server-b"}
+    assert set(services) == {"train", "export", "server", "triton", "prometheus", *tier}
 
 
 def test_deploy_files_exist():
     compose = (ROOT / "docker-compose.yml").read_text()
-    assert compose.count("/v2/health/ready") == 2
+    assert compose.count("/v2/health/ready") == 3  # server, triton, the tier's replicas
     assert (ROOT / "deploy/prometheus.yml").exists()
+    assert (ROOT / "deploy/tier_export.yaml").exists()
     for target in ("server:8002", "triton:8002"):
         assert target in (ROOT / "deploy/prometheus.yml").read_text()
     dockerfile = (ROOT / "Dockerfile").read_text()
