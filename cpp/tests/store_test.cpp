@@ -79,16 +79,34 @@ TEST(RowCache, TheBoundHoldsUnderAnyIds) {
   std::string out;
   EXPECT_TRUE(cache.Get(INT64_MIN, &out));
   EXPECT_EQ(out, row);
-  // The least recently used go first: a row read just now survives the next insert.
-  EXPECT_TRUE(cache.Get(99999 * 7919, &out));
+  // Second chance: a row read since the hand last passed survives the next inserts, the unread
+  // ones go first.
+  EXPECT_TRUE(cache.Get(99939 * 7919, &out));  // the oldest of the 64 left
   cache.Put(-2, row);
-  EXPECT_TRUE(cache.Get(99999 * 7919, &out));
+  cache.Put(-4, row);
+  EXPECT_TRUE(cache.Get(99939 * 7919, &out));
+  EXPECT_FALSE(cache.Get(99940 * 7919, &out));  // unread, the next oldest: evicted
+  // A newer copy of a row replaces it in place, with its new size counted.
+  cache.Put(-2, std::string(100, 'n'));
+  EXPECT_LE(cache.bytes(), capacity);
+  out.clear();
+  EXPECT_TRUE(cache.Get(-2, &out));
+  EXPECT_EQ(out, std::string(100, 'n'));
   // A row larger than the whole cache is not kept, and evicts nothing.
+  const int64_t entries = cache.entries();
   cache.Put(-3, std::string(capacity, 'x'));
   EXPECT_FALSE(cache.Get(-3, &out));
-  EXPECT_EQ(cache.entries(), 64);
+  EXPECT_EQ(cache.entries(), entries);
   cache.Erase(-2);
   EXPECT_FALSE(cache.Get(-2, &out));
+  // Erasing and re-inserting the same rows again and again, with the cache too empty for the
+  // hand to move, keeps the bound and the count.
+  for (int i = 0; i < 100000; ++i) {
+    cache.Erase(i % 8);
+    cache.Put(i % 8, row);
+  }
+  EXPECT_LE(cache.bytes(), capacity);
+  EXPECT_LE(cache.entries(), 64);
 }
 
 }  // namespace

@@ -95,8 +95,8 @@ def _harmonic(n: float, alpha: float) -> float:
 
 def rows_for_hit_rate(rows: int, alpha: float, hit_rate: float) -> int:
     """The fewest most-frequent rows that draw `hit_rate` of a Zipf(alpha) table's lookups: what
-    a cache that kept exactly those would need. LRU keeps a little worse, so this is the
-    smallest cache that could reach the rate."""
+    a cache that kept exactly those would need. rec-server's CLOCK cache keeps a little worse, so
+    this is the smallest cache that could reach the rate."""
     total = _harmonic(rows, alpha)
     lo, hi = 0, rows
     while lo < hi:
