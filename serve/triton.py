@@ -47,6 +47,8 @@ from rec.serve.repository import (
 )
 
 _MODEL_PY = Path(__file__).with_name("triton_python_model.py")
+STORE_CACHE_PARAMETER = "store_cache_bytes"
+"""The staged config's parameter bounding the store's row cache (triton_python_model's)."""
 UPDATES_PARAMETER = "updates_url"
 """The staged config's parameter naming the update log (triton_python_model.UPDATES_PARAMETER)."""
 
@@ -102,6 +104,7 @@ def python_backend_config(
     intra_op_threads: int = 1,
     allow_batch_variant: bool = False,
     updates: str | None = None,
+    store_cache_bytes: int | None = None,
 ):
     """The user's config, rewritten for rec's Python-backend model and multi-sample requests.
 
@@ -138,6 +141,8 @@ def python_backend_config(
     config.parameters["allow_batch_variant"].string_value = str(allow_batch_variant).lower()
     if updates is not None:
         config.parameters[UPDATES_PARAMETER].string_value = updates
+    if store_cache_bytes is not None:
+        config.parameters[STORE_CACHE_PARAMETER].string_value = str(store_cache_bytes)
     # Published so `rec predict --url` can map file columns without the repository at hand.
     features = {
         "dense": list(model.dense_names),
@@ -169,11 +174,13 @@ def stage_repository(
     intra_op_threads: int = 1,
     allow_batch_variant: bool = False,
     updates: str | None = None,
+    store_cache_bytes: int | None = None,
 ) -> Path:
     """Writes dest/<model>/{config.pbtxt, <version>/model.py}; returns dest."""
     model_dir = dest / model.name
     (model_dir / str(model.version)).mkdir(parents=True)
-    config = python_backend_config(model, intra_op_threads, allow_batch_variant, updates)
+    config = python_backend_config(model, intra_op_threads, allow_batch_variant, updates,
+                                   store_cache_bytes)  # fmt: skip
     (model_dir / TRITON_CONFIG_FILE).write_text(config_text(config))
     shutil.copy2(_MODEL_PY, model_dir / str(model.version) / "model.py")
     return dest
@@ -201,6 +208,7 @@ def start_triton(
     allow_batch_variant: bool = False,
     ready_timeout: float = 180.0,
     updates: str | None = None,
+    store_cache_bytes: int | None = None,
 ) -> ServerProcess:
     """Starts tritonserver on `repo`'s model and returns once the model is ready.
 
@@ -210,6 +218,8 @@ def start_triton(
     The staging directory (and the server log in it) is removed when the server is stopped.
     `updates`: the update log the model applies while serving, as rec-server's `--updates`: a
     redis:// URL, `none` for none, None for rec.json's `updates.url` (docs/update_log.md).
+    `store_cache_bytes`: the row cache of a version with stored tables (None: 256 MiB, as
+    rec-server's --store-cache-bytes; 0: none).
 
     Example:
         >>> with start_triton(Path("model_repository"), http_port=0, grpc_port=0,
@@ -229,8 +239,9 @@ def start_triton(
     try:
         backends = prepare_backends(install, staging / "backends")
         models = stage_repository(
-            served, staging / "models", intra_op_threads, allow_batch_variant, updates
-        )
+            served, staging / "models", intra_op_threads, allow_batch_variant, updates,
+            store_cache_bytes,
+        )  # fmt: skip
         argv = _server_argv(install, models, backends, host, ports)
         server = launch(
             "tritonserver", argv, staging / "tritonserver.log", triton_env(install), echo

@@ -68,6 +68,9 @@ from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
 from rec.update_log import Applier, ServedTable, write_rows
 
+STORE_CACHE_PARAMETER = "store_cache_bytes"
+"""Config parameter: the row cache's bound in bytes (rec-server's --store-cache-bytes)."""
+DEFAULT_STORE_CACHE = 256 << 20
 UPDATES_PARAMETER = "updates_url"
 """Config parameter overriding rec.json's `updates.url`: a redis:// URL, or `none`."""
 OUTCOMES = ("applied", "skipped", "other_run", "unknown_table", "row_format", "id_range",
@@ -123,13 +126,13 @@ class StoreRows:
     rec.store.reader.StoreReader, for forward_with_rows. Opening it checks that the store
     answers and holds a finished export under the section's prefix (its meta hash)."""
 
-    def __init__(self, model, section):
+    def __init__(self, model, section, cache_bytes=0):
         from rec.store.reader import StoreReader  # loaded only for a version with a store
 
         check_section(section)
         self.model, self.url = model, section["url"]
         try:
-            self.reader = StoreReader(section)
+            self.reader = StoreReader(section, cache_bytes)
         except StoreError as e:  # "store URL: cannot reach the cluster (...)"
             why = str(e).removeprefix(f"store {self.url}: ")
             raise StoreUnavailable(f"embedding store {self.url} unreachable: {why}") from None
@@ -163,6 +166,45 @@ class StoreRows:
         self.reader.close()
 
 
+class StoreMetrics:
+    """The embedding store's Triton custom metrics of one model version, rec-server's names
+    (not rec_store_node_requests_total: redis-py's cluster client does not say which node got
+    what). Updated after each batch from the reader's counters."""
+
+    COUNTERS = {
+        "cache_hits": ("rec_store_cache_hits_total", "Embedding store rows found in the row cache"),
+        "cache_misses": ("rec_store_cache_misses_total", "Rows read from the store"),
+        "lookups": ("rec_store_lookups_total", "Batches that read rows from the store"),
+        "lookup_us": ("rec_store_lookup_us_total", "Time those batches waited for the store"),
+        "failed_lookups": ("rec_store_failed_lookups_total",
+                           "Batches refused for the store: unavailable, or a row missing"),
+        "refreshed_rows": ("rec_store_cache_refreshed_rows_total",
+                           "Rows of stored tables the update log wrote into the row cache"),
+    }  # fmt: skip
+
+    def __init__(self, name, version, capacity):
+        labels = {"model": name, "version": str(version)}
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        self.families = [pb_utils.MetricFamily(n, h, counter) for n, h in self.COUNTERS.values()]
+        self.counters = {k: f.Metric(labels=labels)
+                         for k, f in zip(self.COUNTERS, self.families, strict=True)}  # fmt: skip
+        self.families += [
+            pb_utils.MetricFamily("rec_store_cache_bytes", "Bytes the row cache holds", gauge),
+            pb_utils.MetricFamily("rec_store_cache_capacity_bytes", "The row cache's bound", gauge),
+        ]
+        self.cache_bytes = self.families[-2].Metric(labels=labels)
+        self.families[-1].Metric(labels=labels).set(capacity)
+        self.seen = dict.fromkeys(self.COUNTERS, 0)
+
+    def update(self, reader):
+        stats = vars(reader.stats) | {"lookup_us": reader.stats.lookup_ns // 1000}
+        for key, metric in self.counters.items():
+            if stats[key] > self.seen[key]:
+                metric.increment(stats[key] - self.seen[key])
+                self.seen[key] = stats[key]
+        self.cache_bytes.set(reader.cache.bytes if reader.cache is not None else 0)
+
+
 class ServedTables(Applier):
     """The loaded model's tables as the update log writes them: rec.update_log.Applier's rules,
     accepted rows written into the storage buffers (rec.update_log.write_rows). Rows of tables
@@ -177,8 +219,9 @@ class ServedTables(Applier):
     one writer that each release it after one pass or one record neither can starve the other.
     """
 
-    def __init__(self, updates, buffers, stored=None):
+    def __init__(self, updates, buffers, stored=None, refresh=None):
         places, stored = updates["tables"], stored or {}
+        self.refresh = refresh  # a stored table's fresh rows into the store reader's cache
         super().__init__(
             tables={n: ServedTable(p["rows"], p["dim"], p["dtype"]) for n, p in places.items()},
             export=(int(updates.get("gen") or 0), int(updates.get("step") or 0)),
@@ -210,6 +253,8 @@ class ServedTables(Applier):
     def write(self, rec):
         if rec.table in self.buffers:
             write_rows(self.buffers[rec.table], self.places[rec.table], rec.ids, rec.rows)
+        elif self.refresh is not None:
+            self.refresh(rec.table, rec.ids, rec.rows)
 
 
 class UpdateReader:
@@ -339,6 +384,7 @@ class UpdateMetrics:
 
 class TritonPythonModel:
     def initialize(self, args):
+        self.args = args
         config = json.loads(args["model_config"])
         params = config.get("parameters", {})
         path = params["model_path"]["string_value"]
@@ -374,10 +420,13 @@ class TritonPythonModel:
                 f'{where}: rec.json has a "store" section but {os.path.basename(path)} has no '
                 "store_ids/forward_with_rows (not a tiered TorchScript export)"
             )
+        params = json.loads(self.args["model_config"]).get("parameters", {})
+        cache = int(params.get(STORE_CACHE_PARAMETER, {}).get("string_value", DEFAULT_STORE_CACHE))
         try:
-            store = StoreRows(self.model, section)
+            store = StoreRows(self.model, section, cache)
         except StoreError as e:
             raise pb_utils.TritonModelException(f"{where}: {e}") from None
+        self.store_metrics = StoreMetrics(name, version, cache)
         pb_utils.Logger.log_info(
             f"{where}: tables {', '.join(sorted(section['tables']))} read from embedding store "
             f"{section['url']} under '{section['prefix']}'"
@@ -406,10 +455,17 @@ class TritonPythonModel:
             return
         try:
             stored = (manifest.get("store") or {}).get("tables")
-            self.tables = ServedTables(updates, dict(self.model.named_buffers()), stored)
+            refresh = self._refresh if self.store is not None else None
+            self.tables = ServedTables(updates, dict(self.model.named_buffers()), stored, refresh)
         except (KeyError, ValueError) as e:
             raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
         self.reader = UpdateReader(name, url, self.tables, UpdateMetrics(name, version))
+
+    def _refresh(self, table, ids, rows):
+        """A stored table's fresh rows into the cache, and the metrics that count them (under
+        the tables' lock, as _score's update of them is)."""
+        self.store.reader.refresh(table, ids, rows)
+        self.store_metrics.update(self.store.reader)
 
     def finalize(self):
         if getattr(self, "reader", None) is not None:
@@ -523,13 +579,17 @@ class TritonPythonModel:
 
     def _score(self, dense, lengths, values):
         """The model's scores of one batch: forward, or for a tiered model forward_with_rows
-        with the batch's rows read from the store (outside the lock: the log does not write
-        stored rows). Requests and the load-time batch probe both score here."""
+        with the batch's rows read through the cache and the store. Requests and the load-time
+        batch probe both score here."""
         with torch.inference_mode():
-            rows = self.store.rows(lengths, values) if self.store is not None else None
-            # No record is applied while the pass runs: it sees each one wholly or not at all.
+            # No record is applied while the pass runs: it sees each one wholly or not at all,
+            # and a row read from the store cannot overwrite a fresher one the log cached.
             tables = self.tables
             with tables.lock if tables is not None else contextlib.nullcontext():
-                if rows is None:
+                if self.store is None:
                     return self.model(dense, lengths, values)
+                try:
+                    rows = self.store.rows(lengths, values)
+                finally:
+                    self.store_metrics.update(self.store.reader)
                 return self.model.forward_with_rows(dense, lengths, values, rows)

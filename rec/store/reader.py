@@ -1,14 +1,18 @@
 """Rows out of the store for the keys a tiered model asks for (rec.export.tiered): the Python
 reader that export's verification, rec's Triton model and the tests use. rec-server has its own
-in C++ (cpp/src/store) with a cache in front.
+in C++ (cpp/src/store).
 
-Per batch: the keys grouped by partition, one HMGET per partition, pipelined (redis-py sends
-each node its share), the rows put back in key order. A row the store does not have is an
-error that names it, never a zero row.
+Per batch: the rows the RowCache holds (if the reader has one), the rest grouped by partition,
+one HMGET per partition, pipelined (redis-py sends each node its share), the rows put back in
+key order. A row the store does not have is an error that names it, never a zero row.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,18 +25,113 @@ from rec.store.writer import connect
 ROW_MASK = (1 << TABLE_SHIFT) - 1
 
 
-class StoreReader:
-    """Reads the rows of a rec.json `store` section."""
+ENTRY_OVERHEAD = 128
+"""What an entry costs beyond its row, as rec-server's RowCache counts it (cpp/src/store)."""
 
-    def __init__(self, section: dict[str, Any]) -> None:
+
+class RowCache:
+    """Rows by key, bounded in bytes (row + ENTRY_OVERHEAD each), evicted by CLOCK as
+    rec-server's cache is (docs/store.md says why). Not thread-safe: its reader's lock guards it."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity, self.bytes = capacity_bytes, 0
+        self.rows: dict[int, bytes] = {}
+        self.used: dict[int, bool] = {}
+        self.ring: deque[int] = deque()
+
+    def get(self, key: int) -> bytes | None:
+        row = self.rows.get(key)
+        if row is not None:
+            self.used[key] = True
+        return row
+
+    def put(self, key: int, row: bytes) -> None:
+        cost = len(row) + ENTRY_OVERHEAD
+        if cost > self.capacity:
+            return
+        old = self.rows.get(key)
+        if old is not None:  # a newer copy: same place on the ring
+            self.bytes += len(row) - len(old)
+        else:
+            self.ring.append(key)
+            self.used[key] = False
+            self.bytes += cost
+        self.rows[key] = row
+        while self.bytes > self.capacity and self.ring:
+            victim = self.ring.popleft()
+            if self.used[victim]:
+                self.used[victim] = False
+                self.ring.append(victim)
+                continue
+            self.bytes -= len(self.rows.pop(victim)) + ENTRY_OVERHEAD
+            del self.used[victim]
+
+
+@dataclass
+class ReaderStats:
+    """rec-server's rec_store_* counters, for rec's Triton model's metrics."""
+
+    cache_hits: int = 0
+    cache_misses: int = 0
+    lookups: int = 0
+    lookup_ns: int = 0
+    failed_lookups: int = 0
+    refreshed_rows: int = 0
+
+
+class StoreReader:
+    """Reads the rows of a rec.json `store` section, through a RowCache of `cache_bytes` (0:
+    none). Thread-safe."""
+
+    def __init__(self, section: dict[str, Any], cache_bytes: int = 0) -> None:
         self.url, self.prefix = section["url"], section["prefix"]
         self.names = store_order(section)
         self.tables = [section["tables"][n] for n in self.names]
         self.client = connect(self.url)
+        self.cache = RowCache(cache_bytes) if cache_bytes > 0 else None
+        self.stats = ReaderStats()
+        self.lock = threading.Lock()
+
+    def refresh(self, table: str, ids, rows: bytes) -> None:
+        """Fresh rows of stored table `table` (the update log's, in `ids` order) into the cache,
+        present or not, as rec-server's EmbeddingStore::Refresh does."""
+        if self.cache is None:
+            return
+        t = self.names.index(table)
+        width = self.tables[t]["row_bytes"]
+        with self.lock:
+            for i, row in enumerate(ids):
+                self.cache.put(t << TABLE_SHIFT | int(row), rows[i * width : (i + 1) * width])
+            self.stats.refreshed_rows += len(ids)
 
     def rows(self, keys: torch.Tensor) -> torch.Tensor:
         """uint8 [sum of row_bytes]: the rows of `keys` (table << 40 | row), in that order."""
         keys_np = keys.numpy()
+        found: list[bytes | None] = [None] * len(keys_np)
+        with self.lock:
+            if self.cache is not None:
+                found = [self.cache.get(k) for k in keys_np.tolist()]
+            missing = [k for k, row in enumerate(found) if row is None]
+            self.stats.cache_hits += len(found) - len(missing)
+            self.stats.cache_misses += len(missing)
+            if missing:
+                t0 = time.perf_counter_ns()
+                try:
+                    fetched = self._fetch(keys_np[missing])
+                except Exception:
+                    self.stats.failed_lookups += 1
+                    raise
+                finally:
+                    self.stats.lookups += 1
+                    self.stats.lookup_ns += time.perf_counter_ns() - t0
+                for k, row in zip(missing, fetched, strict=True):
+                    found[k] = row
+                    if self.cache is not None:
+                        self.cache.put(int(keys_np[k]), row)
+        return torch.from_numpy(np.frombuffer(b"".join(found), dtype=np.uint8).copy())
+
+    def _fetch(self, keys_np: np.ndarray) -> list[bytes]:
+        """The rows of `keys_np` from the store, in that order."""
         tables, rows = keys_np >> TABLE_SHIFT, keys_np & ROW_MASK
         groups: dict[tuple[int, int], list[int]] = {}
         for k, (t, r) in enumerate(zip(tables.tolist(), rows.tolist(), strict=True)):
@@ -53,7 +152,7 @@ class StoreReader:
                 if len(value) != want:
                     raise StoreError(f"{where} has {len(value)} bytes, want {want}")
                 out[k] = value
-        return torch.from_numpy(np.frombuffer(b"".join(out), dtype=np.uint8).copy())
+        return out
 
     def close(self) -> None:
         self.client.close()

@@ -12,22 +12,29 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 import urllib.request
 
 import fbgemm_gpu  # noqa: F401  (registers the ops model.pt calls)
 import numpy as np
 import pytest
+import redis
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, before torch.jit.load)
+from rec.broker import RedisBroker
 from rec.contract import DENSE, LENGTHS, VALUES
 from rec.contract import store as contract
 from rec.contract.requests import random_request
+from rec.contract.updates import UpdateRecord, encode
 from rec.serve.triton import start_triton
 from rec.store.cluster import RedisCluster
+from rec.store.follow import StoreFollower
+from rec.store.reader import StoreReader, TieredScorer
 from rec.store.writer import connect
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import run_rec
@@ -52,7 +59,9 @@ class Tier:
         self.manifest = json.loads((self.repo / "rec" / "1" / "rec.json").read_text())
         self.plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
         self.tiered = torch.jit.load(str(self.repo / "rec" / "1" / "model.pt"))
-        self.server = start_triton(self.repo, http_port=0, grpc_port=0, metrics_port=0)
+        # No row cache here: every batch reads the store (a row deleted from it is missed).
+        self.server = start_triton(self.repo, http_port=0, grpc_port=0, metrics_port=0,
+                                   store_cache_bytes=0)  # fmt: skip
 
     def want(self, request: dict) -> np.ndarray:
         with torch.inference_mode():
@@ -142,6 +151,68 @@ def test_a_missing_row_fails_its_request_naming_the_row(tier):
         client.hset(hash_key, str(row), saved)
         client.close()
     assert np.array_equal(infer(httpclient, tier.server, request), tier.want(request).numpy())
+
+
+def metric(server, name: str) -> float:
+    with urllib.request.urlopen(f"http://{server.endpoints.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.findall(rf'^{name}\{{[^}}]*model="rec"[^}}]*\}} (\S+)$', text, re.M)
+    return sum(float(v) for v in found) if found else -1.0
+
+
+def test_the_cache_serves_repeats_and_takes_fresh_rows_from_the_log(tier, tmp_path):
+    """A second Triton with a row cache and the update log: a repeated request is answered from
+    the cache (rec_store_* metrics), a record of a stored table changes the scores before the
+    store has its rows, and they equal the tiered model's over the store once the follower has
+    written them."""
+    store, updates = tier.manifest["store"], tier.manifest["updates"]
+    spec = store["tables"]["t0"]
+    client = connect(store["url"])
+
+    def key(i: int) -> str:
+        return contract.partition_key(store["prefix"], "t0", i % spec["partitions"])
+
+    ids = list(range(spec["rows"]))
+    old = [client.hget(key(i), str(i)) for i in ids]
+    shifted = b"".join(old[(i + 1) % len(ids)] for i in ids)  # valid rows, each another's
+    record = UpdateRecord("r1", 1, 0, 1, int(updates["step"]) + 1, time.time_ns(), True, "t0",
+                          spec["dtype"], spec["dim"], tuple(ids), shifted)  # fmt: skip
+    broker = RedisBroker(tmp_path / "broker")
+    url = broker.url("rec:updates")
+    server = start_triton(tier.repo, http_port=0, grpc_port=0, metrics_port=0, updates=url,
+                          store_cache_bytes=1 << 20)  # fmt: skip
+    try:
+        request = random_request(NUM_DENSE, NUM_SPARSE, 16, seed=21)
+        first = infer(httpclient, server, request)
+        assert np.array_equal(first, tier.want(request).numpy())
+        misses = metric(server, "rec_store_cache_misses_total")
+        assert np.array_equal(infer(grpcclient, server, request), first)
+        assert metric(server, "rec_store_cache_misses_total") == misses > 0
+        assert metric(server, "rec_store_cache_hits_total") >= misses
+        with redis.Redis(port=broker.port) as log:
+            log.xadd("rec:updates", encode(record))
+        deadline = time.monotonic() + 30
+        while metric(server, "rec_store_cache_refreshed_rows_total") < len(ids):
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.1)
+        fresh = infer(httpclient, server, request)
+        assert not np.array_equal(fresh, first)
+        follower = StoreFollower(tier.manifest, url, log=lambda line: None)
+        assert follower.run(threading.Event(), idle_exit_s=1.0).rows == len(ids)
+        follower.close()
+        reader = StoreReader(store)
+        try:
+            args = [torch.from_numpy(request[n]) for n in (DENSE, LENGTHS, VALUES)]
+            want = TieredScorer(tier.tiered, reader)(*args).numpy()
+        finally:
+            reader.close()
+        assert np.array_equal(fresh, want)
+    finally:
+        assert server.stop() == 0, server.log_tail()
+        for i, value in zip(ids, old, strict=True):
+            client.hset(key(i), str(i), value)
+        client.close()
+        broker.stop()
 
 
 def test_a_store_that_is_gone_fails_the_request_naming_it(tier):
