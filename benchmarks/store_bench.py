@@ -14,6 +14,12 @@ For each model (the embedded default, then Criteo Kaggle's cardinalities):
    cache's hit rate and the store's time per
    lookup (rec-server's /metrics) for each window.
 
+4. Store hosts: the tiered export again into a cluster of 3 masters spread over 1, 2 and 3
+   network-namespace hosts (rec/netns.py; skipped with the reason where namespaces cannot be
+   made). rec-server runs on this host with no row cache (every row from the store), and
+   --clients closed-loop clients send B = 512 Zipf 1.05 requests for --window-s: requests/s and
+   rows/s read from the store, for each number of hosts. All hosts share this machine's cores.
+
 Writes benchmarks/results/store.json and prints a summary; the CPU is in the file.
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,6 +121,90 @@ def window(server, num_dense, rows, batch, dist, seconds, seed) -> dict:
     return out
 
 
+def throughput(server, num_dense, rows, seconds, clients) -> dict:
+    """`clients` threads sending B = 512 Zipf 1.05 requests back to back for `seconds`."""
+    import threading
+
+    import tritonclient.http as httpclient
+
+    from rec.contract import DTYPES
+
+    done = [0] * clients
+    before = metrics(server)
+
+    def client(i: int) -> None:
+        rng = np.random.default_rng(1000 + i)
+        with httpclient.InferenceServerClient(server.endpoints.http, network_timeout=120) as c:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                inputs = []
+                for name, arr in request(num_dense, rows, 512, "zipf1.05", rng).items():
+                    x = httpclient.InferInput(name, list(arr.shape), DTYPES[name])
+                    x.set_data_from_numpy(arr)
+                    inputs.append(x)
+                c.infer("rec", inputs)
+                done[i] += 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    after = metrics(server)
+    key = "rec_store_cache_misses_total"
+    misses = after.get(key, 0) - before.get(key, 0)
+    return {"requests_per_s": round(sum(done) / elapsed, 2),
+            "store_rows_per_s": round(misses / elapsed), "requests": sum(done)}  # fmt: skip
+
+
+def store_hosts(label: str, run: Path, work: Path, args) -> dict:
+    """Throughput with the store's 3 masters on 1, 2 and 3 namespace hosts (no row cache)."""
+    from rec import netns
+    from rec.contract import read_manifest
+    from rec.serve.cpp import launch_cpp
+    from rec.store.cluster import RedisCluster
+
+    why = netns.unavailable()
+    if why:
+        log(f"{label}: store hosts skipped: {why}")
+        return {"skipped": why}
+    out: dict = {}
+    for n in (1, 2, 3):
+        repo = work / f"{label}-hosts{n}"
+        with netns.Hosts(n) as hosts:
+            where = {"hosts": [hosts.address(i) for i in range(n)],
+                     "prefixes": [hosts.prefix(i) for i in range(n)]}  # fmt: skip
+            # Redis Cluster's 3 masters at least, spread over the n hosts.
+            with RedisCluster(work / f"{label}-hosts{n}-cluster", 3, 0, **where) as cluster:
+                config = work / f"{label}-hosts{n}.yaml"
+                store = {"url": cluster.url(), "partitions": 16}
+                if label == "default":
+                    store["min_bytes"] = 0
+                config.write_text(yaml.safe_dump({"export": {"store": store}}))
+                rec("export", str(run), "--repo", str(repo), "--config", str(config))
+                manifest = read_manifest(repo / "rec" / "1" / "rec.json")
+                by_name = {t["name"]: t["rows"] for t in manifest.data["tables"]}
+                owner = manifest.data["features"]["sparse_table"]
+                rows = [by_name[owner[f]] for f in manifest.sparse_names]
+                server = launch_cpp(repo, "--updates", "none", "--store-cache-bytes", "0",
+                                    ready_timeout=600)  # fmt: skip
+                try:
+                    r = throughput(server, len(manifest.dense_names), rows, args.window_s * 2,
+                                   args.clients)  # fmt: skip
+                finally:
+                    server.stop()
+                out[f"hosts_{n}"] = r
+                log(f"{label} store on {n} host(s), no cache, {args.clients} clients: {r}")
+        shutil.rmtree(repo, ignore_errors=True)
+    base = out["hosts_1"]["requests_per_s"]
+    out["requests_per_s_over_1_host"] = {
+        k: round(v["requests_per_s"] / base, 3) for k, v in out.items() if k.startswith("hosts_")
+    }
+    return out
+
+
 def measure(label: str, run: Path, work: Path, args) -> dict:
     from rec.contract import read_manifest
     from rec.serve.cpp import launch_cpp
@@ -183,6 +274,7 @@ def measure(label: str, run: Path, work: Path, args) -> dict:
                 p99 = result["tiered"][f"b{batch}_{dist}_{phase}"]["p99_ms"]
                 ratios[f"p99_b{batch}_{dist}_{phase}"] = round(p99 / base, 3)
     result["tiered_over_in_process"] = ratios
+    result["store_hosts"] = store_hosts(label, run, work, args)
     return result
 
 
@@ -192,6 +284,7 @@ def main() -> None:
                         help="a trained run of examples/criteo_kaggle.yaml to export")  # fmt: skip
     parser.add_argument("--cache-mb", type=int, default=256)
     parser.add_argument("--window-s", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=2, help="closed-loop clients, store hosts")
     args = parser.parse_args()
 
     from rec.cpu import cpu_info, describe
@@ -220,6 +313,7 @@ def main() -> None:
         "command": "benchmarks/store_bench.py" + (" --kaggle-run RUN" if args.kaggle_run else ""),
         "cache_mb": args.cache_mb,
         "window_s": args.window_s,
+        "clients": args.clients,
         "models": models,
     }
     if set(models) == {"default", "kaggle"}:
