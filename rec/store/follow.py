@@ -30,6 +30,8 @@ from rec.update_log import Applier, ServedTable, decode_or_reason
 
 READ_ENTRIES = 256
 """Log entries one XREAD returns at most (a record is up to 16,384 rows)."""
+FLUSH_ROWS = 32768
+"""Rows a pipeline holds before it is sent: 256 full records would be half a GB of Kaggle rows."""
 
 
 @dataclass
@@ -64,6 +66,8 @@ class StoreApplier(Applier):
         for p, fields in groups.items():
             self.pipe.hset(partition_key(self.prefix, rec.table, p), mapping=fields)
         self.pending += rec.count
+        if self.pending >= FLUSH_ROWS:
+            self.flush()
 
     def flush(self) -> None:
         if self.pending:
