@@ -306,6 +306,7 @@ def test_a_restarted_replica_and_a_restarted_broker_lose_nothing(fresh):
     first.wait_for_metric("rec_update_rows_applied_total", 1)
     first.process.proc.kill()  # mid-stream, or just after: no clean shutdown either way
     first.process.proc.wait()
+    first.process.stop()  # already dead: only removes its log folder
     second = Server(fresh.repo, "--updates", url)
     try:
         assert second.wait_for_metric("rec_update_watermark_step", STEPS) == STEPS
