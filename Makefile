@@ -12,10 +12,7 @@ demo: setup
 	bash scripts/demo.sh
 
 test: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -ra --durations=30 $(PYTEST_ARGS)
-	bash scripts/test_sanitized.sh
+	bash scripts/test.sh $(PYTEST_ARGS)
 
 # The server suites again, against an ASan/UBSan build of rec-server (build/asan).
 test-sanitized: setup

@@ -12,12 +12,8 @@ BUILD=build/fuzz
 PY=${PYTHON:-.venv/bin/python}
 TARGETS=(fuzz_http_request fuzz_infer_body fuzz_grpc_infer fuzz_settings_body)
 
-command -v clang++ > /dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  cmake -S cpp -B "$BUILD" -DREC_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
-    -DPython3_EXECUTABLE="$PWD/${PY#./}" > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
-fi
-cmake --build "$BUILD" -j 2 -- --no-print-directory > "$BUILD/build.log" 2>&1 || { tail -40 "$BUILD/build.log"; exit 1; }
+mkdir -p build
+bash scripts/build_sanitized.sh fuzz > build/fuzz-build.log 2>&1 || { tail -40 build/fuzz-build.log >&2; exit 1; }
 
 rm -rf "$BUILD/seeds"
 "$PY" benchmarks/fuzz_seeds.py "$BUILD/seeds" > /dev/null

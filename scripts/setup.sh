@@ -63,20 +63,8 @@ build_cpp() {
   cmake --build build/cpp -j "$(nproc)"
 }
 
-# The decoders' libFuzzer targets (cpp/fuzz/, clang + ASan/UBSan, build/fuzz); tests/reliability
-# runs them briefly. Separate from the g++ Release build above, which does not need clang.
-build_fuzz() {
-  command -v clang++ > /dev/null || return 0
-  log "building the decoder fuzz targets (build/fuzz)"
-  cmake -S cpp -B build/fuzz -DREC_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
-    -DPython3_EXECUTABLE="$VENV/bin/python" > build/fuzz-configure.log 2>&1 \
-    || { cat build/fuzz-configure.log; exit 1; }
-  cmake --build build/fuzz -j "$(nproc)"
-}
-
 mkdir -p build
 install_debian_packages
 install_python
 build_cpp
-build_fuzz
 log "ready: source .venv/bin/activate (or use .venv/bin/rec)"

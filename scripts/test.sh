@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `make test` after its set-up: lint, the main suite, then the server suites against the
+# ASan/UBSan build and the decoders' fuzz run (scripts/test_sanitized.sh). Extra arguments go to
+# the main suite's pytest.
+#
+# The instrumented builds take about 9 min of CPU (build/asan and build/fuzz). The main suite
+# keeps the 2 cores only about half busy (it waits on servers, subprocesses and sockets), so the
+# builds run in its shadow at the lowest priority, and the sanitized stage finds them done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+log() { printf '\033[1m[test]\033[0m %s\n' "$*"; }
+
+$BIN/ruff check .
+$BIN/ruff format --check .
+
+mkdir -p build
+log "building the sanitized server and the fuzz targets in the background (build/sanitized-build.log)"
+setsid nice -n 19 bash scripts/build_sanitized.sh all > build/sanitized-build.log 2>&1 &
+builder=$!
+# Its own process group (setsid), so that a failed or interrupted suite stops the whole build.
+trap 'kill -- "-$builder" 2> /dev/null || true' EXIT
+
+# test_fuzz.py runs once, in the sanitized stage, where its targets are built.
+$BIN/python -m pytest -q -ra --durations=30 --ignore=tests/reliability/test_fuzz.py "$@"
+
+log "waiting for the sanitized builds"
+wait "$builder" || { tail -60 build/sanitized-build.log; echo "sanitized build failed" >&2; exit 1; }
+trap - EXIT
+bash scripts/test_sanitized.sh
