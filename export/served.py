@@ -352,22 +352,28 @@ class TbeSequenceLookup(TbeLookup):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
         indices, offsets = table_indices(lengths, values, self.rows, column_of)
-        rows = self.lookup(indices, offsets)
-        batch = lengths.shape[0]
-        counts = (offsets[1:] - offsets[:-1]).view(2, batch)
-        samples = torch.arange(batch)
-        # The candidate's ids come first (feature-major): there are `first` of them.
-        if torch.jit.is_scripting():
-            first = int(offsets[batch])
-        else:  # torch.export: a count read from the data, which lies within the ids
-            first = offsets[batch].item()
-            torch._check(first >= 0)
-            torch._check(first <= rows.shape[0])
-        # output_size: the sizes known, so that an exported graph need not read them again.
-        owner = torch.repeat_interleave(samples, counts[0], output_size=first)
-        candidate = rows.new_zeros(batch, rows.shape[1]).index_add(0, owner, rows[:first])
-        history = torch.repeat_interleave(samples, counts[1], output_size=rows.shape[0] - first)
-        return candidate, rows[first:], history
+        return candidate_and_history(self.lookup(indices, offsets), offsets, lengths.shape[0])
+
+
+def candidate_and_history(
+    rows: torch.Tensor, offsets: torch.Tensor, batch: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sequence TBE's rows [N, D] of features [candidate, history] (feature-major `offsets`)
+    as (candidate [B, D], its ids summed; the history's rows in order; the sample of each)."""
+    counts = (offsets[1:] - offsets[:-1]).view(2, batch)
+    samples = torch.arange(batch)
+    # The candidate's ids come first (feature-major): there are `first` of them.
+    if torch.jit.is_scripting():
+        first = int(offsets[batch])
+    else:  # torch.export: a count read from the data, which lies within the ids
+        first = offsets[batch].item()
+        torch._check(first >= 0)
+        torch._check(first <= rows.shape[0])
+    # output_size: the sizes known, so that an exported graph need not read them again.
+    owner = torch.repeat_interleave(samples, counts[0], output_size=first)
+    candidate = rows.new_zeros(batch, rows.shape[1]).index_add(0, owner, rows[:first])
+    history = torch.repeat_interleave(samples, counts[1], output_size=rows.shape[0] - first)
+    return candidate, rows[first:], history
 
 
 class DinLookup(nn.Module):

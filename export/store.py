@@ -47,12 +47,11 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
             "the model")  # fmt: skip
         return None
     formats = ("torchscript",) if cfg.export.format == "torchscript" else ()
-    if not formats or cfg.model.arch == "din" or cfg.model.factory:
+    if not formats or cfg.model.factory:
         raise contract.StoreError(
             f"export.store: tables {', '.join(tables)} would go to the embedding store, which "
-            "serves TorchScript models of rec's pooled architectures for now (export.format "
-            f"is {cfg.export.format!r}, model.arch {cfg.model.arch!r}"
-            f"{', a model.factory' if cfg.model.factory else ''})"
+            "serves TorchScript models of rec's own architectures for now (export.format "
+            f"is {cfg.export.format!r}{', a model.factory' if cfg.model.factory else ''})"
         )
     prefix = contract.prefix(model, version, run_tag(run))
     sink = StoreSink(sc.url, prefix, tables)

@@ -23,7 +23,15 @@ from torch import nn
 
 from rec.config import RecConfig
 from rec.contract.store import row_bytes
-from rec.export.served import ServedModule, TbeLookup, make_tbe, table_indices
+from rec.export.served import (
+    _SPARSE_TYPES,
+    ServedModule,
+    TbeLookup,
+    TbeSequenceLookup,
+    candidate_and_history,
+    make_tbe,
+    table_indices,
+)
 
 # No `from __future__ import annotations` here: TorchScript reads the annotations at runtime.
 
@@ -34,9 +42,14 @@ TABLE_SHIFT = 40
 class StoreLookup(TbeLookup):
     """TbeLookup over stored tables: the op's storage comes with each batch. Built from a TBE
     whose tables have one row (their specs; the rows live in the store), with the real row
-    counts from `cfg` for the id mapping."""
+    counts from `cfg` for the id mapping.
 
-    def __init__(self, tbe, cfg: RecConfig, feature_order: list[str], tables: list[str]) -> None:
+    `tables` is every stored table in store order (the key's table index), `dtypes` their
+    stored dtypes: the rows passed in may hold the rows of other lookups' tables too (din's
+    pooled and sequence tables share one batch of keys), and each lookup finds its own."""
+
+    def __init__(self, tbe, cfg: RecConfig, feature_order: list[str], tables: list[str],
+                 dtypes: dict[str, str]) -> None:  # fmt: skip
         super().__init__(tbe, cfg, feature_order)
         self.weights_host = torch.empty(0, dtype=torch.uint8)  # no storage of its own
         owner = cfg.feature_to_table()
@@ -47,31 +60,41 @@ class StoreLookup(TbeLookup):
         self.register_buffer(
             "feature_table", torch.tensor([tables.index(owner[f]) for f in feature_order])
         )
-        dtypes = {name: ty for name, _, _, ty, _ in tbe.embedding_specs}
-        self.row_bytes = [row_bytes(by_name[n].dim, dtypes[n].name.lower()) for n in tables]
+        self.row_bytes = [row_bytes(by_name[n].dim, dtypes[n]) for n in tables]
         self.tbe_stride = [
-            rounded_row_size_in_bytes(by_name[n].dim, dtypes[n], tbe.row_alignment) for n in tables
+            rounded_row_size_in_bytes(by_name[n].dim, _SPARSE_TYPES[dtypes[n]], tbe.row_alignment)
+            for n in tables
         ]
-        self.sb_first = [dtypes[n].name.lower() in ("int8", "int4") for n in tables]
+        self.sb_first = [dtypes[n] in ("int8", "int4") for n in tables]
+
+    def keyed(
+        self, lengths: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each id's store key, table << 40 | row; the TBE's feature-major offsets)."""
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        feature_ends = offsets[lengths.shape[0] :: lengths.shape[0]].contiguous()
+        feature = torch.bucketize(torch.arange(indices.shape[0]), feature_ends, right=True)
+        return (self.feature_table[feature] << self.table_shift) | indices, offsets
 
     def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The batch's distinct store keys (table << 40 | row), sorted."""
-        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
-        indices, offsets = table_indices(lengths, values, self.rows, column_of)
-        return torch.unique(self._keyed(indices, offsets, lengths.shape[0]), sorted=True)
+        return torch.unique(self.keyed(lengths, values)[0], sorted=True)
 
-    def _keyed(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
-        feature_ends = offsets[batch::batch].contiguous()
-        feature = torch.bucketize(torch.arange(indices.shape[0]), feature_ends, right=True)
-        return (self.feature_table[feature] << self.table_shift) | indices
-
-    def pooled_with_rows(
-        self, lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
-    ) -> torch.Tensor:
-        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
-        indices, offsets = table_indices(lengths, values, self.rows, column_of)
-        keyed = self._keyed(indices, offsets, lengths.shape[0])
-        uniq, inverse = torch.unique(keyed, sorted=True, return_inverse=True)
+    def looked_up(
+        self,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        uniq: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the op's output over the batch's rows, offsets). `rows` holds the rows of `uniq`
+        (the batch's sorted distinct keys; None: this lookup's own) in that order."""
+        keyed, offsets = self.keyed(lengths, values)
+        if uniq is None:
+            uniq, inverse = torch.unique(keyed, sorted=True, return_inverse=True)
+        else:
+            inverse = torch.searchsorted(uniq, keyed)
         table_of = uniq >> self.table_shift
         counts = torch.bincount(table_of, minlength=self.num_tables)
         first = torch.cumsum(counts, 0) - counts  # each table's first key in uniq
@@ -97,8 +120,65 @@ class StoreLookup(TbeLookup):
         offsets_by_table = torch.tensor(starts, dtype=torch.int64)
         # The op takes one offset per feature (a table's features share its rows).
         weights_offsets = offsets_by_table.index_select(0, self.feature_table)
-        pooled = self.lookup_in(storage, weights_offsets, local, offsets)
+        return self.lookup_in(storage, weights_offsets, local, offsets), offsets
+
+    def pooled_with_rows(
+        self,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        uniq: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        pooled, offsets = self.looked_up(lengths, values, rows, uniq)
         return self.finish(pooled, offsets, lengths.shape[0])
+
+
+class StoreSequenceLookup(StoreLookup):
+    """din's candidate and history (TbeSequenceLookup) from a stored sequence table."""
+
+    def forward(  # type: ignore[override]
+        self,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        uniq: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        looked, offsets = self.looked_up(lengths, values, rows, uniq)
+        return candidate_and_history(looked, offsets, lengths.shape[0])
+
+
+class LocalSequenceLookup(nn.Module):
+    """din's candidate and history from an in-process sequence table, as StoreSequenceLookup
+    is called (the rows passed in are other tables')."""
+
+    def __init__(self, sequences: TbeSequenceLookup) -> None:
+        super().__init__()
+        self.sequences = sequences
+
+    def forward(
+        self,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        uniq: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.sequences(lengths, values)
+
+    def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64)
+
+
+def _feature_perm(keys: list[str], dims: list[int], order: list[str], flat: bool) -> list[int]:
+    """Where each of the head's features (flat: each column) is in the output of features
+    `keys` of `dims`."""
+    if not flat:
+        return [keys.index(f) for f in order]
+    start, at = {}, 0
+    for f, d in zip(keys, dims, strict=True):
+        start[f] = at
+        at += d
+    width = dict(zip(keys, dims, strict=True))
+    return [start[f] + i for f in order for i in range(width[f])]
 
 
 class SplitLookup(nn.Module):
@@ -110,26 +190,23 @@ class SplitLookup(nn.Module):
         self.local = local
         self.stored = stored
         self.flat = local.flat
-        # Where each of the head's features (flat: each column) is in cat(local, stored).
-        got = list(local.keys) + list(stored.keys)
-        if self.flat:
-            dims = dict(zip(local.keys, local.dims, strict=True))
-            dims.update(zip(stored.keys, stored.dims, strict=True))
-            start, at = {}, 0
-            for f in got:
-                start[f] = at
-                at += dims[f]
-            perm = [start[f] + i for f in order for i in range(dims[f])]
-        else:
-            perm = [got.index(f) for f in order]
+        keys, dims = list(local.keys) + list(stored.keys), list(local.dims) + list(stored.dims)
+        perm = _feature_perm(keys, dims, order, self.flat)
         self.register_buffer("perm", torch.tensor(perm, dtype=torch.int64))
 
     def forward(
-        self, lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
+        self,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        uniq: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        both = torch.cat([self.local(lengths, values),
-                          self.stored.pooled_with_rows(lengths, values, rows)], 1)  # fmt: skip
+        stored = self.stored.pooled_with_rows(lengths, values, rows, uniq)
+        both = torch.cat([self.local(lengths, values), stored], 1)
         return both.index_select(1, self.perm)
+
+    def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return self.stored.store_keys(lengths, values)
 
 
 class AllStoredLookup(nn.Module):
@@ -138,21 +215,63 @@ class AllStoredLookup(nn.Module):
     def __init__(self, stored: StoreLookup, order: list[str]) -> None:
         super().__init__()
         self.stored = stored
-        if stored.flat:
-            dims = dict(zip(stored.keys, stored.dims, strict=True))
-            start, at = {}, 0
-            for f in stored.keys:
-                start[f] = at
-                at += dims[f]
-            perm = [start[f] + i for f in order for i in range(dims[f])]
-        else:
-            perm = [list(stored.keys).index(f) for f in order]
+        perm = _feature_perm(list(stored.keys), list(stored.dims), order, stored.flat)
         self.register_buffer("perm", torch.tensor(perm, dtype=torch.int64))
 
     def forward(
-        self, lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
+        self,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        uniq: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.stored.pooled_with_rows(lengths, values, rows).index_select(1, self.perm)
+        pooled = self.stored.pooled_with_rows(lengths, values, rows, uniq)
+        return pooled.index_select(1, self.perm)
+
+    def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return self.stored.store_keys(lengths, values)
+
+
+class LocalLookup(nn.Module):
+    """SplitLookup when no pooled table is in the store (din with its sequence table stored)."""
+
+    def __init__(self, local: TbeLookup) -> None:
+        super().__init__()
+        self.local = local
+
+    def forward(
+        self,
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        uniq: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.local(lengths, values)
+
+    def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64)
+
+
+class TieredDinLookup(nn.Module):
+    """DinLookup with stored tables: the pooled lookup (Split, AllStored or Local) and the
+    sequence lookup (StoreSequenceLookup or LocalSequenceLookup) read one batch of rows, the
+    rows of the union of their keys."""
+
+    def __init__(self, pooled: nn.Module, sequences: nn.Module) -> None:
+        super().__init__()
+        self.pooled = pooled
+        self.sequences = sequences
+
+    def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        keys = [self.pooled.store_keys(lengths, values), self.sequences.store_keys(lengths, values)]
+        return torch.unique(torch.cat(keys), sorted=True)
+
+    def forward(
+        self, lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        uniq = self.store_keys(lengths, values)
+        candidate, items, owner = self.sequences(lengths, values, rows, uniq)
+        return self.pooled(lengths, values, rows, uniq), candidate, items, owner
 
 
 class TieredServedModule(ServedModule):
@@ -161,7 +280,7 @@ class TieredServedModule(ServedModule):
 
     @torch.jit.export
     def store_ids(self, sparse_lengths: torch.Tensor, sparse_values: torch.Tensor) -> torch.Tensor:
-        return self.lookup.stored.store_keys(sparse_lengths, sparse_values)
+        return self.lookup.store_keys(sparse_lengths, sparse_values)
 
     @torch.jit.export
     def forward_with_rows(
@@ -189,9 +308,11 @@ class TieredServedModule(ServedModule):
         )
 
 
-def split_tbes(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored: list[str]):
+def split_tbes(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored: list[str],
+               sequences: bool = False):  # fmt: skip
     """(local TBE over the in-process tables' features, stored TBE over the stored tables' with
-    one-row tables, local feature order, stored feature order)."""
+    one-row tables, local feature order, stored feature order); a TBE is None where it would
+    have no table (FBGEMM's TBE needs one). `sequences`: din's sequence tables, unpooled."""
     owner = cfg.feature_to_table()
     local_order = [f for f in order if owner[f] not in stored]
     stored_order = [f for f in order if owner[f] in stored]
@@ -201,10 +322,34 @@ def split_tbes(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored:
     one_row.tables = [t for t in one_row.tables if t.name in stored]
     for t in one_row.tables:
         t.rows = 1
-    # FBGEMM's TBE needs a table: with every table stored there is no local one (None).
-    local = make_tbe(local_cfg, dtypes, local_order) if local_cfg.tables else None
-    store = make_tbe(one_row, dtypes, stored_order)
+    local = make_tbe(local_cfg, dtypes, local_order, sequences) if local_order else None
+    store = make_tbe(one_row, dtypes, stored_order, sequences) if stored_order else None
     return local, store, local_order, stored_order
+
+
+def _pooled_lookup(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored: list[str]):
+    """(the pooled features' lookup with rows passed in, its local TBE or None)."""
+    local_tbe, store_tbe, local_order, stored_order = split_tbes(cfg, dtypes, order, stored)
+    if store_tbe is None:
+        return LocalLookup(TbeLookup(local_tbe, cfg, local_order)), local_tbe
+    store_lookup = StoreLookup(store_tbe, cfg, stored_order, stored, dtypes)
+    if local_tbe is None:
+        return AllStoredLookup(store_lookup, order), None
+    return SplitLookup(TbeLookup(local_tbe, cfg, local_order), store_lookup, order), local_tbe
+
+
+def _sequence_lookup(cfg: RecConfig, dtypes: dict[str, str], stored: list[str]):
+    """(din's candidate-and-history lookup with rows passed in, its local TBE or None)."""
+    order = [cfg.model.candidate, cfg.model.history]
+    local_tbe, store_tbe, local_order, _ = split_tbes(cfg, dtypes, order, stored, sequences=True)
+    if store_tbe is None:
+        return LocalSequenceLookup(TbeSequenceLookup(local_tbe, cfg, order)), local_tbe
+    if local_tbe is not None:  # candidate and history on two tables, one of them stored
+        raise NotImplementedError(
+            f"din's candidate and history tables go to the embedding store together or not at "
+            f"all ({', '.join(local_order)} would stay in the model)"
+        )
+    return StoreSequenceLookup(store_tbe, cfg, order, stored, dtypes), None
 
 
 def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str],
@@ -212,23 +357,29 @@ def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str
     """(TieredServedModule, local TBE) for `model`'s dense weights, the tables `stored` (in
     rec.contract.store.store_order) looked up from rows passed in; the local TBE's storage is
     allocated and zeroed, to be filled as rec.export.served.served_module's is (None when every
-    table is stored)."""
+    table is stored; din's local TBEs as one TbeGroup)."""
     from rec.export.dense import swap_dense
     from rec.export.load import dense_copy
-    from rec.export.served import make_head
+    from rec.export.served import DinHead, TbeGroup, make_head
     from rec.features import feature_spec
     from rec.model import ebc_features, ebc_path
 
-    if cfg.model.factory or cfg.model.arch == "din":
-        raise NotImplementedError("the embedding store serves rec's pooled architectures for now")
+    if cfg.model.factory:
+        raise NotImplementedError("the embedding store serves rec's own architectures for now")
     order = ebc_features(model.get_submodule(ebc_path(model)))
-    local_tbe, store_tbe, local_order, stored_order = split_tbes(cfg, dtypes, order, stored)
-    store_lookup = StoreLookup(store_tbe, cfg, stored_order, stored)
-    if local_tbe is None:
-        lookup: nn.Module = AllStoredLookup(store_lookup, order)
+    lookup, local_tbe = _pooled_lookup(cfg, dtypes, order, stored)
+    if cfg.model.arch == "din":
+        sequences, sequence_tbe = _sequence_lookup(cfg, dtypes, stored)
+        lookup = TieredDinLookup(lookup, sequences)
+        local = [tbe for tbe in (local_tbe, sequence_tbe) if tbe is not None]
+        local_tbe = TbeGroup(*local) if local else None
+        # Swapped first: DinHead pads a short history only for oneDNN (bf16) layers.
+        dense = swap_dense(dense_copy(model), cfg.export.batch_invariant, cfg.export.dense_dtype)
+        head: nn.Module = DinHead(dense)
     else:
-        lookup = SplitLookup(TbeLookup(local_tbe, cfg, local_order), store_lookup, order)
-    head = make_head(dense_copy(model), cfg)
+        if isinstance(lookup, LocalLookup):
+            raise ValueError("tiered_served_module: no pooled table is stored")
+        head = make_head(dense_copy(model), cfg)
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
     transform = feature_spec(cfg).dense_transform()
     module = TieredServedModule(transform, lookup, head, cfg.export.batch_invariant)

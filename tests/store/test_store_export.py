@@ -5,19 +5,24 @@ the rows the exported model holds, and never over an export that is there."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
 from rec.contract import store as contract
+from rec.serve.client import ScoreClient, synthetic_rows
+from rec.serve.cpp import start_cpp
 from rec.store.cluster import RedisCluster
 from rec.store.plan import table_cost
 from rec.store.writer import StoreSink, connect
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import run_rec
 
+EXAMPLES = Path(__file__).parents[2] / "examples"
 STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t0": 7}}
 
 
@@ -51,12 +56,26 @@ def model_rows(version_dir, manifest: dict, table: str) -> np.ndarray:
     return rows[:, :width]
 
 
+def _config(arch: str, stored: list[str]) -> dict:
+    dtypes = {"t0": "int4", "t1": "fp16"}
+    if arch != "din":
+        data = tiny_dict(table_dtypes=dtypes, store={**STORE, "tables": stored})
+        data["model"]["arch"] = arch
+        return data
+    data = yaml.safe_load((EXAMPLES / "din.yaml").read_text())
+    data["data"] = {"synthetic": {"train_samples": 2048, "eval_samples": 1024}}
+    data["export"] = {"table_dtypes": dtypes, "store": {**STORE, "tables": stored}}
+    return data
+
+
 # dlrm's pooling is [B, F, D], dcn_v2's flat; with t3 in the model, and every table stored.
+# din: its sequence table (candidate and history, unpooled) and one pooled table stored, the
+# other pooled tables in the model.
 @pytest.mark.parametrize("arch, stored", [("dlrm", ["t0", "t1", "t2"]),
-                                          ("dcn_v2", ["t0", "t1", "t2", "t3"])])  # fmt: skip
+                                          ("dcn_v2", ["t0", "t1", "t2", "t3"]),
+                                          ("din", ["item", "t1"])])  # fmt: skip
 def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, stored):
-    data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store={**STORE, "tables": stored})
-    data["model"]["arch"] = arch
+    data = _config(arch, stored)
     run = write_seeded_run(tmp_path / "run", data)
     out = run_rec("export", str(run), "--repo", str(tmp_path / "tiered"), "--store", cluster.url())
     assert "GB of Redis memory per copy" in out.stdout, out.stdout
@@ -67,8 +86,10 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, 
     section = tiered["store"]
     contract.check_section(section)
     assert set(section["tables"]) == set(stored)
-    assert section["tables"]["t0"]["partitions"] == 7 and section["tables"]["t0"]["dtype"] == "int4"
-    assert set(tiered["updates"]["tables"]) == {"t0", "t1", "t2", "t3"} - set(stored)
+    if "t0" in stored:
+        assert section["tables"]["t0"]["partitions"] == 7
+        assert section["tables"]["t0"]["dtype"] == "int4"
+    assert set(tiered["updates"]["tables"]) == {t["name"] for t in data["tables"]} - set(stored)
     client = connect(cluster.url())
     prefix = section["prefix"]
     for table, spec in section["tables"].items():
@@ -87,11 +108,22 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, 
     reader = StoreReader(section)
     scorer = TieredScorer(torch.jit.load(str(tiered_dir / "model.pt")), reader)
     in_process = torch.jit.load(str(plain_dir / "model.pt"))
+    features = tiered["features"]
     for batch in (1, 37, 256):
-        request = random_request(4, 5, batch, seed=batch)
+        request = random_request(len(features["dense"]), len(features["sparse"]), batch, batch)
         args = [torch.from_numpy(a) for a in request.values()]
         want, got = in_process(*args), scorer(*args)
         assert torch.equal(got, want), (batch, (got - want).abs().max())
+    # And so does rec-server, over its cache and its own cluster client.
+    rows = synthetic_rows(len(features["dense"]), len(features["sparse"]), batch=37, seed=3)
+    with torch.inference_mode():
+        want = in_process(*(torch.from_numpy(a) for a in (rows.dense, rows.lengths, rows.values)))
+    with start_cpp(tmp_path / "tiered", http_port=0, grpc_port=0, metrics_port=0) as server:
+        served = ScoreClient(server.endpoints.grpc, "grpc")
+        try:
+            assert np.array_equal(served.score(rows), want.numpy())
+        finally:
+            served.close()
 
     # Exporting over the served version (--force on version 1) must not touch its rows.
     before = client.hgetall(contract.partition_key(prefix, "t1", 0))
