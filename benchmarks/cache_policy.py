@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rec.store.reader import FrequencySketch
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
@@ -117,7 +119,82 @@ class SampledLFU:
         return False
 
 
-POLICIES = {"lru": LRU, "fifo": FIFO, "clock": Clock, "lfu": SampledLFU}
+class TinyLFU:
+    """W-TinyLFU (Einziger, Friedman, Manes 2017; Caffeine's policy): a 1 % LRU window in front
+    of a segmented LRU (20 % probation, 80 % protected). A key leaving the window enters the
+    main cache only if the sketch counts it more often than the main cache's victim."""
+
+    def __init__(self, capacity: int) -> None:
+        self.window_cap = max(1, capacity // 100)
+        self.main_cap = max(1, capacity - self.window_cap)
+        self.protected_cap = max(1, int(self.main_cap * 0.8))
+        self.window: OrderedDict = OrderedDict()
+        self.probation: OrderedDict = OrderedDict()
+        self.protected: OrderedDict = OrderedDict()
+        self.sketch = FrequencySketch(capacity)
+
+    def access(self, key: int) -> bool:
+        self.sketch.add(key)
+        if key in self.window:
+            self.window.move_to_end(key)
+            return True
+        if key in self.protected:
+            self.protected.move_to_end(key)
+            return True
+        if key in self.probation:
+            del self.probation[key]
+            self.protected[key] = None
+            if len(self.protected) > self.protected_cap:
+                demoted, _ = self.protected.popitem(last=False)
+                self.probation[demoted] = None
+            return True
+        self.window[key] = None
+        if len(self.window) > self.window_cap:
+            candidate, _ = self.window.popitem(last=False)
+            if len(self.probation) + len(self.protected) < self.main_cap:
+                self.probation[candidate] = None
+            else:
+                victims = self.probation or self.protected
+                victim = next(iter(victims))
+                if self.sketch.count(candidate) > self.sketch.count(victim):
+                    del victims[victim]
+                    self.probation[candidate] = None
+        return False
+
+
+class ClockAdmit(Clock):
+    """CLOCK with TinyLFU's admission and no window: a missed key replaces CLOCK's victim only
+    if the sketch counts it more often. A hit still only sets a bit (a shared lock in
+    rec-server); the sketch's counters would be relaxed atomics."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.sketch = FrequencySketch(capacity)
+
+    def access(self, key: int) -> bool:
+        self.sketch.add(key)
+        if key in self.ref:
+            self.ref[key] = True
+            return True
+        if len(self.q) < self.cap:
+            self.ref[key] = False
+            self.q.append(key)
+            return False
+        while self.ref[self.q[0]]:  # the hand: second chances
+            old = self.q.popleft()
+            self.ref[old] = False
+            self.q.append(old)
+        victim = self.q[0]
+        if self.sketch.count(key) > self.sketch.count(victim):
+            self.q.popleft()
+            del self.ref[victim]
+            self.ref[key] = False
+            self.q.append(key)
+        return False
+
+
+POLICIES = {"lru": LRU, "fifo": FIFO, "clock": Clock, "lfu": SampledLFU, "tinylfu": TinyLFU,
+            "clock_admit": ClockAdmit}  # fmt: skip
 
 
 def tables(config: Path | None) -> list[tuple[int, int]]:

@@ -67,25 +67,31 @@ TEST(StoreSpec, KeySlotsAreRedisClusters) {
 }
 
 TEST(RowCache, TheBoundHoldsUnderAnyIds) {
-  const int64_t capacity = 64 * (68 + RowCache::kEntryOverhead);
+  const int64_t entry = 68 + RowCache::kEntryOverhead;
+  const int64_t capacity = 64 * entry;
   RowCache cache(capacity);
+  constexpr auto kAlways = RowCache::Admit::kAlways;
   const std::string row(68, 'r');
+  // What the sketch takes leaves room for this many rows.
+  const int64_t fits = (capacity - cache.bytes()) / entry;
+  ASSERT_GT(fits, 48);
   // Every id new (a scan), then the same few again and again, then huge and negative ids.
-  for (int64_t id = 0; id < 100000; ++id) cache.Put(id * 7919, row);
+  for (int64_t id = 0; id < 100000; ++id) cache.Put(id * 7919, row, kAlways);
   EXPECT_LE(cache.bytes(), capacity);
-  EXPECT_EQ(cache.entries(), 64);
-  for (int64_t id : {int64_t{-1}, INT64_MAX, INT64_MIN}) cache.Put(id, row);
+  EXPECT_EQ(cache.entries(), fits);
+  for (int64_t id : {int64_t{-1}, INT64_MAX, INT64_MIN}) cache.Put(id, row, kAlways);
   EXPECT_LE(cache.bytes(), capacity);
   std::string out;
   EXPECT_TRUE(cache.Get(INT64_MIN, &out));
   EXPECT_EQ(out, row);
   // Second chance: a row read since the hand last passed survives the next inserts, the unread
   // ones go first.
-  EXPECT_TRUE(cache.Get(99939 * 7919, &out));  // the oldest of the 64 left
-  cache.Put(-2, row);
-  cache.Put(-4, row);
-  EXPECT_TRUE(cache.Get(99939 * 7919, &out));
-  EXPECT_FALSE(cache.Get(99940 * 7919, &out));  // unread, the next oldest: evicted
+  const int64_t oldest = (100000 - fits + 3) * 7919, next = oldest + 7919;
+  EXPECT_TRUE(cache.Get(oldest, &out));
+  cache.Put(-2, row, kAlways);
+  cache.Put(-4, row, kAlways);
+  EXPECT_TRUE(cache.Get(oldest, &out));
+  EXPECT_FALSE(cache.Get(next, &out));  // unread, the next oldest: evicted
   // A newer copy of a row replaces it in place, with its new size counted.
   cache.Put(-2, std::string(100, 'n'));
   EXPECT_LE(cache.bytes(), capacity);
@@ -94,7 +100,7 @@ TEST(RowCache, TheBoundHoldsUnderAnyIds) {
   EXPECT_EQ(out, std::string(100, 'n'));
   // A row larger than the whole cache is not kept, and evicts nothing.
   const int64_t entries = cache.entries();
-  cache.Put(-3, std::string(capacity, 'x'));
+  cache.Put(-3, std::string(capacity, 'x'), kAlways);
   EXPECT_FALSE(cache.Get(-3, &out));
   EXPECT_EQ(cache.entries(), entries);
   cache.Erase(-2);
@@ -103,10 +109,48 @@ TEST(RowCache, TheBoundHoldsUnderAnyIds) {
   // hand to move, keeps the bound and the count.
   for (int i = 0; i < 100000; ++i) {
     cache.Erase(i % 8);
-    cache.Put(i % 8, row);
+    cache.Put(i % 8, row, kAlways);
   }
   EXPECT_LE(cache.bytes(), capacity);
-  EXPECT_LE(cache.entries(), 64);
+  EXPECT_LE(cache.entries(), fits);
+}
+
+// TinyLFU's admission: rows asked for once (most of a Zipf tail) do not push out the rows asked
+// for again and again; plain CLOCK (every row admitted) loses them; the update log's rows are
+// always kept.
+TEST(RowCache, RowsSeenOnceDoNotPushOutFrequentOnes) {
+  const int64_t entry = 68 + RowCache::kEntryOverhead;
+  const std::string row(68, 'r');
+  auto hot_rows_kept = [&](RowCache::Admit admit) {
+    RowCache cache(64 * entry);
+    std::string out;
+    int64_t next = 1000;
+    for (int round = 0; round < 20; ++round) {  // what EmbeddingStore::Fetch does: Get, Put
+      for (int64_t key = 0; key < 40; ++key) {
+        if (!cache.Get(key, &out)) cache.Put(key, row, admit);
+      }
+      for (int i = 0; i < 200; ++i, ++next) {
+        if (!cache.Get(next, &out)) cache.Put(next, row, admit);
+      }
+    }
+    EXPECT_LE(cache.bytes(), 64 * entry);
+    int kept = 0;
+    for (int64_t key = 0; key < 40; ++key) kept += cache.Get(key, &out);
+    return kept;
+  };
+  EXPECT_GE(hot_rows_kept(RowCache::Admit::kIfFrequent), 30);
+  EXPECT_LE(hot_rows_kept(RowCache::Admit::kAlways), 10) << "plain CLOCK";
+
+  RowCache cache(64 * entry);
+  std::string out;
+  for (int64_t key = 0; key < 64; ++key) cache.Put(key, row, RowCache::Admit::kAlways);
+  cache.Put(-7, row);  // never asked for, the cache full: not kept
+  EXPECT_FALSE(cache.Get(-7, &out));
+  for (int i = 0; i < 3; ++i) cache.Get(-7, &out);  // asked for more often than the victim
+  cache.Put(-7, row);
+  EXPECT_TRUE(cache.Get(-7, &out));
+  cache.Put(-9, row, RowCache::Admit::kAlways);  // the update log's: kept, never asked for
+  EXPECT_TRUE(cache.Get(-9, &out));
 }
 
 }  // namespace

@@ -29,30 +29,79 @@ ENTRY_OVERHEAD = 128
 """What an entry costs beyond its row, as rec-server's RowCache counts it (cpp/src/store)."""
 
 
+MIN_ROW_BYTES = 16
+"""The sketch has a counter per row the cache could hold at this row size (as rec-server's)."""
+_SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5)
+_U64 = (1 << 64) - 1
+_HALVED = bytes(c >> 1 for c in range(256))
+
+
+class FrequencySketch:
+    """TinyLFU's count-min sketch, as rec-server's (cpp/src/store/row_cache.h): 4 rows of
+    counters that stop at 15, every count halved after 10 x `entries` additions."""
+
+    def __init__(self, entries: int) -> None:
+        width = 16
+        while width < max(entries, 1):
+            width <<= 1
+        self.mask = width - 1
+        self.rows = [bytearray(width) for _ in _SEEDS]
+        self.added, self.sample = 0, 10 * max(entries, 1)
+
+    @property
+    def bytes(self) -> int:
+        return len(self.rows) * (self.mask + 1)
+
+    def _slots(self, key: int) -> list[int]:
+        return [((((key & _U64) * s) & _U64) >> 29) & self.mask for s in _SEEDS]
+
+    def count(self, key: int) -> int:
+        return min(row[i] for row, i in zip(self.rows, self._slots(key), strict=True))
+
+    def add(self, key: int) -> None:
+        for row, i in zip(self.rows, self._slots(key), strict=True):
+            if row[i] < 15:
+                row[i] += 1
+        self.added += 1
+        if self.added >= self.sample:
+            self.rows = [bytearray(row.translate(_HALVED)) for row in self.rows]
+            self.added = 0
+
+
 class RowCache:
-    """Rows by key, bounded in bytes (row + ENTRY_OVERHEAD each), evicted by CLOCK as
-    rec-server's cache is (docs/store.md says why). Not thread-safe: its reader's lock guards it."""
+    """Rows by key, bounded in bytes (row + ENTRY_OVERHEAD each, and the sketch), evicted by
+    CLOCK with TinyLFU's admission as rec-server's cache is (docs/store.md says why). Not
+    thread-safe: its reader's lock guards it."""
 
     def __init__(self, capacity_bytes: int) -> None:
-        self.capacity, self.bytes = capacity_bytes, 0
+        self.capacity = capacity_bytes
+        self.sketch = FrequencySketch(capacity_bytes // (ENTRY_OVERHEAD + MIN_ROW_BYTES))
+        self.bytes = self.sketch.bytes
         self.rows: dict[int, bytes] = {}
         self.used: dict[int, bool] = {}
         self.ring: deque[int] = deque()
 
     def get(self, key: int) -> bytes | None:
+        self.sketch.add(key)
         row = self.rows.get(key)
         if row is not None:
             self.used[key] = True
         return row
 
-    def put(self, key: int, row: bytes) -> None:
+    def put(self, key: int, row: bytes, always: bool = False) -> None:
+        """Keeps `row` for `key`. A new row that needs room is kept only if asked for more
+        often than the row it would evict, unless `always` (the update log's rows)."""
         cost = len(row) + ENTRY_OVERHEAD
-        if cost > self.capacity:
+        if cost > self.capacity - self.sketch.bytes:
             return
         old = self.rows.get(key)
         if old is not None:  # a newer copy: same place on the ring
             self.bytes += len(row) - len(old)
         else:
+            if not always and self.bytes + cost > self.capacity:
+                victim = self._victim()
+                if victim is not None and self.sketch.count(key) <= self.sketch.count(victim):
+                    return
             self.ring.append(key)
             self.used[key] = False
             self.bytes += cost
@@ -65,6 +114,14 @@ class RowCache:
                 continue
             self.bytes -= len(self.rows.pop(victim)) + ENTRY_OVERHEAD
             del self.used[victim]
+
+    def _victim(self) -> int | None:
+        """The row the hand evicts next, second chances given on the way."""
+        while self.ring and self.used[self.ring[0]]:
+            key = self.ring.popleft()
+            self.used[key] = False
+            self.ring.append(key)
+        return self.ring[0] if self.ring else None
 
 
 @dataclass
@@ -101,7 +158,8 @@ class StoreReader:
         width = self.tables[t]["row_bytes"]
         with self.lock:
             for i, row in enumerate(ids):
-                self.cache.put(t << TABLE_SHIFT | int(row), rows[i * width : (i + 1) * width])
+                key = t << TABLE_SHIFT | int(row)
+                self.cache.put(key, rows[i * width : (i + 1) * width], always=True)
             self.stats.refreshed_rows += len(ids)
 
     def rows(self, keys: torch.Tensor) -> torch.Tensor:

@@ -112,7 +112,9 @@ void EmbeddingStore::Refresh(int64_t table, const std::vector<int64_t>& ids,
                              const std::string& rows) {
   const size_t width = static_cast<size_t>(spec_.tables[table].row_bytes);
   for (size_t i = 0; i < ids.size(); ++i) {
-    cache_.Put(table << kTableShift | ids[i], rows.substr(i * width, width));
+    // Always kept: the store may still hold the older row (until `rec store follow` writes it).
+    cache_.Put(table << kTableShift | ids[i], rows.substr(i * width, width),
+               RowCache::Admit::kAlways);
   }
   stats_->refreshed_rows.fetch_add(ids.size());
   stats_->cache_bytes.store(cache_.bytes());

@@ -1,11 +1,69 @@
 #include "store/row_cache.h"
 
+#include <algorithm>
 #include <mutex>
 
 namespace rec {
+namespace {
+
+constexpr uint64_t kSeeds[] = {0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
+                               0x27D4EB2F165667C5ull};
+constexpr int64_t kMinRowBytes = 16;
+
+uint64_t PowerOfTwoAtLeast(uint64_t n) {
+  uint64_t p = 16;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+FrequencySketch::FrequencySketch(int64_t entries)
+    : mask_(PowerOfTwoAtLeast(static_cast<uint64_t>(std::max<int64_t>(entries, 1))) - 1),
+      sample_(10 * static_cast<uint64_t>(std::max<int64_t>(entries, 1))),
+      counts_(new std::atomic<uint8_t>[kDepth * (mask_ + 1)]) {
+  for (uint64_t i = 0; i < kDepth * (mask_ + 1); ++i)
+    counts_[i].store(0, std::memory_order_relaxed);
+}
+
+size_t FrequencySketch::Slot(int64_t key, int row) const {
+  const uint64_t h = static_cast<uint64_t>(key) * kSeeds[row];
+  return static_cast<size_t>(row) * (mask_ + 1) + ((h >> 29) & mask_);
+}
+
+void FrequencySketch::Add(int64_t key) {
+  for (int r = 0; r < kDepth; ++r) {
+    std::atomic<uint8_t>& c = counts_[Slot(key, r)];
+    const uint8_t v = c.load(std::memory_order_relaxed);
+    if (v < 15) c.store(v + 1, std::memory_order_relaxed);
+  }
+  if (added_.fetch_add(1, std::memory_order_relaxed) + 1 == sample_) {
+    // The one add that reaches the sample ages every count; adds meanwhile may be halved or not.
+    for (uint64_t i = 0; i < kDepth * (mask_ + 1); ++i) {
+      counts_[i].store(counts_[i].load(std::memory_order_relaxed) >> 1, std::memory_order_relaxed);
+    }
+    added_.fetch_sub(sample_, std::memory_order_relaxed);
+  }
+}
+
+int FrequencySketch::Count(int64_t key) const {
+  int least = 15;
+  for (int r = 0; r < kDepth; ++r) {
+    least = std::min<int>(least, counts_[Slot(key, r)].load(std::memory_order_relaxed));
+  }
+  return least;
+}
+
+// The sketch has a counter per row the cache could hold at the smallest row, and counts against
+// the bound too.
+RowCache::RowCache(int64_t capacity_bytes)
+    : capacity_(capacity_bytes), sketch_(capacity_bytes / (kEntryOverhead + kMinRowBytes)) {
+  bytes_ = sketch_.bytes();
+}
 
 bool RowCache::Get(int64_t key, std::string* out) {
   std::shared_lock<std::shared_mutex> lock(mu_);
+  sketch_.Add(key);
   auto it = slots_.find(key);
   if (it == slots_.end()) return false;
   it->second.used.store(true, std::memory_order_relaxed);
@@ -13,15 +71,20 @@ bool RowCache::Get(int64_t key, std::string* out) {
   return true;
 }
 
-void RowCache::Put(int64_t key, const std::string& row) {
+void RowCache::Put(int64_t key, const std::string& row, Admit admit) {
   const int64_t cost = static_cast<int64_t>(row.size()) + kEntryOverhead;
-  if (cost > capacity_) return;
+  if (cost > capacity_ - sketch_.bytes()) return;
   std::unique_lock<std::shared_mutex> lock(mu_);
   auto it = slots_.find(key);
   if (it != slots_.end()) {  // a newer copy (the update log): same place on the ring
     bytes_ += static_cast<int64_t>(row.size()) - static_cast<int64_t>(it->second.row.size());
     it->second.row = row;
   } else {
+    int64_t victim = 0;
+    if (admit == Admit::kIfFrequent && bytes_ + cost > capacity_ && VictimLocked(&victim) &&
+        sketch_.Count(key) <= sketch_.Count(victim)) {
+      return;  // asked for no more often than what it would push out: not kept
+    }
     Slot& slot = slots_[key];
     slot.row = row;
     slot.stamp = ++next_stamp_;
@@ -50,6 +113,25 @@ void RowCache::EraseLocked(std::unordered_map<int64_t, Slot>::iterator it) {
     if (s != slots_.end() && s->second.stamp == stamp) live.emplace_back(key, stamp);
   }
   ring_.swap(live);
+}
+
+bool RowCache::VictimLocked(int64_t* key) {
+  while (!ring_.empty()) {
+    auto [k, stamp] = ring_.front();
+    auto it = slots_.find(k);
+    if (it == slots_.end() || it->second.stamp != stamp) {  // a leftover
+      ring_.pop_front();
+      continue;
+    }
+    if (it->second.used.exchange(false, std::memory_order_relaxed)) {
+      ring_.pop_front();
+      ring_.emplace_back(k, stamp);  // read since the last pass: one more round
+      continue;
+    }
+    *key = k;
+    return true;
+  }
+  return false;
 }
 
 void RowCache::EvictLocked() {

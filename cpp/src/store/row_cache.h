@@ -1,21 +1,44 @@
 // RowCache: the embedding store's rows kept in this process, bounded in bytes, evicted by CLOCK
-// (second chance): a row read since the hand last passed it gets another round. CLOCK was chosen
-// by measurement (benchmarks/cache_policy.py): its hit rate is at or above LRU's on every Zipf
-// trace tried, stationary or drifting, default model and Kaggle size. And a hit only sets the
-// row's bit, so reads share the lock instead of reordering a list under an exclusive one.
-// Everything an entry costs (its row, its key, the queue and map nodes) counts against the bound,
-// so the cache holds under any ids a client sends.
+// (second chance) with TinyLFU's admission. A row read since the hand last passed it gets another
+// round; a missed row replaces the hand's victim only if a frequency sketch has seen it more often
+// than the victim. Both were chosen by measurement (benchmarks/cache_policy.py): CLOCK's hit rate
+// is at or above LRU's on every Zipf trace tried, and the admission keeps the rows seen once (most
+// of a Zipf tail) from pushing out the ones read again, which adds several points on every trace
+// (docs/store.md). A hit only sets the row's bit and counts it in the sketch (relaxed atomics), so
+// reads share the lock instead of reordering a list under an exclusive one. Everything the cache
+// costs (its rows, its keys, the queue and map nodes, the sketch) counts against the bound, so it
+// holds under any ids a client sends.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 namespace rec {
+
+// TinyLFU's count-min sketch of how often keys were asked for, recently: 4 rows of counters that
+// stop at 15, every count halved after 10 x `entries` additions (the aging a plain LFU lacks).
+// Concurrent adds may lose an increment; the counts are estimates anyway.
+class FrequencySketch {
+ public:
+  explicit FrequencySketch(int64_t entries);
+  void Add(int64_t key);
+  int Count(int64_t key) const;
+  int64_t bytes() const { return kDepth * (mask_ + 1); }
+
+ private:
+  static constexpr int kDepth = 4;
+  size_t Slot(int64_t key, int row) const;
+  uint64_t mask_;
+  uint64_t sample_;
+  std::unique_ptr<std::atomic<uint8_t>[]> counts_;
+  std::atomic<uint64_t> added_{0};
+};
 
 class RowCache {
  public:
@@ -24,13 +47,19 @@ class RowCache {
   // on the high side, so the bound holds).
   static constexpr int64_t kEntryOverhead = 128;
 
-  explicit RowCache(int64_t capacity_bytes) : capacity_(capacity_bytes) {}
+  // Whether Put keeps a new row that needs room: only if asked for more often than the row it
+  // would evict (a row fetched from the store), or always (a fresher row than the store's, from
+  // the update log, which must not be read back older from the store).
+  enum class Admit { kIfFrequent, kAlways };
 
-  // Appends the row of `key` to *out and returns true, or returns false.
+  explicit RowCache(int64_t capacity_bytes);
+
+  // Counts the ask in the frequency sketch; appends the row of `key` to *out and returns true,
+  // or returns false.
   bool Get(int64_t key, std::string* out);
-  // Keeps `row` for `key` (replacing an older copy), evicting rows until the bound holds; a row
-  // larger than the whole cache is not kept.
-  void Put(int64_t key, const std::string& row);
+  // Keeps `row` for `key` (replacing an older copy in place), evicting rows until the bound
+  // holds, unless `admit` turns a new row away; a row larger than the whole cache is not kept.
+  void Put(int64_t key, const std::string& row, Admit admit = Admit::kIfFrequent);
   // Drops `key`.
   void Erase(int64_t key);
 
@@ -46,8 +75,11 @@ class RowCache {
   };
   void EraseLocked(std::unordered_map<int64_t, Slot>::iterator it);
   void EvictLocked();
+  // The row the hand evicts next (second chances given on the way); false if none is left.
+  bool VictimLocked(int64_t* key);
 
   const int64_t capacity_;
+  FrequencySketch sketch_;
   mutable std::shared_mutex mu_;
   // The clock's ring, oldest first: (key, stamp). An entry whose stamp is not its slot's is a
   // leftover of an erased or replaced row, skipped when the hand reaches it.
