@@ -38,7 +38,8 @@ _HALVED = bytes(c >> 1 for c in range(256))
 
 class FrequencySketch:
     """TinyLFU's count-min sketch, as rec-server's (cpp/src/store/row_cache.h): 4 rows of
-    counters that stop at 15, every count halved after 10 x `entries` additions."""
+    counters that stop at 15, every count halved after `entries` additions (not Caffeine's
+    10 x: see row_cache.h)."""
 
     def __init__(self, entries: int) -> None:
         width = 16
@@ -46,7 +47,7 @@ class FrequencySketch:
             width <<= 1
         self.mask = width - 1
         self.rows = [bytearray(width) for _ in _SEEDS]
-        self.added, self.sample = 0, 10 * max(entries, 1)
+        self.added, self.sample = 0, max(entries, 1)
 
     @property
     def bytes(self) -> int:

@@ -20,7 +20,7 @@ uint64_t PowerOfTwoAtLeast(uint64_t n) {
 
 FrequencySketch::FrequencySketch(int64_t entries)
     : mask_(PowerOfTwoAtLeast(static_cast<uint64_t>(std::max<int64_t>(entries, 1))) - 1),
-      sample_(10 * static_cast<uint64_t>(std::max<int64_t>(entries, 1))),
+      sample_(static_cast<uint64_t>(std::max<int64_t>(entries, 1))),
       counts_(new std::atomic<uint8_t>[kDepth * (mask_ + 1)]) {
   for (uint64_t i = 0; i < kDepth * (mask_ + 1); ++i)
     counts_[i].store(0, std::memory_order_relaxed);
