@@ -147,27 +147,6 @@ class StoreSequenceLookup(StoreLookup):
         return candidate_and_history(looked, offsets, lengths.shape[0])
 
 
-class LocalSequenceLookup(nn.Module):
-    """din's candidate and history from an in-process sequence table, as StoreSequenceLookup
-    is called (the rows passed in are other tables')."""
-
-    def __init__(self, sequences: TbeSequenceLookup) -> None:
-        super().__init__()
-        self.sequences = sequences
-
-    def forward(
-        self,
-        lengths: torch.Tensor,
-        values: torch.Tensor,
-        rows: torch.Tensor,
-        uniq: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.sequences(lengths, values)
-
-    def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.int64)
-
-
 def _feature_perm(keys: list[str], dims: list[int], order: list[str], flat: bool) -> list[int]:
     """Where each of the head's features (flat: each column) is in the output of features
     `keys` of `dims`."""
@@ -232,29 +211,32 @@ class AllStoredLookup(nn.Module):
         return self.stored.store_keys(lengths, values)
 
 
-class LocalLookup(nn.Module):
-    """SplitLookup when no pooled table is in the store (din with its sequence table stored)."""
+class InProcessLookup(nn.Module):
+    """An in-process lookup (a TbeLookup, or din's TbeSequenceLookup) called as the stored ones
+    are: in din, when its pooled tables, or its sequence table, are all in the model."""
 
-    def __init__(self, local: TbeLookup) -> None:
+    def __init__(self, inner: nn.Module) -> None:
         super().__init__()
-        self.local = local
+        self.inner = inner
 
+    # No return annotation: TorchScript infers each instance's (pooled, or the candidate and
+    # history), so one class serves both.
     def forward(
         self,
         lengths: torch.Tensor,
         values: torch.Tensor,
         rows: torch.Tensor,
         uniq: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.local(lengths, values)
+    ):
+        return self.inner(lengths, values)
 
     def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64)
 
 
 class TieredDinLookup(nn.Module):
-    """DinLookup with stored tables: the pooled lookup (Split, AllStored or Local) and the
-    sequence lookup (StoreSequenceLookup or LocalSequenceLookup) read one batch of rows, the
+    """DinLookup with stored tables: the pooled lookup (Split, AllStored or InProcess) and the
+    sequence lookup (StoreSequenceLookup or InProcessLookup) read one batch of rows, the
     rows of the union of their keys."""
 
     def __init__(self, pooled: nn.Module, sequences: nn.Module) -> None:
@@ -331,7 +313,7 @@ def _pooled_lookup(cfg: RecConfig, dtypes: dict[str, str], order: list[str], sto
     """(the pooled features' lookup with rows passed in, its local TBE or None)."""
     local_tbe, store_tbe, local_order, stored_order = split_tbes(cfg, dtypes, order, stored)
     if store_tbe is None:
-        return LocalLookup(TbeLookup(local_tbe, cfg, local_order)), local_tbe
+        return InProcessLookup(TbeLookup(local_tbe, cfg, local_order)), local_tbe
     store_lookup = StoreLookup(store_tbe, cfg, stored_order, stored, dtypes)
     if local_tbe is None:
         return AllStoredLookup(store_lookup, order), None
@@ -343,7 +325,7 @@ def _sequence_lookup(cfg: RecConfig, dtypes: dict[str, str], stored: list[str]):
     order = [cfg.model.candidate, cfg.model.history]
     local_tbe, store_tbe, local_order, _ = split_tbes(cfg, dtypes, order, stored, sequences=True)
     if store_tbe is None:
-        return LocalSequenceLookup(TbeSequenceLookup(local_tbe, cfg, order)), local_tbe
+        return InProcessLookup(TbeSequenceLookup(local_tbe, cfg, order)), local_tbe
     if local_tbe is not None:  # candidate and history on two tables, one of them stored
         raise NotImplementedError(
             f"din's candidate and history tables go to the embedding store together or not at "
@@ -377,7 +359,7 @@ def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str
         dense = swap_dense(dense_copy(model), cfg.export.batch_invariant, cfg.export.dense_dtype)
         head: nn.Module = DinHead(dense)
     else:
-        if isinstance(lookup, LocalLookup):
+        if isinstance(lookup, InProcessLookup):
             raise ValueError("tiered_served_module: no pooled table is stored")
         head = make_head(dense_copy(model), cfg)
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
