@@ -58,7 +58,7 @@ int FrequencySketch::Count(int64_t key) const {
 // the bound too.
 RowCache::RowCache(int64_t capacity_bytes)
     : capacity_(capacity_bytes), sketch_(capacity_bytes / (kEntryOverhead + kMinRowBytes)) {
-  bytes_ = sketch_.bytes();
+  bytes_ = capacity_bytes > 0 ? sketch_.bytes() : 0;  // no cache (0): nothing held
 }
 
 bool RowCache::Get(int64_t key, std::string* out) {
