@@ -10,6 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 log() { printf '\033[1m[test]\033[0m %s\n' "$*"; }
+# pytest-xdist workers of both suites (REC_TEST_WORKERS=0: one process, as plain pytest).
+export REC_TEST_WORKERS=${REC_TEST_WORKERS:-2}
 
 $BIN/ruff check .
 $BIN/ruff format --check .
@@ -22,7 +24,13 @@ builder=$!
 trap 'kill -- "-$builder" 2> /dev/null || true' EXIT
 
 # test_fuzz.py runs once, in the sanitized stage, where its targets are built.
-$BIN/python -m pytest -q -ra --durations=30 --ignore=tests/reliability/test_fuzz.py "$@"
+# Two workers (pytest-xdist), a test file each at a time, so that a module's shared run or server
+# stays in one process. One suite alone keeps about half of the 2 cores busy: 22.9 min of wall
+# for 25 min of CPU, serially, against 14.2 min on two workers (Intel Xeon, AVX-512). Every
+# port, network namespace and temporary path a test takes is its own (port 0, named after the
+# process, tmp_path), so the workers do not collide.
+$BIN/python -m pytest -q -ra --durations=30 -n "$REC_TEST_WORKERS" --dist loadfile \
+  --ignore=tests/reliability/test_fuzz.py "$@"
 
 log "waiting for the sanitized builds"
 wait "$builder" || { tail -60 build/sanitized-build.log; echo "sanitized build failed" >&2; exit 1; }

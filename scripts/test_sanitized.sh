@@ -38,6 +38,7 @@ log "integration suites against $REC_SERVER"
 # for what they send (ids, and strings it hashes itself) stay covered under the sanitizers by
 # test_criteo_day_file_with_raw_counts_and_hex_ids and tests/serve_cpp/test_sparse_strings.py.
 "$VENV/bin/python" -m pytest -q -ra --durations=20 -p no:cacheprovider \
+  -n "${REC_TEST_WORKERS:-2}" --dist loadfile \
   tests/serve_cpp tests/reliability tests/serve_cli \
   tests/serve_triton/test_triton.py::test_cpp_and_triton_agree \
   --deselect tests/serve_cli/test_raw_rows.py::test_csv_with_string_categories_end_to_end \

@@ -58,14 +58,19 @@ def _sanitizer_reports() -> set[Path]:
 _report_origin: dict[Path, str] = {}
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    yield
-    for report in _sanitizer_reports() - _report_origin.keys():
-        _report_origin[report] = item.nodeid
+# Called in the process that reports (pytest-xdist's controller, or pytest alone) as each test's
+# teardown ends. Under xdist the other worker's test may be the one that made a report: the name
+# says where to look, and the report's own stack says what.
+def pytest_runtest_logreport(report):
+    if report.when != "teardown":
+        return
+    for found in _sanitizer_reports() - _report_origin.keys():
+        _report_origin[found] = report.nodeid
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller judges
+        return
     reports = sorted(_sanitizer_reports())
     if not reports:
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 import tempfile
@@ -65,6 +66,7 @@ def prepare_run_dir(cfg: RecConfig | None, run: Path, resume: bool) -> RecConfig
 def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
            publish: str | None = None) -> None:  # fmt: skip
     """Runs `python -m rec.train.worker` on `nproc` local ranks and waits for them."""
+    log_dir = tempfile.mkdtemp(prefix="rec-train-")
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -76,7 +78,8 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
         monitor_interval=0.5,
         # A log dir (not /dev/null) gives each rank an error file, so a failure reports the
         # rank's exception rather than "exitcode 1". Output still goes to the terminal.
-        logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="rec-train-")),
+        # Removed when the launch ends: the failure (read below) is all that is needed of it.
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     args = ["-m", "rec.train.worker", "--run-dir", str(run)]
     if resume:
@@ -93,6 +96,8 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
         if not message or failure.error_file_data == {}:
             message = f"exit code {failure.exitcode} (see the rank's output above)"
         raise TrainingFailedError(f"rank {rank} failed: {message}") from None
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def completed_checkpoint(run: Path, cfg: RecConfig) -> Path | None:
