@@ -70,7 +70,11 @@ def serve_forever(cfg: ServeConfig) -> int:
         server = start_server(cfg)
         try:
             ep = server.endpoints
-            print(f"rec serve: {cfg.backend} ready {ep.describe()}", flush=True)
+            if server.not_ready:  # up, its model retried (rec-server says so in its log)
+                print(f"rec serve: {cfg.backend} up {ep.describe()}, model NOT READY: "
+                      f"{server.not_ready}", flush=True)  # fmt: skip
+            else:
+                print(f"rec serve: {cfg.backend} ready {ep.describe()}", flush=True)
             print(f"  try: rec predict --url {ep.http} --synthetic 4", flush=True)
             while not stop.wait(0.5):
                 if not server.alive():

@@ -79,6 +79,9 @@ class ServerProcess:
     endpoints: Endpoints | None = None
     killed: bool = False
     """stop() had to SIGKILL it: it did not exit within its timeout of SIGTERM."""
+    not_ready: str | None = None
+    """Why its model is not ready yet, while a load the server retries has not succeeded (a
+    Triton whose embedding store was unreachable); None when ready."""
     _on_stop: list[Callable[[], None]] = field(default_factory=list)
     _reader: threading.Thread | None = None
 

@@ -20,6 +20,7 @@ Three things make this tritonserver run from a plain venv (DESIGN.md, "software 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -27,13 +28,16 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import threading
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from rec.contract import TRITON_CONFIG_FILE
+from rec.contract import MANIFEST_FILE, TRITON_CONFIG_FILE
 from rec.contract.updates import UpdateError, parse_url
 from rec.serve.client import FEATURES_PARAMETER
 from rec.serve.process import Endpoints, ServerProcess, http_ok, launch, pick_ports, wait_until
@@ -51,6 +55,10 @@ STORE_CACHE_PARAMETER = "store_cache_bytes"
 """The staged config's parameter bounding the store's row cache (triton_python_model's)."""
 UPDATES_PARAMETER = "updates_url"
 """The staged config's parameter naming the update log (triton_python_model.UPDATES_PARAMETER)."""
+STORE_RETRY_NOTE = "the load is retried every 2 s"
+"""How model.py ends a load that failed on an unreachable embedding store: such a load is
+retried (triton_python_model.STORE_RETRY_NOTE); any other failed load stops the start-up."""
+STORE_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +251,9 @@ def start_triton(
             store_cache_bytes,
         )  # fmt: skip
         argv = _server_argv(install, models, backends, host, ports)
+        stored = _has_store(served)
+        if stored:
+            argv = _retrying_argv(argv, served.name)
         server = launch(
             "tritonserver", argv, staging / "tritonserver.log", triton_env(install), echo
         )
@@ -252,8 +263,82 @@ def start_triton(
     server._on_stop.append(lambda: shutil.rmtree(staging, ignore_errors=True))
     server.endpoints = Endpoints(*(f"{host}:{p}" for p in ports))
     ready_url = f"http://{server.endpoints.http}/v2/models/{served.name}/ready"
-    wait_until(server, lambda: http_ok(ready_url), ready_timeout, f"ready to serve {served.name!r}")
+    if not stored:
+        wait_until(server, lambda: http_ok(ready_url), ready_timeout,
+                   f"ready to serve {served.name!r}")  # fmt: skip
+        return server
+    # A version with stored tables: up and ready, or up with the model not ready because its
+    # store did not answer (then reloaded every 2 s, as rec-server retries its load).
+    failed: list[str] = []
+
+    def settled() -> bool:
+        if http_ok(ready_url):
+            return True
+        entry = _index_entry(server.endpoints.http, served.name)
+        if entry is None or entry.get("state") != "UNAVAILABLE":
+            return False
+        failed.append(entry.get("reason", ""))
+        return True
+
+    wait_until(server, settled, ready_timeout, f"ready to serve {served.name!r}")
+    if failed and STORE_RETRY_NOTE not in failed[0]:
+        tail = server.log_tail()
+        server.stop()
+        raise ServeError(f"tritonserver could not load {served.name!r}: {failed[0]}\n{tail}")
+    if failed:
+        server.not_ready = failed[0]
+        _retry_loads(server, served.name)
     return server
+
+
+def _has_store(served: ServedModel) -> bool:
+    """Whether the version has stored tables: its rec.json (beside the model file, which
+    model.py reads) has a `store` section."""
+    manifest = served.model_path.parent / MANIFEST_FILE
+    with contextlib.suppress(OSError, ValueError):
+        return "store" in json.loads(manifest.read_text())
+    return False
+
+
+def _retrying_argv(argv: list[str], model: str) -> list[str]:
+    """Triton's flags for a model whose load may have to be retried: it stays up when the load
+    fails (that model not ready, the reason in its repository index), and loads it on request."""
+    argv = [a for a in argv if not a.startswith("--exit-on-error")]
+    return [*argv, "--exit-on-error=false", "--model-control-mode=explicit",
+            f"--load-model={model}"]  # fmt: skip
+
+
+def _index_entry(http: str, model: str) -> dict | None:
+    """The model's entry in Triton's repository index (name, version, state, reason)."""
+    request = urllib.request.Request(f"http://{http}/v2/repository/index", data=b"{}")
+    errors = (urllib.error.URLError, OSError, ValueError)
+    with contextlib.suppress(*errors), urllib.request.urlopen(request, timeout=5) as r:
+        for entry in json.loads(r.read()):
+            if entry.get("name") == model:
+                return entry
+    return None
+
+
+def _retry_loads(server: ServerProcess, model: str) -> None:
+    """Every STORE_RETRY_S, asks Triton to load `model` again while its last load failed on the
+    store; the reason of the newest failure is kept in server.not_ready, None once loaded."""
+    stop = threading.Event()
+    url = f"http://{server.endpoints.http}/v2/repository/models/{model}/load"
+
+    def retry() -> None:
+        while not stop.wait(STORE_RETRY_S) and server.alive():
+            try:  # synchronous: answers once the load has succeeded (200) or failed (400)
+                with urllib.request.urlopen(urllib.request.Request(url, data=b"{}"), timeout=120):
+                    server.not_ready = None
+                    return
+            except urllib.error.HTTPError as e:
+                server.not_ready = json.loads(e.read() or b"{}").get("error", str(e))
+            except (urllib.error.URLError, OSError, ValueError):
+                pass  # the server is going away, or busy: the next round asks again
+
+    thread = threading.Thread(target=retry, name=f"triton-{model}-load", daemon=True)
+    thread.start()
+    server._on_stop.insert(0, stop.set)
 
 
 def _server_argv(install, models: Path, backends: Path, host: str, ports: list[int]) -> list[str]:

@@ -30,14 +30,15 @@ instance (its own stub process) keeps its own copy of the tables and its own rea
 Stored tables (docs/store.md, Contract 4): when the version's rec.json has a `store` section, its
 large tables are in a Redis Cluster and model.pt's plain forward refuses to run. initialize opens
 a rec.store.reader.StoreReader on the section (a store that cannot be reached, or that holds no
-finished export under the version's prefix, fails the load naming the store), and every batch,
-the load-time batch probe's included, is scored as rec-server does: store_ids, the rows read from
-the store (one pipelined HMGET per partition), forward_with_rows. A row the store does not have,
-or one of the wrong size, fails the batch with an error naming the row (INTERNAL); a store that
-does not answer fails it naming the store (UNAVAILABLE). Never a zero row. The update log writes
-the in-process tables only (rec.json's updates.tables lists those). Unlike rec-server there is
-no row cache in front of the store (each batch reads its rows), and the retries after a moved
-slot or a lost node are redis-py's cluster client's own, not rec-server's 3 s.
+finished export under the version's prefix, fails the load naming the store, and
+rec.serve.triton retries such a load every 2 s), and every batch, the load-time batch probe's
+included, is scored as rec-server does: store_ids, the rows through the reader's row cache
+(`store_cache_bytes`; the misses read with one pipelined HMGET per partition),
+forward_with_rows. A row the store does not have, or one of the wrong size, fails the batch
+with an error naming the row (INTERNAL); a store that does not answer fails it naming the store
+(UNAVAILABLE). Never a zero row. The update log writes the in-process tables, and its rows of
+stored tables go into the row cache. The retries after a moved slot or a lost node are redis-py's
+cluster client's own, not rec-server's 3 s.
 
 Not done here, unlike rec-server: responses do NOT carry the embedding watermark
 (`embedding_watermark_gen`, `_step`, `_wall_ns`). This Triton's (2.51) Python backend cannot set
@@ -73,6 +74,8 @@ STORE_CACHE_PARAMETER = "store_cache_bytes"
 DEFAULT_STORE_CACHE = 256 << 20
 UPDATES_PARAMETER = "updates_url"
 """Config parameter overriding rec.json's `updates.url`: a redis:// URL, or `none`."""
+STORE_RETRY_NOTE = "the load is retried every 2 s"
+"""Ends a load failure that the launcher retries (rec.serve.triton.STORE_RETRY_NOTE)."""
 OUTCOMES = ("applied", "skipped", "other_run", "unknown_table", "row_format", "id_range",
             "backwards", "malformed")  # fmt: skip
 """What became of a log entry: rec-server's rec_update_records_total outcomes."""
@@ -424,6 +427,8 @@ class TritonPythonModel:
         cache = int(params.get(STORE_CACHE_PARAMETER, {}).get("string_value", DEFAULT_STORE_CACHE))
         try:
             store = StoreRows(self.model, section, cache)
+        except StoreUnavailable as e:  # not the model's fault: rec.serve.triton reloads it
+            raise pb_utils.TritonModelException(f"{where}: {e}; {STORE_RETRY_NOTE}") from None
         except StoreError as e:
             raise pb_utils.TritonModelException(f"{where}: {e}") from None
         self.store_metrics = StoreMetrics(name, version, cache)

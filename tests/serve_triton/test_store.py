@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 import urllib.request
@@ -26,7 +27,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, before torch.jit.load)
-from rec.broker import RedisBroker
+from rec.broker import RedisBroker, _free_port
 from rec.contract import DENSE, LENGTHS, VALUES
 from rec.contract import store as contract
 from rec.contract.requests import random_request
@@ -213,6 +214,42 @@ def test_the_cache_serves_repeats_and_takes_fresh_rows_from_the_log(tier, tmp_pa
             client.hset(key(i), str(i), value)
         client.close()
         broker.stop()
+
+
+def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_path):
+    """Triton comes up with the model not ready, and the reason is in its repository index and in
+    `not_ready` (which `rec serve` prints). The load is retried every 2 s: rec.json pointed back
+    at the live cluster makes the model ready without a restart, scoring as in process."""
+    moved = tmp_path / "repo"
+    shutil.copytree(tier.repo, moved)
+    dead = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
+    manifests = list(moved.glob("rec/**/rec.json"))
+    for manifest in manifests:
+        data = json.loads(manifest.read_text())
+        data["store"]["url"] = dead
+        manifest.write_text(json.dumps(data))
+    server = start_triton(moved, http_port=0, grpc_port=0, metrics_port=0, store_cache_bytes=0)
+    try:
+        assert server.not_ready and f"embedding store {dead} unreachable" in server.not_ready
+        with grpcclient.InferenceServerClient(server.endpoints.grpc) as c:
+            (entry,) = c.get_model_repository_index(as_json=True)["models"]
+            assert entry["state"] == "UNAVAILABLE" and dead in entry["reason"], entry
+            assert not c.is_model_ready("rec")
+        request = random_request(NUM_DENSE, NUM_SPARSE, 3, seed=2)
+        with pytest.raises(InferenceServerException):  # Triton: no version of 'rec' available
+            infer(httpclient, server, request)
+        for manifest in manifests:  # the store is back (here: rec.json names the live one)
+            data = json.loads(manifest.read_text())
+            data["store"]["url"] = tier.cluster.url()
+            manifest.write_text(json.dumps(data))
+        deadline = time.monotonic() + 60
+        with httpclient.InferenceServerClient(server.endpoints.http) as c:
+            while server.not_ready is not None or not c.is_model_ready("rec"):
+                assert time.monotonic() < deadline, (server.not_ready, server.log_tail())
+                time.sleep(0.2)
+        assert np.array_equal(infer(grpcclient, server, request), tier.want(request).numpy())
+    finally:
+        assert server.stop() == 0, server.log_tail()
 
 
 def test_a_store_that_is_gone_fails_the_request_naming_it(tier):
