@@ -10,8 +10,7 @@ if [ "$SOURCE" = auto ]; then
   if compgen -G "$WHEELHOUSE/*.whl" > /dev/null; then SOURCE=wheelhouse; else SOURCE=index; fi
 fi
 FBGEMM_PACKAGE=${FBGEMM_PACKAGE:-fbgemm-gpu-cpu}
-grep -v '# host only' requirements.txt | sed "s/^fbgemm-gpu-cpu==/$FBGEMM_PACKAGE==/" \
-  > /tmp/requirements-image.txt
+sed "s/^fbgemm-gpu-cpu==/$FBGEMM_PACKAGE==/" requirements.txt > /tmp/requirements-image.txt
 python3 -m venv .venv
 PIP=(.venv/bin/pip install -q --disable-pip-version-check --no-cache-dir)
 

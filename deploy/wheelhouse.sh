@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The image's Python stack as wheels, for a build without a network (air-gapped or proxied sites,
-# and this project's deploy test): requirements.txt without its "# host only" lines, torchrec
+# and this project's deploy test): requirements.txt (not requirements-host.txt), torchrec
 # (installed with --no-deps, DESIGN.md) and the build tools of rec's op library, all downloaded by
 # the host's own pip, with its own index configuration, into deploy/wheelhouse/.
 #   deploy/wheelhouse.sh            (kept when its stamp matches requirements.txt)
@@ -18,7 +18,6 @@ fi
 command -v "$PIP" > /dev/null || { echo "deploy/wheelhouse.sh: no pip at $PIP (run make setup, or PIP=...)" >&2; exit 1; }
 find "$OUT" -name '*.whl' -delete 2>/dev/null || true
 mkdir -p "$OUT"
-grep -v '# host only' requirements.txt > "$OUT/requirements-image.txt"
 log "pip download of the image's stack into $OUT"
 fail() {
   echo "deploy/wheelhouse.sh: pip could not download $1. The host's pip needs a package index" \
@@ -26,7 +25,7 @@ fail() {
   exit 1
 }
 "$PIP" download -q --disable-pip-version-check --retries 2 --timeout 30 -d "$OUT" \
-  -r "$OUT/requirements-image.txt" || fail "the pinned stack"
+  -r requirements.txt || fail "the pinned stack"
 "$PIP" download -q --disable-pip-version-check --retries 2 --timeout 30 -d "$OUT" \
   --no-deps torchrec==1.8.0 "setuptools>=68" wheel || fail "torchrec and setuptools"
 # A few pins exist only as source (iopath 0.1.10): built into wheels here, so that the image

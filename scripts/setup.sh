@@ -34,11 +34,11 @@ stamp_set() { mkdir -p "$STAMPS"; echo "$2" > "$STAMPS/$1"; }
 install_python() {
   [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
   local key
-  key=$(cat requirements.txt | sha256sum | cut -c1-16)
+  key=$(cat requirements.txt requirements-host.txt | sha256sum | cut -c1-16)
   if ! stamp_ok python-deps "$key"; then
-    log "installing the pinned Python stack (requirements.txt)"
+    log "installing the pinned Python stack (requirements.txt, requirements-host.txt)"
     "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.txt
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-host.txt
     # torchrec's metadata asks for the CUDA fbgemm-gpu; its real needs are in requirements.txt.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps torchrec==1.8.0
     stamp_set python-deps "$key"

@@ -51,7 +51,7 @@ def test_deploy_files_exist():
     for target in ("server:8002", "triton:8002"):
         assert target in (ROOT / "deploy/prometheus.yml").read_text()
     dockerfile = (ROOT / "Dockerfile").read_text()
-    # The image's stack is requirements.txt without its "# host only" lines.
+    # The image's stack is requirements.txt (requirements-host.txt adds the host's tools).
     assert "requirements.txt" in (ROOT / "deploy/install_stack.sh").read_text()
     for src in re.findall(r"^COPY (?!--from)(\S+)", dockerfile, flags=re.M):
         assert (ROOT / src).exists(), src
