@@ -12,6 +12,9 @@ BIN=.venv/bin
 log() { printf '\033[1m[test]\033[0m %s\n' "$*"; }
 # pytest-xdist workers of both suites (REC_TEST_WORKERS=0: one process, as plain pytest).
 export REC_TEST_WORKERS=${REC_TEST_WORKERS:-2}
+# Trained runs and exports shared by both suites (tests/artifacts.py), made afresh by each run.
+REC_TEST_ARTIFACTS=$(mktemp -d "${TMPDIR:-/tmp}/rec-test-artifacts.XXXXXX")
+export REC_TEST_ARTIFACTS
 
 $BIN/ruff check .
 $BIN/ruff format --check .
@@ -21,7 +24,7 @@ log "building the sanitized server and the fuzz targets in the background (build
 setsid nice -n 19 bash scripts/build_sanitized.sh all > build/sanitized-build.log 2>&1 &
 builder=$!
 # Its own process group (setsid), so that a failed or interrupted suite stops the whole build.
-trap 'kill -- "-$builder" 2> /dev/null || true' EXIT
+trap 'kill -- "-$builder" 2> /dev/null || true; rm -rf "$REC_TEST_ARTIFACTS"' EXIT
 
 # test_fuzz.py runs once, in the sanitized stage, where its targets are built.
 # Two workers (pytest-xdist), a test file each at a time, so that a module's shared run or server
@@ -34,5 +37,5 @@ $BIN/python -m pytest -q -ra --durations=30 -n "$REC_TEST_WORKERS" --dist loadfi
 
 log "waiting for the sanitized builds"
 wait "$builder" || { tail -60 build/sanitized-build.log; echo "sanitized build failed" >&2; exit 1; }
-trap - EXIT
+trap 'rm -rf "$REC_TEST_ARTIFACTS"' EXIT
 bash scripts/test_sanitized.sh

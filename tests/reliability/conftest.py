@@ -15,7 +15,7 @@ from live_server import BINARY, export_model  # noqa: E402
 def exported_repo(tmp_path_factory) -> Path:
     if not BINARY.exists():
         pytest.skip(f"{BINARY} is not built (run scripts/setup.sh)")
-    return export_model(tmp_path_factory.mktemp("reliability_export"))
+    return export_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ SERVE_CPP = Path(__file__).resolve().parents[1] / "serve_cpp"
 sys.path.insert(0, str(SERVE_CPP))
 
 from server import BINARY, Server, run_to_exit  # noqa: E402
-from test_real_export import CONFIG, _batch, _rec  # noqa: E402
+from test_real_export import CONFIG, _batch, train_and_export  # noqa: E402
 from tiny_model import DATATYPES, INPUT_NAMES  # noqa: E402
 
 __all__ = [
@@ -24,14 +24,10 @@ __all__ = [
 ]
 
 
-def export_model(root: Path) -> Path:
-    """`rec train` (4 steps) then `rec export` (int8 TBE) under root; returns the repository."""
-    import yaml
-
-    (root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    _rec("train", "-c", str(root / "config.yaml"), "--run-dir", str(root / "run"), "--nproc", "1")
-    _rec("export", str(root / "run"), "--repo", str(root / "repo"), "--format", "torchscript")
-    return root / "repo"
+def export_model(tmp_path_factory) -> Path:
+    """`rec train` (4 steps) then `rec export` (int8 TBE): the repository, shared with
+    tests/serve_cpp/test_real_export.py (tests/artifacts.py; read only)."""
+    return train_and_export(tmp_path_factory) / "repo"
 
 
 def batch(manifest: dict, rows: int, seed: int):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import fbgemm_gpu  # noqa: F401  (registers the ops model.pt calls)
@@ -30,6 +31,7 @@ from rec.config import config_from_dict
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp
 from rec.serve.triton import start_triton
+from tests.artifacts import made
 from tests.helpers import run_rec, write_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -67,19 +69,34 @@ def _shortened(arch: str) -> dict:
     return cfg
 
 
+def _train(config: dict) -> Callable[[Path], None]:
+    def make(where: Path) -> None:
+        path = write_config(where / "c.yaml", config)
+        run_rec("train", "--config", str(path), "--run-dir", str(where / "run"), timeout=900,
+                cwd=ROOT)  # fmt: skip
+
+    return make
+
+
+def _export(run: Path, dtype: str) -> Callable[[Path], None]:
+    def make(where: Path) -> None:
+        overlay = write_config(where / "export.yaml", {"export": {"dense_dtype": dtype}})
+        run_rec("export", str(run), "--repo", str(where / "repo"), "--format", "torchscript",
+                "--config", str(overlay), cwd=ROOT)  # fmt: skip
+
+    return make
+
+
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
 def exported(request, tmp_path_factory):
-    """(run, {dense dtype: model repository}): one training run, exported both ways."""
-    tmp = tmp_path_factory.mktemp(request.param)
-    run = tmp / "run"
-    config = write_config(tmp / "c.yaml", _shortened(request.param))
-    run_rec("train", "--config", str(config), "--run-dir", str(run), timeout=900, cwd=ROOT)
+    """(run, {dense dtype: model repository}): one training run, exported both ways. Shared
+    artifacts (tests/artifacts.py): the sanitized stage scores the main suite's."""
+    config = _shortened(request.param)
+    run = made(tmp_path_factory, {"rec train": config}, _train(config)) / "run"
     repos = {}
     for dtype in DENSE_DTYPES:
-        repos[dtype] = tmp / f"repo_{dtype}"
-        overlay = write_config(tmp / f"{dtype}.yaml", {"export": {"dense_dtype": dtype}})
-        run_rec("export", str(run), "--repo", str(repos[dtype]), "--format", "torchscript",
-                "--config", str(overlay), cwd=ROOT)  # fmt: skip
+        recipe = {"rec export": str(run), "dense_dtype": dtype, "format": "torchscript"}
+        repos[dtype] = made(tmp_path_factory, recipe, _export(run, dtype)) / "repo"
     return run, repos
 
 

@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from rec.contract import random_request
 from rec.features import FeatureSpec
+from tests.artifacts import made
 
 REC = str(Path(sys.executable).parent / "rec")
 
@@ -65,18 +66,28 @@ def _rec(*args: str) -> None:
     assert proc.returncode == 0, f"rec {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
 
 
+def train_and_export(tmp_path_factory) -> Path:
+    """CONFIG's `rec train` (1 rank) and its default export (export.triton_batching: none):
+    the directory with `run` and `repo` in it, shared (tests/artifacts.py; read only) with
+    tests/reliability and with the sanitized stage."""
+
+    def make(where: Path) -> None:
+        (where / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+        _rec("train", "-c", str(where / "config.yaml"), "--run-dir", str(where / "run"),
+             "--nproc", "1")  # fmt: skip
+        _rec("export", str(where / "run"), "--repo", str(where / "repo"), "--format",
+             "torchscript")  # fmt: skip
+
+    return made(tmp_path_factory, {"rec train, nproc 1, then rec export": CONFIG}, make)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("real_export")
-    (root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    _rec("train", "-c", str(root / "config.yaml"), "--run-dir", str(root / "run"), "--nproc", "1")
-    return root
+    return train_and_export(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def exported(trained) -> Path:
-    """The default export (export.triton_batching: none)."""
-    _rec("export", str(trained / "run"), "--repo", str(trained / "repo"), "--format", "torchscript")
     return trained / "repo"
 
 
@@ -106,12 +117,12 @@ def test_exported_model_served_equals_in_process(exported):
 
 
 @pytest.mark.parametrize("form", ["none", "ragged"])
-def test_both_export_forms_are_batched(trained, form):
+def test_both_export_forms_are_batched(trained, form, tmp_path):
     """Either config.pbtxt form export writes, rec-server merges concurrent multi-sample
     requests (fewer forwards than requests) and each gets the scores it gets alone: `ragged`
     from the config's dynamic_batching, `none` (max_batch_size 0) from rec.json's "serving"."""
-    repo = trained / f"repo_{form}"
-    overrides = trained / f"export_{form}.yaml"
+    repo = tmp_path / f"repo_{form}"
+    overrides = tmp_path / f"export_{form}.yaml"
     # A wide batching window, so the merge does not depend on scheduling luck.
     export = {"triton_batching": form, "max_batch_size": 128, "max_queue_delay_us": 50_000}
     overrides.write_text(yaml.safe_dump({"export": export}))
