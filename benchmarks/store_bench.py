@@ -10,9 +10,13 @@ For each model (the embedded default, then Criteo Kaggle's cardinalities):
 3. One client sends requests back to back for --window-s seconds per (id distribution, batch),
    each with fresh ids: Zipf-like (alpha 1.05 and 1.2: id = rank, so small ids are the hot
    ones) and uniform, at B = 1 and B = 512; a tiered server started afresh for each, first cold
-   (empty cache) then warm (the same distribution again, other draws). p50 / p99 latency, the
-   cache's hit rate and the store's time per
-   lookup (rec-server's /metrics) for each window.
+   (empty cache), then warmed to its steady state, then warm. p50 / p99 latency, the cache's hit
+   rate and the store's time per lookup (rec-server's /metrics) for each window.
+   The steady state: B = 512 requests of the same distribution (other draws), in windows of
+   --window-s, until a window's hit rate is within --steady-points of the window before, or for
+   --warmup-max-s. B = 512 fills the cache 500 times faster than B = 1, and which rows the cache
+   holds depends on the ids' distribution, not on how they are batched. The warm-up's hit rate
+   per window is in the result file.
 
 4. Store hosts: the tiered export again into a cluster of 3 masters spread over 1, 2 and 3
    network-namespace hosts (rec/netns.py; skipped with the reason where namespaces cannot be
@@ -119,6 +123,20 @@ def window(server, num_dense, rows, batch, dist, seconds, seed) -> dict:
             out["store_ms_per_lookup"] = round(d["rec_store_lookup_us_total"] / lookups / 1e3, 4)
             out["rows_per_lookup"] = round(d["rec_store_cache_misses_total"] / lookups, 1)
     return out
+
+
+def warm_up(server, num_dense, rows, dist, args, seed) -> dict:
+    """B = 512 windows of `dist` until the hit rate stops rising (see the module's docstring)."""
+    rates: list[float] = []
+    t0 = time.perf_counter()
+    while True:
+        w = window(server, num_dense, rows, 512, dist, args.window_s, seed + len(rates))
+        rates.append(w.get("hit_rate", 1.0))
+        steady = len(rates) >= 2 and abs(rates[-1] - rates[-2]) * 100 <= args.steady_points
+        if steady or time.perf_counter() - t0 >= args.warmup_max_s:
+            break
+    return {"seconds": round(time.perf_counter() - t0, 1), "steady": steady,
+            "hit_rate_per_window": rates}  # fmt: skip
 
 
 def throughput(server, num_dense, rows, seconds, clients) -> dict:
@@ -258,6 +276,10 @@ def measure(label: str, run: Path, work: Path, args) -> dict:
                 try:
                     for phase in ("cold", "warm"):
                         seed = batch + 10 * DISTRIBUTIONS.index(dist) + 100 * (phase == "warm")
+                        if phase == "warm":
+                            warm = warm_up(server, num_dense, rows, dist, args, 1000 + seed)
+                            r[f"b{batch}_{dist}_warmup"] = warm
+                            log(f"{label} tiered B={batch} {dist} warm-up: {warm}")
                         w = window(server, num_dense, rows, batch, dist, args.window_s, seed)
                         r[f"b{batch}_{dist}_{phase}"] = w
                         log(f"{label} tiered B={batch} {dist} {phase}: {w}")
@@ -274,7 +296,10 @@ def measure(label: str, run: Path, work: Path, args) -> dict:
                 p99 = result["tiered"][f"b{batch}_{dist}_{phase}"]["p99_ms"]
                 ratios[f"p99_b{batch}_{dist}_{phase}"] = round(p99 / base, 3)
     result["tiered_over_in_process"] = ratios
-    result["store_hosts"] = store_hosts(label, run, work, args)
+    if args.store_hosts:
+        result["store_hosts"] = store_hosts(label, run, work, args)
+    else:
+        result["store_hosts"] = {"skipped": "--no-store-hosts"}
     return result
 
 
@@ -285,6 +310,15 @@ def main() -> None:
     parser.add_argument("--cache-mb", type=int, default=256)
     parser.add_argument("--window-s", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=2, help="closed-loop clients, store hosts")
+    parser.add_argument(
+        "--steady-points",
+        type=float,
+        default=1.0,
+        help="warm-up ends when a window's hit rate moves by at most this",
+    )
+    parser.add_argument("--warmup-max-s", type=float, default=60.0)
+    parser.add_argument("--store-hosts", action=argparse.BooleanOptionalAction, default=True,
+                        help="the 1/2/3-host throughput part (no row cache)")  # fmt: skip
     args = parser.parse_args()
 
     from rec.cpu import cpu_info, describe
@@ -314,6 +348,8 @@ def main() -> None:
         "cache_mb": args.cache_mb,
         "window_s": args.window_s,
         "clients": args.clients,
+        "steady_points": args.steady_points,
+        "warmup_max_s": args.warmup_max_s,
         "models": models,
     }
     if set(models) == {"default", "kaggle"}:
