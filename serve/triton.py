@@ -263,8 +263,11 @@ def start_triton(
     server._on_stop.append(lambda: shutil.rmtree(staging, ignore_errors=True))
     server.endpoints = Endpoints(*(f"{host}:{p}" for p in ports))
     ready_url = f"http://{server.endpoints.http}/v2/models/{served.name}/ready"
+    # Triton starts its metrics endpoint after HTTP and gRPC: a model can answer ready while
+    # /metrics still refuses connections (seen in CI on a busy machine).
+    metrics_url = f"http://{server.endpoints.metrics}/metrics"
     if not stored:
-        wait_until(server, lambda: http_ok(ready_url), ready_timeout,
+        wait_until(server, lambda: http_ok(ready_url) and http_ok(metrics_url), ready_timeout,
                    f"ready to serve {served.name!r}")  # fmt: skip
         return server
     # A version with stored tables: up and ready, or up with the model not ready because its
@@ -280,7 +283,8 @@ def start_triton(
         failed.append(entry.get("reason", ""))
         return True
 
-    wait_until(server, settled, ready_timeout, f"ready to serve {served.name!r}")
+    wait_until(server, lambda: settled() and http_ok(metrics_url), ready_timeout,
+               f"ready to serve {served.name!r}")  # fmt: skip
     if failed and STORE_RETRY_NOTE not in failed[0]:
         tail = server.log_tail()
         server.stop()
