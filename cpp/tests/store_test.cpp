@@ -115,6 +115,23 @@ TEST(RowCache, TheBoundHoldsUnderAnyIds) {
   EXPECT_LE(cache.entries(), fits);
 }
 
+// GetMany (what EmbeddingStore::Fetch reads through): each held row copied to its place, the
+// places of the rest (not held, or held with another size than their room) reported in order,
+// and the bytes between untouched.
+TEST(RowCache, GetManyCopiesHeldRowsIntoPlaceAndReportsTheRest) {
+  RowCache cache(1 << 20);
+  cache.Put(10, "aaaa", RowCache::Admit::kAlways);
+  cache.Put(30, "cccccc", RowCache::Admit::kAlways);
+  cache.Put(40, "dd", RowCache::Admit::kAlways);  // held, but 4 bytes are asked for
+  const int64_t keys[] = {10, 20, 30, 40};
+  const int64_t offsets[] = {0, 4, 8, 14, 18};
+  std::string out(18, '.');
+  std::vector<int64_t> missed;
+  cache.GetMany(keys, 4, offsets, out.data(), &missed);
+  EXPECT_EQ(out, "aaaa....cccccc....");
+  EXPECT_EQ(missed, (std::vector<int64_t>{1, 3}));
+}
+
 // TinyLFU's admission: rows asked for once (most of a Zipf tail) do not push out the rows asked
 // for again and again; plain CLOCK (every row admitted) loses them; the update log's rows are
 // always kept.

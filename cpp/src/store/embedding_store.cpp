@@ -1,5 +1,6 @@
 #include "store/embedding_store.h"
 
+#include <cstring>
 #include <map>
 #include <utility>
 #include <vector>
@@ -31,80 +32,78 @@ Status EmbeddingStore::Open(const StoreSpec& spec, const StoreOptions& options, 
 
 Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) {
   const int64_t num_tables = static_cast<int64_t>(spec_.tables.size());
-  std::vector<std::string> found(n);
-  // The missing rows, one HMGET per (table, partition).
-  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> groups;
+  const int64_t row_mask = (int64_t{1} << kTableShift) - 1;
+  // Each row's place in *rows: the rows are fixed-size per table, so the whole batch is laid
+  // out before anything is read, and cached and fetched rows are copied straight into place.
+  std::vector<int64_t> offsets(n + 1);
+  offsets[0] = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t table = keys[i] >> kTableShift;
-    const int64_t row = keys[i] & ((int64_t{1} << kTableShift) - 1);
-    if (table < 0 || table >= num_tables || row >= spec_.tables[table].rows) {
+    if (table < 0 || table >= num_tables || (keys[i] & row_mask) >= spec_.tables[table].rows) {
       return Internal("embedding store: the model asked for key " + std::to_string(keys[i]) +
                       ", outside its stored tables");
     }
-    if (cache_.Get(keys[i], &found[i])) {
-      stats_->cache_hits.fetch_add(1);
-    } else {
-      stats_->cache_misses.fetch_add(1);
-      groups[{table, row % spec_.tables[table].partitions}].push_back(i);
-    }
+    offsets[i + 1] = offsets[i] + spec_.tables[table].row_bytes;
   }
-  if (!groups.empty()) {
-    std::vector<HashGet> gets;
-    gets.reserve(groups.size());
-    for (const auto& [where, indices] : groups) {
-      HashGet get;
-      get.key = PartitionKey(spec_.prefix, spec_.tables[where.first].name, where.second);
-      for (int64_t i : indices) {
-        get.fields.push_back(std::to_string(keys[i] & ((int64_t{1} << kTableShift) - 1)));
-      }
-      gets.push_back(std::move(get));
-    }
-    std::vector<std::vector<FieldValue>> values;
-    std::map<std::string, uint64_t> per_node;
-    const auto t0 = std::chrono::steady_clock::now();
-    Status st = client_.HashGets(gets, &values, &per_node);
-    stats_->lookup_ns.fetch_add(static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count()));
-    stats_->lookups.fetch_add(1);
-    {
-      std::lock_guard<std::mutex> lock(stats_->mu);
-      for (const auto& [node, count] : per_node) stats_->node_requests[node] += count;
-    }
-    if (!st.ok()) {
-      stats_->failed_lookups.fetch_add(1);
-      return st;
-    }
-    size_t g = 0;
-    for (const auto& [where, indices] : groups) {
-      const StoreTable& table = spec_.tables[where.first];
-      for (size_t j = 0; j < indices.size(); ++j) {
-        const int64_t i = indices[j];
-        FieldValue& v = values[g][j];
-        const std::string row = std::to_string(keys[i] & ((int64_t{1} << kTableShift) - 1));
+  rows->resize(static_cast<size_t>(offsets[n]));
+  std::vector<int64_t> missed;
+  cache_.GetMany(keys, n, offsets.data(), rows->data(), &missed);
+  stats_->cache_hits.fetch_add(static_cast<uint64_t>(n) - missed.size());
+  stats_->cache_misses.fetch_add(missed.size());
+  if (missed.empty()) return Status::Ok();
+  // The missing rows, one HMGET per (table, partition).
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> groups;
+  for (int64_t i : missed) {
+    const int64_t table = keys[i] >> kTableShift;
+    groups[{table, (keys[i] & row_mask) % spec_.tables[table].partitions}].push_back(i);
+  }
+  std::vector<HashGet> gets;
+  gets.reserve(groups.size());
+  for (const auto& [where, indices] : groups) {
+    HashGet get;
+    get.key = PartitionKey(spec_.prefix, spec_.tables[where.first].name, where.second);
+    for (int64_t i : indices) get.fields.push_back(std::to_string(keys[i] & row_mask));
+    gets.push_back(std::move(get));
+  }
+  std::vector<std::vector<FieldValue>> values;
+  std::map<std::string, uint64_t> per_node;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = client_.HashGets(gets, &values, &per_node);
+  stats_->lookup_ns.fetch_add(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count()));
+  stats_->lookups.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(stats_->mu);
+    for (const auto& [node, count] : per_node) stats_->node_requests[node] += count;
+  }
+  if (!st.ok()) {
+    stats_->failed_lookups.fetch_add(1);
+    return st;
+  }
+  size_t g = 0;
+  for (const auto& [where, indices] : groups) {
+    const StoreTable& table = spec_.tables[where.first];
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const int64_t i = indices[j];
+      const FieldValue& v = values[g][j];
+      if (!v.found || static_cast<int64_t>(v.value.size()) != table.row_bytes) {
+        stats_->failed_lookups.fetch_add(1);
+        const std::string row = std::to_string(keys[i] & row_mask);
         if (!v.found) {
-          stats_->failed_lookups.fetch_add(1);
           return Internal("embedding store " + spec_.url + ": row " + row + " of table '" +
                           table.name + "' is missing under '" + spec_.prefix + "'");
         }
-        if (static_cast<int64_t>(v.value.size()) != table.row_bytes) {
-          stats_->failed_lookups.fetch_add(1);
-          return Internal("embedding store " + spec_.url + ": row " + row + " of table '" +
-                          table.name + "' has " + std::to_string(v.value.size()) + " bytes, want " +
-                          std::to_string(table.row_bytes));
-        }
-        cache_.Put(keys[i], v.value);
-        found[i] = std::move(v.value);
+        return Internal("embedding store " + spec_.url + ": row " + row + " of table '" +
+                        table.name + "' has " + std::to_string(v.value.size()) + " bytes, want " +
+                        std::to_string(table.row_bytes));
       }
-      ++g;
+      std::memcpy(rows->data() + offsets[i], v.value.data(), v.value.size());
+      cache_.Put(keys[i], v.value);
     }
+    ++g;
   }
   stats_->cache_bytes.store(cache_.bytes());
-  size_t total = 0;
-  for (const std::string& r : found) total += r.size();
-  rows->clear();
-  rows->reserve(total);
-  for (const std::string& r : found) rows->append(r);
   return Status::Ok();
 }
 

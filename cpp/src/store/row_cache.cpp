@@ -1,6 +1,7 @@
 #include "store/row_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 
 namespace rec {
@@ -69,6 +70,22 @@ bool RowCache::Get(int64_t key, std::string* out) {
   it->second.used.store(true, std::memory_order_relaxed);
   out->append(it->second.row);
   return true;
+}
+
+void RowCache::GetMany(const int64_t* keys, int64_t n, const int64_t* offsets, char* out,
+                       std::vector<int64_t>* missed) {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (int64_t i = 0; i < n; ++i) {
+    sketch_.Add(keys[i]);
+    auto it = slots_.find(keys[i]);
+    const auto room = static_cast<size_t>(offsets[i + 1] - offsets[i]);
+    if (it == slots_.end() || it->second.row.size() != room) {
+      missed->push_back(i);
+      continue;
+    }
+    it->second.used.store(true, std::memory_order_relaxed);
+    std::memcpy(out + offsets[i], it->second.row.data(), room);
+  }
 }
 
 void RowCache::Put(int64_t key, const std::string& row, Admit admit) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace rec {
 
@@ -60,6 +61,11 @@ class RowCache {
   // Counts the ask in the frequency sketch; appends the row of `key` to *out and returns true,
   // or returns false.
   bool Get(int64_t key, std::string* out);
+  // Get for a batch, under one hold of the lock: the row of keys[i] is copied to
+  // out + offsets[i], where offsets[i + 1] - offsets[i] bytes are its room; the i of every key
+  // not held (or held with another size) are appended to *missed, in order.
+  void GetMany(const int64_t* keys, int64_t n, const int64_t* offsets, char* out,
+               std::vector<int64_t>* missed);
   // Keeps `row` for `key` (replacing an older copy in place), evicting rows until the bound
   // holds, unless `admit` turns a new row away; a row larger than the whole cache is not kept.
   void Put(int64_t key, const std::string& row, Admit admit = Admit::kIfFrequent);
