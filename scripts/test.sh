@@ -3,7 +3,7 @@
 # ASan/UBSan build and the decoders' fuzz run (scripts/test_sanitized.sh). Extra arguments go to
 # the main suite's pytest.
 #
-# The instrumented builds take about 9 min of CPU (build/asan and build/fuzz). The main suite
+# The instrumented builds take about 8 min of CPU (build/asan and build/fuzz). The main suite
 # keeps the 2 cores only about half busy (it waits on servers, subprocesses and sockets), so the
 # builds run in its shadow at the lowest priority, and the sanitized stage finds them done.
 set -euo pipefail
