@@ -7,16 +7,20 @@ For each model (the embedded default, then Criteo Kaggle's cardinalities):
 1. A trained run (40 steps, or --kaggle-run), exported twice: every table in the model, and
    with `--store` into our own Redis Cluster (3 masters, 1 replica each, on this host).
 2. rec-server on each repository (the tiered one with a --cache-mb row cache): its peak RSS.
-3. One client sends requests back to back for --window-s seconds per (id distribution, batch),
-   each with fresh ids: Zipf-like (alpha 1.05 and 1.2: id = rank, so small ids are the hot
-   ones) and uniform, at B = 1 and B = 512; a tiered server started afresh for each, first cold
-   (empty cache), then warmed to its steady state, then warm. p50 / p99 latency, the cache's hit
-   rate and the store's time per lookup (rec-server's /metrics) for each window.
-   The steady state: B = 512 requests of the same distribution (other draws), in windows of
-   --window-s, until a window's hit rate is within --steady-points of the window before, or for
-   --warmup-max-s. B = 512 fills the cache 500 times faster than B = 1, and which rows the cache
-   holds depends on the ids' distribution, not on how they are batched. The warm-up's hit rate
-   per window is in the result file.
+3. One client sends requests back to back, each with fresh ids: Zipf-like (alpha 1.05 and
+   1.2: id = rank, so small ids are the hot ones) and uniform, at B = 1 and B = 512. For each
+   (ids, batch) a tiered server is started afresh: a cold window (empty cache) of --window-s,
+   the warm-up to its steady state, then a warm window of --warm-window-s. The in-process
+   server stays up throughout, and every request of those windows goes to both servers, one
+   after the other (which one first alternates): the two p99s come from the same window, so
+   their ratio is not moved by what else the machine did (5-s windows of each server apart
+   gave 1.05x then 1.75x for one cell in two runs). p50 / p99 latency, the cache's hit rate and
+   the store's time per lookup (rec-server's /metrics) for each window.
+   The steady state: B = 512 requests of the same distribution (other draws), tiered server
+   only, in windows of --window-s, until a window's hit rate is within --steady-points of the
+   window before, or for --warmup-max-s. B = 512 fills the cache 500 times faster than B = 1,
+   and which rows the cache holds depends on the ids' distribution, not on how they are
+   batched. The warm-up's hit rate per window is in the result file.
 
 4. Store hosts: the tiered export again into a cluster of 3 masters spread over 1, 2 and 3
    network-namespace hosts (rec/netns.py; skipped with the reason where namespaces cannot be
@@ -87,34 +91,29 @@ def metrics(server) -> dict[str, float]:
     return out
 
 
-def window(server, num_dense, rows, batch, dist, seconds, seed) -> dict:
+def _inputs(arrays: dict):
     import tritonclient.http as httpclient
 
     from rec.contract import DTYPES
 
-    # Fresh ids for every request (no pool that the cache would learn whole): the hit rate is
-    # the distribution's.
-    rng = np.random.default_rng(seed)
-    before = metrics(server)
-    lat = []
-    with httpclient.InferenceServerClient(server.endpoints.http, network_timeout=120) as c:
-        end = time.perf_counter() + seconds
-        k = 0
-        while time.perf_counter() < end:
-            inputs = []
-            for name, arr in request(num_dense, rows, batch, dist, rng).items():
-                i = httpclient.InferInput(name, list(arr.shape), DTYPES[name])
-                i.set_data_from_numpy(arr)
-                inputs.append(i)
-            t0 = time.perf_counter()
-            c.infer("rec", inputs)
-            lat.append(time.perf_counter() - t0)
-            k += 1
-    after = metrics(server)
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    inputs = []
+    for name, arr in arrays.items():
+        i = httpclient.InferInput(name, list(arr.shape), DTYPES[name])
+        i.set_data_from_numpy(arr)
+        inputs.append(i)
+    return inputs
+
+
+def _latency(lat: list[float]) -> dict:
     a = np.asarray(lat) * 1e3
-    out = {"n": int(a.size), "p50_ms": round(float(np.percentile(a, 50)), 3),
-           "p99_ms": round(float(np.percentile(a, 99)), 3)}  # fmt: skip
+    return {"n": int(a.size), "p50_ms": round(float(np.percentile(a, 50)), 3),
+            "p99_ms": round(float(np.percentile(a, 99)), 3)}  # fmt: skip
+
+
+def _store_counts(before: dict, after: dict) -> dict:
+    """Hit rate and store time per lookup from two reads of rec-server's /metrics."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    out = {}
     looked = d.get("rec_store_cache_hits_total", 0) + d.get("rec_store_cache_misses_total", 0)
     if looked:
         out["hit_rate"] = round(d["rec_store_cache_hits_total"] / looked, 4)
@@ -123,6 +122,57 @@ def window(server, num_dense, rows, batch, dist, seconds, seed) -> dict:
             out["store_ms_per_lookup"] = round(d["rec_store_lookup_us_total"] / lookups / 1e3, 4)
             out["rows_per_lookup"] = round(d["rec_store_cache_misses_total"] / lookups, 1)
     return out
+
+
+def window(server, num_dense, rows, batch, dist, seconds, seed) -> dict:
+    """One server, one client, requests back to back for `seconds`."""
+    import tritonclient.http as httpclient
+
+    # Fresh ids for every request (no pool that the cache would learn whole): the hit rate is
+    # the distribution's.
+    rng = np.random.default_rng(seed)
+    before = metrics(server)
+    lat = []
+    with httpclient.InferenceServerClient(server.endpoints.http, network_timeout=120) as c:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            inputs = _inputs(request(num_dense, rows, batch, dist, rng))
+            t0 = time.perf_counter()
+            c.infer("rec", inputs)
+            lat.append(time.perf_counter() - t0)
+    return {**_latency(lat), **_store_counts(before, metrics(server))}
+
+
+def paired_window(plain, tiered, num_dense, rows, batch, dist, seconds, seed) -> dict:
+    """Every request to both servers, one after the other, the first one alternating: the two
+    p99s share the window's noise (other jobs on the machine), so their ratio is stable where
+    two windows' are not. One request is in flight at a time: the servers never compete."""
+    import tritonclient.http as httpclient
+
+    rng = np.random.default_rng(seed)
+    before = metrics(tiered)
+    lat: dict[str, list[float]] = {"in_process": [], "tiered": []}
+    servers = {"in_process": plain, "tiered": tiered}
+    clients = {k: httpclient.InferenceServerClient(s.endpoints.http, network_timeout=120)
+               for k, s in servers.items()}  # fmt: skip
+    try:
+        end, k = time.perf_counter() + seconds, 0
+        while time.perf_counter() < end:
+            inputs = _inputs(request(num_dense, rows, batch, dist, rng))
+            order = ("in_process", "tiered") if k % 2 == 0 else ("tiered", "in_process")
+            for name in order:
+                t0 = time.perf_counter()
+                clients[name].infer("rec", inputs)
+                lat[name].append(time.perf_counter() - t0)
+            k += 1
+    finally:
+        for c in clients.values():
+            c.close()
+    tiered_out = {**_latency(lat["tiered"]), **_store_counts(before, metrics(tiered))}
+    in_process = _latency(lat["in_process"])
+    return {"in_process": in_process, "tiered": tiered_out,
+            "p99_ratio": round(tiered_out["p99_ms"] / in_process["p99_ms"], 3),
+            "p50_ratio": round(tiered_out["p50_ms"] / in_process["p50_ms"], 3)}  # fmt: skip
 
 
 def warm_up(server, num_dense, rows, dist, args, seed) -> dict:
@@ -145,8 +195,6 @@ def throughput(server, num_dense, rows, seconds, clients) -> dict:
 
     import tritonclient.http as httpclient
 
-    from rec.contract import DTYPES
-
     done = [0] * clients
     before = metrics(server)
 
@@ -155,12 +203,7 @@ def throughput(server, num_dense, rows, seconds, clients) -> dict:
         with httpclient.InferenceServerClient(server.endpoints.http, network_timeout=120) as c:
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
-                inputs = []
-                for name, arr in request(num_dense, rows, 512, "zipf1.05", rng).items():
-                    x = httpclient.InferInput(name, list(arr.shape), DTYPES[name])
-                    x.set_data_from_numpy(arr)
-                    inputs.append(x)
-                c.infer("rec", inputs)
+                c.infer("rec", _inputs(request(num_dense, rows, 512, "zipf1.05", rng)))
                 done[i] += 1
 
     t0 = time.perf_counter()
@@ -223,6 +266,38 @@ def store_hosts(label: str, run: Path, work: Path, args) -> dict:
     return out
 
 
+def tiered_cells(plain_server, tiered: Path, num_dense, rows, args, label) -> tuple[dict, dict]:
+    """For each (batch, ids): a tiered rec-server afresh, a cold paired window, the warm-up, a
+    warm paired window of --warm-window-s. Returns the tiered server's peak RSS and warm-ups,
+    and the paired windows by cell (b1_zipf1.05_cold, ...)."""
+    from rec.serve.cpp import launch_cpp
+
+    cache = ("--updates", "none", "--store-cache-bytes", str(args.cache_mb << 20))
+    tiered_out: dict = {"peak_rss_bytes": 0}
+    paired: dict = {}
+    for batch in (1, 512):
+        for dist in DISTRIBUTIONS:
+            server = launch_cpp(tiered, *cache, ready_timeout=600)
+            try:
+                for phase in ("cold", "warm"):
+                    seed = batch + 10 * DISTRIBUTIONS.index(dist) + 100 * (phase == "warm")
+                    seconds = args.window_s
+                    if phase == "warm":
+                        warm = warm_up(server, num_dense, rows, dist, args, 1000 + seed)
+                        tiered_out[f"b{batch}_{dist}_warmup"] = warm
+                        log(f"{label} tiered B={batch} {dist} warm-up: {warm}")
+                        seconds = args.warm_window_s
+                    cell = f"b{batch}_{dist}_{phase}"
+                    paired[cell] = paired_window(plain_server, server, num_dense, rows, batch,
+                                                 dist, seconds, seed)  # fmt: skip
+                    log(f"{label} B={batch} {dist} {phase}, paired: {paired[cell]}")
+                peak = max(tiered_out["peak_rss_bytes"], server.peak_rss_bytes())
+                tiered_out["peak_rss_bytes"] = peak
+            finally:
+                server.stop()
+    return tiered_out, paired
+
+
 def measure(label: str, run: Path, work: Path, args) -> dict:
     from rec.contract import read_manifest
     from rec.serve.cpp import launch_cpp
@@ -253,48 +328,21 @@ def measure(label: str, run: Path, work: Path, args) -> dict:
         owner = manifest.data["features"]["sparse_table"]
         rows = [by_name[owner[f]] for f in manifest.sparse_names]
         num_dense = len(manifest.dense_names)
-        # No update log: a reused run may name a broker that is gone.
-        server = launch_cpp(plain, "--updates", "none", ready_timeout=600)
+        # No update log: a reused run may name a broker that is gone. The in-process server
+        # stays up beside each tiered one: the latencies are measured in paired windows.
+        plain_server = launch_cpp(plain, "--updates", "none", ready_timeout=600)
         try:
-            r: dict = {"peak_rss_bytes_loaded": server.peak_rss_bytes()}
-            for batch in (1, 512):
-                for dist in DISTRIBUTIONS:
-                    w = window(server, num_dense, rows, batch, dist, args.window_s, seed=batch)
-                    r[f"b{batch}_{dist}_warm"] = w
-                    log(f"{label} in-process B={batch} {dist}: {w}")
-            r["peak_rss_bytes"] = server.peak_rss_bytes()
+            result["in_process"] = {"peak_rss_bytes_loaded": plain_server.peak_rss_bytes()}
+            result["tiered"], result["paired"] = tiered_cells(
+                plain_server, tiered, num_dense, rows, args, label
+            )
+            result["in_process"]["peak_rss_bytes"] = plain_server.peak_rss_bytes()
         finally:
-            server.stop()
-        result["in_process"] = r
-        # The tiered server afresh for each (batch, ids): cold, then warm. No update log: a reused
-        # run may name a broker that is gone.
-        cache = ("--updates", "none", "--store-cache-bytes", str(args.cache_mb << 20))
-        r = {"peak_rss_bytes": 0}
-        for batch in (1, 512):
-            for dist in DISTRIBUTIONS:
-                server = launch_cpp(tiered, *cache, ready_timeout=600)
-                try:
-                    for phase in ("cold", "warm"):
-                        seed = batch + 10 * DISTRIBUTIONS.index(dist) + 100 * (phase == "warm")
-                        if phase == "warm":
-                            warm = warm_up(server, num_dense, rows, dist, args, 1000 + seed)
-                            r[f"b{batch}_{dist}_warmup"] = warm
-                            log(f"{label} tiered B={batch} {dist} warm-up: {warm}")
-                        w = window(server, num_dense, rows, batch, dist, args.window_s, seed)
-                        r[f"b{batch}_{dist}_{phase}"] = w
-                        log(f"{label} tiered B={batch} {dist} {phase}: {w}")
-                    r["peak_rss_bytes"] = max(r["peak_rss_bytes"], server.peak_rss_bytes())
-                finally:
-                    server.stop()
-        result["tiered"] = r
+            plain_server.stop()
     ratios = {"peak_rss": round(result["tiered"]["peak_rss_bytes"]
                                 / result["in_process"]["peak_rss_bytes"], 3)}  # fmt: skip
-    for batch in (1, 512):
-        for dist in DISTRIBUTIONS:
-            base = result["in_process"][f"b{batch}_{dist}_warm"]["p99_ms"]
-            for phase in ("cold", "warm"):
-                p99 = result["tiered"][f"b{batch}_{dist}_{phase}"]["p99_ms"]
-                ratios[f"p99_b{batch}_{dist}_{phase}"] = round(p99 / base, 3)
+    for cell, paired in result["paired"].items():
+        ratios[f"p99_{cell}"] = paired["p99_ratio"]
     result["tiered_over_in_process"] = ratios
     if args.store_hosts:
         result["store_hosts"] = store_hosts(label, run, work, args)
@@ -308,7 +356,10 @@ def main() -> None:
     parser.add_argument("--kaggle-run", type=Path, default=None,
                         help="a trained run of examples/criteo_kaggle.yaml to export")  # fmt: skip
     parser.add_argument("--cache-mb", type=int, default=256)
-    parser.add_argument("--window-s", type=float, default=5.0)
+    parser.add_argument("--window-s", type=float, default=5.0,
+                        help="cold and warm-up windows, store-hosts throughput")  # fmt: skip
+    parser.add_argument("--warm-window-s", type=float, default=20.0,
+                        help="the warm paired window, for a stable p99 ratio")  # fmt: skip
     parser.add_argument("--clients", type=int, default=2, help="closed-loop clients, store hosts")
     parser.add_argument(
         "--steady-points",
@@ -347,6 +398,7 @@ def main() -> None:
         "command": "benchmarks/store_bench.py" + (" --kaggle-run RUN" if args.kaggle_run else ""),
         "cache_mb": args.cache_mb,
         "window_s": args.window_s,
+        "warm_window_s": args.warm_window_s,
         "clients": args.clients,
         "steady_points": args.steady_points,
         "warmup_max_s": args.warmup_max_s,
