@@ -135,7 +135,27 @@ class ScoreClient:
                 return self._client.get_model_config(self.model)
             return self._client.get_model_config(self.model, as_json=True)["config"]
         except InferenceServerException as e:
-            raise ServeError(f"cannot read model {self.model!r} from {self.url}: {e}") from e
+            why = self.not_ready_reason()
+            why = f" (the server's repository index: {why})" if why else ""
+            raise ServeError(f"cannot read model {self.model!r} from {self.url}: {e}{why}") from e
+
+    def not_ready_reason(self) -> str | None:
+        """Why the model is not loaded, from Triton's repository index (its state and reason),
+        or None: loaded, not in the index, or a server without the index (rec-server's own
+        errors name the reason). Triton answers a request to a model whose load failed with
+        "no version available" alone; the reason, a store that did not answer for example,
+        is only in the index."""
+        try:
+            if self.protocol == "http":
+                index = self._client.get_model_repository_index()
+            else:
+                index = self._client.get_model_repository_index(as_json=True).get("models", [])
+        except InferenceServerException:
+            return None
+        for entry in index:
+            if entry.get("name") == self.model and entry.get("state") not in (None, "READY"):
+                return f"{entry['state']}: {entry.get('reason', '')}".rstrip(": ")
+        return None
 
     def input_sizes(self) -> tuple[int, int]:
         """(D, F): the last dim of dense_features and sparse_lengths in the served config."""

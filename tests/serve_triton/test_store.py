@@ -32,6 +32,8 @@ from rec.contract import DENSE, LENGTHS, VALUES
 from rec.contract import store as contract
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode
+from rec.serve.client import ScoreClient
+from rec.serve.repository import ServeError
 from rec.serve.triton import start_triton
 from rec.store.cluster import RedisCluster
 from rec.store.follow import StoreFollower
@@ -238,6 +240,11 @@ def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_pat
         request = random_request(NUM_DENSE, NUM_SPARSE, 3, seed=2)
         with pytest.raises(InferenceServerException):  # Triton: no version of 'rec' available
             infer(httpclient, server, request)
+        for protocol in ("http", "grpc"):  # rec predict's client adds the index's reason
+            client = ScoreClient(getattr(server.endpoints, protocol), protocol)
+            with pytest.raises(ServeError, match=f"UNAVAILABLE: .*embedding store {dead}"):
+                client.model_config()
+            client.close()
         for manifest in manifests:  # the store is back (here: rec.json names the live one)
             data = json.loads(manifest.read_text())
             data["store"]["url"] = tier.cluster.url()
