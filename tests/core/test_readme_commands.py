@@ -1,7 +1,7 @@
 """The READMEs' commands run as written: every `rec <command> ...` in a fenced shell block of
-README.md and benchmarks/README.md parses with the real click command (options, choices,
-types; nothing runs), every `rec` flag quoted inline exists, every `make` target exists, and
-every script a command runs exists and accepts the flags given to it."""
+README.md, benchmarks/README.md and docs/deploy.md parses with the real click command (options,
+choices, types; nothing runs), every `rec` flag quoted inline exists, every `make` target exists,
+and every script a command runs exists and accepts the flags given to it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from rec.cli import main as rec_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "benchmarks/README.md")
+DOCS = ("README.md", "benchmarks/README.md", "docs/deploy.md")
 _SEPARATORS = {"&&", "||", ";", "|"}
 
 
