@@ -162,6 +162,53 @@ class RedisCluster:
                         out[node.address] = int(line.split(":")[1])
         return out
 
+    def owner(self, key: str) -> Node:
+        """The master that serves `key`'s hash slot now."""
+        slot = self.slot(key)
+        node = next(n for n in self.nodes if n.alive())
+        for line in node.cli("CLUSTER", "NODES", timeout=5).splitlines():
+            fields = line.split()
+            if "master" not in fields[2].split(",") or "fail" in fields[2]:
+                continue
+            for span in fields[8:]:
+                if span.startswith("["):  # an import or migration under way, not ownership
+                    continue
+                low, _, high = span.partition("-")
+                if int(low) <= slot <= int(high or low):
+                    address = fields[1].split("@")[0]
+                    return next(n for n in self.nodes if n.address == address)
+        raise ClusterError(f"no master serves slot {slot} (of {key!r})")
+
+    def slot(self, key: str) -> int:
+        node = next(n for n in self.nodes if n.alive())
+        return int(node.cli("CLUSTER", "KEYSLOT", key, timeout=5))
+
+    def start_moving(self, key: str, to: Node) -> int:
+        """Resharding's first half, as `redis-cli --cluster reshard` does it for one slot: `to`
+        importing `key`'s slot, its owner migrating it, and every key of the slot moved over.
+        The owner then answers ASK for them, until finish_moving. Returns the slot."""
+        slot, source = self.slot(key), self.owner(key)
+        if source is to:
+            raise ClusterError(f"slot {slot} of {key!r} is on {to.address} already")
+        to.cli("CLUSTER", "SETSLOT", str(slot), "IMPORTING", self._id(source))
+        source.cli("CLUSTER", "SETSLOT", str(slot), "MIGRATING", self._id(to))
+        keys = source.cli("CLUSTER", "GETKEYSINSLOT", str(slot), "1000").split()
+        out = source.cli("MIGRATE", to.host, str(to.port), "", "0", "10000", "KEYS", *keys)
+        if out.strip() != "OK":
+            raise ClusterError(f"MIGRATE of slot {slot} to {to.address}: {out.strip()}")
+        return slot
+
+    def finish_moving(self, slot: int, to: Node) -> None:
+        """Resharding's second half: every master told `to` owns `slot`. Its former owner then
+        answers MOVED."""
+        to_id = self._id(to)
+        for node in [to, *(m for m in self.masters() if m is not to)]:
+            node.cli("CLUSTER", "SETSLOT", str(slot), "NODE", to_id)
+
+    @staticmethod
+    def _id(node: Node) -> str:
+        return node.cli("CLUSTER", "MYID", timeout=5).strip()
+
     def kill(self, node: Node) -> None:
         """SIGKILL one node (a crash)."""
         if node.alive():

@@ -204,12 +204,17 @@ class StoreReader:
         out: list[bytes] = [b""] * len(keys_np)
         for (t, p), values in zip(order, found, strict=True):
             want = self.tables[t]["row_bytes"]
+            key = partition_key(self.prefix, self.names[t], p)
             for k, value in zip(groups[(t, p)], values, strict=True):
                 where = f"store {self.url}: row {int(rows[k])} of table {self.names[t]!r}"
                 if value is None:
-                    raise StoreError(f"{where} is missing under {self.prefix!r}")
+                    # A whole partition gone is told apart from one row gone (error path only).
+                    why = (f"not in partition hash {key!r}" if self.client.exists(key)
+                           else f"partition hash {key!r} does not exist")  # fmt: skip
+                    raise StoreError(f"{where} is missing: {why}")
                 if len(value) != want:
-                    raise StoreError(f"{where} has {len(value)} bytes, want {want}")
+                    raise StoreError(f"{where} in partition hash {key!r} has {len(value)} bytes, "
+                                     f"want {want}")  # fmt: skip
                 out[k] = value
         return out
 

@@ -40,16 +40,18 @@ class Server:
     def stderr(self) -> str:
         return "".join(self.log)
 
-    def metric(self, name: str, model: str = "rec") -> float:
-        """The value of Prometheus metric `name` for `model`, read from the server's metrics
-        port: the server's own count, for tests that must not judge it by a client's clock."""
+    def metric(self, name: str, model: str = "rec", **labels: str) -> float:
+        """The value of Prometheus metric `name` for `model` (summed over its series, or those
+        with `labels`), read from the server's metrics port: the server's own count, for tests
+        that must not judge it by a client's clock."""
         with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
             text = r.read().decode()
-        labels = rf'\{{[^}}]*model="{re.escape(model)}"[^}}]*\}}'
-        pattern = re.compile(rf"^{re.escape(name)}{labels} (\S+)$")
-        values = [float(m.group(1)) for m in map(pattern.match, text.splitlines()) if m]
+        pattern = re.compile(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$")
+        want = {f'{k}="{v}"' for k, v in {"model": model, **labels}.items()}
+        values = [float(m.group(2)) for m in map(pattern.match, text.splitlines())
+                  if m and want <= set(m.group(1).split(","))]  # fmt: skip
         if not values:
-            raise KeyError(f"no {name} for model {model!r} in /metrics")
+            raise KeyError(f"no {name} for model {model!r} {labels or ''} in /metrics")
         return sum(values)
 
     def wait_for_metric(self, name: str, at_least: float, timeout: float = 60.0) -> float:

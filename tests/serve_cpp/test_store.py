@@ -93,36 +93,86 @@ def test_served_scores_are_the_in_process_models_bit_for_bit(tier):
         server.stop()
 
 
-def test_a_missing_row_is_an_error_that_names_it(tier):
-    cluster, repo, plain, _ = tier
+def a_stored_row(repo, request: dict) -> tuple[str, int, str]:
+    """(table, row, partition hash key) of a store row that `request` reads (the model's keys)."""
     section = json.loads((repo / "rec" / "1" / "rec.json").read_text())["store"]
-    request = random_request(4, 5, 8, seed=11)
-    # A row this request reads: the model says which (its keys), none of them cached yet.
     keys = torch.jit.load(str(repo / "rec" / "1" / "model.pt")).store_ids(
         torch.from_numpy(request["sparse_lengths"]), torch.from_numpy(request["sparse_values"])
     )
-    names = contract.store_order(section)
     key = int(keys[0])
-    table, row = names[key >> 40], key & ((1 << 40) - 1)
+    table, row = contract.store_order(section)[key >> 40], key & ((1 << 40) - 1)
     partition = row % section["tables"][table]["partitions"]
+    return table, row, contract.partition_key(section["prefix"], table, partition)
+
+
+def test_bad_store_answers_are_errors_that_name_them(tier):
+    """A row gone, its whole partition hash gone, a row of the wrong size: each fails the
+    request (HTTP 500, gRPC INTERNAL) with a message naming the row, the table and the hash,
+    never a zero or truncated row; put back, the same request scores right."""
+    cluster, repo, plain, _ = tier
+    request = random_request(4, 5, 8, seed=11)
+    want = plain(*[torch.from_numpy(a) for a in request.values()]).numpy()
+    table, row, hash_key = a_stored_row(repo, request)
     client = connect(cluster.url())
-    hash_key = contract.partition_key(section["prefix"], table, partition)
-    saved = client.hget(hash_key, str(row))
-    client.hdel(hash_key, str(row))
-    server = Server(repo)
+    saved = client.hgetall(hash_key)
+    good = saved[str(row).encode()]
+    faults = {
+        "row": (lambda: client.hdel(hash_key, str(row)),
+                f"row {row} of table '{table}' is missing: not in partition hash '{hash_key}'"),
+        "partition": (lambda: client.delete(hash_key),
+                      f"of table '{table}' is missing: partition hash '{hash_key}' does not "
+                      "exist"),  # its first row the request reads: maybe another than `row`
+        "size": (lambda: client.hset(hash_key, str(row), good[:-1]),
+                 f"row {row} of table '{table}' in partition hash '{hash_key}' has "
+                 f"{len(good) - 1} bytes, want {len(good)}"),
+    }  # fmt: skip
+    server = Server(repo, "--store-cache-bytes", "0")  # every request reads the store
     try:
-        with httpclient.InferenceServerClient(server.http) as c, pytest.raises(Exception) as err:
-            c.infer("rec", infer_inputs(httpclient, request))
-        message = str(err.value)
-        assert f"row {row} of table '{table}' is missing" in message, message
-        assert server.metric("rec_store_failed_lookups_total") >= 1
-        client.hset(hash_key, str(row), saved)  # back: the same request now scores right
-        want = plain(*[torch.from_numpy(a) for a in request.values()]).numpy()
-        assert np.array_equal(scores(httpclient, server, request), want)
+        for fault, (break_it, named) in faults.items():
+            break_it()
+            for module, status in ((httpclient, "500"), (grpcclient, "StatusCode.INTERNAL")):
+                with pytest.raises(InferenceServerException) as err:
+                    scores(module, server, request)
+                assert named in str(err.value), (fault, str(err.value))
+                assert err.value.status() == status, (fault, str(err.value))
+            client.hset(hash_key, mapping=saved)
+            assert np.array_equal(scores(httpclient, server, request), want), fault
+        assert server.metric("rec_store_failed_lookups_total") >= 2 * len(faults)
     finally:
         server.stop()
-        client.hset(hash_key, str(row), saved)
+        client.hset(hash_key, mapping=saved)
         client.close()
+
+
+def test_a_slot_moved_mid_request_is_followed_and_scores_right(tier):
+    """Resharding under the server, one slot: while it migrates, its old owner answers ASK for
+    the partition hash (rec-server asks the importing node, ASKING first); once moved, MOVED
+    (rec-server reloads the slot map). Every score is the in-process model's, none fails."""
+    cluster, repo, plain, _ = tier
+    request = random_request(4, 5, 8, seed=11)
+    want = plain(*[torch.from_numpy(a) for a in request.values()]).numpy()
+    _, _, hash_key = a_stored_row(repo, request)
+    source = cluster.owner(hash_key)
+    target = next(m for m in cluster.masters() if m is not source)
+    server = Server(repo, "--store-cache-bytes", "0")
+    try:
+        assert np.array_equal(scores(httpclient, server, request), want)
+        slot = cluster.start_moving(hash_key, target)
+        # The old owner redirects: a client that treats ASK as MOVED finds the slot map
+        # unchanged, retries until its deadline and fails.
+        with pytest.raises(redis.exceptions.AskError):
+            redis.Redis(source.host, source.port).hgetall(hash_key)
+        asked = server.metric("rec_store_node_requests_total", node=target.address)
+        for module in (httpclient, grpcclient):
+            assert np.array_equal(scores(module, server, request), want)
+        assert server.metric("rec_store_node_requests_total", node=target.address) > asked
+        cluster.finish_moving(slot, target)
+        assert cluster.owner(hash_key) is target
+        for module in (grpcclient, httpclient):
+            assert np.array_equal(scores(module, server, request), want)
+        assert server.metric("rec_store_failed_lookups_total") == 0
+    finally:
+        server.stop()
 
 
 def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_path):

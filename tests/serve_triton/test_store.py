@@ -125,35 +125,72 @@ def ids(tier, request: dict) -> list[int]:
     return tier.tiered.store_ids(lengths, values).tolist()
 
 
-def test_a_missing_row_fails_its_request_naming_the_row(tier):
+def a_stored_row(tier, request: dict) -> tuple[int, str, int, str]:
+    """(key, table, row, partition hash key) of a store row that `request` reads."""
     store = tier.manifest["store"]
-    request = random_request(NUM_DENSE, NUM_SPARSE, 8, seed=11)
     keys = ids(tier, request)
     key = keys[len(keys) // 2]
     table, row = contract.store_order(store)[key >> 40], key & ((1 << 40) - 1)
-    hash_key = contract.partition_key(
-        store["prefix"], table, row % store["tables"][table]["partitions"]
-    )
+    partition = row % store["tables"][table]["partitions"]
+    return key, table, row, contract.partition_key(store["prefix"], table, partition)
+
+
+def test_bad_store_answers_fail_the_request_naming_them(tier):
+    """A row gone, its partition hash gone, a row of the wrong size: each fails its request
+    (HTTP 500, gRPC INTERNAL) naming the row, the table and the hash; Triton keeps serving."""
+    store = tier.manifest["store"]
+    request = random_request(NUM_DENSE, NUM_SPARSE, 8, seed=11)
+    key, table, row, hash_key = a_stored_row(tier, request)
     client = connect(store["url"])
-    saved = client.hget(hash_key, str(row))
-    assert saved is not None and len(saved) == store["tables"][table]["row_bytes"]
+    saved = client.hgetall(hash_key)
+    good = saved[str(row).encode()]
+    assert len(good) == store["tables"][table]["row_bytes"]
+    faults = {
+        "row": (lambda: client.hdel(hash_key, str(row)),
+                f"row {row} of table '{table}' is missing: not in partition hash '{hash_key}'"),
+        "partition": (lambda: client.delete(hash_key),
+                      f"of table '{table}' is missing: partition hash '{hash_key}' does not "
+                      "exist"),  # its first row the request reads: maybe another than `row`
+        "size": (lambda: client.hset(hash_key, str(row), good[:-1]),
+                 f"row {row} of table '{table}' in partition hash '{hash_key}' has "
+                 f"{len(good) - 1} bytes, want {len(good)}"),
+    }  # fmt: skip
     try:
-        client.hdel(hash_key, str(row))
-        for module, status in ((httpclient, "500"), (grpcclient, "StatusCode.INTERNAL")):
-            with pytest.raises(InferenceServerException) as err:
-                infer(module, tier.server, request)
-            message = str(err.value)
-            assert f"row {row} of table '{table}' is missing" in message, message
-            assert f"embedding store {store['url']}: row" in message, message
-            assert err.value.status() == status, message
-        # Triton keeps serving: another request, and this one once the row is back.
+        for fault, (break_it, named) in faults.items():
+            break_it()
+            for module, status in ((httpclient, "500"), (grpcclient, "StatusCode.INTERNAL")):
+                with pytest.raises(InferenceServerException) as err:
+                    infer(module, tier.server, request)
+                message = str(err.value)
+                assert named in message, (fault, message)
+                assert f"embedding store {store['url']}: row" in message, message
+                assert err.value.status() == status, message
+            client.hset(hash_key, mapping=saved)
+        # Triton kept serving: another request, and this one with its rows back.
         other = next(r for r in (random_request(NUM_DENSE, NUM_SPARSE, 3, seed=s)
                                  for s in range(12, 100)) if key not in ids(tier, r))  # fmt: skip
         assert np.array_equal(infer(grpcclient, tier.server, other), tier.want(other).numpy())
     finally:
-        client.hset(hash_key, str(row), saved)
+        client.hset(hash_key, mapping=saved)
         client.close()
     assert np.array_equal(infer(httpclient, tier.server, request), tier.want(request).numpy())
+
+
+def test_a_slot_moved_mid_request_is_followed_and_scores_right(tier):
+    """One slot resharded under Triton: ASK while it migrates, MOVED after; redis-py's cluster
+    pipeline follows both, and every score is the in-process model's."""
+    request = random_request(NUM_DENSE, NUM_SPARSE, 8, seed=11)
+    want = tier.want(request).numpy()
+    hash_key = a_stored_row(tier, request)[3]
+    source = tier.cluster.owner(hash_key)
+    target = next(m for m in tier.cluster.masters() if m is not source)
+    slot = tier.cluster.start_moving(hash_key, target)
+    for module in (httpclient, grpcclient):
+        assert np.array_equal(infer(module, tier.server, request), want)
+    tier.cluster.finish_moving(slot, target)
+    assert tier.cluster.owner(hash_key) is target
+    for module in (grpcclient, httpclient):
+        assert np.array_equal(infer(module, tier.server, request), want)
 
 
 def metric(server, name: str) -> float:

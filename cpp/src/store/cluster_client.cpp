@@ -131,6 +131,76 @@ bool ClusterClient::RefreshSlotsLocked(std::string* why) {
   return false;
 }
 
+void ClusterClient::AppendGet(Node* node, const HashGet& get, bool asking) {
+  if (asking) redisAppendCommand(node->ctx, "ASKING");
+  std::vector<const char*> argv = {"HMGET", get.key.c_str()};
+  std::vector<size_t> lens = {5, get.key.size()};
+  for (const std::string& f : get.fields) {
+    argv.push_back(f.c_str());
+    lens.push_back(f.size());
+  }
+  redisAppendCommandArgv(node->ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
+}
+
+ClusterClient::Attempt ClusterClient::FlushLocked(const std::string& address, Node* node,
+                                                  std::string* why) {
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(node->ctx, &done) != REDIS_OK) {
+      *why = "node " + address + ": " + node->ctx->errstr;
+      DropLocked(node);
+      return Attempt::kRetry;
+    }
+  }
+  return Attempt::kDone;
+}
+
+ClusterClient::Attempt ClusterClient::ReadLocked(const std::string& address, Node* node,
+                                                 const HashGet& get,
+                                                 std::vector<FieldValue>* values, std::string* ask,
+                                                 std::string* why, Status* failed) {
+  void* raw = nullptr;
+  if (redisGetReply(node->ctx, &raw) != REDIS_OK || raw == nullptr) {
+    *why = "node " + address + ": " + node->ctx->errstr;
+    DropLocked(node);
+    return Attempt::kRetry;
+  }
+  auto* reply = static_cast<redisReply*>(raw);
+  Attempt result = Attempt::kDone;
+  if (reply->type == REDIS_REPLY_ERROR) {
+    const std::string error(reply->str, reply->len);
+    *why = "node " + address + ": " + error;
+    if (ask != nullptr && StartsWith(reply->str, reply->len, "ASK ")) {
+      // "ASK <slot> <host:port>": this key only, this once, from the node importing its slot.
+      *ask = error.substr(error.rfind(' ') + 1);
+    } else if (StartsWith(reply->str, reply->len, "MOVED") ||
+               StartsWith(reply->str, reply->len, "ASK") ||
+               StartsWith(reply->str, reply->len, "TRYAGAIN") ||
+               StartsWith(reply->str, reply->len, "CLUSTERDOWN")) {
+      result = Attempt::kRetry;
+    } else {
+      *failed = Unavailable("embedding store " + name_ + ": " + *why);
+      result = Attempt::kFailed;
+    }
+  } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != get.fields.size()) {
+    *failed =
+        Unavailable("embedding store " + name_ + ": node " + address + ": HMGET of " + get.key +
+                    " answered with no array of " + std::to_string(get.fields.size()) + " values");
+    result = Attempt::kFailed;
+  } else {
+    values->assign(reply->elements, FieldValue{});
+    for (size_t j = 0; j < reply->elements; ++j) {
+      const redisReply* e = reply->element[j];
+      if (e->type == REDIS_REPLY_STRING) {
+        (*values)[j].found = true;
+        (*values)[j].value.assign(e->str, e->len);
+      }
+    }
+  }
+  freeReplyObject(reply);
+  return result;
+}
+
 ClusterClient::Attempt ClusterClient::TryLocked(const std::vector<HashGet>& gets,
                                                 std::vector<std::vector<FieldValue>>* out,
                                                 std::map<std::string, uint64_t>* per_node,
@@ -145,75 +215,55 @@ ClusterClient::Attempt ClusterClient::TryLocked(const std::vector<HashGet>& gets
     }
     by_node[owner].push_back(i);
   }
+  // Send every node its share before reading, so the nodes work in parallel.
   for (auto& [address, indices] : by_node) {
     Node* node = NodeLocked(address);
-    Status st = ConnectLocked(node);
-    if (!st.ok()) {
+    if (Status st = ConnectLocked(node); !st.ok()) {
       *why = st.message();
       return Attempt::kRetry;
     }
-    for (size_t i : indices) {
-      std::vector<const char*> argv = {"HMGET", gets[i].key.c_str()};
-      std::vector<size_t> lens = {5, gets[i].key.size()};
-      for (const std::string& f : gets[i].fields) {
-        argv.push_back(f.c_str());
-        lens.push_back(f.size());
-      }
-      redisAppendCommandArgv(node->ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
-    }
-    // Send now, so every node works while the first one's replies are read.
-    int done = 0;
-    while (!done) {
-      if (redisBufferWrite(node->ctx, &done) != REDIS_OK) {
-        *why = "node " + address + ": " + node->ctx->errstr;
-        DropLocked(node);
-        return Attempt::kRetry;
-      }
-    }
+    for (size_t i : indices) AppendGet(node, gets[i], /*asking=*/false);
+    if (FlushLocked(address, node, why) != Attempt::kDone) return Attempt::kRetry;
     if (per_node) (*per_node)[address] += indices.size();
   }
   Attempt result = Attempt::kDone;
+  // Keys of a slot being migrated that have left their node already: (target, index).
+  std::map<std::string, std::vector<size_t>> asks;
   for (auto& [address, indices] : by_node) {
     Node* node = NodeLocked(address);
     for (size_t i : indices) {
       if (node->ctx == nullptr) break;  // dropped below: its remaining replies are lost
-      void* raw = nullptr;
-      if (redisGetReply(node->ctx, &raw) != REDIS_OK || raw == nullptr) {
+      std::string ask;
+      const Attempt a = ReadLocked(address, node, gets[i], &(*out)[i], &ask, why, failed);
+      if (!ask.empty()) asks[ask].push_back(i);
+      if (a == Attempt::kFailed || (a == Attempt::kRetry && result == Attempt::kDone)) result = a;
+    }
+  }
+  if (result != Attempt::kDone || asks.empty()) return result;
+  // The slot map stays as it is: the source node still owns the slot until the move ends.
+  for (auto& [address, indices] : asks) {
+    Node* node = NodeLocked(address);
+    if (Status st = ConnectLocked(node); !st.ok()) {
+      *why = st.message();
+      return Attempt::kRetry;
+    }
+    for (size_t i : indices) AppendGet(node, gets[i], /*asking=*/true);
+    if (FlushLocked(address, node, why) != Attempt::kDone) return Attempt::kRetry;
+    if (per_node) (*per_node)[address] += indices.size();
+  }
+  for (auto& [address, indices] : asks) {
+    Node* node = NodeLocked(address);
+    for (size_t i : indices) {
+      if (node->ctx == nullptr) break;
+      void* ok = nullptr;  // ASKING's +OK
+      if (redisGetReply(node->ctx, &ok) != REDIS_OK || ok == nullptr) {
         *why = "node " + address + ": " + node->ctx->errstr;
         DropLocked(node);
-        result = Attempt::kRetry;
-        break;
+        return Attempt::kRetry;
       }
-      auto* reply = static_cast<redisReply*>(raw);
-      if (reply->type == REDIS_REPLY_ERROR) {
-        const bool moved = StartsWith(reply->str, reply->len, "MOVED") ||
-                           StartsWith(reply->str, reply->len, "ASK") ||
-                           StartsWith(reply->str, reply->len, "TRYAGAIN") ||
-                           StartsWith(reply->str, reply->len, "CLUSTERDOWN");
-        *why = "node " + address + ": " + std::string(reply->str, reply->len);
-        if (moved) {
-          if (result == Attempt::kDone) result = Attempt::kRetry;
-        } else {
-          *failed = Unavailable("embedding store " + name_ + ": " + *why);
-          result = Attempt::kFailed;
-        }
-      } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != gets[i].fields.size()) {
-        *failed = Unavailable("embedding store " + name_ + ": node " + address + ": HMGET of " +
-                              gets[i].key + " answered with no array of " +
-                              std::to_string(gets[i].fields.size()) + " values");
-        result = Attempt::kFailed;
-      } else {
-        std::vector<FieldValue>& values = (*out)[i];
-        values.assign(reply->elements, FieldValue{});
-        for (size_t j = 0; j < reply->elements; ++j) {
-          const redisReply* e = reply->element[j];
-          if (e->type == REDIS_REPLY_STRING) {
-            values[j].found = true;
-            values[j].value.assign(e->str, e->len);
-          }
-        }
-      }
-      freeReplyObject(reply);
+      freeReplyObject(ok);
+      const Attempt a = ReadLocked(address, node, gets[i], &(*out)[i], nullptr, why, failed);
+      if (a == Attempt::kFailed || (a == Attempt::kRetry && result == Attempt::kDone)) result = a;
     }
   }
   return result;

@@ -2,7 +2,8 @@
 // hash slot (CLUSTER SLOTS); each node's share of a batch goes out as one pipeline, every
 // node's pipeline is sent before any reply is read, so the nodes work in parallel. A moved
 // slot, a failed-over master or a dropped connection refreshes the slot map and retries the
-// batch, within a deadline; after it, the batch fails as Unavailable naming the store.
+// batch, within a deadline; after it, the batch fails as Unavailable naming the store. A key
+// whose slot is being migrated (ASK) is read from the importing node, ASKING first.
 #pragma once
 
 #include <array>
@@ -62,6 +63,15 @@ class ClusterClient {
   Status ConnectLocked(Node* node);
   void DropLocked(Node* node);
   Node* NodeLocked(const std::string& address);
+  // The HMGET of `get` (after ASKING, for a key whose slot is being imported) into the pipeline.
+  static void AppendGet(Node* node, const HashGet& get, bool asking);
+  // Writes the pipeline out; a write error drops the connection and asks for a retry.
+  Attempt FlushLocked(const std::string& address, Node* node, std::string* why);
+  // One HMGET reply into *values. With `ask`, an ASK redirect is kDone with *ask its target;
+  // without, it is a kRetry like MOVED.
+  Attempt ReadLocked(const std::string& address, Node* node, const HashGet& get,
+                     std::vector<FieldValue>* values, std::string* ask, std::string* why,
+                     Status* failed);
   Attempt TryLocked(const std::vector<HashGet>& gets, std::vector<std::vector<FieldValue>>* out,
                     std::map<std::string, uint64_t>* per_node, std::string* why, Status* failed);
 

@@ -91,11 +91,20 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) 
         stats_->failed_lookups.fetch_add(1);
         const std::string row = std::to_string(keys[i] & row_mask);
         if (!v.found) {
+          // A whole partition gone (deleted by hand, or a store flushed) is worth telling apart
+          // from one row gone; the extra round trip is on the error path only.
+          bool partition_exists = true;
+          Status ignored = client_.Exists(gets[g].key, &partition_exists);
+          (void)ignored;
           return Internal("embedding store " + spec_.url + ": row " + row + " of table '" +
-                          table.name + "' is missing under '" + spec_.prefix + "'");
+                          table.name + "' is missing: " +
+                          (partition_exists
+                               ? "not in partition hash '" + gets[g].key + "'"
+                               : "partition hash '" + gets[g].key + "' does not exist"));
         }
         return Internal("embedding store " + spec_.url + ": row " + row + " of table '" +
-                        table.name + "' has " + std::to_string(v.value.size()) + " bytes, want " +
+                        table.name + "' in partition hash '" + gets[g].key + "' has " +
+                        std::to_string(v.value.size()) + " bytes, want " +
                         std::to_string(table.row_bytes));
       }
       std::memcpy(rows->data() + offsets[i], v.value.data(), v.value.size());
