@@ -370,12 +370,23 @@ def main() -> None:
     parser.add_argument("--warmup-max-s", type=float, default=60.0)
     parser.add_argument("--store-hosts", action=argparse.BooleanOptionalAction, default=True,
                         help="the 1/2/3-host throughput part (no row cache)")  # fmt: skip
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work folder (runs, repositories, clusters; about 10 GB "
+                             "with the Kaggle model); removed by default")  # fmt: skip
     args = parser.parse_args()
 
+    work = Path(tempfile.mkdtemp(prefix="rec-store-"))
+    log(f"work in {work}" + ("" if args.keep else " (removed at the end; --keep keeps it)"))
+    try:
+        run_all(args, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_all(args, work: Path) -> None:
     from rec.cpu import cpu_info, describe
 
-    work = Path(tempfile.mkdtemp(prefix="rec-store-"))
-    log(f"work in {work}")
     runs = {}
     for label, config in (("default", None), ("kaggle", KAGGLE)):
         if label == "kaggle" and args.kaggle_run is not None:
