@@ -46,8 +46,7 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
         log(f"store: no table of {sc.min_bytes} stored bytes or more; every table stays in "
             "the model")  # fmt: skip
         return None
-    formats = ("torchscript",) if cfg.export.format == "torchscript" else ()
-    if not formats or cfg.model.factory:
+    if cfg.export.format != "torchscript" or cfg.model.factory:
         raise contract.StoreError(
             f"export.store: tables {', '.join(tables)} would go to the embedding store, which "
             "serves TorchScript models of rec's own architectures for now (export.format "

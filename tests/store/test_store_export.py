@@ -197,6 +197,11 @@ def test_a_bad_store_url_is_refused_by_name(tmp_path):
                   "redis://h:6379/0", check=False)  # fmt: skip
     assert out.returncode == 2 and "not HOST:PORT" in out.stdout, out.stdout
     assert "Traceback" not in out.stdout
+    # A format the store does not serve yet is refused by name, before any store is asked.
+    out = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), "--format", "onnx",
+                  "--store", "redis://127.0.0.1:1", check=False)  # fmt: skip
+    assert out.returncode == 2 and "export.format is 'onnx'" in out.stdout, out.stdout
+    assert "Traceback" not in out.stdout and not (tmp_path / "repo" / "rec" / "1").exists()
 
 
 def test_an_unreachable_store_is_an_error_before_any_work(tmp_path):
