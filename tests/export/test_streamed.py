@@ -54,14 +54,29 @@ def export_streamed(run: Path, repo: Path, dtypes: dict[str, str], chunk_rows: i
     return repo / "rec" / "1" / "model.pt"
 
 
+@pytest.fixture(scope="module")
+def in_memory(trained_runs, tmp_path_factory):
+    """(layout, dtypes) -> the in-memory path's model.pt, made once: it has no chunk size."""
+    made: dict[str, Path] = {}
+
+    def get(layout: str, dtypes: dict[str, str]) -> Path:
+        key = f"{layout}-{sorted(dtypes.items())}"
+        if key not in made:
+            out = tmp_path_factory.mktemp("in_memory") / "out"
+            made[key] = in_memory_model_pt(trained_runs[layout], out, dtypes)
+        return made[key]
+
+    return get
+
+
 @pytest.mark.parametrize("layout", ["tw_rw_cw_dp", "gs_twrw_twcw_tw"])
 @pytest.mark.parametrize(("dtypes", "chunk_rows"), [(MIXED, 7), ({}, 64), ({}, 0)])
-def test_streamed_model_file_is_the_in_memory_one(trained_runs, tmp_path, layout, dtypes,
-                                                  chunk_rows):  # fmt: skip
+def test_streamed_model_file_is_the_in_memory_one(trained_runs, in_memory, tmp_path, layout,
+                                                  dtypes, chunk_rows):  # fmt: skip
     run = trained_runs[layout]
     cfg = load_run(run).cfg
     streamed = export_streamed(run, tmp_path / "repo", dtypes, chunk_rows)
-    in_memory = in_memory_model_pt(run, tmp_path / "in_memory", dtypes)
+    in_memory = in_memory(layout, dtypes)
     want, got = archive_entries(in_memory), archive_entries(streamed)
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k] != want[k]] == []
