@@ -10,7 +10,7 @@ and its process CPU time (INFO cpu) are read before and after. Summed over the m
 time is what Redis spends per batch whatever the client; on 2 cores shared by 3 masters and the
 client, about half of it is the least wall time a batch can take here.
 
-    .venv/bin/python benchmarks/store_server_time.py [--keys 2000] [--batches 200]
+    .venv/bin/python benchmarks/store_server_time.py [--keys 2000] [--partitions 16]
 
 Writes benchmarks/results/store_server_time.json; the CPU is in the file. About 30 s.
 """
@@ -33,7 +33,7 @@ from rec.store.writer import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-TABLES, PARTITIONS, ROW_BYTES = 5, 16, 68
+TABLES, ROW_BYTES = 5, 68
 
 
 def log(msg: str) -> None:
@@ -57,9 +57,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=2000, help="rows per batch")
     parser.add_argument("--batches", type=int, default=200)
-    parser.add_argument("--rows-per-partition", type=int, default=20_000)
+    parser.add_argument("--partitions", type=int, default=16, help="hashes per table")
+    parser.add_argument("--rows-per-table", type=int, default=320_000)
     args = parser.parse_args()
-    rows = args.rows_per_partition * PARTITIONS
+    rows, partitions = args.rows_per_table, args.partitions
     with (
         tempfile.TemporaryDirectory(prefix="rec-store-time-") as tmp,
         RedisCluster(Path(tmp) / "cluster", masters=3, replicas=0) as cluster,
@@ -68,9 +69,9 @@ def main() -> None:
         row = bytes(range(ROW_BYTES))
         t0 = time.time()
         for t in range(TABLES):
-            for p in range(PARTITIONS):
+            for p in range(partitions):
                 key = partition_key("probe", f"t{t}", p)
-                fields = {str(r): row for r in range(p, rows, PARTITIONS)}
+                fields = {str(r): row for r in range(p, rows, partitions)}
                 for i in range(0, len(fields), 5000):  # pipelined writes of 5,000 rows
                     client.hset(key, mapping=dict(list(fields.items())[i : i + 5000]))
             log(f"table {t + 1}/{TABLES} written ({time.time() - t0:.0f} s)")
@@ -81,7 +82,7 @@ def main() -> None:
             groups: dict[tuple[int, int], list[str]] = {}
             for _ in range(args.keys):
                 t, r = rng.randrange(TABLES), rng.randrange(rows)
-                groups.setdefault((t, r % PARTITIONS), []).append(str(r))
+                groups.setdefault((t, r % partitions), []).append(str(r))
             pipe = client.pipeline(transaction=False)
             for (t, p), fields in groups.items():
                 pipe.hmget(partition_key("probe", f"t{t}", p), fields)
@@ -101,7 +102,7 @@ def main() -> None:
         "command": "benchmarks/store_server_time.py",
         "layout": {
             "tables": TABLES,
-            "partitions": PARTITIONS,
+            "partitions": partitions,
             "row_bytes": ROW_BYTES,
             "rows_per_table": rows,
             "masters": 3,
