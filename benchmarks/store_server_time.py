@@ -1,14 +1,15 @@
-"""How much of a store lookup is Redis's own work: redis-server's time per batch, from its
-INFO commandstats, for the Kaggle-size model's layout (5 stored tables x 16 partition hashes,
-rows of 68 bytes: 64 int8 codes and fp16 scale and bias) on our 3-master cluster.
+"""How much of a store lookup is Redis's own work: redis-server's CPU time per batch, for the
+Kaggle-size model's layout (5 stored tables x 16 partition hashes, rows of 68 bytes: 64 int8
+codes and fp16 scale and bias) on our 3-master cluster.
 
 store_bench measures rec-server's whole lookup (2,411 rows of a B = 512 batch in 3.6 ms, against
 the parameter server's published 0.127 ms for 2,000 keys). This splits it: each batch of
 `--keys` random rows is grouped by partition and sent as one pipeline of HMGETs (redis-py's
-cluster pipeline, as rec's Triton model does), and every master's `cmdstat_hmget` usec is read
-and its process CPU time (INFO cpu) are read before and after. Summed over the masters, the CPU
-time is what Redis spends per batch whatever the client; on 2 cores shared by 3 masters and the
-client, about half of it is the least wall time a batch can take here.
+cluster pipeline, as rec's Triton model does), and every master's process CPU time (INFO cpu)
+and time inside HMGET (INFO commandstats) are read before and after. Summed over the masters,
+the CPU time is what Redis spends per batch whatever the client; on 2 cores shared by 3 masters
+and the client, about half of it is the least wall time a batch can take here. Then the floor:
+one standalone redis-server answering each batch as a single HMGET of one hash.
 
     .venv/bin/python benchmarks/store_server_time.py [--keys 2000] [--partitions 16]
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import redis
 
+from rec.broker import RedisBroker
 from rec.contract.store import partition_key
 from rec.cpu import cpu_info, describe
 from rec.store.cluster import RedisCluster
@@ -51,6 +53,24 @@ def server_time(nodes: list[redis.Redis]) -> tuple[int, float, float]:
         info = node.info("cpu")
         cpu += info["used_cpu_user"] + info["used_cpu_sys"]
     return calls, usec, cpu
+
+
+def standalone(folder: Path, keys: int, batches: int) -> dict:
+    """The floor without the cluster: one redis-server, one hash of 20,000 rows, one HMGET of
+    `keys` fields per batch. What Redis costs per row on this CPU at the least."""
+    with RedisBroker(folder) as broker:
+        client = redis.Redis(port=broker.port)
+        row = bytes(range(ROW_BYTES))
+        for i in range(0, 20_000, 5000):
+            client.hset("h", mapping={str(j): row for j in range(i, i + 5000)})
+        rng = random.Random(1)
+        before = server_time([client])
+        for _ in range(batches):
+            assert all(client.hmget("h", [str(rng.randrange(20_000)) for _ in range(keys)]))
+        _, usec, cpu = (a - b for a, b in zip(server_time([client]), before, strict=True))
+        client.close()
+    return {"cpu_us_per_row": round(cpu / (batches * keys) * 1e6, 3),
+            "hmget_us_per_row": round(usec / (batches * keys), 3)}  # fmt: skip
 
 
 def main() -> None:
@@ -94,6 +114,7 @@ def main() -> None:
                 log(f"batch {b + 1}/{args.batches}")
         after = server_time(masters)
         client.close()
+        alone = standalone(Path(tmp) / "standalone", args.keys, args.batches)
     calls, usec, cpu = (a - b for a, b in zip(after, before, strict=True))
     out = {
         "benchmark": "store_server_time",
@@ -114,6 +135,7 @@ def main() -> None:
         "redis_server_cpu_ms_per_batch": round(cpu / args.batches * 1000, 3),
         "redis_server_cpu_us_per_row": round(cpu / (args.batches * args.keys) * 1e6, 3),
         "redis_py_wall_ms_per_batch": round(wall / args.batches * 1000, 3),
+        "standalone_one_hmget": alone,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "store_server_time.json"
