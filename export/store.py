@@ -14,6 +14,7 @@ from typing import Any
 
 from rec.config import RecConfig
 from rec.contract import store as contract
+from rec.resources import size
 from rec.store.plan import chosen_tables, per_node, table_cost
 from rec.store.writer import StoreSink
 
@@ -59,7 +60,7 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
                 for t in tables.values())  # fmt: skip
     share = per_node(total, len(masters), 0)
     log(f"store: {len(tables)} tables ({', '.join(tables)}) into {sc.url} under {prefix!r}: "
-        f"{total / 1e9:.2f} GB of Redis memory per copy, {share / 1e9:.2f} GB per master "
+        f"{size(total)} of Redis memory per copy, {size(share)} per master "
         f"({len(masters)} masters; each replica holds its master's share again)")  # fmt: skip
     for address, limit in masters:
         if limit is not None and limit < share:

@@ -34,6 +34,14 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
+def size(n: float) -> str:
+    """Bytes in the largest decimal unit that keeps the number at 1 or more: 1.33 GB, 240 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}" if n < 100 * scale else f"{n / scale:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
 def memory_available() -> int:
     """MemAvailable from /proc/meminfo, lowered to a cgroup memory limit if one is set."""
     avail = None

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole path on the embedded default config:
 #   train (2 ranks) -> export int8 -> C++ server -> rec predict over HTTP and gRPC -> stop,
-#   then fresh embeddings: the server applies rows training publishes while it serves.
+#   then the largest tables in a Redis Cluster (the same scores from rec-server reading them
+#   there), then fresh embeddings: the server applies rows training publishes while it serves.
 # Every artifact goes under artifacts/demo/ (removed and rebuilt on each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,13 +15,13 @@ mkdir -p "$OUT"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "1/5 train: default DLRM on synthetic data, $NPROC ranks"
+step "1/6 train: default DLRM on synthetic data, $NPROC ranks"
 $REC train --run-dir "$OUT/run" --nproc "$NPROC"
 
-step "2/5 export: int8 FBGEMM TorchScript + Triton model repository, verified"
+step "2/6 export: int8 FBGEMM TorchScript + Triton model repository, verified"
 $REC export "$OUT/run" --repo "$OUT/model_repository" --quantize int8
 
-step "3/5 serve: the C++ LibTorch server on the repository"
+step "3/6 serve: the C++ LibTorch server on the repository"
 LOG="$OUT/server.log"
 $REC serve "$OUT/model_repository" --backend cpp --http-port 0 --grpc-port 0 --metrics-port 0 \
   > "$LOG" 2>&1 &
@@ -36,18 +37,22 @@ HTTP=$(grep -o 'http=[^ ]*' "$LOG" | head -1 | cut -d= -f2)
 GRPC=$(grep -o 'grpc=[^ ]*' "$LOG" | head -1 | cut -d= -f2)
 METRICS=$(grep -o 'metrics=[^ ]*' "$LOG" | head -1 | cut -d= -f2)
 
-step "4/5 predict: 4 synthetic rows over HTTP, then the same rows over gRPC"
+step "4/6 predict: 4 synthetic rows over HTTP, then the same rows over gRPC"
 $REC predict --url "$HTTP" --protocol http --synthetic 4 --repo "$OUT/model_repository"
 $REC predict --url "$GRPC" --protocol grpc --synthetic 4 --repo "$OUT/model_repository"
 kill -TERM $SERVER
 wait $SERVER || true
 trap - EXIT
 
-step "5/5 fresh embeddings: training goes on, publishing its rows; the server applies them while serving"
+step "5/6 tables beyond one server: the largest tables in a Redis Cluster, read through rec-server's cache"
+.venv/bin/python scripts/demo_store.py --run "$OUT/run" --repo "$OUT/model_repository"
+
+step "6/6 fresh embeddings: training goes on, publishing its rows; the server applies them while serving"
 .venv/bin/python scripts/demo_fresh.py --run "$OUT/run" --repo "$OUT/model_repository" --nproc "$NPROC"
 
 step "done"
 echo "run directory:    $OUT/run   (config.yaml, plan.json, metrics.jsonl, checkpoints/)"
 echo "model repository: $OUT/model_repository   (rec/config.pbtxt, rec/1/model.pt, rec/rec.json)"
+echo "store-backed one: $OUT/model_repository_store   (rec.json \"store\": where its tables are)"
 echo "server log:       $LOG   (metrics were at http://$METRICS/metrics)"
 echo "next: $REC serve $OUT/model_repository --backend triton   # the same repository in Triton"
