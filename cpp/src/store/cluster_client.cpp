@@ -49,8 +49,8 @@ Status ClusterClient::ConnectLocked(Node* node) {
   if (ctx == nullptr || ctx->err) {
     std::string why = ctx ? ctx->errstr : "out of memory";
     if (ctx) redisFree(ctx);
-    return Unavailable("embedding store " + name_ + ": node " + Address(node->host, node->port) +
-                       " unreachable (" + why + ")");
+    // Without the store's name: each caller puts it in front once.
+    return Unavailable("node " + Address(node->host, node->port) + " unreachable (" + why + ")");
   }
   redisSetTimeout(ctx, tv);
   node->ctx = ctx;
@@ -303,7 +303,9 @@ Status ClusterClient::Exists(const std::string& key, bool* exists) {
     return Unavailable("embedding store " + name_ + ": " + why);
   }
   Node* node = NodeLocked(slot_owner_[KeySlot(key)]);
-  REC_RETURN_IF_ERROR(ConnectLocked(node));
+  if (Status st = ConnectLocked(node); !st.ok()) {
+    return Unavailable("embedding store " + name_ + ": " + st.message());
+  }
   auto* reply =
       static_cast<redisReply*>(redisCommand(node->ctx, "EXISTS %b", key.data(), key.size()));
   if (reply == nullptr) {
