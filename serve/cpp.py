@@ -10,11 +10,14 @@ waits for that line; `start_cpp` (`rec serve`) checks the repository and the por
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,6 +113,23 @@ def start_cpp(
             pick_ports(host, [port])
     args = [*extra_args, *(["--model", model] if model is not None else [])]
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-    return launch_cpp(
+    server = launch_cpp(
         Path(repo).resolve(), *args, host=host, **ports, echo=echo, ready_timeout=ready_timeout
     )
+    # A courtesy: the server is up either way, and an index it cannot give changes nothing.
+    with contextlib.suppress(OSError, ValueError):
+        server.not_ready = not_ready(server.endpoints.http)
+    return server
+
+
+def not_ready(http: str) -> str | None:
+    """Why rec-server's models that did not load are not ready (its repository index), or
+    None. rec-server comes up with such a model (an unreachable embedding store, say) and
+    retries it; `rec serve` says so rather than calling it ready."""
+    request = urllib.request.Request(f"http://{http}/v2/repository/index", data=b"{}",
+                                     method="POST")  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as r:
+        index = json.loads(r.read())
+    reasons = [f"model '{m['name']}': {m.get('reason') or m.get('state')}" for m in index
+               if m.get("state") != "READY"]  # fmt: skip
+    return "; ".join(reasons) or None

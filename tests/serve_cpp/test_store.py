@@ -30,6 +30,7 @@ from rec.broker import RedisBroker, _free_port, redis_server_path
 from rec.contract import store as contract
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode, row_bytes
+from rec.serve.cpp import not_ready
 from rec.store.cluster import RedisCluster
 from rec.store.reader import StoreReader, TieredScorer
 from rec.store.writer import connect
@@ -194,7 +195,9 @@ def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_pat
             urllib.request.urlopen(f"http://{server.http}/v2/models/rec/ready", timeout=10)
         body = err.value.read().decode()
         assert err.value.code == 503 and f"embedding store {dead}" in body, body
-        assert "unreachable" in body, body
+        assert "unreachable" in body and body.count("embedding store") == 1, body  # named once
+        reason = not_ready(server.http)  # what `rec serve` prints instead of "ready"
+        assert reason.startswith("model 'rec': embedding store") and dead in reason, reason
         request = random_request(4, 5, 3, seed=2)
         c = httpclient.InferenceServerClient(server.http)
         with pytest.raises(InferenceServerException) as failed:
@@ -216,6 +219,7 @@ def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_pat
             time.sleep(0.2)
         want = plain(*[torch.from_numpy(a) for a in request.values()]).numpy()
         assert np.array_equal(scores(httpclient, server, request), want)
+        assert not_ready(server.http) is None
     finally:
         server.stop()
 
@@ -352,7 +356,7 @@ def test_a_master_killed_under_load_fails_over_and_no_score_is_wrong(tier):
     assert sum(1 for t, r in results if t < killed and r == "ok") > 0
     assert sum(1 for t, r in results if t > recovered and r == "ok") > 0, failed[-3:]
     for message in failed:
-        assert "embedding store" in message and "503" in message, message
+        assert message.count("embedding store") == 1 and "503" in message, message
     print(
         f"failover of {victim.address}: {len(outcomes)} requests, {len(failed)} failed with 503, "
         f"{recovered - killed:.1f} s to cluster_state ok"
