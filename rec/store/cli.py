@@ -1,7 +1,9 @@
-"""Click commands of the embedding store: `rec store follow` and `rec store delete`.
+"""Click commands of the embedding store: `rec store cluster`, `rec store follow` and
+`rec store delete`.
 
-Both name a version of a model repository (its rec.json's `store` section says where its rows
-are); a StoreError (no store section, an unreachable cluster, an unfinished export) becomes one
+`cluster` starts a local Redis Cluster to try the store with. `follow` and `delete` name a
+version of a model repository (its rec.json's `store` section says where its rows are); a
+StoreError (no store section, an unreachable cluster, an unfinished export) becomes one
 `error:` line and exit code 2 (rec.cli).
 """
 
@@ -37,6 +39,33 @@ def version_manifest(repo: Path, model: str, version: int | None) -> tuple[int, 
 @click.group("store")
 def store() -> None:
     """The embedding store of versions exported with `rec export --store` (docs/store.md)."""
+
+
+@store.command("cluster")
+@click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--masters", type=click.IntRange(3), default=3, show_default=True)
+@click.option("--replicas", type=click.IntRange(0), default=1, show_default=True,
+              help="Replicas per master.")  # fmt: skip
+def cluster(folder, masters, replicas) -> None:
+    """Run a local Redis Cluster until Ctrl-C, to try `rec export --store` with: Debian's
+    redis-server on free ports of 127.0.0.1, data and logs in FOLDER, nothing persisted to disk
+    (a restart empties it: export again). Prints the URL to pass to --store."""
+    from rec.store.cluster import ClusterError, RedisCluster
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with RedisCluster(folder, masters=masters, replicas=replicas) as running:
+            click.echo(f"Redis Cluster up: {masters} masters, {replicas} replica(s) each, data in "
+                       f"{folder}; Ctrl-C stops it", err=True)  # fmt: skip
+            click.echo(running.url())
+            while not stop.wait(1.0):
+                if not all(node.alive() for node in running.nodes):
+                    raise StoreError(f"a node of the cluster exited; its log: {folder}")
+    except ClusterError as e:
+        raise StoreError(str(e)) from e
+    click.echo("stopped", err=True)
 
 
 @store.command("follow")

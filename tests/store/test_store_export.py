@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,7 @@ from rec.store.cluster import RedisCluster
 from rec.store.plan import table_cost
 from rec.store.writer import StoreSink, connect
 from tests.export.conftest import tiny_dict, write_seeded_run
-from tests.helpers import run_rec
+from tests.helpers import REC, run_rec
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t0": 7}}
@@ -243,3 +246,24 @@ def test_the_plan_sizes_the_store_and_the_cache(tmp_path):
     assert plan["store_bytes_per_copy"] == per_copy
     assert plan["store_bytes_all_copies"] == 3 * per_copy
     assert plan["bytes_per_node"] == -(-per_copy // 3)
+
+
+def test_rec_store_cluster_runs_one_until_interrupted(tmp_path):
+    """`rec store cluster`, the local cluster to try the store with: its URL on stdout, a
+    cluster that takes writes, and every node gone after Ctrl-C (SIGINT)."""
+    proc = subprocess.Popen([REC, "store", "cluster", str(tmp_path / "c"), "--replicas", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        url = proc.stdout.readline().strip()  # "" if it exited first
+        assert url.startswith("redis://"), proc.stderr.read() if proc.poll() is not None else url
+        client = connect(url)
+        client.hset("{t}:0", "1", b"row")
+        assert client.hget("{t}:0", "1") == b"row"
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, proc.stderr.read()
+    for host, port in contract.parse_store_url(url).nodes:
+        with pytest.raises(OSError), socket.create_connection((host, port), timeout=2):
+            pass
