@@ -44,8 +44,9 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
         return None
     tables = chosen_tables(cfg, dtypes)
     if not tables:
-        log(f"store: no table of {sc.min_bytes} stored bytes or more; every table stays in "
-            "the model")  # fmt: skip
+        log(f"store: no table of {size(sc.min_bytes)} stored ({sc.min_bytes} bytes) or more, "
+            "export.store.min_bytes; every table stays in the model (export.store.tables: "
+            "[NAME, ...] in a --config file names the tables to store)")  # fmt: skip
         return None
     if cfg.export.format != "torchscript" or cfg.model.factory:
         raise contract.StoreError(
@@ -59,9 +60,11 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
     total = sum(table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"]).bytes
                 for t in tables.values())  # fmt: skip
     share = per_node(total, len(masters), 0)
+    replicas = len(sink.client.get_replicas())
     log(f"store: {len(tables)} tables ({', '.join(tables)}) into {sc.url} under {prefix!r}: "
         f"{size(total)} of Redis memory per copy, {size(share)} per master "
-        f"({len(masters)} masters; each replica holds its master's share again)")  # fmt: skip
+        f"({len(masters)} masters" + (f", {replicas} replicas, each holding its master's share "
+        "again)" if replicas else ", no replicas)"))  # fmt: skip
     for address, limit in masters:
         if limit is not None and limit < share:
             sink.close()

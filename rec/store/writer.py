@@ -44,9 +44,11 @@ class StoreSink:
         if self.client.exists(meta_key(prefix)) or any(
             self.client.exists(partition_key(prefix, t, 0)) for t in tables
         ):
-            raise StoreError(f"store {url}: keys under {prefix!r} exist already (an earlier "
-                             "export of this version); delete them with `rec store delete` or "
-                             "export a new version")  # fmt: skip
+            raise StoreError(f"store {url}: keys under {prefix!r} exist already: an earlier "
+                             "export of this model version and run, maybe by another repository "
+                             "whose servers read them. Export another version (--version N), or "
+                             "delete them with `rec store delete REPO --version N` once nothing "
+                             "serves them")  # fmt: skip
         self.rows_written = 0
         self.seconds = 0.0
 
