@@ -60,7 +60,10 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
     total = sum(table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"]).bytes
                 for t in tables.values())  # fmt: skip
     share = per_node(total, len(masters), 0)
-    replicas = len(sink.client.get_replicas())
+    # From CLUSTER NODES: a replica joins CLUSTER SLOTS (redis-py's get_replicas) only once it
+    # has synced with its master, seconds after the cluster was made.
+    replicas = sum("slave" in n["flags"] and "fail" not in n["flags"]
+                   for n in sink.client.cluster_nodes().values())  # fmt: skip
     log(f"store: {len(tables)} tables ({', '.join(tables)}) into {sc.url} under {prefix!r}: "
         f"{size(total)} of Redis memory per copy, {size(share)} per master "
         f"({len(masters)} masters" + (f", {replicas} replicas, each holding its master's share "
