@@ -142,15 +142,26 @@ void ClusterClient::AppendGet(Node* node, const HashGet& get, bool asking) {
   redisAppendCommandArgv(node->ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
 }
 
-ClusterClient::Attempt ClusterClient::FlushLocked(const std::string& address, Node* node,
-                                                  std::string* why) {
-  int done = 0;
-  while (!done) {
-    if (redisBufferWrite(node->ctx, &done) != REDIS_OK) {
-      *why = "node " + address + ": " + node->ctx->errstr;
-      DropLocked(node);
+ClusterClient::Attempt ClusterClient::SendLocked(
+    const std::map<std::string, std::vector<size_t>>& shares, const std::vector<HashGet>& gets,
+    bool asking, std::map<std::string, uint64_t>* per_node, std::string* why) {
+  // Every node's pipeline goes out before any reply is read, so the nodes work in parallel.
+  for (const auto& [address, indices] : shares) {
+    Node* node = NodeLocked(address);
+    if (Status st = ConnectLocked(node); !st.ok()) {
+      *why = st.message();
       return Attempt::kRetry;
     }
+    for (size_t i : indices) AppendGet(node, gets[i], asking);
+    int done = 0;
+    while (!done) {
+      if (redisBufferWrite(node->ctx, &done) != REDIS_OK) {
+        *why = "node " + address + ": " + node->ctx->errstr;
+        DropLocked(node);
+        return Attempt::kRetry;
+      }
+    }
+    if (per_node) (*per_node)[address] += indices.size();
   }
   return Attempt::kDone;
 }
@@ -215,16 +226,8 @@ ClusterClient::Attempt ClusterClient::TryLocked(const std::vector<HashGet>& gets
     }
     by_node[owner].push_back(i);
   }
-  // Send every node its share before reading, so the nodes work in parallel.
-  for (auto& [address, indices] : by_node) {
-    Node* node = NodeLocked(address);
-    if (Status st = ConnectLocked(node); !st.ok()) {
-      *why = st.message();
-      return Attempt::kRetry;
-    }
-    for (size_t i : indices) AppendGet(node, gets[i], /*asking=*/false);
-    if (FlushLocked(address, node, why) != Attempt::kDone) return Attempt::kRetry;
-    if (per_node) (*per_node)[address] += indices.size();
+  if (SendLocked(by_node, gets, /*asking=*/false, per_node, why) != Attempt::kDone) {
+    return Attempt::kRetry;
   }
   Attempt result = Attempt::kDone;
   // Keys of a slot being migrated that have left their node already: (target, index).
@@ -241,15 +244,8 @@ ClusterClient::Attempt ClusterClient::TryLocked(const std::vector<HashGet>& gets
   }
   if (result != Attempt::kDone || asks.empty()) return result;
   // The slot map stays as it is: the source node still owns the slot until the move ends.
-  for (auto& [address, indices] : asks) {
-    Node* node = NodeLocked(address);
-    if (Status st = ConnectLocked(node); !st.ok()) {
-      *why = st.message();
-      return Attempt::kRetry;
-    }
-    for (size_t i : indices) AppendGet(node, gets[i], /*asking=*/true);
-    if (FlushLocked(address, node, why) != Attempt::kDone) return Attempt::kRetry;
-    if (per_node) (*per_node)[address] += indices.size();
+  if (SendLocked(asks, gets, /*asking=*/true, per_node, why) != Attempt::kDone) {
+    return Attempt::kRetry;
   }
   for (auto& [address, indices] : asks) {
     Node* node = NodeLocked(address);

@@ -65,8 +65,11 @@ class ClusterClient {
   Node* NodeLocked(const std::string& address);
   // The HMGET of `get` (after ASKING, for a key whose slot is being imported) into the pipeline.
   static void AppendGet(Node* node, const HashGet& get, bool asking);
-  // Writes the pipeline out; a write error drops the connection and asks for a retry.
-  Attempt FlushLocked(const std::string& address, Node* node, std::string* why);
+  // Sends each node (by address) the HMGETs of its share of `gets`, as one pipeline; a
+  // connection or write error drops the connection and asks for a retry.
+  Attempt SendLocked(const std::map<std::string, std::vector<size_t>>& shares,
+                     const std::vector<HashGet>& gets, bool asking,
+                     std::map<std::string, uint64_t>* per_node, std::string* why);
   // One HMGET reply into *values. With `ask`, an ASK redirect is kDone with *ask its target;
   // without, it is a kRetry like MOVED.
   Attempt ReadLocked(const std::string& address, Node* node, const HashGet& get,
