@@ -36,6 +36,7 @@ from rec.store.reader import StoreReader, TieredScorer
 from rec.store.writer import connect
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import run_rec
+from tests.store.bad_answers import bad_answers
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -116,17 +117,7 @@ def test_bad_store_answers_are_errors_that_name_them(tier):
     table, row, hash_key = a_stored_row(repo, request)
     client = connect(cluster.url())
     saved = client.hgetall(hash_key)
-    good = saved[str(row).encode()]
-    faults = {
-        "row": (lambda: client.hdel(hash_key, str(row)),
-                f"row {row} of table '{table}' is missing: not in partition hash '{hash_key}'"),
-        "partition": (lambda: client.delete(hash_key),
-                      f"of table '{table}' is missing: partition hash '{hash_key}' does not "
-                      "exist"),  # its first row the request reads: maybe another than `row`
-        "size": (lambda: client.hset(hash_key, str(row), good[:-1]),
-                 f"row {row} of table '{table}' in partition hash '{hash_key}' has "
-                 f"{len(good) - 1} bytes, want {len(good)}"),
-    }  # fmt: skip
+    faults = bad_answers(client, hash_key, table, row)
     server = Server(repo, "--store-cache-bytes", "0")  # every request reads the store
     try:
         for fault, (break_it, named) in faults.items():

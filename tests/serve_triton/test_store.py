@@ -42,6 +42,7 @@ from rec.store.writer import connect
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import run_rec
 from tests.serve_triton.servers import TRITON_AND_REDIS
+from tests.store.bad_answers import bad_answers
 
 pytestmark = TRITON_AND_REDIS
 STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4}
@@ -143,18 +144,8 @@ def test_bad_store_answers_fail_the_request_naming_them(tier):
     key, table, row, hash_key = a_stored_row(tier, request)
     client = connect(store["url"])
     saved = client.hgetall(hash_key)
-    good = saved[str(row).encode()]
-    assert len(good) == store["tables"][table]["row_bytes"]
-    faults = {
-        "row": (lambda: client.hdel(hash_key, str(row)),
-                f"row {row} of table '{table}' is missing: not in partition hash '{hash_key}'"),
-        "partition": (lambda: client.delete(hash_key),
-                      f"of table '{table}' is missing: partition hash '{hash_key}' does not "
-                      "exist"),  # its first row the request reads: maybe another than `row`
-        "size": (lambda: client.hset(hash_key, str(row), good[:-1]),
-                 f"row {row} of table '{table}' in partition hash '{hash_key}' has "
-                 f"{len(good) - 1} bytes, want {len(good)}"),
-    }  # fmt: skip
+    assert len(saved[str(row).encode()]) == store["tables"][table]["row_bytes"]
+    faults = bad_answers(client, hash_key, table, row)
     try:
         for fault, (break_it, named) in faults.items():
             break_it()
