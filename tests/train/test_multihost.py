@@ -125,13 +125,14 @@ def test_one_host_killed_mid_run_every_host_resumes_and_finishes(two_hosts):
     """torchrun's restart on the killed host, and the membership change on the other, resume
     all four ranks from the last committed checkpoint."""
     config, run, start = two_hosts
-    config["training"].update(steps=300, log_every=50)
-    config["checkpoint"]["every_steps"] = 50
+    # Killed right after the first checkpoint (step 20), with 100 steps still to go.
+    config["training"].update(steps=120, log_every=20)
+    config["checkpoint"]["every_steps"] = 20
     script = start(config, max_restarts=1)
     _kill_second_host_ranks(script, run)
     out = _finish(script)
     assert script.returncode == 0, out[-4000:]
     assert "exitcode: -9" in out  # the kill landed
     assert out.count("[rec train] resumed from") == 1  # rank 0 prints it, once
-    assert run_dir.latest_checkpoint(run).name == "step_300"
+    assert run_dir.latest_checkpoint(run).name == "step_120"
     assert run_dir.read_meta(run_dir.latest_checkpoint(run))["world_size"] == 4
