@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -40,6 +41,21 @@ def run_rec(*args: str, check: bool = True, timeout: float = 600, cwd: Path | No
     if check and proc.returncode != 0:
         raise AssertionError(f"rec {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}")
     return proc
+
+
+def rec_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`rec ARGS...` through the same click command, inside this process: for `rec plan` and
+    for refusals that come before any work. A fresh interpreter spends about 4 CPU-s importing
+    torch, torchrec and fbgemm_gpu, which this process has already paid. Exit status and the
+    merged output as run_rec returns them; an exception the command does not turn into a clean
+    exit propagates (a traceback is not a clear error)."""
+    from click.testing import CliRunner
+
+    from rec.cli import main
+
+    with contextlib.chdir(cwd or Path.cwd()):
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(["rec", *args], result.exit_code, result.output)
 
 
 def write_config(path: Path, data: dict) -> Path:

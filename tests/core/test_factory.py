@@ -14,7 +14,7 @@ from rec.config import ConfigError, config_from_dict
 from rec.export import torchscript_builder
 from rec.model import build_model
 from tests.export.conftest import write_seeded_run
-from tests.helpers import run_rec, write_config
+from tests.helpers import rec_in_process, write_config
 
 ROOT = Path(__file__).parents[2]
 TABLES = [
@@ -89,8 +89,8 @@ def test_rec_train_refuses_before_launching_anything(tmp_path):
     cfg = {"tables": TABLES, "features": {"dense": 3},
            "model": {"factory": "tests.factories:wrong_shape"}}  # fmt: skip
     run = tmp_path / "run"
-    proc = run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)),
-                   "--run-dir", str(run), check=False, cwd=ROOT)  # fmt: skip
+    proc = rec_in_process("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)),
+                          "--run-dir", str(run), cwd=ROOT)  # fmt: skip
     assert proc.returncode == 2, proc.stdout
     assert (
         "error: model.factory='tests.factories:wrong_shape': Flat.forward returned" in proc.stdout
@@ -121,7 +121,7 @@ def test_rec_export_refuses_an_unscriptable_model(tmp_path):
     cfg = {"tables": TABLES, "features": {"dense": 3},
            "model": {"factory": "tests.factories:through_numpy"}}  # fmt: skip
     run = write_seeded_run(tmp_path / "run", cfg)
-    proc = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), check=False, cwd=ROOT)
+    proc = rec_in_process("export", str(run), "--repo", str(tmp_path / "repo"), cwd=ROOT)
     assert proc.returncode == 2, proc.stdout
     assert "ThroughNumpy" in proc.stdout and "cannot be exported to TorchScript" in proc.stdout
     assert "Traceback" not in proc.stdout

@@ -6,7 +6,7 @@ import pytest
 
 from rec import resources
 from rec.config import config_from_dict
-from tests.helpers import run_rec, write_config
+from tests.helpers import rec_in_process, write_config
 
 HUGE = {
     "tables": [{"name": "big", "rows": 10_000_000_000, "dim": 64, "features": ["cat_0"]}],
@@ -43,8 +43,8 @@ def test_export_estimate_names_the_numbers(tmp_path):
 
 def test_rec_train_refuses_a_model_that_cannot_fit_before_launching(tmp_path):
     run = tmp_path / "run"
-    proc = run_rec("train", "-c", str(write_config(tmp_path / "huge.yaml", HUGE)),
-                   "--run-dir", str(run), check=False, timeout=120)  # fmt: skip
+    proc = rec_in_process("train", "-c", str(write_config(tmp_path / "huge.yaml", HUGE)),
+                          "--run-dir", str(run))  # fmt: skip
     assert proc.returncode == 2, proc.stdout
     assert "error: training needs about 3382.15 GB of RAM" in proc.stdout
     assert "available" in proc.stdout and "Traceback" not in proc.stdout

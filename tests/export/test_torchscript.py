@@ -13,7 +13,7 @@ from rec.export.load import load_run
 from rec.export.module import FloatReference, split_requests
 from rec.model import table_rows
 from tests.export.conftest import random_request, tiny_dict
-from tests.helpers import BF16_CPU, needs_bf16_cpu, run_rec
+from tests.helpers import BF16_CPU, needs_bf16_cpu, rec_in_process
 
 NUM_DENSE, NUM_SPARSE = 4, 5
 
@@ -146,7 +146,7 @@ def test_bf16_on_a_cpu_without_it_is_refused(tmp_path, invariant):
     data["model"] = {"arch": "dlrm_dcn", "dense_arch": [16, 8], "over_arch": [96, 1],
                      "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
     run = write_seeded_run(tmp_path / "run", data)
-    proc = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), check=False)
+    proc = rec_in_process("export", str(run), "--repo", str(tmp_path / "repo"))
     assert proc.returncode == 2, proc.stdout
     error = proc.stdout.strip().splitlines()[-1]
     assert error.startswith("error: export.dense_dtype: bf16"), proc.stdout

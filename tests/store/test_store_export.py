@@ -24,7 +24,7 @@ from rec.store.cluster import RedisCluster
 from rec.store.plan import table_cost
 from rec.store.writer import StoreSink, connect
 from tests.export.conftest import tiny_dict, write_seeded_run
-from tests.helpers import REC, run_rec
+from tests.helpers import REC, rec_in_process, run_rec
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t0": 7}}
@@ -197,13 +197,13 @@ def test_a_bad_store_url_is_refused_by_name(tmp_path):
             contract.parse_store_url(url)
     # And from the command line: exit 2 and the reason, no traceback.
     run = write_seeded_run(tmp_path / "run", tiny_dict(store=STORE))
-    out = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), "--store",
-                  "redis://h:6379/0", check=False)  # fmt: skip
+    out = rec_in_process("export", str(run), "--repo", str(tmp_path / "repo"), "--store",
+                         "redis://h:6379/0")  # fmt: skip
     assert out.returncode == 2 and "not HOST:PORT" in out.stdout, out.stdout
     assert "Traceback" not in out.stdout
     # A format the store does not serve yet is refused by name, before any store is asked.
-    out = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), "--format", "onnx",
-                  "--store", "redis://127.0.0.1:1", check=False)  # fmt: skip
+    out = rec_in_process("export", str(run), "--repo", str(tmp_path / "repo"), "--format",
+                         "onnx", "--store", "redis://127.0.0.1:1")  # fmt: skip
     assert out.returncode == 2 and "export.format is 'onnx'" in out.stdout, out.stdout
     assert "Traceback" not in out.stdout and not (tmp_path / "repo" / "rec" / "1").exists()
 
@@ -213,8 +213,7 @@ def test_an_unreachable_store_is_an_error_before_any_work(tmp_path):
 
     run = write_seeded_run(tmp_path / "run", tiny_dict(store=STORE))
     url = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
-    out = run_rec("export", str(run), "--repo", str(tmp_path / "repo"), "--store", url,
-                  check=False)  # fmt: skip
+    out = rec_in_process("export", str(run), "--repo", str(tmp_path / "repo"), "--store", url)
     assert out.returncode == 2 and "cannot reach the cluster" in out.stdout, out.stdout
     assert not (tmp_path / "repo" / "rec" / "1").exists()
 

@@ -17,7 +17,7 @@ from rec.export import verify
 from rec.export.load import load_run
 from rec.export.module import FloatReference
 from rec.model import table_rows
-from tests.helpers import run_rec, write_config
+from tests.helpers import rec_in_process, run_rec, write_config
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "din.yaml"
 
@@ -63,8 +63,8 @@ def test_the_sharded_run_is_the_checkpoint_and_reads_the_history(din_run):
 def test_rec_export_refuses_onnx_for_din(din_run, tmp_path):
     """TorchScript export (tests/serve_cli/test_architectures.py) has the unpooled lookup;
     ONNX does not yet, and says so rather than writing a model without it."""
-    proc = run_rec("export", str(din_run), "--repo", str(tmp_path / "repo"), "--format", "onnx",
-                   check=False)  # fmt: skip
+    proc = rec_in_process("export", str(din_run), "--repo", str(tmp_path / "repo"), "--format",
+                          "onnx")  # fmt: skip
     assert proc.returncode == 2, proc.stdout
     assert "model.arch din exports to TorchScript and AOTInductor (aoti) only" in proc.stdout
     assert "Traceback" not in proc.stdout and not (tmp_path / "repo").exists()

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.helpers import REPO, run_rec, write_config
+from tests.helpers import REPO, rec_in_process, run_rec, write_config
 
 # A 1,000 x 16 table row_wise and one table_wise, 8 samples per rank, one id per sample (the
 # planner's pooling factor when none is given).
@@ -51,7 +51,7 @@ BY_HAND = {
 
 def _plan(tmp_path, *args: str, config: dict = HAND) -> dict:
     path = write_config(tmp_path / "cfg.yaml", config)
-    return json.loads(run_rec("plan", "-c", str(path), "--json", *args).stdout)
+    return json.loads(rec_in_process("plan", "-c", str(path), "--json", *args).stdout)
 
 
 @pytest.mark.parametrize("hosts", [1, 2])
@@ -151,7 +151,7 @@ def test_a_plan_that_cannot_fit_is_refused_with_numbers(tmp_path):
     tiny_memory = {**HAND, "sharding": {**HAND["sharding"],
                                         "topology": {"host_memory_gib": 1e-5}}}  # fmt: skip
     path = write_config(tmp_path / "cfg.yaml", tiny_memory)
-    proc = run_rec("plan", "-c", str(path), "--world-size", "2", check=False)
+    proc = rec_in_process("plan", "-c", str(path), "--world-size", "2")
     assert proc.returncode == 2
     needed = re.search(r"each of the 2 ranks needs at least ([\d.]+) KiB of host memory",
                        proc.stdout)  # fmt: skip
@@ -160,7 +160,7 @@ def test_a_plan_that_cannot_fit_is_refused_with_numbers(tmp_path):
     assert "but a rank has 10.49 KiB (sharding.topology.host_memory_gib=1e-05" in proc.stdout
     assert "Traceback" not in proc.stdout
     run = tmp_path / "run"
-    proc = run_rec("train", "-c", str(path), "--run-dir", str(run), "--nproc", "2", check=False)
+    proc = rec_in_process("train", "-c", str(path), "--run-dir", str(run), "--nproc", "2")
     assert proc.returncode == 2
     assert "the sharding plan cannot fit" in proc.stdout
     assert not run.exists()  # refused before launch: nothing written, no rank started

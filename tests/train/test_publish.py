@@ -23,7 +23,7 @@ from rec.export.stream import checkpoint_key
 from rec.model import build_model, table_keys
 from rec.quantize import fused_rows
 from rec.update_log import ReplicaState, ServedTable, read_records
-from tests.helpers import REC, TINY, run_rec, write_config
+from tests.helpers import REC, TINY, rec_in_process, run_rec, write_config
 
 needs_redis = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -147,10 +147,9 @@ def test_publishing_keeps_the_planner_to_whole_row_shards():
     ],
 )
 def test_a_bad_publish_url_is_refused_before_training(tmp_path, url, fault):
-    proc = subprocess.run([REC, "train", "--run-dir", str(tmp_path / "run"), "--publish", url],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = rec_in_process("train", "--run-dir", str(tmp_path / "run"), "--publish", url)
     assert proc.returncode != 0
-    assert fault in proc.stderr + proc.stdout
+    assert fault in proc.stdout
     assert not (tmp_path / "run").exists()
 
 

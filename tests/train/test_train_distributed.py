@@ -13,7 +13,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rec import run_dir
-from tests.helpers import run_rec, write_config
+from tests.helpers import rec_in_process, run_rec, write_config
 
 # Every table gets its own sharding type, so one 2-rank run exercises them all.
 SHARDING = {
@@ -202,13 +202,13 @@ def test_resume_at_one_rank_continues_the_loss(mixed_run, tmp_path):
 
 def test_new_run_refuses_a_directory_with_checkpoints(mixed_run):
     run, _ = mixed_run
-    proc = run_rec("train", "--run-dir", str(run), check=False)
+    proc = rec_in_process("train", "--run-dir", str(run))
     assert proc.returncode == 2
     assert "already has checkpoints" in proc.stdout
 
 
 def test_plan_command_prints_a_table(tmp_path):
-    out = run_rec("plan", "--world-size", "4").stdout
+    out = rec_in_process("plan", "--world-size", "4").stdout
     assert "sharding type" in out
     assert "t0" in out and "t7" in out
 
