@@ -43,11 +43,12 @@ def run_rec(*args: str, check: bool = True, timeout: float = 600, cwd: Path | No
     return proc
 
 
-def rec_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`rec ARGS...` through the same click command, inside this process: for `rec plan` and
-    for refusals that come before any work. A fresh interpreter spends about 4 CPU-s importing
-    torch, torchrec and fbgemm_gpu, which this process has already paid. Exit status and the
-    merged output as run_rec returns them; an exception the command does not turn into a clean
+def rec_in_process(*args: str, check: bool = False, cwd: Path | None = None):
+    """`rec ARGS...` through the same click command, inside this process: for commands that
+    start no other process (plan, export) and for refusals that come before any work. A fresh
+    interpreter spends about 4 CPU-s importing torch, torchrec and fbgemm_gpu, which this process
+    has already paid. Exit status and the merged output as run_rec returns them (check: a
+    nonzero status fails with the output); an exception the command does not turn into a clean
     exit propagates (a traceback is not a clear error)."""
     from click.testing import CliRunner
 
@@ -55,6 +56,8 @@ def rec_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedP
 
     with contextlib.chdir(cwd or Path.cwd()):
         result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    if check and result.exit_code != 0:
+        raise AssertionError(f"rec {' '.join(args)} exited {result.exit_code}:\n{result.output}")
     return subprocess.CompletedProcess(["rec", *args], result.exit_code, result.output)
 
 

@@ -50,6 +50,7 @@ def export_streamed(run: Path, repo: Path, dtypes: dict[str, str], chunk_rows: i
         repo.parent / f"export-{chunk_rows}.yaml",
         {"export": {"table_dtypes": dtypes, "chunk_rows": chunk_rows}},
     )
+    # A fresh process: scripting the same classes twice in one process mangles their names.
     run_rec("export", str(run), "--repo", str(repo), "--config", str(overrides))
     return repo / "rec" / "1" / "model.pt"
 

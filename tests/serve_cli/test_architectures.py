@@ -32,7 +32,7 @@ from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp
 from rec.serve.triton import start_triton
 from tests.artifacts import made
-from tests.helpers import run_rec, write_config
+from tests.helpers import rec_in_process, run_rec, write_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
@@ -81,8 +81,8 @@ def _train(config: dict) -> Callable[[Path], None]:
 def _export(run: Path, dtype: str) -> Callable[[Path], None]:
     def make(where: Path) -> None:
         overlay = write_config(where / "export.yaml", {"export": {"dense_dtype": dtype}})
-        run_rec("export", str(run), "--repo", str(where / "repo"), "--format", "torchscript",
-                "--config", str(overlay), cwd=ROOT)  # fmt: skip
+        rec_in_process("export", str(run), "--repo", str(where / "repo"), "--format",
+                       "torchscript", "--config", str(overlay), check=True, cwd=ROOT)  # fmt: skip
 
     return make
 

@@ -19,7 +19,7 @@ from rec.data import write_criteo_tsv, write_parquet
 from rec.features import SPEC_FILE
 from rec.serve.cpp import start_cpp
 from rec.serve.triton import start_triton
-from tests.helpers import run_rec, write_config
+from tests.helpers import rec_in_process, run_rec, write_config
 from tests.serve_triton.tiny_repo import write_seeded_run
 
 PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
@@ -84,7 +84,7 @@ def test_csv_with_string_categories_end_to_end(tmp_path):
     spec = json.loads((run / SPEC_FILE).read_text())
     assert spec["dense"][1] == {"name": "views", "column": "views", "transform": "log1p"}
     assert spec["sparse"][2]["column"] == "history"  # data.columns rename, recorded
-    run_rec("export", str(run), "--repo", str(repo))
+    rec_in_process("export", str(run), "--repo", str(repo), check=True)
     auc = exported_auc(repo)
     assert auc > 0.6  # learned something from strings and raw counts
     scores = {}
@@ -118,7 +118,7 @@ def test_criteo_day_file_with_raw_counts_and_hex_ids(tmp_path):
     write_criteo_tsv(config_from_dict(data), day, n=500, split="eval")
     data["data"] = {"source": "criteo_tsv", "train_paths": [str(day)], "eval_paths": [str(day)]}
     run, repo = write_seeded_run(tmp_path / "run", data), tmp_path / "repo"
-    run_rec("export", str(run), "--repo", str(repo))
+    rec_in_process("export", str(run), "--repo", str(repo), check=True)
     auc = exported_auc(repo)
     manifest = json.loads(next(repo.glob("rec/*/rec.json")).read_text())
     assert {d["transform"] for d in manifest["feature_spec"]["dense"]} == {"log1p"}
@@ -167,7 +167,7 @@ def test_parquet_with_list_columns(tmp_path):
     write_parquet(config_from_dict(data), held_out, n=300, split="eval")
     data["data"].update(source="parquet", train_paths=[str(held_out)], eval_paths=[str(held_out)])
     run, repo = write_seeded_run(tmp_path / "run", data), tmp_path / "repo"
-    run_rec("export", str(run), "--repo", str(repo))
+    rec_in_process("export", str(run), "--repo", str(repo), check=True)
     auc = exported_auc(repo)
     with start_triton(repo, **PORTS) as triton:
         got, _ = predict(triton, "http", held_out, repo, "strings")

@@ -35,7 +35,7 @@ from rec.store.cluster import RedisCluster
 from rec.store.reader import StoreReader, TieredScorer
 from rec.store.writer import connect
 from tests.export.conftest import tiny_dict, write_seeded_run
-from tests.helpers import run_rec
+from tests.helpers import rec_in_process, run_rec
 from tests.store.bad_answers import bad_answers
 
 pytestmark = pytest.mark.skipif(
@@ -59,8 +59,9 @@ def tier(tmp_path_factory):
         cluster = stack.enter_context(RedisCluster(tmp / "cluster", 3, 1, **where))
         data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store=STORE)
         run = write_seeded_run(tmp / "run", data)
-        run_rec("export", str(run), "--repo", str(tmp / "tiered"), "--store", cluster.url())
-        run_rec("export", str(run), "--repo", str(tmp / "plain"))
+        rec_in_process("export", str(run), "--repo", str(tmp / "tiered"), "--store", cluster.url(),
+                       check=True)  # fmt: skip
+        rec_in_process("export", str(run), "--repo", str(tmp / "plain"), check=True)
         plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
         yield cluster, tmp / "tiered", plain, hosts
 

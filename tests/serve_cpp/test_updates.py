@@ -35,7 +35,7 @@ from rec.export.stream import checkpoint_key
 from rec.model import build_model, table_keys
 from rec.quantize import fused_rows
 from rec.update_log import read_records, write_rows
-from tests.helpers import TINY, run_rec, write_config
+from tests.helpers import TINY, rec_in_process, run_rec, write_config
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -66,8 +66,8 @@ class Fresh:
         run_rec("train", "--config", str(write_config(tmp / "c.yaml", cfg)), "--run-dir",
                 str(self.run), timeout=600)  # fmt: skip
         self.repo = tmp / "repo"
-        run_rec("export", str(self.run), "--checkpoint", run_dir.step_dir_name(EXPORTED),
-                "--repo", str(self.repo), timeout=600)  # fmt: skip
+        rec_in_process("export", str(self.run), "--checkpoint", run_dir.step_dir_name(EXPORTED),
+                       "--repo", str(self.repo), check=True)  # fmt: skip
         self.manifest = read_manifest(self.repo / "rec" / "rec.json")
         self.updates = self.manifest.data["updates"]
         self.records = [r for _, r in read_records(self.url)]
@@ -388,8 +388,8 @@ def test_an_aoti_replica_applies_the_log_into_its_mapped_tables(fresh, tmp_path)
     from rec.export.verify import AOTI_TOLERANCE
 
     repo = tmp_path / "aoti"
-    run_rec("export", str(fresh.run), "--checkpoint", run_dir.step_dir_name(EXPORTED), "--repo",
-            str(repo), "--format", "aoti", timeout=900)  # fmt: skip
+    rec_in_process("export", str(fresh.run), "--checkpoint", run_dir.step_dir_name(EXPORTED),
+                   "--repo", str(repo), "--format", "aoti", check=True)  # fmt: skip
     tables = next(repo.glob("*/1/tables.bin"))
     before = tables.read_bytes()
     model = tables.parent.parent.name

@@ -40,7 +40,7 @@ from rec.store.follow import StoreFollower
 from rec.store.reader import StoreReader, TieredScorer
 from rec.store.writer import connect
 from tests.export.conftest import tiny_dict, write_seeded_run
-from tests.helpers import run_rec
+from tests.helpers import rec_in_process
 from tests.serve_triton.servers import TRITON_AND_REDIS
 from tests.store.bad_answers import bad_answers
 
@@ -58,8 +58,9 @@ class Tier:
         data = tiny_dict(table_dtypes={"t0": "int4", "t1": "fp16"}, store=STORE)
         run = write_seeded_run(tmp / "run", data)
         self.repo = tmp / "tiered"
-        run_rec("export", str(run), "--repo", str(self.repo), "--store", self.cluster.url())
-        run_rec("export", str(run), "--repo", str(tmp / "plain"))
+        rec_in_process("export", str(run), "--repo", str(self.repo), "--store",
+                       self.cluster.url(), check=True)  # fmt: skip
+        rec_in_process("export", str(run), "--repo", str(tmp / "plain"), check=True)
         self.manifest = json.loads((self.repo / "rec" / "1" / "rec.json").read_text())
         self.plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
         self.tiered = torch.jit.load(str(self.repo / "rec" / "1" / "model.pt"))

@@ -24,7 +24,7 @@ from rec.store.cluster import RedisCluster
 from rec.store.plan import table_cost
 from rec.store.writer import StoreSink, connect
 from tests.export.conftest import tiny_dict, write_seeded_run
-from tests.helpers import REC, rec_in_process, run_rec
+from tests.helpers import REC, rec_in_process
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t0": 7}}
@@ -81,9 +81,10 @@ def _config(arch: str, stored: list[str]) -> dict:
 def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, stored):
     data = _config(arch, stored)
     run = write_seeded_run(tmp_path / "run", data)
-    out = run_rec("export", str(run), "--repo", str(tmp_path / "tiered"), "--store", cluster.url())
+    out = rec_in_process("export", str(run), "--repo", str(tmp_path / "tiered"), "--store",
+                         cluster.url(), check=True)  # fmt: skip
     assert re.search(r"[0-9.]+ [kMG]?B of Redis memory per copy", out.stdout), out.stdout
-    run_rec("export", str(run), "--repo", str(tmp_path / "plain"))  # every table in the model
+    rec_in_process("export", str(run), "--repo", str(tmp_path / "plain"), check=True)  # every table
     tiered_dir, plain_dir = tmp_path / "tiered" / "rec" / "1", tmp_path / "plain" / "rec" / "1"
     tiered = json.loads((tiered_dir / "rec.json").read_text())
     plain = json.loads((plain_dir / "rec.json").read_text())
@@ -131,8 +132,8 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, 
 
     # Exporting over the served version (--force on version 1) must not touch its rows.
     before = client.hgetall(contract.partition_key(prefix, "t1", 0))
-    again = run_rec("export", str(run), "--repo", str(tmp_path / "tiered"), "--store",
-                    cluster.url(), "--version", "1", "--force", check=False)  # fmt: skip
+    again = rec_in_process("export", str(run), "--repo", str(tmp_path / "tiered"), "--store",
+                           cluster.url(), "--version", "1", "--force")  # fmt: skip
     assert again.returncode == 2, again.stdout
     assert "exist already" in again.stdout and prefix in again.stdout
     assert client.hgetall(contract.partition_key(prefix, "t1", 0)) == before

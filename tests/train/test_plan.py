@@ -51,7 +51,7 @@ BY_HAND = {
 
 def _plan(tmp_path, *args: str, config: dict = HAND) -> dict:
     path = write_config(tmp_path / "cfg.yaml", config)
-    return json.loads(rec_in_process("plan", "-c", str(path), "--json", *args).stdout)
+    return json.loads(rec_in_process("plan", "-c", str(path), "--json", *args, check=True).stdout)
 
 
 @pytest.mark.parametrize("hosts", [1, 2])

@@ -208,7 +208,7 @@ def test_new_run_refuses_a_directory_with_checkpoints(mixed_run):
 
 
 def test_plan_command_prints_a_table(tmp_path):
-    out = rec_in_process("plan", "--world-size", "4").stdout
+    out = rec_in_process("plan", "--world-size", "4", check=True).stdout
     assert "sharding type" in out
     assert "t0" in out and "t7" in out
 
