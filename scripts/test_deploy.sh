@@ -64,18 +64,25 @@ ensure_docker
 log "CPU: $(lscpu | sed -n 's/^Model name: *//p'), amx: $(grep -q amx_tile /proc/cpuinfo && echo yes || echo no)"
 bash scripts/setup.sh > build/test-deploy-setup.log 2>&1 || { tail -20 build/test-deploy-setup.log; die "make setup failed"; }
 start=$(date +%s)
+since() { echo "$(( $(date +%s) - $1 )) s"; }
 bash deploy/build_base.sh "$BASE_IMAGE"
+log "base image ready after $(since "$start")"
+t=$(date +%s)
 bash deploy/wheelhouse.sh
+log "wheelhouse ready after $(since "$t")"
 # Full build output goes to a log (CI keeps only the tail of a failure, not 2,000 lines).
 build_image() {  # build_image NAME LOG docker-build-args...
   local name=$1 out=$2
   shift 2
+  local t
+  t=$(date +%s)
   log "docker build $name (log: $out)"
   docker build "$@" > "$out" 2>&1 || { tail -30 "$out" >&2; die "docker build of $name failed (whole output: $out)"; }
+  log "$name built in $(since "$t")"
 }
 build_image rec:latest build/docker-build-rec.log --build-arg BASE="$BASE_IMAGE" -t rec:latest .
 build_image rec-prometheus:latest build/docker-build-prometheus.log -f deploy/prometheus.Dockerfile \
   --build-arg BASE="$BASE_IMAGE" -t rec-prometheus:latest deploy
-log "images built in $(( $(date +%s) - start )) s; rec:latest is $(docker image inspect -f '{{.Size}}' rec:latest | awk '{printf "%.2f GB", $1/1e9}')"
+log "images built in $(since "$start"); rec:latest is $(docker image inspect -f '{{.Size}}' rec:latest | awk '{printf "%.2f GB", $1/1e9}')"
 REC_DEPLOY=1 REC_BASE_IMAGE="$BASE_IMAGE" .venv/bin/python -m pytest -q -ra -s tests/deploy "$@"
-log "done in $(( $(date +%s) - start )) s"
+log "done in $(since "$start")"
