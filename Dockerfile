@@ -12,10 +12,12 @@ ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
 ENV DEBIAN_FRONTEND=noninteractive
+# ninja-build: torch's extension builder compiles rec's op library's files in parallel with it
+# (27 s instead of 44 on 2 cores).
 RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends build-essential cmake pkg-config \
        libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler nlohmann-json3-dev \
-       zlib1g-dev libgtest-dev libhiredis-dev \
+       zlib1g-dev libgtest-dev libhiredis-dev ninja-build \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/rec
 # The Python stack first, with only what it reads, so that a source change does not reinstall it.

@@ -13,7 +13,7 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 APT_PACKAGES=(build-essential cmake pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler nlohmann-json3-dev zlib1g-dev libgtest-dev clang-format docker-compose wrk
-  clang libclang-rt-14-dev redis-server libhiredis-dev)
+  clang libclang-rt-14-dev redis-server libhiredis-dev ninja-build)
 
 install_debian_packages() {
   local missing=()
