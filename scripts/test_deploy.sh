@@ -4,7 +4,10 @@
 # (deploy/wheelhouse.sh) and the images, then runs train -> export -> rec-server -> Prometheus in
 # containers and checks them. Containers, networks and volumes it made are removed at the end;
 # the images are kept, so a second run reuses their layers.
-#   scripts/test_deploy.sh [--preflight]    (--preflight: only check Docker and say what's missing)
+#   scripts/test_deploy.sh [--preflight | --images]
+# --preflight: only install and start Docker, or say why it cannot. --images: only build the base,
+# the wheelhouse and the images (after make setup, whose pip makes the wheelhouse); .ci/run does
+# that beside make test, and the full run after it then finds every layer built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE_IMAGE=${REC_BASE_IMAGE:-rec-base:bookworm}
@@ -61,15 +64,8 @@ ensure_docker() {
 ensure_docker
 [ "${1:-}" = --preflight ] && { log "Docker $(docker version -f '{{.Server.Version}}') is up"; exit 0; }
 
-log "CPU: $(lscpu | sed -n 's/^Model name: *//p'), amx: $(grep -q amx_tile /proc/cpuinfo && echo yes || echo no)"
-bash scripts/setup.sh > build/test-deploy-setup.log 2>&1 || { tail -20 build/test-deploy-setup.log; die "make setup failed"; }
-start=$(date +%s)
+BUILD_ARGS=()  # extra docker build arguments for both images
 since() { echo "$(( $(date +%s) - $1 )) s"; }
-bash deploy/build_base.sh "$BASE_IMAGE"
-log "base image ready after $(since "$start")"
-t=$(date +%s)
-bash deploy/wheelhouse.sh
-log "wheelhouse ready after $(since "$t")"
 # Full build output goes to a log (CI keeps only the tail of a failure, not 2,000 lines).
 build_image() {  # build_image NAME LOG docker-build-args...
   local name=$1 out=$2
@@ -80,9 +76,40 @@ build_image() {  # build_image NAME LOG docker-build-args...
   docker build "$@" > "$out" 2>&1 || { tail -30 "$out" >&2; die "docker build of $name failed (whole output: $out)"; }
   log "$name built in $(since "$t")"
 }
-build_image rec:latest build/docker-build-rec.log --build-arg BASE="$BASE_IMAGE" -t rec:latest .
-build_image rec-prometheus:latest build/docker-build-prometheus.log -f deploy/prometheus.Dockerfile \
-  --build-arg BASE="$BASE_IMAGE" -t rec-prometheus:latest deploy
-log "images built in $(since "$start"); rec:latest is $(docker image inspect -f '{{.Size}}' rec:latest | awk '{printf "%.2f GB", $1/1e9}')"
+build_images() {
+  local start t
+  start=$(date +%s)
+  bash deploy/build_base.sh "$BASE_IMAGE"
+  log "base image ready after $(since "$start")"
+  t=$(date +%s)
+  bash deploy/wheelhouse.sh
+  log "wheelhouse ready after $(since "$t")"
+  build_image rec:latest build/docker-build-rec.log "${BUILD_ARGS[@]}" --build-arg BASE="$BASE_IMAGE" \
+    -t rec:latest .
+  build_image rec-prometheus:latest build/docker-build-prometheus.log "${BUILD_ARGS[@]}" \
+    -f deploy/prometheus.Dockerfile --build-arg BASE="$BASE_IMAGE" -t rec-prometheus:latest deploy
+  log "images built in $(since "$start"); rec:latest is $(docker image inspect -f '{{.Size}}' rec:latest | awk '{printf "%.2f GB", $1/1e9}')"
+}
+
+log "CPU: $(lscpu | sed -n 's/^Model name: *//p'), amx: $(grep -q amx_tile /proc/cpuinfo && echo yes || echo no)"
+if [ "${1:-}" = --images ]; then
+  [ -x .venv/bin/pip ] || die "--images needs make setup first (deploy/wheelhouse.sh uses its pip)"
+  # A build's RUN steps are dockerd's children, not this script's, so its nice does not reach
+  # them. Beside make test they go in a cgroup with nice 19's CPU weight (cgroup v1, Docker's
+  # cgroupfs driver); elsewhere they run at normal priority, and the log says so.
+  low=/sys/fs/cgroup/cpu/rec-deploy-images
+  if [ "$(docker info -f '{{.CgroupDriver}}' 2>/dev/null)" = cgroupfs ] \
+    && mkdir -p "$low" 2> /dev/null && echo 15 > "$low/cpu.shares" 2> /dev/null; then
+    BUILD_ARGS+=(--cgroup-parent /rec-deploy-images)
+    log "the image builds run at low CPU weight (cgroup $low)"
+  else
+    log "the image builds run at normal CPU priority (no cgroup v1 cpu controller for them here)"
+  fi
+  build_images
+  exit 0
+fi
+bash scripts/setup.sh > build/test-deploy-setup.log 2>&1 || { tail -20 build/test-deploy-setup.log; die "make setup failed"; }
+start=$(date +%s)
+build_images
 REC_DEPLOY=1 REC_BASE_IMAGE="$BASE_IMAGE" .venv/bin/python -m pytest -q -ra -s tests/deploy "$@"
 log "done in $(since "$start")"
