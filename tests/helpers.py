@@ -43,7 +43,9 @@ def run_rec(*args: str, check: bool = True, timeout: float = 600, cwd: Path | No
     return proc
 
 
-def rec_in_process(*args: str, check: bool = False, cwd: Path | None = None):
+def rec_in_process(
+    *args: str, check: bool = False, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """`rec ARGS...` through the same click command, inside this process: for commands that
     start no other process (plan, export) and for refusals that come before any work. A fresh
     interpreter spends about 4 CPU-s importing torch, torchrec and fbgemm_gpu, which this process
