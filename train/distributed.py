@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -133,3 +135,15 @@ def gather_rows(t: torch.Tensor) -> torch.Tensor:
 def peak_rss_bytes() -> int:
     """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def exit_rank() -> NoReturn:
+    """Ends a rank whose work is done and on disk (checkpoints fsynced, metrics written and
+    closed) without the interpreter's teardown. That teardown can abort: c10d/gloo C++ threads
+    still joinable at static destruction end in "terminate called without an active exception"
+    (SIGABRT after the last checkpoint committed; about 1 run in 30 of a 2-rank load-and-save
+    under load, the same symptom as pytorch/pytorch#190489), which the launcher reports as a
+    failed rank."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

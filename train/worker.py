@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from rec import run_dir
 from rec.config import load_config
+from rec.train.distributed import exit_rank
 
 
 def _quiet_known_noise() -> None:
@@ -57,11 +57,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    # The rank's work is done and on disk (checkpoints fsynced, metrics written line by line and
-    # closed). Skipping the interpreter's teardown avoids a rare abort in it: c10d/gloo C++
-    # threads still joinable at static destruction end in "terminate called without an active
-    # exception" (SIGABRT after the last checkpoint committed, seen once in CI; the same symptom
-    # as pytorch/pytorch#190489), which the launcher reports as a failed rank.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_rank()

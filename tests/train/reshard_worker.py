@@ -6,7 +6,6 @@ The test compares the two checkpoints tensor for tensor: a load at another world
 by a save must not change a single value of the model or the optimizer state.
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch.distributed as dist
 from rec import run_dir
 from rec.config import load_config
 from rec.train.checkpoint import Checkpointer
-from rec.train.distributed import init_distributed
+from rec.train.distributed import exit_rank, init_distributed
 from rec.train.trainer import Trainer
 
 
@@ -37,10 +36,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # As rec.train.worker does: the checkpoint is committed, and the interpreter's teardown can
-    # abort on c10d/gloo threads still joinable ("terminate called without an active
-    # exception", SIGABRT; seen once in CI on this worker), which the launcher reports as a
-    # failed rank.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_rank()
