@@ -8,8 +8,9 @@ three. Rows: fp32 FMA (vfmadd231ps, 8 products, 16 with AVX-512); vpmaddwd (int1
 int32: 16 exact products); vpmaddwd + vpaddd (rec::linear_int8's AVX2 step: the products added
 into int32 accumulators, exact); vpmaddubsw (u8 x s8 pairs into int16, 32 products, saturating:
 the AVX2 form of ONNX Runtime and FBGEMM, not exact for every code pair); vpdpbusd (AVX-512
-VNNI: 64 exact products into int32). The ratio to fp32 FMA (the same vector width) bounds what
-an int8 GEMM can gain on this CPU.
+VNNI: 64 exact products into int32); tdpbssd (AMX-INT8: a 16x64 by 64x16 s8 tile product into
+int32, 16,384 exact products, four accumulator tiles). The ratio to fp32 FMA (the same vector
+width) bounds what an int8 GEMM can gain on this CPU.
 
 Writes benchmarks/results/isa_peak.json (one entry per kind of CPU) and prints a Markdown table.
 """
@@ -35,6 +36,7 @@ ROWS = [
     ("vpmaddubsw_ymm", "u8 x s8 pairs into int16 (vpmaddubsw), saturating", "vfmadd231ps_ymm"),
     ("vfmadd231ps_zmm", "fp32 FMA, 512-bit", "vfmadd231ps_zmm"),
     ("vpdpbusd_zmm", "AVX-512 VNNI (vpdpbusd), exact", "vfmadd231ps_zmm"),
+    ("tdpbssd_amx", "AMX-INT8 (tdpbssd, 16x16x64 tiles), exact", "vfmadd231ps_zmm"),
 ]
 
 
