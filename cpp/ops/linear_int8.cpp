@@ -137,21 +137,23 @@ void QuantizeRows(const at::Tensor& x, int shift, at::Tensor* codes, at::Tensor*
   auto* qp = static_cast<uint8_t*>(codes->data_ptr());
   float* sp = scales->data_ptr<float>();
   const bool wide = HasAvx512(), avx2 = HasAvx2();
-  for (int64_t i = 0; i < m; ++i) {
-    const float* row = xp + i * k;
-    if (wide) {
-      QuantizeRowAvx512(row, k, qp + i * k, sp + i, shift);
-      continue;
-    }
-    if (avx2) {
-      QuantizeRowAvx2(row, k, qp + i * k, sp + i, shift);
-      continue;
-    }
-    float amax = 0.0f;
-    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(row[c]));
-    sp[i] = RowScale(amax);
-    for (int64_t c = 0; c < k; ++c) qp[i * k + c] = Code(row[c], sp[i], shift);
-  }
+  // A row's codes read only that row: threads split the rows without changing a bit.
+  at::parallel_for(0, m, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
+                   [&](int64_t r0, int64_t r1) {
+                     for (int64_t i = r0; i < r1; ++i) {
+                       const float* row = xp + i * k;
+                       if (wide) {
+                         QuantizeRowAvx512(row, k, qp + i * k, sp + i, shift);
+                       } else if (avx2) {
+                         QuantizeRowAvx2(row, k, qp + i * k, sp + i, shift);
+                       } else {
+                         float amax = 0.0f;
+                         for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(row[c]));
+                         sp[i] = RowScale(amax);
+                         for (int64_t c = 0; c < k; ++c) qp[i * k + c] = Code(row[c], sp[i], shift);
+                       }
+                     }
+                   });
 }
 
 bool HasVnni() {
@@ -307,43 +309,125 @@ at::Tensor Avx2Product(const at::Tensor& codes, const at::Tensor& w) {
   return acc;
 }
 
-// y = (float(acc - shift * w_sum_j) * s_i) * w_scale_j + b_j, element by element, in this order
-// on every path (plain IEEE operations: vectorized or not, the same bits).
-at::Tensor Dequantize(const at::Tensor& acc, const at::Tensor& scales, const at::Tensor& w_scale,
-                      const at::Tensor& w_sum, int shift, const float* bias) {
-  const int64_t m = acc.size(0), n = acc.size(1);
-  at::Tensor y = at::empty({m, n}, scales.options());
-  const int32_t* ap = acc.data_ptr<int32_t>();
-  const int32_t* sum = w_sum.data_ptr<int32_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* wsp = w_scale.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for (int64_t i = 0; i < m; ++i) {
-    const float s = sp[i];
-    for (int64_t j = 0; j < n; ++j) {
-      const float v = static_cast<float>(ap[i * n + j] - shift * sum[j]) * s * wsp[j];
-      yp[i * n + j] = bias ? v + bias[j] : v;
-    }
+// What follows the int32 product, element by element: y = (float(acc - shift * w_sum_j) * s_i)
+// * w_scale_j + b_j, and for a cross layer then x0 * y + residual. Plain IEEE multiplies and
+// adds in this order on every path (the library is built with -ffp-contract=off, so none is
+// fused into an FMA): vectorized or not, the same bits, and the same as the unfused
+// `x0 * linear_int8(h) + residual` in torch.
+struct Epilogue {
+  const int32_t* acc;
+  const float* scales;
+  const float* w_scale;
+  const int32_t* w_sum;
+  int shift;
+  const float* bias;      // or null
+  const float* x0;        // a cross layer's x0 and residual, or null
+  const float* residual;  // (row-major [M, N] like the output)
+};
+
+void EpilogueRowScalar(const Epilogue& e, int64_t i, int64_t n, float* y) {
+  const float s = e.scales[i];
+  const int32_t* a = e.acc + i * n;
+  for (int64_t j = 0; j < n; ++j) {
+    float v = static_cast<float>(a[j] - e.shift * e.w_sum[j]) * s * e.w_scale[j];
+    if (e.bias) v = v + e.bias[j];
+    if (e.x0) v = e.x0[i * n + j] * v + e.residual[i * n + j];
+    y[i * n + j] = v;
   }
+}
+
+// 16 outputs at a time, the tail under a mask.
+__attribute__((target("avx512f"))) void EpilogueRowAvx512(const Epilogue& e, int64_t i, int64_t n,
+                                                          float* y) {
+  const __m512 vs = _mm512_set1_ps(e.scales[i]);
+  const __m512i vshift = _mm512_set1_epi32(e.shift);
+  const int64_t row = i * n;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m =
+        n - j >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512i acc =
+        _mm512_sub_epi32(_mm512_maskz_loadu_epi32(m, e.acc + row + j),
+                         _mm512_mullo_epi32(vshift, _mm512_maskz_loadu_epi32(m, e.w_sum + j)));
+    __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), vs),
+                             _mm512_maskz_loadu_ps(m, e.w_scale + j));
+    if (e.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e.bias + j));
+    if (e.x0)
+      v = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, e.x0 + row + j), v),
+                        _mm512_maskz_loadu_ps(m, e.residual + row + j));
+    _mm512_mask_storeu_ps(y + row + j, m, v);
+  }
+}
+
+// 8 outputs at a time; the n % 8 tail in scalar code (the same operations).
+__attribute__((target("avx2"))) void EpilogueRowAvx2(const Epilogue& e, int64_t i, int64_t n,
+                                                     float* y) {
+  const __m256 vs = _mm256_set1_ps(e.scales[i]);
+  const __m256i vshift = _mm256_set1_epi32(e.shift);
+  const int64_t row = i * n;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i acc = _mm256_sub_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.acc + row + j)),
+        _mm256_mullo_epi32(vshift,
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.w_sum + j))));
+    __m256 v =
+        _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), vs), _mm256_loadu_ps(e.w_scale + j));
+    if (e.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(e.bias + j));
+    if (e.x0)
+      v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(e.x0 + row + j), v),
+                        _mm256_loadu_ps(e.residual + row + j));
+    _mm256_storeu_ps(y + row + j, v);
+  }
+  const float s = e.scales[i];
+  for (; j < n; ++j) {
+    float v = static_cast<float>(e.acc[row + j] - e.shift * e.w_sum[j]) * s * e.w_scale[j];
+    if (e.bias) v = v + e.bias[j];
+    if (e.x0) v = e.x0[row + j] * v + e.residual[row + j];
+    y[row + j] = v;
+  }
+}
+
+at::Tensor ApplyEpilogue(const Epilogue& e, int64_t m, int64_t n, const at::TensorOptions& opts) {
+  at::Tensor y = at::empty({m, n}, opts);
+  float* yp = y.data_ptr<float>();
+  const auto row_fn = HasAvx512() ? EpilogueRowAvx512
+                      : HasAvx2() ? EpilogueRowAvx2
+                                  : EpilogueRowScalar;
+  // Rows are independent: threads split them without changing a bit.
+  at::parallel_for(0, m, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)),
+                   [&](int64_t r0, int64_t r1) {
+                     for (int64_t i = r0; i < r1; ++i) row_fn(e, i, n, yp);
+                   });
   return y;
 }
 
-at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
-                      const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat,
-              "rec::linear_int8: x must be float32 [M, K], got ", x.scalar_type(), " ", x.sizes());
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
-              "rec::linear_int8: the weight must be contiguous int8 [N, K]");
-  TORCH_CHECK(w.size(1) == x.size(1), "rec::linear_int8: x has ", x.size(1),
-              " columns, the weight ", w.size(1));
+// Checks the layer's arguments; returns the number of outputs.
+int64_t CheckLayer(const char* op, const at::Tensor& x, const at::Tensor& w,
+                   const at::Tensor& w_scale, const at::Tensor& w_sum,
+                   const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, op, ": x must be float32 [M, K], got ",
+              x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(), op,
+              ": the weight must be contiguous int8 [N, K]");
+  TORCH_CHECK(w.size(1) == x.size(1), op, ": x has ", x.size(1), " columns, the weight ",
+              w.size(1));
   const int64_t n = w.size(0);
-  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.numel() == n,
-              "rec::linear_int8: w_scale must be float32 [", n, "]");
-  TORCH_CHECK(w_sum.scalar_type() == at::kInt && w_sum.numel() == n,
-              "rec::linear_int8: w_sum must be int32 [", n, "]");
+  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.numel() == n, op,
+              ": w_scale must be float32 [", n, "]");
+  TORCH_CHECK(w_sum.scalar_type() == at::kInt && w_sum.numel() == n, op, ": w_sum must be int32 [",
+              n, "]");
   const bool has_bias = bias.has_value() && bias->defined();
-  TORCH_CHECK(!has_bias || (bias->scalar_type() == at::kFloat && bias->numel() == n),
-              "rec::linear_int8: bias must be float32 [", n, "]");
+  TORCH_CHECK(!has_bias || (bias->scalar_type() == at::kFloat && bias->numel() == n), op,
+              ": bias must be float32 [", n, "]");
+  return n;
+}
+
+// The layer: codes, the exact int32 product, then the epilogue (with a cross layer's x0 and
+// residual when given).
+at::Tensor Int8Layer(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
+                     const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias,
+                     const at::Tensor* x0, const at::Tensor* residual) {
+  const int64_t n = w.size(0);
   if (x.size(0) == 0) return at::empty({0, n}, x.options());
   const bool small = x.size(0) <= kSmallBatch && HasVnni();
   const int shift = small ? 128 : 0;
@@ -353,14 +437,52 @@ at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor
                    : HasVnni() ? at::_int_mm(codes, w.t())
                    : HasAvx2() ? Avx2Product(codes, w)
                                : at::_int_mm(codes, w.t());
-  at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
-  return Dequantize(acc, scales, w_scale.contiguous(), w_sum.contiguous(), shift,
-                    has_bias ? b.data_ptr<float>() : nullptr);
+  const bool has_bias = bias.has_value() && bias->defined();
+  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+  const at::Tensor ws = w_scale.contiguous(), sum = w_sum.contiguous();
+  const at::Tensor x0c = x0 ? x0->contiguous() : at::Tensor();
+  const at::Tensor resc = residual ? residual->contiguous() : at::Tensor();
+  Epilogue e{acc.data_ptr<int32_t>(),
+             scales.data_ptr<float>(),
+             ws.data_ptr<float>(),
+             sum.data_ptr<int32_t>(),
+             shift,
+             has_bias ? b.data_ptr<float>() : nullptr,
+             x0 ? x0c.data_ptr<float>() : nullptr,
+             residual ? resc.data_ptr<float>() : nullptr};
+  return ApplyEpilogue(e, x.size(0), n, x.options());
+}
+
+at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
+                      const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias) {
+  CheckLayer("rec::linear_int8", x, w, w_scale, w_sum, bias);
+  return Int8Layer(x, w, w_scale, w_sum, bias, nullptr, nullptr);
+}
+
+// A low-rank cross layer's second half, x0 * linear_int8(h) + residual, in one pass over the
+// output: the unfused form writes the layer's output, then reads it back twice (the multiply,
+// then the add), which at B = 512 and width 1728 is three passes over 3.5 MB from memory.
+at::Tensor CrossInt8(const at::Tensor& h, const at::Tensor& w, const at::Tensor& w_scale,
+                     const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias,
+                     const at::Tensor& x0, const at::Tensor& residual) {
+  const int64_t n = CheckLayer("rec::cross_int8", h, w, w_scale, w_sum, bias);
+  for (const at::Tensor* t : {&x0, &residual})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == h.size(0) &&
+                    t->size(1) == n,
+                "rec::cross_int8: x0 and the residual must be float32 [", h.size(0), ", ", n,
+                "], got ", t->scalar_type(), " ", t->sizes());
+  return Int8Layer(h, w, w_scale, w_sum, bias, &x0, &residual);
 }
 
 at::Tensor LinearInt8Meta(const at::Tensor& x, const at::Tensor& w, const at::Tensor&,
                           const at::Tensor&, const c10::optional<at::Tensor>&) {
   return at::empty_symint({x.sym_size(0), w.sym_size(0)}, x.options());  // batch stays symbolic
+}
+
+at::Tensor CrossInt8Meta(const at::Tensor& h, const at::Tensor& w, const at::Tensor&,
+                         const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&,
+                         const at::Tensor&) {
+  return at::empty_symint({h.sym_size(0), w.sym_size(0)}, h.options());
 }
 
 }  // namespace
@@ -370,7 +492,17 @@ TORCH_LIBRARY_FRAGMENT(rec, m) {
   m.def(
       "linear_int8(Tensor x, Tensor weight, Tensor w_scale, Tensor w_sum, Tensor? bias) -> Tensor",
       {at::Tag::pt2_compliant_tag});
+  m.def(
+      "cross_int8(Tensor h, Tensor weight, Tensor w_scale, Tensor w_sum, Tensor? bias, Tensor x0, "
+      "Tensor residual) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }
 
-TORCH_LIBRARY_IMPL(rec, CPU, m) { m.impl("linear_int8", &rec_ops::LinearInt8); }
-TORCH_LIBRARY_IMPL(rec, Meta, m) { m.impl("linear_int8", &rec_ops::LinearInt8Meta); }
+TORCH_LIBRARY_IMPL(rec, CPU, m) {
+  m.impl("linear_int8", &rec_ops::LinearInt8);
+  m.impl("cross_int8", &rec_ops::CrossInt8);
+}
+TORCH_LIBRARY_IMPL(rec, Meta, m) {
+  m.impl("linear_int8", &rec_ops::LinearInt8Meta);
+  m.impl("cross_int8", &rec_ops::CrossInt8Meta);
+}

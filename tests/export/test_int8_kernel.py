@@ -63,8 +63,11 @@ from tests.export.test_int8_kernel import _layer
 rows = []
 for k, n in [(84, 46), (1728, 512), (17, 33), (100, 3)]:
     layer, x = _layer(k, n, seed=k + n)
+    gen = torch.Generator().manual_seed(n)
+    x0, res = torch.randn(300, n, generator=gen), torch.randn(300, n, generator=gen)
     for m in (1, 5, 16, 17, 37, 300):
         rows.append(layer(x[:m]).flatten().tolist())
+        rows.append(layer.cross(x[:m], x0[:m], res[:m]).flatten().tolist())
 json.dump(rows, sys.stdout)
 """
 
@@ -89,6 +92,42 @@ def test_every_kernel_path_gives_the_same_bits():
     assert results["avx2"] == results["scalar"], "the AVX2 path differs from the scalar one"
 
 
+@pytest.mark.parametrize("shape", [(512, 1728), (46, 84), (64, 17)], ids=str)
+def test_fused_cross_layer_equals_the_unfused_one(shape):
+    """rec::cross_int8 is x0 * linear_int8(h) + residual with the same bits, at batch sizes on
+    both sides of the small-batch kernel's limit."""
+    layer, h = _layer(*shape, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    x0, res = (
+        torch.randn(MAX_ROWS, shape[1], generator=gen),
+        torch.randn(MAX_ROWS, shape[1], generator=gen),
+    )
+    for m in (1, 7, 16, 17, 64, 600):
+        want = x0[:m] * layer(h[:m]) + res[:m]
+        assert torch.equal(layer.cross(h[:m], x0[:m], res[:m]), want), f"batch of {m}"
+
+
+def test_int8_cross_net_scores_as_torchrec_unfused():
+    """An int8 LowRankCrossNet is served fused (Int8CrossNet), scripted, with the same bits as the
+    unfused CrossNet over the same layers."""
+    from torchrec.modules.crossnet import LowRankCrossNet
+
+    from rec.export.dense import CrossNet, Int8CrossNet, cross_net, invariant_linear
+
+    torch.manual_seed(0)
+    net = LowRankCrossNet(in_features=96, num_layers=3, low_rank=64)
+
+    def linear(w, b):
+        return invariant_linear(w, b, torch.int8)
+
+    fused, unfused = cross_net(net, linear), CrossNet(net, linear)
+    assert isinstance(fused, Int8CrossNet)
+    x0 = torch.randn(37, 96)
+    assert torch.equal(torch.jit.script(fused)(x0), unfused(x0))
+    # A low rank under int8's minimum width keeps fp32 W layers: not fused.
+    assert type(cross_net(LowRankCrossNet(96, 2, 8), linear)) is CrossNet
+
+
 def test_bad_arguments_are_named():
     layer, _ = _layer(64, 16, seed=1)
     args = (layer.weight, layer.w_scale, layer.w_sum, layer.bias)
@@ -97,3 +136,10 @@ def test_bad_arguments_are_named():
     with pytest.raises(RuntimeError, match="x must be float32"):
         torch.ops.rec.linear_int8(torch.randn(2, 64).double(), *args)
     assert torch.ops.rec.linear_int8(torch.randn(0, 64), *args).shape == (0, 16)
+    x0 = torch.randn(2, 16)
+    with pytest.raises(
+        RuntimeError, match=r"rec::cross_int8: x0 and the residual must be float32 \[2, 16\]"
+    ):
+        torch.ops.rec.cross_int8(torch.randn(2, 64), *args, x0, torch.randn(2, 15))
+    with pytest.raises(RuntimeError, match="rec::cross_int8: x has 63 columns"):
+        torch.ops.rec.cross_int8(torch.randn(2, 63), *args, x0, x0)
