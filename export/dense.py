@@ -156,16 +156,34 @@ class Int8Linear(nn.Module):
         self.register_buffer("w_scale", scale.contiguous())
         # The VNNI kernel feeds codes + 128 (unsigned): it takes 128 * sum_k W[j][k] off again.
         self.register_buffer("w_sum", codes.int().sum(1).int().contiguous())
+        # The same codes in AMX's tile order, read as they are by the op's AMX kernel (on other
+        # CPUs unused): stored rather than reordered per call, as at::_int_mm does.
+        self.register_buffer("w_tiles", tile_order(codes))
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.rec.linear_int8(x, self.weight, self.w_scale, self.w_sum, self.bias)
+        return torch.ops.rec.linear_int8(
+            x, self.weight, self.w_scale, self.w_sum, self.bias, self.w_tiles
+        )
 
     def cross(self, h: torch.Tensor, x0: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x0 * self(h) + residual, bit for bit, in one pass over the output (rec::cross_int8)."""
         return torch.ops.rec.cross_int8(
-            h, self.weight, self.w_scale, self.w_sum, self.bias, x0, residual
+            h, self.weight, self.w_scale, self.w_sum, self.bias, x0, residual, self.w_tiles
         )
+
+
+def tile_order(codes: torch.Tensor) -> torch.Tensor:
+    """int8 weight codes [N, K] in AMX-INT8's tile order for rec::linear_int8: [N/16 rounded up
+    to even, K/64 rounded up, 16, 64], tile [nb][kb] holding W[16 nb + c][64 kb + 4 r + q] at
+    row r, byte 4 c + q (tdpbssd's right operand: 16 outputs x 64 inputs, 4 consecutive inputs
+    of one output per 32-bit lane); zeros past N and K."""
+    n, k = codes.shape
+    rows, cols = -(-n // 32) * 32, -(-k // 64) * 64
+    padded = codes.new_zeros(rows, cols)
+    padded[:n, :k] = codes
+    tiles = padded.view(rows // 16, 16, cols // 64, 16, 4).permute(0, 2, 3, 1, 4)
+    return tiles.reshape(rows // 16, cols // 64, 16, 64).contiguous()
 
 
 def invariant_linear(

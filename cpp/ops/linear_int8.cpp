@@ -1,4 +1,5 @@
-// rec::linear_int8: a dense layer in int8 whose row results never depend on the batch.
+// rec::linear_int8: a dense layer in int8 whose row results never depend on the batch; and
+// rec::cross_int8, the same layer with a low-rank cross layer's x0 * y + x_l in its epilogue.
 //
 //   per row i:    s_i = max_k |x[i][k]| / 127 (1 for an all-zero row),
 //                 q[i][k] = clamp(nearbyint(x[i][k] / s_i), -127, 127)        (int8)
@@ -9,10 +10,12 @@
 // products and sums are integers, exact whatever order or kernel adds them (|acc| <= 127 *
 // 127 * K, far inside int32 for any layer here), so the int32 result is one number whichever
 // GEMM computes it; the rest is element-wise IEEE arithmetic. That is why the op may pick its
-// kernel by batch size without changing any bit: large batches go to `at::_int_mm` (oneDNN's
-// int8 GEMM through PyTorch: VNNI / AMX-INT8 kernels, weights reordered per call, which pays
-// from ~32 rows on), small ones to the AVX-512 VNNI kernel below, which reads the weights in
-// their stored layout with no per-call set-up. Without AVX-512 VNNI, an AVX2 kernel of ours runs
+// kernel by CPU and batch size without changing any bit. Batches up to 16 rows go to the AVX-512
+// VNNI kernel below, which reads the weights in their stored layout with no per-call set-up.
+// Larger ones go, on a CPU with AMX-INT8, to the AMX kernel below, which reads the weights in
+// tile order (`w_tiles`, stored by Int8Linear beside the plain codes); otherwise (or for a model
+// exported without w_tiles) to `at::_int_mm` (oneDNN's int8 GEMM through PyTorch, which reorders
+// the weights on every call). Without AVX-512 VNNI, an AVX2 kernel of ours runs
 // every batch: PyTorch's `at::_int_mm` then falls back to a scalar loop (measured 22x slower
 // than fp32 at 512 x 1728 x 1728 on an AVX2-only AMD EPYC), so the op does not use it there.
 // The AVX2 kernel widens codes and weights to int16 (vpmovsxbw) and multiplies pairs into int32
@@ -20,8 +23,11 @@
 // saturates, unlike vpmaddubsw's u8 x s8 form, whose +128 shift could overflow int16.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
 #include <torch/library.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -128,30 +134,37 @@ bool HasAvx2() {
 }
 
 // Per-row symmetric quantization of x [M, K] into codes (int8, or uint8 = int8 + 128 when
-// `shift` is 128) and scales [M].
-void QuantizeRows(const at::Tensor& x, int shift, at::Tensor* codes, at::Tensor* scales) {
+// `shift` is 128) and scales [M]. The codes may be padded to [rows, cols] (AMX's whole tiles):
+// the padding is zeros, which add nothing to a product.
+void QuantizeRows(const at::Tensor& x, int shift, at::Tensor* codes, at::Tensor* scales,
+                  int64_t rows = 0, int64_t cols = 0) {
   const int64_t m = x.size(0), k = x.size(1);
-  *codes = at::empty({m, k}, x.options().dtype(shift ? at::kByte : at::kChar));
+  rows = std::max(rows, m);
+  cols = std::max(cols, k);
+  *codes = at::empty({rows, cols}, x.options().dtype(shift ? at::kByte : at::kChar));
   *scales = at::empty({m}, x.options());
   const float* xp = x.data_ptr<float>();
   auto* qp = static_cast<uint8_t*>(codes->data_ptr());
   float* sp = scales->data_ptr<float>();
+  if (rows > m) std::fill(qp + m * cols, qp + rows * cols, uint8_t{0});
   const bool wide = HasAvx512(), avx2 = HasAvx2();
   // A row's codes read only that row: threads split the rows without changing a bit.
   at::parallel_for(0, m, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
                    [&](int64_t r0, int64_t r1) {
                      for (int64_t i = r0; i < r1; ++i) {
                        const float* row = xp + i * k;
+                       uint8_t* out = qp + i * cols;
                        if (wide) {
-                         QuantizeRowAvx512(row, k, qp + i * k, sp + i, shift);
+                         QuantizeRowAvx512(row, k, out, sp + i, shift);
                        } else if (avx2) {
-                         QuantizeRowAvx2(row, k, qp + i * k, sp + i, shift);
+                         QuantizeRowAvx2(row, k, out, sp + i, shift);
                        } else {
                          float amax = 0.0f;
                          for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(row[c]));
                          sp[i] = RowScale(amax);
-                         for (int64_t c = 0; c < k; ++c) qp[i * k + c] = Code(row[c], sp[i], shift);
+                         for (int64_t c = 0; c < k; ++c) out[c] = Code(row[c], sp[i], shift);
                        }
+                       std::fill(out + k, out + cols, uint8_t{0});
                      }
                    });
 }
@@ -309,13 +322,98 @@ at::Tensor Avx2Product(const at::Tensor& codes, const at::Tensor& w) {
   return acc;
 }
 
+// AMX-INT8 (Intel Xeon since Sapphire Rapids), for batches above kSmallBatch when the layer
+// carries its weight in tile order (`w_tiles`, Int8Linear's buffer: [N/16 padded to even, K/64,
+// 16, 64] with w_tiles[nb][kb][r][4c + q] = W[16nb + c][64kb + 4r + q], zeros past N and K).
+// tdpbssd adds a 16x64 block of codes times one such 64x16 weight tile into a 16x16 int32 tile:
+// signed bytes, exact integer sums, so the same int32 as every other path. Measured on an Intel
+// Xeon with AMX, one thread: tdpbssd peaks at ~3.8 T products/s against AVX-512 VNNI's 0.47 T
+// (benchmarks/isa_peak.py), and at::_int_mm reached 0.4-0.9 T on these layers (it reorders the
+// weight on every call).
+constexpr int64_t kAmxRows = 32, kAmxCols = 32, kAmxK = 64;
+
+bool HasAmx() {
+  static const bool yes = [] {
+    if (std::getenv("REC_MAX_CPU_ISA")) return false;  // any cap (avx512, avx2, scalar) is below
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return false;  // AMX-TILE, AMX-INT8
+    // Linux hands a process the tile state only when asked (ARCH_REQ_XCOMP_PERM for
+    // XTILEDATA), and refuses it where the kernel or a hypervisor does not support it.
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return yes;
+}
+
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed));
+
+// acc[m0 .. m0 + 31][32 pb .. 32 pb + 31] for pb in [pb0, pb1), every m0: four accumulator
+// tiles (0-3) fed by two tiles of codes (4, 5) and two weight tiles (6, 7). A pair of weight
+// columns' tiles (2 x K/64 KB) stays in cache while every row block passes over it.
+__attribute__((target("amx-tile,amx-int8"))) void AmxTiles(const int8_t* codes, int64_t mp,
+                                                           int64_t kp, const int8_t* w_tiles,
+                                                           int64_t pb0, int64_t pb1, int32_t* acc,
+                                                           int64_t np) {
+  TileConfig config{};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+  const int64_t kb = kp / kAmxK, tile = 16 * 64;
+  for (int64_t pb = pb0; pb < pb1; ++pb) {
+    const int8_t* b0 = w_tiles + (2 * pb) * kb * tile;
+    const int8_t* b1 = b0 + kb * tile;
+    for (int64_t m = 0; m < mp; m += kAmxRows) {
+      const int8_t* a0 = codes + m * kp;
+      const int8_t* a1 = a0 + 16 * kp;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t k = 0; k < kb; ++k) {
+        _tile_loadd(4, a0 + k * kAmxK, kp);
+        _tile_loadd(5, a1 + k * kAmxK, kp);
+        _tile_loadd(6, b0 + k * tile, 64);
+        _tile_loadd(7, b1 + k * tile, 64);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+      }
+      int32_t* c = acc + m * np + pb * kAmxCols;
+      _tile_stored(0, c, np * 4);
+      _tile_stored(1, c + 16, np * 4);
+      _tile_stored(2, c + 16 * np, np * 4);
+      _tile_stored(3, c + 16 * np + 16, np * 4);
+    }
+  }
+  _tile_release();
+}
+
+// acc [M padded to 32, N padded to 32] = codes W^T, exact, by AMX. `codes` is [M padded, K
+// padded to 64] with zeros in the padding.
+at::Tensor AmxProduct(const at::Tensor& codes, const at::Tensor& w_tiles) {
+  const int64_t mp = codes.size(0), kp = codes.size(1), np = w_tiles.size(0) * 16;
+  at::Tensor acc = at::empty({mp, np}, codes.options().dtype(at::kInt));
+  const int8_t* a = codes.data_ptr<int8_t>();
+  const int8_t* b = w_tiles.data_ptr<int8_t>();
+  int32_t* c = acc.data_ptr<int32_t>();
+  at::parallel_for(0, np / kAmxCols, 1,
+                   [&](int64_t p0, int64_t p1) { AmxTiles(a, mp, kp, b, p0, p1, c, np); });
+  return acc;
+}
+
 // What follows the int32 product, element by element: y = (float(acc - shift * w_sum_j) * s_i)
 // * w_scale_j + b_j, and for a cross layer then x0 * y + residual. Plain IEEE multiplies and
 // adds in this order on every path (the library is built with -ffp-contract=off, so none is
 // fused into an FMA): vectorized or not, the same bits, and the same as the unfused
 // `x0 * linear_int8(h) + residual` in torch.
 struct Epilogue {
-  const int32_t* acc;
+  const int32_t* acc;  // [M, acc_stride]
+  int64_t acc_stride;
   const float* scales;
   const float* w_scale;
   const int32_t* w_sum;
@@ -327,7 +425,7 @@ struct Epilogue {
 
 void EpilogueRowScalar(const Epilogue& e, int64_t i, int64_t n, float* y) {
   const float s = e.scales[i];
-  const int32_t* a = e.acc + i * n;
+  const int32_t* a = e.acc + i * e.acc_stride;
   for (int64_t j = 0; j < n; ++j) {
     float v = static_cast<float>(a[j] - e.shift * e.w_sum[j]) * s * e.w_scale[j];
     if (e.bias) v = v + e.bias[j];
@@ -346,7 +444,7 @@ __attribute__((target("avx512f"))) void EpilogueRowAvx512(const Epilogue& e, int
     const __mmask16 m =
         n - j >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (n - j)) - 1);
     const __m512i acc =
-        _mm512_sub_epi32(_mm512_maskz_loadu_epi32(m, e.acc + row + j),
+        _mm512_sub_epi32(_mm512_maskz_loadu_epi32(m, e.acc + i * e.acc_stride + j),
                          _mm512_mullo_epi32(vshift, _mm512_maskz_loadu_epi32(m, e.w_sum + j)));
     __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), vs),
                              _mm512_maskz_loadu_ps(m, e.w_scale + j));
@@ -367,7 +465,7 @@ __attribute__((target("avx2"))) void EpilogueRowAvx2(const Epilogue& e, int64_t 
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256i acc = _mm256_sub_epi32(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.acc + row + j)),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.acc + i * e.acc_stride + j)),
         _mm256_mullo_epi32(vshift,
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.w_sum + j))));
     __m256 v =
@@ -380,7 +478,8 @@ __attribute__((target("avx2"))) void EpilogueRowAvx2(const Epilogue& e, int64_t 
   }
   const float s = e.scales[i];
   for (; j < n; ++j) {
-    float v = static_cast<float>(e.acc[row + j] - e.shift * e.w_sum[j]) * s * e.w_scale[j];
+    float v =
+        static_cast<float>(e.acc[i * e.acc_stride + j] - e.shift * e.w_sum[j]) * s * e.w_scale[j];
     if (e.bias) v = v + e.bias[j];
     if (e.x0) v = e.x0[row + j] * v + e.residual[row + j];
     y[row + j] = v;
@@ -404,7 +503,8 @@ at::Tensor ApplyEpilogue(const Epilogue& e, int64_t m, int64_t n, const at::Tens
 // Checks the layer's arguments; returns the number of outputs.
 int64_t CheckLayer(const char* op, const at::Tensor& x, const at::Tensor& w,
                    const at::Tensor& w_scale, const at::Tensor& w_sum,
-                   const c10::optional<at::Tensor>& bias) {
+                   const c10::optional<at::Tensor>& bias,
+                   const c10::optional<at::Tensor>& w_tiles) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, op, ": x must be float32 [M, K], got ",
               x.scalar_type(), " ", x.sizes());
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(), op,
@@ -419,6 +519,14 @@ int64_t CheckLayer(const char* op, const at::Tensor& x, const at::Tensor& w,
   const bool has_bias = bias.has_value() && bias->defined();
   TORCH_CHECK(!has_bias || (bias->scalar_type() == at::kFloat && bias->numel() == n), op,
               ": bias must be float32 [", n, "]");
+  if (w_tiles.has_value() && w_tiles->defined()) {
+    const int64_t blocks = (n + kAmxCols - 1) / kAmxCols * 2, kb = (w.size(1) + kAmxK - 1) / kAmxK;
+    TORCH_CHECK(w_tiles->scalar_type() == at::kChar && w_tiles->dim() == 4 &&
+                    w_tiles->sizes() == at::IntArrayRef({blocks, kb, 16, 64}),
+                op, ": w_tiles must be int8 [", blocks, ", ", kb,
+                ", 16, 64] (Int8Linear's tile order), got ", w_tiles->scalar_type(), " ",
+                w_tiles->sizes());
+  }
   return n;
 }
 
@@ -426,23 +534,33 @@ int64_t CheckLayer(const char* op, const at::Tensor& x, const at::Tensor& w,
 // residual when given).
 at::Tensor Int8Layer(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
                      const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias,
-                     const at::Tensor* x0, const at::Tensor* residual) {
-  const int64_t n = w.size(0);
-  if (x.size(0) == 0) return at::empty({0, n}, x.options());
-  const bool small = x.size(0) <= kSmallBatch && HasVnni();
+                     const c10::optional<at::Tensor>& w_tiles, const at::Tensor* x0,
+                     const at::Tensor* residual) {
+  const int64_t m = x.size(0), n = w.size(0);
+  if (m == 0) return at::empty({0, n}, x.options());
+  const bool small = m <= kSmallBatch && HasVnni();
+  const bool amx = !small && w_tiles.has_value() && w_tiles->defined() && HasAmx();
   const int shift = small ? 128 : 0;
-  at::Tensor codes, scales;
-  QuantizeRows(x.contiguous(), shift, &codes, &scales);
-  at::Tensor acc = small       ? VnniProduct(codes, w)
-                   : HasVnni() ? at::_int_mm(codes, w.t())
-                   : HasAvx2() ? Avx2Product(codes, w)
-                               : at::_int_mm(codes, w.t());
+  at::Tensor codes, scales, acc;
+  if (amx) {
+    const int64_t rows = (m + kAmxRows - 1) / kAmxRows * kAmxRows;
+    const int64_t cols = (x.size(1) + kAmxK - 1) / kAmxK * kAmxK;
+    QuantizeRows(x.contiguous(), 0, &codes, &scales, rows, cols);
+    acc = AmxProduct(codes, w_tiles->contiguous());
+  } else {
+    QuantizeRows(x.contiguous(), shift, &codes, &scales);
+    acc = small       ? VnniProduct(codes, w)
+          : HasVnni() ? at::_int_mm(codes, w.t())
+          : HasAvx2() ? Avx2Product(codes, w)
+                      : at::_int_mm(codes, w.t());
+  }
   const bool has_bias = bias.has_value() && bias->defined();
   const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
   const at::Tensor ws = w_scale.contiguous(), sum = w_sum.contiguous();
   const at::Tensor x0c = x0 ? x0->contiguous() : at::Tensor();
   const at::Tensor resc = residual ? residual->contiguous() : at::Tensor();
   Epilogue e{acc.data_ptr<int32_t>(),
+             acc.size(1),
              scales.data_ptr<float>(),
              ws.data_ptr<float>(),
              sum.data_ptr<int32_t>(),
@@ -454,9 +572,10 @@ at::Tensor Int8Layer(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }
 
 at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale,
-                      const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias) {
-  CheckLayer("rec::linear_int8", x, w, w_scale, w_sum, bias);
-  return Int8Layer(x, w, w_scale, w_sum, bias, nullptr, nullptr);
+                      const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias,
+                      const c10::optional<at::Tensor>& w_tiles) {
+  CheckLayer("rec::linear_int8", x, w, w_scale, w_sum, bias, w_tiles);
+  return Int8Layer(x, w, w_scale, w_sum, bias, w_tiles, nullptr, nullptr);
 }
 
 // A low-rank cross layer's second half, x0 * linear_int8(h) + residual, in one pass over the
@@ -464,24 +583,26 @@ at::Tensor LinearInt8(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 // then the add), which at B = 512 and width 1728 is three passes over 3.5 MB from memory.
 at::Tensor CrossInt8(const at::Tensor& h, const at::Tensor& w, const at::Tensor& w_scale,
                      const at::Tensor& w_sum, const c10::optional<at::Tensor>& bias,
-                     const at::Tensor& x0, const at::Tensor& residual) {
-  const int64_t n = CheckLayer("rec::cross_int8", h, w, w_scale, w_sum, bias);
+                     const at::Tensor& x0, const at::Tensor& residual,
+                     const c10::optional<at::Tensor>& w_tiles) {
+  const int64_t n = CheckLayer("rec::cross_int8", h, w, w_scale, w_sum, bias, w_tiles);
   for (const at::Tensor* t : {&x0, &residual})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == h.size(0) &&
                     t->size(1) == n,
                 "rec::cross_int8: x0 and the residual must be float32 [", h.size(0), ", ", n,
                 "], got ", t->scalar_type(), " ", t->sizes());
-  return Int8Layer(h, w, w_scale, w_sum, bias, &x0, &residual);
+  return Int8Layer(h, w, w_scale, w_sum, bias, w_tiles, &x0, &residual);
 }
 
 at::Tensor LinearInt8Meta(const at::Tensor& x, const at::Tensor& w, const at::Tensor&,
-                          const at::Tensor&, const c10::optional<at::Tensor>&) {
+                          const at::Tensor&, const c10::optional<at::Tensor>&,
+                          const c10::optional<at::Tensor>&) {
   return at::empty_symint({x.sym_size(0), w.sym_size(0)}, x.options());  // batch stays symbolic
 }
 
 at::Tensor CrossInt8Meta(const at::Tensor& h, const at::Tensor& w, const at::Tensor&,
                          const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&,
-                         const at::Tensor&) {
+                         const at::Tensor&, const c10::optional<at::Tensor>&) {
   return at::empty_symint({h.sym_size(0), w.sym_size(0)}, h.options());
 }
 
@@ -490,11 +611,12 @@ at::Tensor CrossInt8Meta(const at::Tensor& h, const at::Tensor& w, const at::Ten
 
 TORCH_LIBRARY_FRAGMENT(rec, m) {
   m.def(
-      "linear_int8(Tensor x, Tensor weight, Tensor w_scale, Tensor w_sum, Tensor? bias) -> Tensor",
+      "linear_int8(Tensor x, Tensor weight, Tensor w_scale, Tensor w_sum, Tensor? bias, "
+      "Tensor? w_tiles=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "cross_int8(Tensor h, Tensor weight, Tensor w_scale, Tensor w_sum, Tensor? bias, Tensor x0, "
-      "Tensor residual) -> Tensor",
+      "Tensor residual, Tensor? w_tiles=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
 }
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec)
-from rec.export.dense import Int8Linear
+from rec.export.dense import Int8Linear, tile_order
 
 MAX_ROWS = 600
 # K past one 16/64-wide step with tails of every length, and the criteo cross net's 1728.
@@ -73,22 +73,26 @@ json.dump(rows, sys.stdout)
 
 
 def test_every_kernel_path_gives_the_same_bits():
-    """REC_MAX_CPU_ISA holds the op to a lower path (avx2: no VNNI kernel, so our AVX2 kernel
-    at every batch; scalar: at::_int_mm and scalar quantization): a model scores the same on an
-    AVX2-only server as on a VNNI or AMX one."""
+    """REC_MAX_CPU_ISA holds the op to a lower path (avx512: VNNI and at::_int_mm, no AMX; avx2:
+    no VNNI kernel, so our AVX2 kernel at every batch; scalar: at::_int_mm and scalar
+    quantization): a model scores the same on an AVX2-only server as on a VNNI or AMX one."""
     root = Path(__file__).resolve().parents[2]
     results = {}
-    for cap in ("avx512", "avx2", "scalar"):
+    for cap in ("native", "avx512", "avx2", "scalar"):
+        env = {k: v for k, v in os.environ.items() if k != "REC_MAX_CPU_ISA"}
         done = subprocess.run(
             [sys.executable, "-c", _ISA_SCRIPT],
-            env={**os.environ, "REC_MAX_CPU_ISA": cap},
+            env=env if cap == "native" else {**env, "REC_MAX_CPU_ISA": cap},
             cwd=root,
             capture_output=True,
             text=True,
         )
         assert done.returncode == 0, done.stderr
         results[cap] = json.loads(done.stdout)
-    assert results["avx512"] == results["scalar"], "the native path differs from the scalar one"
+    assert results["native"] == results["scalar"], (
+        "the native path (AMX where the CPU has it) differs"
+    )
+    assert results["avx512"] == results["scalar"], "the AVX-512 path differs from the scalar one"
     assert results["avx2"] == results["scalar"], "the AVX2 path differs from the scalar one"
 
 
@@ -128,6 +132,19 @@ def test_int8_cross_net_scores_as_torchrec_unfused():
     assert type(cross_net(LowRankCrossNet(96, 2, 8), linear)) is CrossNet
 
 
+def test_tile_order_is_amx_s_operand_layout():
+    """w_tiles[nb][kb][r][4c + q] = W[16 nb + c][64 kb + 4 r + q], zeros past N and K: checked
+    here on any CPU, since only an AMX CPU reads it (and there the bit-for-bit tests above)."""
+    codes = torch.randint(-127, 128, (33, 70), dtype=torch.int8)
+    tiles = tile_order(codes)
+    assert tiles.shape == (4, 2, 16, 64)
+    for nb, kb, r, c, q in [(0, 0, 0, 0, 0), (1, 0, 3, 5, 2), (2, 1, 1, 0, 1), (0, 1, 0, 15, 3)]:
+        n, k = 16 * nb + c, 64 * kb + 4 * r + q
+        assert tiles[nb, kb, r, 4 * c + q] == codes[n, k], (nb, kb, r, c, q)
+    assert not tiles[2, :, :, 4:].any() and not tiles[3].any()  # outputs 33 ... 63
+    assert not tiles[:, 1, 2:].any()  # inputs 72 ... 127 (kb 1 from row 2 on)
+
+
 def test_bad_arguments_are_named():
     layer, _ = _layer(64, 16, seed=1)
     args = (layer.weight, layer.w_scale, layer.w_sum, layer.bias)
@@ -141,5 +158,7 @@ def test_bad_arguments_are_named():
         RuntimeError, match=r"rec::cross_int8: x0 and the residual must be float32 \[2, 16\]"
     ):
         torch.ops.rec.cross_int8(torch.randn(2, 64), *args, x0, torch.randn(2, 15))
+    with pytest.raises(RuntimeError, match=r"w_tiles must be int8 \[2, 1, 16, 64\]"):
+        torch.ops.rec.linear_int8(torch.randn(20, 64), *args, torch.zeros(1, 1, 16, 64).char())
     with pytest.raises(RuntimeError, match="rec::cross_int8: x has 63 columns"):
         torch.ops.rec.cross_int8(torch.randn(2, 63), *args, x0, x0)
