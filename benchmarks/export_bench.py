@@ -14,6 +14,8 @@ package size recorded).
 Each model is then timed at B = 1, 64, 512 in this
 process with one and with two intra-op threads (ONNX Runtime with the same), models taking
 turns in ~20 ms blocks so bursts of other work on the 2 shared cores hit all alike (`measure`).
+The process keeps freed memory as rec-server and Triton's model do (rec.malloc; ONNX Runtime
+has its own arena either way).
 
     .venv/bin/python benchmarks/export_bench.py                 # ~10 min, ~9 GB of RAM at peak
     .venv/bin/python benchmarks/export_bench.py --kaggle-scale 0.05   # a quick look
@@ -370,6 +372,9 @@ def run(args) -> dict:
     from rec.config import load_config
     from rec.cpu import cpu_info, describe
     from rec.export.module import sample_batch
+    from rec.malloc import keep_freed_memory
+
+    keep_freed_memory()
 
     results = {"machine": platform.machine(), "cpu": describe(cpu_info()),
                "torch": torch.__version__, "kaggle_scale": args.kaggle_scale,

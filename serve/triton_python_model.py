@@ -67,6 +67,7 @@ from rec.contract.store import StoreError, check_section, meta_key
 from rec.contract.updates import UpdateError, decode, parse_url, row_bytes
 from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
+from rec.malloc import keep_freed_memory
 from rec.update_log import Applier, ServedTable, write_rows
 
 STORE_CACHE_PARAMETER = "store_cache_bytes"
@@ -395,6 +396,7 @@ class TritonPythonModel:
         threads = int(params.get("intra_op_threads", {}).get("string_value", "1"))
         if threads > 0:
             torch.set_num_threads(threads)
+        keep_freed_memory()  # as rec-server does (rec/malloc.py: page faults on every request)
         if path.endswith(".pt2"):  # AOTInductor: tables memory-mapped, the CPU's ISA checked
             from rec.aoti_package import AotiModel
 
