@@ -42,6 +42,8 @@ import torch
 import yaml
 from export_bench import BATCHES, RESULTS, ROOT, measure
 
+from rec.malloc import keep_freed_memory
+
 HISTORY = 20
 """din: history ids per sample in the timed requests."""
 
@@ -181,6 +183,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    keep_freed_memory()  # as rec-server and Triton's model do (rec/malloc.py)
     results = {"machine": platform.machine(), "torch": torch.__version__, "threads": 1,
                "kaggle_scale": args.kaggle_scale, "models": {}}  # fmt: skip
     for name, archs in configs(args.kaggle_scale).items():

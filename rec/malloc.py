@@ -10,8 +10,9 @@ against 8.6 ms with the settings below, and rec-server's gRPC latency at B = 512
 largest mmap threshold) come from the heap, and the heap is trimmed only past 1 GB of free
 top: the process keeps what its largest batch needed, as jemalloc and tcmalloc do.
 
-rec-server makes the same two mallopt calls at startup (cpp/src/server/main.cpp); Triton's
-Python model and the benchmarks' in-process timings call `keep_freed_memory`.
+rec-server and rec-bench make the same two mallopt calls at startup
+(cpp/src/common/malloc_settings.h); Triton's Python model and the benchmarks' in-process timings
+(export_bench, arch_bench) call `keep_freed_memory`.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "bench_io.h"
+#include "common/malloc_settings.h"
 #include "grpc_service.grpc.pb.h"
 #include "model/aoti_model.h"
 #include "model/model_spec.h"
@@ -337,4 +338,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace rec::bench
 
-int main(int argc, char** argv) { return rec::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  rec::KeepFreedMemory();  // as rec-server does: forward times are the server's
+  return rec::bench::Main(argc, argv);
+}

@@ -1,5 +1,4 @@
 // rec-server: wires the units together. Startup fails with one clear line; SIGTERM/SIGINT drain.
-#include <malloc.h>
 #include <signal.h>
 
 #include <chrono>
@@ -7,6 +6,7 @@
 #include <iostream>
 
 #include "common/log.h"
+#include "common/malloc_settings.h"
 #include "grpc/grpc_api.h"
 #include "grpc/grpc_server.h"
 #include "http/http_api.h"
@@ -152,11 +152,7 @@ int Serve(const rec::ServerOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Freed memory stays in the process: a forward pass frees and allocates the same MB-sized
-  // tensors on every call, and glibc's default trimming faulted them back in each time (about
-  // a quarter of a B = 512 Kaggle request; rec/malloc.py has the measurement).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  rec::KeepFreedMemory();
   rec::ServerOptions options;
   Status st = rec::ParseOptions(argc, argv, &options);
   if (options.help) {
