@@ -423,15 +423,20 @@ struct Epilogue {
   const float* residual;  // (row-major [M, N] like the output)
 };
 
-void EpilogueRowScalar(const Epilogue& e, int64_t i, int64_t n, float* y) {
+// Outputs [j0, n) of row i, one at a time: the scalar path, and the AVX2 path's n % 8 tail.
+void EpilogueScalar(const Epilogue& e, int64_t i, int64_t j0, int64_t n, float* y) {
   const float s = e.scales[i];
   const int32_t* a = e.acc + i * e.acc_stride;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = j0; j < n; ++j) {
     float v = static_cast<float>(a[j] - e.shift * e.w_sum[j]) * s * e.w_scale[j];
     if (e.bias) v = v + e.bias[j];
     if (e.x0) v = e.x0[i * n + j] * v + e.residual[i * n + j];
     y[i * n + j] = v;
   }
+}
+
+void EpilogueRowScalar(const Epilogue& e, int64_t i, int64_t n, float* y) {
+  EpilogueScalar(e, i, 0, n, y);
 }
 
 // 16 outputs at a time, the tail under a mask.
@@ -456,7 +461,7 @@ __attribute__((target("avx512f"))) void EpilogueRowAvx512(const Epilogue& e, int
   }
 }
 
-// 8 outputs at a time; the n % 8 tail in scalar code (the same operations).
+// 8 outputs at a time; the n % 8 tail by EpilogueScalar (the same operations).
 __attribute__((target("avx2"))) void EpilogueRowAvx2(const Epilogue& e, int64_t i, int64_t n,
                                                      float* y) {
   const __m256 vs = _mm256_set1_ps(e.scales[i]);
@@ -476,14 +481,7 @@ __attribute__((target("avx2"))) void EpilogueRowAvx2(const Epilogue& e, int64_t 
                         _mm256_loadu_ps(e.residual + row + j));
     _mm256_storeu_ps(y + row + j, v);
   }
-  const float s = e.scales[i];
-  for (; j < n; ++j) {
-    float v =
-        static_cast<float>(e.acc[i * e.acc_stride + j] - e.shift * e.w_sum[j]) * s * e.w_scale[j];
-    if (e.bias) v = v + e.bias[j];
-    if (e.x0) v = e.x0[row + j] * v + e.residual[row + j];
-    y[row + j] = v;
-  }
+  EpilogueScalar(e, i, j, n, y);
 }
 
 at::Tensor ApplyEpilogue(const Epilogue& e, int64_t m, int64_t n, const at::TensorOptions& opts) {
