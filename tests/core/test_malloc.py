@@ -39,8 +39,9 @@ def _faults(mode: str) -> dict:
 def test_freed_tensors_are_not_faulted_back_in():
     kept, default = _faults("keep"), _faults("default")
     assert kept["kept"] is True
-    # 50 steps touch 50 x 12 MB; reused memory faults none of it in again (0 measured).
-    assert kept["faults"] < 1000, kept
-    # The comparison shows the test can fail: with glibc's defaults the trimmed heap is faulted
-    # back in (42,400 pages measured on Debian 12's glibc 2.36).
-    assert default["faults"] > 10 * max(kept["faults"], 100), default
+    # With glibc's defaults the trimmed heap is faulted back in on every step: 42,400 pages
+    # measured on Debian 12's glibc 2.36 (50 steps touch 50 x 12 MB).
+    assert default["faults"] > 20_000, default
+    # Reused memory is not: 0 pages on an idle machine; 1,728 once in CI under load (the
+    # kernel's own work on the 2 cores), so the bound is relative.
+    assert kept["faults"] * 10 < default["faults"], (kept, default)
