@@ -18,15 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
+from rec.serve.process import child_pids
 
 
 def _status(pid: int) -> tuple[str, int] | None:
@@ -69,7 +61,7 @@ class TreeWatch:
                     cmd, hwm = st
                     old = self.peaks.get(p, (cmd, 0))
                     self.peaks[p] = (cmd or old[0], max(old[1], hwm))
-                todo += _children(p)
+                todo += child_pids(p)
             self._stop.wait(self.interval)
 
     def stop(self) -> dict[int, tuple[str, int]]:

@@ -205,7 +205,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     """Measures every target (starting servers on cfg.repo if given); writes JSON and PNG."""
     spawn = multiprocessing.get_context("spawn")  # grpc does not survive fork
     rows: list[dict] = []
-    servers_used = []
+    servers_used, peak_rss = [], {}
     load_before = os.getloadavg()  # other work on the machine skews results; recorded with them
     with concurrent.futures.ProcessPoolExecutor(cfg.processes, mp_context=spawn) as pool:
         list(pool.map(_ping, range(cfg.processes)))  # start the workers before measuring
@@ -213,9 +213,12 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             rows += bench_targets(pool, cfg.targets, cfg, log)
         if cfg.repo is not None:
             for backend in cfg.backends:
-                rows += _bench_backend(pool, backend, cfg, log)
+                backend_rows, peak_rss[backend] = _bench_backend(pool, backend, cfg, log)
+                rows += backend_rows
                 servers_used.append(backend)
+                log(f"{backend} peak RSS: {peak_rss[backend] / 1e9:.2f} GB")
     meta = _meta(cfg, servers_used)
+    meta["server_peak_rss_bytes"] = peak_rss
     meta["load_average_1m"] = {"start": load_before[0], "end": os.getloadavg()[0]}
     result = {"meta": meta, "results": rows}
     cfg.output.parent.mkdir(parents=True, exist_ok=True)
@@ -229,7 +232,9 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     return result
 
 
-def _bench_backend(pool, backend: str, cfg: BenchConfig, log) -> list[dict]:
+def _bench_backend(pool, backend: str, cfg: BenchConfig, log) -> tuple[list[dict], int]:
+    """The rows of a server started on cfg.repo, and its peak RSS (with its child processes:
+    Triton's Python-backend model runs in one) over the start and every point."""
     from rec.serve.launch import ServeConfig, start_server
 
     log(f"starting {backend} on {cfg.repo}")
@@ -240,7 +245,8 @@ def _bench_backend(pool, backend: str, cfg: BenchConfig, log) -> list[dict]:
             Target(f"{backend}-{p}", ep.http if p == "http" else ep.grpc, p, cfg.model)
             for p in cfg.protocols
         ]
-        return bench_targets(pool, targets, cfg, log)
+        rows = bench_targets(pool, targets, cfg, log)
+        return rows, server.tree_peak_rss_bytes()
     finally:
         server.stop()
 
@@ -250,12 +256,16 @@ def _ping(_: int) -> int:
 
 
 def _meta(cfg: BenchConfig, servers: list[str]) -> dict:
+    from rec.cpu import cpu_info, describe
+
     config = asdict(cfg)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in config.items()}
     return {
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "cpus": os.cpu_count(),
+        "cpu": describe(cpu_info()),
+        "cpu_flags": cpu_info()["flags"],
         "python": sys.version.split()[0],
         "servers_started": servers,
         "config": config,

@@ -10,7 +10,7 @@ matplotlib.use("Agg")  # files only; no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_results(rows: list[dict], path: Path) -> None:
+def plot_results(rows: list[dict], path: Path, title: str | None = None) -> None:
     """Closed-loop sweeps as solid lines (one point per concurrency), open-loop as markers."""
     batches = sorted({r["batch"] for r in rows})
     fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 4.8), squeeze=False)
@@ -39,6 +39,8 @@ def plot_results(rows: list[dict], path: Path) -> None:
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

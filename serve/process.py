@@ -4,7 +4,8 @@ Shared by the Triton and C++ launchers. The child's stdout and stderr go through
 thread into a log file (and, for `rec serve`, the console), so a chatty server can never block
 on a full pipe, and a server that dies before it is ready is reported with its last log lines.
 `stop()` sends SIGTERM and returns the exit code; `peak_rss_bytes()` is the kernel's high-water
-mark of the child's resident set, for the benchmarks.
+mark of the child's resident set (`tree_peak_rss_bytes()`: with its children's), for the
+benchmarks.
 """
 
 from __future__ import annotations
@@ -106,6 +107,17 @@ class ServerProcess:
         so far; read it before stop()."""
         return _proc_status_kib(self.proc.pid, "VmHWM") * 1024
 
+    def tree_peak_rss_bytes(self) -> int:
+        """peak_rss_bytes() summed over the child and every process under it now (Triton's
+        Python-backend model runs in a stub process of its own): each process's own peak, so
+        an upper bound on the tree's peak when they did not peak together."""
+        pids, total = [self.proc.pid], 0
+        while pids:
+            pid = pids.pop()
+            total += _proc_status_kib(pid, "VmHWM") * 1024
+            pids += child_pids(pid)
+        return total
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (Triton and rec-server both drain and exit on it), SIGKILL after `timeout`
         (and `killed` set). Returns the exit code; the log is complete when it returns."""
@@ -130,6 +142,15 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started that are alive now (every thread's /proc children)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
 
 
 def _proc_status_kib(pid: int, key: str) -> int:

@@ -20,7 +20,9 @@ def test_bench_sweep_writes_json_and_plot(triton, tmp_path):
     assert result.exit_code == 0, result.output
     progress = [line for line in result.output.splitlines() if line.startswith("[")]
     assert len(progress) == 8  # 2 targets x 2 batch sizes x (1 concurrency + 1 rate)
-    rows = json.loads(out.read_text())["results"]
+    result = json.loads(out.read_text())
+    assert result["meta"]["cpu"] and "avx2" in result["meta"]["cpu_flags"]
+    rows = result["results"]
     assert {(r["target"], r["batch"], r["concurrency"], r["offered_rps"]) for r in rows} >= {
         ("triton-grpc", 8, 2, None),
         ("triton-http", 1, 2, None),
@@ -49,3 +51,10 @@ def test_bench_counts_errors(triton, tmp_path):
 def test_bench_needs_targets():
     result = CliRunner().invoke(main, ["bench", "--no-plot"])
     assert result.exit_code == 2 and "--target" in result.output
+
+
+def test_triton_peak_rss_counts_its_model_process(triton):
+    """rec bench's and the benchmarks' server memory: Triton's Python-backend model runs in a
+    stub process under tritonserver, and that process holds the model's tables."""
+    own = triton.peak_rss_bytes()
+    assert 0 < own < triton.tree_peak_rss_bytes()
