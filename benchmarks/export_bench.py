@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,22 @@ def model_configs(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
     path = tmp / "kaggle.yaml"
     path.write_text(yaml.safe_dump(kaggle, sort_keys=False))
     return {"default": default, "kaggle": path}
+
+
+def trained_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
+    """Trains the default and the Kaggle-size model briefly and exports each as its config says
+    (int8 tables, TorchScript; fp32 dense layers for the default, int8 for Kaggle's) into a
+    repository of its own. The run directory goes once exported (8.9 GB at full size)."""
+    repos = {}
+    for name, config in model_configs(tmp, kaggle_scale).items():
+        run_dir, repos[name] = tmp / f"{name}-run", tmp / f"{name}-repo"
+        print(f"[{name}] rec train, rec export", flush=True)
+        subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run_dir)], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run([REC, "export", str(run_dir), "--repo", str(repos[name])], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        shutil.rmtree(run_dir)
+    return repos
 
 
 def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_cpp_bench  # noqa: E402
+from export_bench import trained_repositories  # noqa: E402
 from serve_cpp_bench import RESULTS, batching_repo, bench, median_run  # noqa: E402
 
 PHASES = {  # name: (start stamp, end stamp); read, send_start, send_end: either protocol's
@@ -173,22 +173,6 @@ def run_model(src: Path, seconds: float, rounds: int, only: list[str]) -> dict:
     return {"repository": str(src), "forward_p50_us": forward, "cases": cases, "trace_off": off}
 
 
-def build_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
-    """Trains the default and the Kaggle-size model briefly and exports each (the default
-    export: int8 tables, fp32 dense layers, TorchScript)."""
-    from export_bench import REC, model_configs
-
-    repos = {}
-    for name, config in model_configs(tmp, kaggle_scale).items():
-        run_dir, repos[name] = tmp / f"{name}-run", tmp / f"{name}-repo"
-        print(f"[{name}] rec train, rec export", flush=True)
-        subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run_dir)], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
-        subprocess.run([REC, "export", str(run_dir), "--repo", str(repos[name])], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
-    return repos
-
-
 def table(runs: dict[str, dict]) -> str:
     names = list(PHASES) + ["server", "outside"]
     lines = []
@@ -240,7 +224,7 @@ def main() -> None:
             if args.kaggle_repo:
                 repos["kaggle"] = args.kaggle_repo
         else:
-            repos = build_repositories(Path(tmp), args.kaggle_scale)
+            repos = trained_repositories(Path(tmp), args.kaggle_scale)
         runs = {}
         for name, repo in repos.items():
             print(f"== {name} ({repo})", flush=True)
