@@ -352,8 +352,10 @@ struct TileConfig {
 } __attribute__((packed));
 
 // acc[m0 .. m0 + 31][32 pb .. 32 pb + 31] for pb in [pb0, pb1), every m0: four accumulator
-// tiles (0-3) fed by two tiles of codes (4, 5) and two weight tiles (6, 7). A pair of weight
-// columns' tiles (2 x K/64 KB) stays in cache while every row block passes over it.
+// tiles (0-3) fed by two tiles of codes (4, 5) and two weight tiles (6, 7). A block of 32 rows'
+// codes (32 x K bytes: 16 KB at K = 512) stays in L1 while every pair of weight columns passes
+// over it. Measured one thread, M = 512, AMX Xeon: 1.5x the other loop order (weight pair
+// outside, rows inside) at K = 512, N = 1728 (the cross layers), the same at K = 1728.
 __attribute__((target("amx-tile,amx-int8"))) void AmxTiles(const int8_t* codes, int64_t mp,
                                                            int64_t kp, const int8_t* w_tiles,
                                                            int64_t pb0, int64_t pb1, int32_t* acc,
@@ -363,12 +365,12 @@ __attribute__((target("amx-tile,amx-int8"))) void AmxTiles(const int8_t* codes, 
   for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   _tile_loadconfig(&config);
   const int64_t kb = kp / kAmxK, tile = 16 * 64;
-  for (int64_t pb = pb0; pb < pb1; ++pb) {
-    const int8_t* b0 = w_tiles + (2 * pb) * kb * tile;
-    const int8_t* b1 = b0 + kb * tile;
-    for (int64_t m = 0; m < mp; m += kAmxRows) {
-      const int8_t* a0 = codes + m * kp;
-      const int8_t* a1 = a0 + 16 * kp;
+  for (int64_t m = 0; m < mp; m += kAmxRows) {
+    const int8_t* a0 = codes + m * kp;
+    const int8_t* a1 = a0 + 16 * kp;
+    for (int64_t pb = pb0; pb < pb1; ++pb) {
+      const int8_t* b0 = w_tiles + (2 * pb) * kb * tile;
+      const int8_t* b1 = b0 + kb * tile;
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
