@@ -144,7 +144,7 @@ def compare(repo: Path, args: argparse.Namespace) -> dict:
     HTTP and gRPC, then the C++ client's gRPC sweep; each server's peak RSS over all of it."""
     from rec.serve.bench import BenchConfig, run_bench
 
-    rows, meta, peaks = [], None, {}
+    rows, created, peaks = [], None, {}
     concurrency = tuple(int(c) for c in args.concurrency.split(","))
     with tempfile.TemporaryDirectory(prefix="rec-serving-bench-") as tmp:
         for batch, rate in ((1, args.rate_b1), (256, args.rate_b256)):
@@ -161,13 +161,13 @@ def compare(repo: Path, args: argparse.Namespace) -> dict:
             )
             result = run_bench(cfg)
             rows += result["results"]
-            meta = meta or result["meta"]
+            created = created or result["meta"]["created_utc"]
             for backend, peak in result["meta"]["server_peak_rss_bytes"].items():
                 peaks[backend] = max(peaks.get(backend, 0), peak)
     cpp_client = rec_bench_rows(repo, (1, 256), concurrency, args.duration, peaks)
     return {
         "repository": str(repo),
-        "created_utc": meta["created_utc"],
+        "created_utc": created,
         "results": rows,
         "results_rec_bench_client": cpp_client,
         "server_peak_rss_bytes": peaks,
@@ -219,7 +219,6 @@ def main() -> None:
     plots = {name: args.out.parent / f"{args.out.name}_{name}.png" for name in models}
     for name, m in models.items():
         plot_results(m["results"], plots[name], f"{name} model, {result['meta']['cpu']}")
-    for name, m in models.items():
         print(f"\n### {name}\n\n{table(m['results'])}")
         print("\nWith rec-bench (C++ client), gRPC, closed loop:\n"
               + client_table(m["results_rec_bench_client"]))  # fmt: skip
