@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
+#include <thread>
 
 #include "test_util.h"
 
@@ -16,8 +18,13 @@ class EchoRunner : public Runner {
  public:
   const std::string& version() const override { return version_; }
   Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
-    calls++;
+    if (calls++ == 0 && hold_first) hold_first->wait();
     max_rows = std::max<int64_t>(max_rows, inputs[0].shape[0]);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      batch_rows.push_back(inputs[0].shape[0]);
+    }
+    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     if (fail) return Internal("boom");
     const Tensor& dense = inputs[0];
     Tensor scores;
@@ -35,7 +42,38 @@ class EchoRunner : public Runner {
   std::atomic<int> calls{0};
   std::atomic<int64_t> max_rows{0};
   bool fail = false;
+  int sleep_ms = 0;                                // each forward pass takes this long
+  std::shared_future<void>* hold_first = nullptr;  // the first pass waits for it
+  std::mutex mu;
+  std::vector<int64_t> batch_rows;  // rows of each pass, in order
+  std::vector<int64_t> Batches() {
+    std::lock_guard<std::mutex> lock(mu);
+    return batch_rows;
+  }
 };
+
+// Enqueues a request of `rows` rows whose first dense feature is `first`; its answer goes to
+// the returned future.
+std::future<InferResult> Send(Batcher* batcher, const ModelSpec& spec, int64_t rows, float first) {
+  InferRequest r = testing::MakeRequest(rows, first);
+  EXPECT_TRUE(ValidateRequest(spec, &r).ok());
+  auto promise = std::make_shared<std::promise<InferResult>>();
+  auto future = promise->get_future();
+  EXPECT_TRUE(batcher
+                  ->Enqueue(std::move(r),
+                            [promise](InferResult&& res) { promise->set_value(std::move(res)); })
+                  .ok());
+  return future;
+}
+
+// The answer, failing the test if it takes longer than `seconds` (far less than any window
+// these tests would wait out by mistake).
+InferResult Await(std::future<InferResult>* f, int seconds = 30) {
+  EXPECT_EQ(f->wait_for(std::chrono::seconds(seconds)), std::future_status::ready);
+  InferResult res = f->get();
+  EXPECT_TRUE(res.status.ok()) << res.status.message();
+  return res;
+}
 
 TEST(Batcher, EachRequestGetsItsOwnRows) {
   ModelSpec spec = testing::MakeSpec();
@@ -98,6 +136,79 @@ TEST(Batcher, PollingExecutorTakesEachRequestAndStopsOnShutdown) {
   batcher.Shutdown();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   EXPECT_EQ(runner->calls.load(), 20);
+}
+
+// Triton's preferred_batch_sizes: a batch that can make a preferred size runs at once with the
+// largest it can make, and the requests past it stay queued for the next batch.
+TEST(Batcher, PreferredBatchSizeRunsAtOnceAndLeavesTheRestQueued) {
+  ModelSpec spec = testing::MakeSpec();
+  spec.preferred_batch_sizes = {2, 4};
+  spec.max_queue_delay_us = 200'000;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto runner = std::make_shared<EchoRunner>();
+  runner->hold_first = &gate;
+  ModelStats stats;
+  BatcherOptions options{1, 1000, 0};
+  options.adaptive_window = false;  // the configured window, so only a preferred size closes it
+  Batcher batcher(
+      spec, options, [&] { return runner; }, &stats);
+  std::vector<std::future<InferResult>> answers;
+  answers.push_back(Send(&batcher, spec, 4, 0));  // a preferred size alone: runs, held
+  while (runner->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 1; i <= 6; ++i) answers.push_back(Send(&batcher, spec, 1, 100.0f * i));
+  release.set_value();
+  for (int i = 0; i <= 6; ++i) {
+    InferResult res = Await(&answers[i]);
+    EXPECT_EQ(res.outputs[0].As<float>()[0], 100.0f * i);
+  }
+  // 6 queued rows: 4 at once (not 6 after the window), then the 2 left, a preferred size too.
+  EXPECT_EQ(runner->Batches(), (std::vector<int64_t>{4, 4, 2}));
+}
+
+// Adaptive: no window until requests come together; then about one recent forward pass (not the
+// minute configured), within which requests still share a pass; halved by each lone request,
+// none after six. The metric says the window in use.
+TEST(Batcher, AdaptiveWindowFollowsTheRecentForwardPassAndCompany) {
+  ModelSpec spec = testing::MakeSpec();
+  spec.max_queue_delay_us = 60'000'000;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto runner = std::make_shared<EchoRunner>();
+  runner->sleep_ms = 100;
+  runner->hold_first = &gate;
+  ModelStats stats;
+  Batcher batcher(
+      spec, {1, 1000, 0}, [&] { return runner; }, &stats);
+  EXPECT_EQ(stats.batch_window_us.load(), 0);
+  // A lone first request runs at once (held at the gate); two queue behind it and share a pass.
+  auto lone = Send(&batcher, spec, 1, 7.0f);
+  while (runner->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(stats.batch_window_us.load(), 0);
+  auto a = Send(&batcher, spec, 1, 1.0f), b = Send(&batcher, spec, 1, 2.0f);
+  release.set_value();
+  EXPECT_EQ(Await(&lone).outputs[0].As<float>()[0], 7.0f);
+  EXPECT_EQ(Await(&a).outputs[0].As<float>()[0], 1.0f);
+  EXPECT_EQ(Await(&b).outputs[0].As<float>()[0], 2.0f);
+  const int64_t whole = stats.batch_window_us.load();
+  EXPECT_GE(whole, 100'000);  // the mean pass: each sleeps 100 ms
+  EXPECT_LT(whole, 60'000'000);
+  // Requests 10 ms apart fall in that window and share a pass.
+  auto first = Send(&batcher, spec, 1, 1.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto second = Send(&batcher, spec, 2, 2.0f);
+  EXPECT_EQ(Await(&first).outputs[0].As<float>()[0], 1.0f);
+  EXPECT_EQ(Await(&second).outputs[0].As<float>()[0], 2.0f);
+  // Each lone request halves the window; the sixth closes it.
+  for (int i = 0; i < 6; ++i) {
+    auto alone = Send(&batcher, spec, 1, 3.0f);
+    EXPECT_EQ(Await(&alone).outputs[0].As<float>()[0], 3.0f);
+    if (i == 0) {
+      EXPECT_LE(stats.batch_window_us.load(), whole / 2 + 1);
+    }
+  }
+  EXPECT_EQ(stats.batch_window_us.load(), 0);
+  EXPECT_EQ(runner->Batches(), (std::vector<int64_t>{1, 2, 3, 1, 1, 1, 1, 1, 1}));
 }
 
 TEST(Batcher, FailedBatchFailsItsRequestsAndFullQueueRejects) {

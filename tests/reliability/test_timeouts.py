@@ -160,7 +160,8 @@ def test_a_request_with_the_handler_is_not_timed_out(tmp_path):
     # A 1.5 s batching window keeps each request with the handler longer than the 1 s request
     # timeout; pipelined behind it, the second request waits unparsed just as long.
     write_model(tmp_path, delay_us=1_500_000)
-    s = Server(tmp_path, "--http-request-timeout-s", "1", "--http-idle-timeout-s", "1")
+    s = Server(tmp_path, "--http-request-timeout-s", "1", "--http-idle-timeout-s", "1",
+               "--batch-window", "fixed")  # fmt: skip
     try:
         with _connect(s.http, timeout=30) as sock:
             sock.sendall(_json_infer_request() * 2)
@@ -307,7 +308,7 @@ def test_bytes_flooded_behind_a_busy_request_are_pushed_back(tmp_path):
     # it), then answers the first request.
     bound = _socket_buffer_bound()
     write_model(tmp_path, delay_us=5_000_000)
-    s = Server(tmp_path, "--max-body-bytes", str(2 * _FLOOD))
+    s = Server(tmp_path, "--max-body-bytes", str(2 * _FLOOD), "--batch-window", "fixed")
     try:
         with _connect(s.http, timeout=30) as sock:
             sock.sendall(_json_infer_request())

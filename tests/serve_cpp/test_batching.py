@@ -71,6 +71,7 @@ def test_every_protocol_answers_whether_threads_poll_or_sleep(repo, reference, b
         assert server.stop() == 0, server.stderr()
 
 
-def test_busy_poll_flag_is_checked():
-    out = run_to_exit("--model-repository", "/tmp", "--busy-poll-us", "-1")
-    assert out.returncode == 2 and "--busy-poll-us" in out.stderr
+@pytest.mark.parametrize(("flag", "value"), [("--busy-poll-us", "-1"), ("--batch-window", "wide")])
+def test_batching_flags_are_checked(flag, value):
+    out = run_to_exit("--model-repository", "/tmp", flag, value)
+    assert out.returncode == 2 and flag in out.stderr and value in out.stderr, out.stderr

@@ -217,7 +217,7 @@ def test_body_limit_and_full_queue(repo):
 def test_request_timeout(tmp_path):
     # A 1 s batching window and a 100 ms timeout: a lone request times out waiting for company.
     write_model(tmp_path, delay_us=1_000_000)
-    s = Server(tmp_path, "--request-timeout-ms", "100")
+    s = Server(tmp_path, "--request-timeout-ms", "100", "--batch-window", "fixed")
     try:
         with httpclient.InferenceServerClient(s.http) as c:
             with pytest.raises(InferenceServerException, match="timed out") as e:

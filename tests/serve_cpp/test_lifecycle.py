@@ -80,7 +80,7 @@ def test_sigterm_finishes_in_flight_requests(tmp_path):
     # A 1 s batching window keeps the requests in the queue when SIGTERM arrives.
     write_model(tmp_path, delay_us=1_000_000)
     reference = Reference(tmp_path / "rec" / "1" / "model.pt")
-    s = Server(tmp_path)
+    s = Server(tmp_path, "--batch-window", "fixed")
     batches = [make_batch(1 + i % 3, seed=i) for i in range(8)]
 
     def one(i):

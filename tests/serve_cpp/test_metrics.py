@@ -53,6 +53,7 @@ def test_metrics_count_what_was_sent(fresh):
     assert m["nv_inference_request_failure"] == 2
     assert m["nv_inference_count"] == sum(http_sizes) + sum(grpc_sizes)
     assert m["nv_inference_exec_count"] == sent  # one at a time: nothing to batch
+    assert m["rec_batch_window_us"] == 0  # so the adaptive window stays shut (batcher.h)
     assert m["nv_inference_pending_request_count"] == 0
     assert m["nv_inference_request_duration_us"] >= m["nv_inference_compute_infer_duration_us"] > 0
     assert m["nv_inference_queue_duration_us"] >= 0

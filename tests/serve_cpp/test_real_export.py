@@ -123,7 +123,8 @@ def test_both_export_forms_are_batched(trained, form, tmp_path):
     from the config's dynamic_batching, `none` (max_batch_size 0) from rec.json's "serving"."""
     repo = tmp_path / f"repo_{form}"
     overrides = tmp_path / f"export_{form}.yaml"
-    # A wide batching window, so the merge does not depend on scheduling luck.
+    # A wide batching window, waited out (--batch-window fixed), so the merge does not depend
+    # on scheduling luck.
     export = {"triton_batching": form, "max_batch_size": 128, "max_queue_delay_us": 50_000}
     overrides.write_text(yaml.safe_dump({"export": export}))
     _rec("export", str(trained / "run"), "--repo", str(repo), "--format", "torchscript",
@@ -138,7 +139,7 @@ def test_both_export_forms_are_batched(trained, form, tmp_path):
     batches = [_batch(manifest, rows, seed=100 + i) for i, rows in enumerate(sizes)]
     with torch.inference_mode():
         alone = [module(*(torch.from_numpy(b[k]) for k in INPUT_NAMES)).numpy() for b in batches]
-    server = Server(repo, "--model", "rec", "--executor-threads", "1")
+    server = Server(repo, "--model", "rec", "--executor-threads", "1", "--batch-window", "fixed")
     try:
         results = scores_concurrently(server, batches, workers=len(batches))
         for got, want in zip(results, alone, strict=True):

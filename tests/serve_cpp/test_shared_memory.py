@@ -198,7 +198,7 @@ def test_unregistered_while_queued_and_mixed_in_a_batch(tmp_path, reference, reg
     unlinked) under a queued request, which still answers into it; requests through shared memory
     and through the socket share batches and all score right."""
     write_model(tmp_path, delay_us=500_000)
-    s = Server(tmp_path)
+    s = Server(tmp_path, "--batch-window", "fixed")
     try:
         batch = make_batch(8, seed=8)
         with httpclient.InferenceServerClient(s.http, concurrency=4) as c:

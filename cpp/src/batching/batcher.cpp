@@ -11,6 +11,7 @@ namespace rec {
 Batcher::Batcher(const ModelSpec& spec, BatcherOptions options, RunnerSource current_runner,
                  ModelStats* stats)
     : spec_(spec), options_(options), current_runner_(std::move(current_runner)), stats_(stats) {
+  stats_->batch_window_us.store(static_cast<int64_t>(WindowNs() / 1000));
   int threads = options_.executor_threads > 0 ? options_.executor_threads : spec_.instance_count;
   for (int i = 0; i < std::max(1, threads); ++i) {
     threads_.emplace_back([this] { ExecutorLoop(); });
@@ -89,6 +90,37 @@ void Batcher::TakeFitting(int64_t* rows, PendingList* batch, PendingList* expire
   }
 }
 
+// Triton's preferred_batch_sizes: the longest prefix of `batch` (in requests) whose rows make a
+// preferred size, which is then the largest preferred size the batch can form; 0 when none.
+size_t Batcher::PreferredPrefix(const PendingList& batch) const {
+  const std::vector<int64_t>& preferred = spec_.preferred_batch_sizes;
+  size_t longest = 0;
+  int64_t rows = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    rows += batch[i]->request.batch_size;
+    if (std::find(preferred.begin(), preferred.end(), rows) != preferred.end()) longest = i + 1;
+  }
+  return longest;
+}
+
+uint64_t Batcher::WindowNs() const {
+  if (!spec_.dynamic_batching) return 0;
+  uint64_t configured = static_cast<uint64_t>(spec_.max_queue_delay_us) * 1000;
+  if (!options_.adaptive_window) return configured;
+  int company = company_.load(std::memory_order_relaxed);
+  if (company <= 0) return 0;
+  uint64_t cap = std::min(configured, forward_ns_.load(std::memory_order_relaxed));
+  return cap >> (kWholeWindow - company);
+}
+
+// Folds one forward pass into the running mean (weight 1/8: a few batches follow a load change).
+// Executors race here only with each other; a lost update just weighs one pass less.
+void Batcher::RecordForward(uint64_t forward_ns) {
+  uint64_t mean = forward_ns_.load(std::memory_order_relaxed);
+  mean = mean == 0 ? forward_ns : mean - mean / 8 + forward_ns / 8;
+  forward_ns_.store(std::max<uint64_t>(mean, 1), std::memory_order_relaxed);
+}
+
 // Blocks until a batch is ready. Returns false when the batcher is stopping and drained.
 bool Batcher::NextBatch(PendingList* batch, PendingList* expired) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -103,16 +135,37 @@ bool Batcher::NextBatch(PendingList* batch, PendingList* expired) {
   if (queue_.empty()) return !stopping_;
   gathering_ = true;
   int64_t rows = 0;
-  auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::microseconds(spec_.max_queue_delay_us);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(WindowNs());
   while (true) {
     TakeFitting(&rows, batch, expired);
+    if (size_t preferred = PreferredPrefix(*batch); preferred > 0) {
+      // Run the preferred size now; the requests past it go back to the front, in order.
+      while (batch->size() > preferred) {
+        queue_.push_front(std::move(batch->back()));
+        batch->pop_back();
+      }
+      break;
+    }
     bool full = rows >= spec_.max_batch_size || !spec_.dynamic_batching ||
                 (!queue_.empty() && !batch->empty());
-    if (full || stopping_ || std::chrono::steady_clock::now() >= deadline) break;
+    auto now = std::chrono::steady_clock::now();
+    if (full || stopping_ || now >= deadline) break;
     // Only wait for more while the queue is empty; re-check after each arrival.
+    auto left_us = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now).count();
+    if (left_us < options_.busy_poll_us) {
+      uint64_t seen = arrivals_.load(std::memory_order_acquire);
+      lock.unlock();
+      PollFor(left_us + 1, [&] { return arrivals_.load(std::memory_order_acquire) != seen; });
+      lock.lock();
+      continue;
+    }
     cv_.wait_until(lock, deadline, [this] { return stopping_ || !queue_.empty(); });
   }
+  if (options_.adaptive_window && spec_.dynamic_batching) {
+    int company = batch->size() >= 2 ? kWholeWindow : company_.load() - 1;
+    company_.store(std::max(company, 0));
+  }
+  stats_->batch_window_us.store(static_cast<int64_t>(WindowNs() / 1000));
   gathering_ = false;
   lock.unlock();
   cv_.notify_all();
@@ -174,6 +227,7 @@ void Batcher::Execute(PendingList* batch) {
     status = runner->RunScored(inputs, &outputs, &scored_at);
     infer_done = NowNs();
     if (status.ok()) status = CheckOutputs(spec_, rows, outputs);
+    if (status.ok()) RecordForward(infer_done - input_done);
   }
   if (scored_at.valid && scored_at.wall_ns > 0) {
     stats_->update_lag_ms.Observe(

@@ -1,7 +1,18 @@
 // Batcher: the dynamic batcher of one model. Validated requests wait in a bounded queue; executor
-// threads gather them up to max_batch_size rows or until the oldest has waited
-// max_queue_delay_microseconds, run one forward pass on their concatenation, and hand each
-// request its own output rows. A failure of the batch fails its requests; nothing else.
+// threads gather them until they make max_batch_size rows or one of preferred_batch_sizes, or the
+// batching window closes, run one forward pass on their concatenation, and hand each request its
+// own output rows. A failure of the batch fails its requests; nothing else.
+//
+// The window is max_queue_delay_microseconds (Triton's meaning: the longest a request waits for
+// others). With adaptive_window it is shorter in two cases:
+// - It is at most the running mean of the model's recent forward passes: idling longer than one
+//   more pass would cost cannot pay (the ski-rental bound: never worse than twice the better
+//   choice), and on a fast CPU a small model's pass is tens of microseconds against 500.
+// - It halves after each batch that found no company (one request), down to none after six, and
+//   is whole again after any batch of two or more: a lone client, or a trickle of requests, is
+//   not held for others who do not come, while requests that do come together (they queue up
+//   during a pass even with no window) restore it at once.
+// A window no longer than busy_poll_us is polled rather than slept through, so it closes on time.
 #pragma once
 
 #include <atomic>
@@ -39,6 +50,9 @@ struct BatcherOptions {
   // An idle executor polls the queue this long before it sleeps: a sleeping thread takes tens of
   // microseconds to wake on a virtual machine, more than a B = 1 call's whole serving overhead.
   int64_t busy_poll_us = 0;
+  // Close the window after the recent mean forward pass when that is shorter than
+  // max_queue_delay_us (rec-server --batch-window adaptive); false: always wait it out (fixed).
+  bool adaptive_window = true;
 };
 
 class Batcher {
@@ -70,6 +84,9 @@ class Batcher {
   bool NextBatch(PendingList* batch, PendingList* expired);
   void TakeFitting(int64_t* rows, PendingList* batch, PendingList* expired);
   void DropExpired(PendingList* batch, uint64_t now);
+  size_t PreferredPrefix(const PendingList& batch) const;
+  uint64_t WindowNs() const;
+  void RecordForward(uint64_t forward_ns);
   void Execute(PendingList* batch);
   void Finish(Pending* p, InferResult&& result, uint64_t now_ns);
 
@@ -83,7 +100,12 @@ class Batcher {
   std::deque<std::unique_ptr<Pending>> queue_;
   bool gathering_ = false;  // one executor gathers at a time, so batches fill up
   bool stopping_ = false;
-  std::atomic<uint64_t> arrivals_{0};  // Enqueue calls so far: what a polling executor watches
+  std::atomic<uint64_t> arrivals_{0};    // Enqueue calls so far: what a polling executor watches
+  std::atomic<uint64_t> forward_ns_{0};  // running mean of successful forward passes; 0: none yet
+  // The adaptive window is (its cap) >> (kWholeWindow - company_): kWholeWindow after a batch of
+  // two or more requests, one less after each lone one, 0 (no window) from the start.
+  static constexpr int kWholeWindow = 6;
+  std::atomic<int> company_{0};
   std::vector<std::thread> threads_;
 };
 

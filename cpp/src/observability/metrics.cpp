@@ -121,6 +121,10 @@ std::string Metrics::Prometheus() const {
        "1 when the served version scores a batch differently from its samples one by one on "
        "this CPU (load-time probe; served only with --allow-batch-variant)",
        [](const ModelStats& s) { return static_cast<uint64_t>(s.batch_variant.load()); }},
+      {"rec_batch_window_us", "gauge",
+       "How long the dynamic batcher now waits for a batch to fill: max_queue_delay_us, or the "
+       "recent mean forward pass when shorter (--batch-window adaptive)",
+       [](const ModelStats& s) { return static_cast<uint64_t>(s.batch_window_us.load()); }},
   };
   std::lock_guard<std::mutex> lock(mu_);
   auto labels = [this](const std::string& model) {

@@ -42,6 +42,8 @@ struct ModelStats {
   std::atomic<int64_t> pending{0};  // requests queued or executing
   // 1 while the served version failed the load-time batch probe (--allow-batch-variant).
   std::atomic<int64_t> batch_variant{0};
+  // The dynamic batcher's window now: max_queue_delay_us, or less when adaptive (batcher.h).
+  std::atomic<int64_t> batch_window_us{0};
   Histogram request_latency_us;
   Histogram batch_size;
   // The update log (rec-server --updates): set once a version reads one.

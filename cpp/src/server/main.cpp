@@ -88,6 +88,7 @@ int Serve(const rec::ServerOptions& o) {
   mo.batcher.max_queue_size = static_cast<size_t>(o.max_queue_size);
   mo.batcher.request_timeout_us = o.request_timeout_ms * 1000;
   mo.batcher.busy_poll_us = o.busy_poll_us;
+  mo.batcher.adaptive_window = o.adaptive_batch_window;
   rec::ModelManager models(mo, &metrics);
   st = models.LoadAll();
   if (!st.ok()) return Fail(st);

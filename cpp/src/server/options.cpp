@@ -43,6 +43,13 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       return Status::Ok();
     };
   };
+  auto window = [o](const std::string& f, const std::string& v) {
+    if (v != "adaptive" && v != "fixed") {
+      return InvalidArgument(f + " expects adaptive or fixed, got '" + v + "'");
+    }
+    o->adaptive_batch_window = v == "adaptive";
+    return Status::Ok();
+  };
   return {
       {"--model-repository", str(&o->model_repository)},
       {"--model", str(&o->model)},
@@ -56,6 +63,7 @@ std::map<std::string, Setter> ValueFlags(ServerOptions* o) {
       {"--executor-threads", i32(&o->executor_threads, 0, 256)},
       {"--intra-op-threads", i32(&o->intra_op_threads, 1, 256)},
       {"--busy-poll-us", i64(&o->busy_poll_us, 0, 1000000)},
+      {"--batch-window", window},
       {"--max-queue-size", i64(&o->max_queue_size, 1, INT64_MAX)},
       {"--request-timeout-ms", i64(&o->request_timeout_ms, 0, INT64_MAX / 1000)},
       {"--max-body-bytes", i64(&o->max_body_bytes, 1, INT64_MAX)},
@@ -145,6 +153,10 @@ std::string UsageText(const std::string& default_fbgemm_dir, const std::string& 
          "  --busy-poll-us N         threads poll N us for due work before they sleep:\n"
          "                           idle CPU time for lower latency (0 to 1000000,\n"
          "                           default 2000; 0: sleep at once)\n"
+         "  --batch-window MODE      how long dynamic batching waits for a batch to fill: fixed\n"
+         "                           waits the config's max_queue_delay_microseconds (as Triton\n"
+         "                           does); adaptive (default) closes the window sooner when the\n"
+         "                           model's recent forward passes took less time than that\n"
          "  --max-queue-size N       queued requests per model before 503/UNAVAILABLE (default "
          "1024)\n"
          "  --request-timeout-ms N   fail requests queued longer than this (default 0 = never)\n"

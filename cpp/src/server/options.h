@@ -22,6 +22,7 @@ struct ServerOptions {
   int intra_op_threads = 1;
   int64_t busy_poll_us = 2000;  // executors and I/O threads poll this long before sleeping
   int64_t max_queue_size = 1024;
+  bool adaptive_batch_window = true;  // --batch-window adaptive (default) or fixed
   int64_t request_timeout_ms = 0;
   int64_t max_body_bytes = 64 << 20;
   int http_idle_timeout_s = 60;     // 0: never
