@@ -122,8 +122,9 @@ std::string Metrics::Prometheus() const {
        "this CPU (load-time probe; served only with --allow-batch-variant)",
        [](const ModelStats& s) { return static_cast<uint64_t>(s.batch_variant.load()); }},
       {"rec_batch_window_us", "gauge",
-       "How long the dynamic batcher now waits for a batch to fill: max_queue_delay_us, or the "
-       "recent mean forward pass when shorter (--batch-window adaptive)",
+       "How long the dynamic batcher now waits for a batch to fill: max_queue_delay_us "
+       "(--batch-window fixed), or with adaptive at most the recent mean forward pass, halved "
+       "after each batch of one request",
        [](const ModelStats& s) { return static_cast<uint64_t>(s.batch_window_us.load()); }},
   };
   std::lock_guard<std::mutex> lock(mu_);
