@@ -48,7 +48,9 @@ def _grpc_infer(s: Server, rows: int) -> None:
 
 def _traces(path) -> dict[int, dict]:
     """Triton's format: per trace one {id, model_name, model_version} object and one
-    {id, timestamps: [{name, ns}]} object per timestamp."""
+    {id, timestamps: [{name, ns}]} object per timestamp. Sorted by id, which is taken when the
+    request is sampled: the file is in the order traces finish, and a trace finishes after its
+    response is sent, so the client's next request can finish first."""
     traces: dict[int, dict] = defaultdict(lambda: {"stamps": []})
     for item in json.loads(path.read_text()):
         t = traces[item["id"]]
@@ -56,7 +58,7 @@ def _traces(path) -> dict[int, dict]:
             t["model"] = (item["model_name"], item["model_version"])
         for stamp in item.get("timestamps", []):
             t["stamps"].append((stamp["name"], stamp["ns"]))
-    return dict(traces)
+    return dict(sorted(traces.items()))
 
 
 def _wait_for(predicate, what: str, timeout: float = 10.0) -> None:
