@@ -211,6 +211,38 @@ TEST(Batcher, AdaptiveWindowFollowsTheRecentForwardPassAndCompany) {
   EXPECT_EQ(runner->Batches(), (std::vector<int64_t>{1, 2, 3, 1, 1, 1, 1, 1, 1}));
 }
 
+// Adaptive: once a batch holds as many requests as the recent largest, it runs without waiting
+// out the window; a request after that is not pulled in (with a fixed window it would be).
+TEST(Batcher, AdaptiveWindowClosesWhenTheRecentPeakOfRequestsHasCome) {
+  ModelSpec spec = testing::MakeSpec();
+  spec.max_queue_delay_us = 60'000'000;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto runner = std::make_shared<EchoRunner>();
+  runner->sleep_ms = 100;
+  runner->hold_first = &gate;
+  ModelStats stats;
+  Batcher batcher(
+      spec, {1, 1000, 0}, [&] { return runner; }, &stats);
+  // Two requests queue behind a held one and share a pass: the peak is 2, the window ~100 ms.
+  auto lone = Send(&batcher, spec, 1, 7.0f);
+  while (runner->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto a = Send(&batcher, spec, 1, 1.0f), b = Send(&batcher, spec, 1, 2.0f);
+  release.set_value();
+  for (auto* f : {&lone, &a, &b}) Await(f);
+  ASSERT_GE(stats.batch_window_us.load(), 100'000);
+  // The second request makes 2: that pass starts, and the third, 10 ms later, waits for the next.
+  auto first = Send(&batcher, spec, 1, 1.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto second = Send(&batcher, spec, 2, 2.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto third = Send(&batcher, spec, 4, 3.0f);
+  EXPECT_EQ(Await(&first).outputs[0].As<float>()[0], 1.0f);
+  EXPECT_EQ(Await(&second).outputs[0].As<float>()[0], 2.0f);
+  EXPECT_EQ(Await(&third).outputs[0].As<float>()[0], 3.0f);
+  EXPECT_EQ(runner->Batches(), (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
 TEST(Batcher, FailedBatchFailsItsRequestsAndFullQueueRejects) {
   ModelSpec spec = testing::MakeSpec();
   auto runner = std::make_shared<EchoRunner>();

@@ -121,6 +121,25 @@ void Batcher::RecordForward(uint64_t forward_ns) {
   forward_ns_.store(std::max<uint64_t>(mean, 1), std::memory_order_relaxed);
 }
 
+// Called with mu_ held, once per gathered batch of `requests`.
+void Batcher::RecordCompany(size_t requests) {
+  int company = requests >= 2 ? kWholeWindow : company_.load() - 1;
+  company_.store(std::max(company, 0));
+  if (requests >= peak_requests_) {
+    peak_requests_ = requests;
+    peak_next_ = 0;
+    batches_below_peak_ = 0;
+    return;
+  }
+  // Fewer clients than before: after kPeakBatches batches below it, the peak is theirs.
+  peak_next_ = std::max(peak_next_, requests);
+  if (++batches_below_peak_ >= kPeakBatches) {
+    peak_requests_ = peak_next_;
+    peak_next_ = 0;
+    batches_below_peak_ = 0;
+  }
+}
+
 // Blocks until a batch is ready. Returns false when the batcher is stopping and drained.
 bool Batcher::NextBatch(PendingList* batch, PendingList* expired) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -148,8 +167,10 @@ bool Batcher::NextBatch(PendingList* batch, PendingList* expired) {
     }
     bool full = rows >= spec_.max_batch_size || !spec_.dynamic_batching ||
                 (!queue_.empty() && !batch->empty());
+    bool everyone_came =
+        options_.adaptive_window && peak_requests_ >= 2 && batch->size() >= peak_requests_;
     auto now = std::chrono::steady_clock::now();
-    if (full || stopping_ || now >= deadline) break;
+    if (full || everyone_came || stopping_ || now >= deadline) break;
     // Only wait for more while the queue is empty; re-check after each arrival.
     auto left_us = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now).count();
     if (left_us < options_.busy_poll_us) {
@@ -161,10 +182,7 @@ bool Batcher::NextBatch(PendingList* batch, PendingList* expired) {
     }
     cv_.wait_until(lock, deadline, [this] { return stopping_ || !queue_.empty(); });
   }
-  if (options_.adaptive_window && spec_.dynamic_batching) {
-    int company = batch->size() >= 2 ? kWholeWindow : company_.load() - 1;
-    company_.store(std::max(company, 0));
-  }
+  if (options_.adaptive_window && spec_.dynamic_batching) RecordCompany(batch->size());
   stats_->batch_window_us.store(static_cast<int64_t>(WindowNs() / 1000));
   gathering_ = false;
   lock.unlock();

@@ -12,6 +12,12 @@
 //   is whole again after any batch of two or more: a lone client, or a trickle of requests, is
 //   not held for others who do not come, while requests that do come together (they queue up
 //   during a pass even with no window) restore it at once.
+// - It closes as soon as the batch holds as many requests as the largest batch of the last
+//   kPeakBatches: closed-loop clients (the usual load generator, and callers that wait for their
+//   answer) send no more until they are answered, so waiting out the rest is pure latency. The
+//   peak is a maximum, not a mean, so batches do not shrink round after round; a batch larger
+//   than the peak (more clients) raises it at once. An open stream reaches it too and runs
+//   smaller batches sooner (benchmarks/batch_window.py measures both kinds of load).
 // A window no longer than busy_poll_us is polled rather than slept through, so it closes on time.
 #pragma once
 
@@ -87,6 +93,7 @@ class Batcher {
   size_t PreferredPrefix(const PendingList& batch) const;
   uint64_t WindowNs() const;
   void RecordForward(uint64_t forward_ns);
+  void RecordCompany(size_t requests);
   void Execute(PendingList* batch);
   void Finish(Pending* p, InferResult&& result, uint64_t now_ns);
 
@@ -106,6 +113,12 @@ class Batcher {
   // two or more requests, one less after each lone one, 0 (no window) from the start.
   static constexpr int kWholeWindow = 6;
   std::atomic<int> company_{0};
+  // The most requests in one batch over the last kPeakBatches batches (guarded by mu_): a batch
+  // that reaches it runs at once. peak_next_ is the largest since peak_ was last set.
+  static constexpr int kPeakBatches = 16;
+  size_t peak_requests_ = 0;
+  size_t peak_next_ = 0;
+  int batches_below_peak_ = 0;
   std::vector<std::thread> threads_;
 };
 
