@@ -1,14 +1,18 @@
 // rec-bench: a low-overhead load generator for rec-server, and the in-process limit it is
-// compared with. Closed loop: each of --concurrency threads sends one request, waits for the
-// answer, and sends the next, over one keep-alive connection (HTTP) or channel (gRPC).
+// compared with. Closed loop (the default): each of --concurrency threads sends one request,
+// waits for the answer, and sends the next, over one keep-alive connection (HTTP) or channel
+// (gRPC). Open loop (--rate R): requests arrive as a Poisson stream of R per second in all,
+// spread over the threads; each request's latency counts from its scheduled arrival, so a thread
+// still busy with the previous answer adds its lateness (no coordinated omission), and requests
+// sent more than 1 ms late are counted ("late"): more threads are needed.
 //
 //   rec-bench forward --model-repository DIR --batch B [--concurrency C] [--seconds S]
 //                     [--intra-op-threads N]
 //   rec-bench http    --model-repository DIR --target H:P --batch B [--concurrency C] [--seconds S]
-//                     [--call infer|live]
+//                     [--call infer|live] [--rate R]
 //   rec-bench grpc    --model-repository DIR --target H:P --batch B [--concurrency C] [--seconds S]
 //                     [--call infer|live] [--grpc-client generic|stub] [--grpc-arg NAME=INT]...
-//                     [--shared-memory none|system]
+//                     [--shared-memory none|system] [--rate R]
 //
 // --call live: a bare liveness round trip (GET /v2/health/live, ServerLive), no model involved.
 // --shared-memory system (http, grpc): each thread's inputs sit in a POSIX shared memory region
@@ -57,13 +61,16 @@ struct Options {
   int concurrency = 1;
   int intra_op_threads = 1;  // forward only
   double seconds = 5;
+  double rate = 0;  // requests/s in all, Poisson arrivals; 0: closed loop
 };
 
-nlohmann::json RunClosedLoop(const Options& o, const ClientFactory& factory) {
+constexpr std::chrono::milliseconds kNap{5};
+
+nlohmann::json RunLoad(const Options& o, const ClientFactory& factory) {
   std::atomic<bool> stop{false}, go{false};
   std::atomic<int> warm{0};
   std::vector<std::vector<double>> latencies(static_cast<size_t>(o.concurrency));
-  std::atomic<int64_t> failures{0};
+  std::atomic<int64_t> failures{0}, late{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < o.concurrency; ++t) {
     threads.emplace_back([&, t] {
@@ -71,8 +78,27 @@ nlohmann::json RunClosedLoop(const Options& o, const ClientFactory& factory) {
       for (int i = 0; i < 3; ++i) send();  // connect and warm up; not measured
       warm++;
       while (!go.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      // Open loop: this thread's share of the stream, gaps drawn from its own generator.
+      std::mt19937_64 rng(static_cast<uint64_t>(7919 * (t + 1)));
+      std::exponential_distribution<double> gap(o.rate > 0 ? o.rate / o.concurrency : 1.0);
+      Clock::time_point next = Clock::now();
       while (!stop.load(std::memory_order_relaxed)) {
         Clock::time_point t0 = Clock::now();
+        if (o.rate > 0) {
+          next +=
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+          if (next > t0) {
+            // In short naps: a thread whose next arrival falls after the end must not hold up
+            // the join (and the measured time) until then.
+            while (Clock::now() < next && !stop.load(std::memory_order_relaxed)) {
+              std::this_thread::sleep_until(std::min(next, Clock::now() + kNap));
+            }
+            if (stop.load(std::memory_order_relaxed)) break;
+          } else if (t0 - next > std::chrono::milliseconds(1)) {
+            late++;
+          }
+          t0 = next;
+        }
         bool ok = send();
         double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
         if (ok) {
@@ -104,6 +130,8 @@ nlohmann::json RunClosedLoop(const Options& o, const ClientFactory& factory) {
           {"concurrency", o.concurrency},
           {"requests", all.size()},
           {"failures", failures.load()},
+          {"offered_per_s", o.rate},
+          {"late", late.load()},
           {"seconds", elapsed},
           {"requests_per_s", rps},
           {"rows_per_s", rps * static_cast<double>(o.batch)},
@@ -278,7 +306,7 @@ int Main(int argc, char** argv) {
     std::cerr << "usage: rec-bench forward|http|grpc --model-repository DIR [--target H:P]"
                  " [--model NAME] [--batch B] [--concurrency C] [--seconds S]"
                  " [--intra-op-threads N] [--call infer|live] [--grpc-client generic|stub]"
-                 " [--grpc-arg NAME=INT] [--shared-memory none|system]\n";
+                 " [--grpc-arg NAME=INT] [--shared-memory none|system] [--rate R]\n";
     return 2;
   }
   o.mode = argv[1];
@@ -298,6 +326,7 @@ int Main(int argc, char** argv) {
     if (flag == "--batch") o.batch = std::stoll(value);
     if (flag == "--concurrency") o.concurrency = std::stoi(value);
     if (flag == "--seconds") o.seconds = std::stod(value);
+    if (flag == "--rate") o.rate = std::stod(value);
   }
   ModelSpec spec;
   Status st = LoadModelSpec(o.repository + "/" + o.model, o.model, &spec);
@@ -331,7 +360,7 @@ int Main(int argc, char** argv) {
     std::cerr << st.message() << "\n";
     return 1;
   }
-  std::cout << RunClosedLoop(o, factory).dump() << std::endl;
+  std::cout << RunLoad(o, factory).dump() << std::endl;
   return 0;
 }
 
