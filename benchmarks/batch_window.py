@@ -13,6 +13,8 @@ run side by side (one executor, one intra-op thread, one HTTP and one gRPC threa
 per policy, on copies of the repository whose window is --delay-us (export's default, 500).
 For each protocol and closed-loop client count at B = 1, the three are measured back to back in
 --rounds short rounds (the median kept), so other work on the shared machine hits all alike.
+Then open loop over HTTP: Poisson arrivals at --loads shares of the best closed-loop rate, the
+latency counted from each request's scheduled arrival (rec-bench --rate).
 Each cell also records the rows per forward pass and the window the server reports
 (rec_batch_window_us); each server's peak RSS is kept.
 
@@ -62,7 +64,7 @@ def measure(servers: dict[str, Server], repo: Path, model: str, args) -> list[di
     cells = []
     for proto in PROTOCOLS:
         for clients in args.clients:
-            runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
+            runs: dict[str, list[dict]] = {p: [] for p in servers}
             counts: dict[str, list[dict]] = {}
             for _ in range(args.rounds):
                 for policy, server in servers.items():
@@ -72,7 +74,7 @@ def measure(servers: dict[str, Server], repo: Path, model: str, args) -> list[di
                                               "--target", target))  # fmt: skip
                     after = server_counts(server, model)
                     counts.setdefault(policy, []).append({"before": before, "after": after})
-            for policy in POLICIES:
+            for policy in servers:
                 rows = sum(c["after"]["rows"] - c["before"]["rows"] for c in counts[policy])
                 passes = sum(c["after"]["passes"] - c["before"]["passes"] for c in counts[policy])
                 best = median_run(runs[policy])
@@ -89,6 +91,43 @@ def measure(servers: dict[str, Server], repo: Path, model: str, args) -> list[di
     return cells
 
 
+def measure_open(servers: dict[str, Server], repo: Path, model: str, capacity: float,
+                 args) -> list[dict]:  # fmt: skip
+    """Open loop over HTTP: Poisson arrivals at --loads times `capacity` (the best closed-loop
+    rows/s of any policy), the three policies back to back per round as in `measure`. Latency
+    counts from each request's scheduled arrival, so an overloaded policy shows its queue."""
+    cells = []
+    for load in args.loads:
+        rate = load * capacity
+        runs: dict[str, list[dict]] = {p: [] for p in servers}
+        counts: dict[str, list[dict]] = {p: [] for p in servers}
+        for _ in range(args.rounds):
+            for policy, server in servers.items():
+                before = server_counts(server, model)
+                flags = ("--target", server.http, "--rate", f"{rate:.1f}")
+                runs[policy].append(
+                    bench("http", repo, model, 1, args.open_threads, args.seconds, *flags)
+                )
+                counts[policy].append({"before": before, "after": server_counts(server, model)})
+        for policy in servers:
+            rows = sum(c["after"]["rows"] - c["before"]["rows"] for c in counts[policy])
+            passes = sum(c["after"]["passes"] - c["before"]["passes"] for c in counts[policy])
+            best = median_run(runs[policy])
+            cells.append({
+                "load": load,
+                "offered_per_s": rate,
+                "policy": policy,
+                "rows_per_s": best["rows_per_s"],
+                "p50_us": best["p50_us"],
+                "p99_us": best["p99_us"],
+                "failures": best["failures"],
+                "late": best["late"],
+                "rows_per_pass": rows / passes if passes else 0.0,
+                "window_us": counts[policy][-1]["after"]["window_us"],
+            })  # fmt: skip
+    return cells
+
+
 def run_model(name: str, repo: Path, args) -> dict:
     model = args.model
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,11 +140,14 @@ def run_model(name: str, repo: Path, args) -> dict:
                 servers[policy] = Server(copy, model, 1, extra=extra)
             print(f"[{name}] three servers up: {', '.join(POLICIES)}", flush=True)
             cells = measure(servers, Path(tmp) / "fixed", model, args)
+            capacity = max(c["rows_per_s"] for c in cells if c["protocol"] == "http")
+            open_cells = measure_open(servers, Path(tmp) / "fixed", model, capacity, args)
         finally:
             peaks = {p: s.peak_rss_bytes() for p, s in servers.items()}
             for s in servers.values():
                 s.stop()
-    return {"repository": str(repo), "cells": cells, "server_peak_rss_bytes": peaks}
+    return {"repository": str(repo), "cells": cells, "open_loop": open_cells,
+            "http_capacity_rows_per_s": capacity, "server_peak_rss_bytes": peaks}  # fmt: skip
 
 
 def cell(cells: list[dict], proto: str, clients: int, policy: str) -> dict:
@@ -149,6 +191,29 @@ def table(name: str, m: dict) -> str:
             f"{adaptive['p99_us']:,.0f} | {fixed['rows_per_pass']:.1f} / "
             f"{adaptive['rows_per_pass']:.1f} | {adaptive['window_us']:,.0f} |"
         )
+    lines += [
+        "",
+        f"Open loop, HTTP, Poisson arrivals (load 1.0 = {m['http_capacity_rows_per_s']:,.0f} "
+        "rows/s, the best closed-loop rate above):",
+        "",
+        "| load | offered rows/s | rows/s off / fixed / adaptive | p50 µs off / fixed / adaptive "
+        "| p99 µs off / fixed / adaptive | adaptive / fixed p99 | rows per pass fixed / adaptive "
+        "| failed off / fixed / adaptive |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for load in sorted({c["load"] for c in m["open_loop"]}):
+        by = {c["policy"]: c for c in m["open_loop"] if c["load"] == load}
+        fixed, adaptive = by["fixed"], by["adaptive"]
+
+        def trio(key: str, fmt: str = ",.0f", by=by) -> str:
+            return " / ".join(format(by[p][key], fmt) for p in POLICIES)
+
+        lines.append(
+            f"| {load:.2f} | {fixed['offered_per_s']:,.0f} | {trio('rows_per_s')} | "
+            f"{trio('p50_us')} | {trio('p99_us')} | {adaptive['p99_us'] / fixed['p99_us']:.2f}x | "
+            f"{fixed['rows_per_pass']:.1f} / {adaptive['rows_per_pass']:.1f} | "
+            f"{trio('failures', 'd')} |"
+        )
     return "\n".join(lines)
 
 
@@ -160,7 +225,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = result["models"]
-    fig, axes = plt.subplots(len(models), 2, figsize=(12, 4 * len(models)), squeeze=False)
+    fig, axes = plt.subplots(len(models), 3, figsize=(17, 4 * len(models)), squeeze=False)
     for row, (name, m) in zip(axes, models.items(), strict=True):
         for policy, color in zip(POLICIES, ("gray", "tab:orange", "tab:blue"), strict=True):
             for proto, style in zip(PROTOCOLS, ("-", "--"), strict=True):
@@ -173,7 +238,17 @@ def plot(result: dict, path: Path) -> None:
                             label=label)  # fmt: skip
                 row[1].plot(xs, [c["p99_us"] / 1e3 for c in pts], style, color=color, marker="o",
                             label=label)  # fmt: skip
-        for ax, ylabel in zip(row, ("rows/s (B = 1 requests)", "p99 (ms)"), strict=True):
+            pts = sorted((c for c in m["open_loop"] if c["policy"] == policy),
+                         key=lambda c: c["load"])  # fmt: skip
+            row[2].plot([c["offered_per_s"] for c in pts], [c["p99_us"] / 1e3 for c in pts],
+                        color=color, marker="o", label=f"{policy}, HTTP")  # fmt: skip
+        row[2].set_xlabel("offered rows/s (open loop, Poisson)")
+        row[2].set_ylabel("p99 (ms)")
+        row[2].set_yscale("log")
+        row[2].set_title(f"{name} model, open loop")
+        row[2].grid(alpha=0.3)
+        row[2].legend(fontsize=7)
+        for ax, ylabel in zip(row[:2], ("rows/s (B = 1 requests)", "p99 (ms)"), strict=True):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("closed-loop clients")
             ax.set_ylabel(ylabel)
@@ -198,6 +273,11 @@ def main() -> None:
                    help="Kaggle tables' share of their real row counts")  # fmt: skip
     p.add_argument("--model", default="rec")
     p.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default="1,4,16,64")
+    p.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")],
+                   default="0.1,0.4,0.8",
+                   help="open-loop rates, shares of the best closed-loop HTTP rows/s")  # fmt: skip
+    p.add_argument("--open-threads", type=int, default=128,
+                   help="rec-bench threads carrying the open-loop stream")  # fmt: skip
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--delay-us", type=int, default=500, help="max_queue_delay_us of both windows")
