@@ -243,10 +243,11 @@ def plot(result: dict, path: Path) -> None:
                             label=label)  # fmt: skip
             pts = sorted((c for c in m["open_loop"] if c["policy"] == policy),
                          key=lambda c: c["load"])  # fmt: skip
-            row[2].plot([c["offered_per_s"] for c in pts], [c["p99_us"] / 1e3 for c in pts],
-                        color=color, marker="o", label=f"{policy}, HTTP")  # fmt: skip
-        row[2].set_xlabel("offered rows/s (open loop, Poisson)")
-        row[2].set_ylabel("p99 (ms)")
+            for key, style in (("p99_us", "-"), ("p50_us", ":")):
+                row[2].plot([c["offered_per_s"] for c in pts], [c[key] / 1e3 for c in pts], style,
+                            color=color, marker="o", label=f"{policy}, {key[:3]}")  # fmt: skip
+        row[2].set_xlabel("offered rows/s (open loop, Poisson, HTTP)")
+        row[2].set_ylabel("latency from arrival (ms)")
         row[2].set_yscale("log")
         row[2].set_title(f"{name} model, open loop")
         row[2].grid(alpha=0.3)
