@@ -593,8 +593,8 @@ class ExportConfig:
     """Largest batch a server may form (and the largest request it accepts)."""
     max_queue_delay_us: int = 500
     """How long a server's dynamic batcher may hold a request to fill a batch. Triton always
-    waits it out; rec-server's adaptive window (its default) waits less for a small model or a
-    lone client (cpp/README.md, "Batching")."""
+    waits it out; rec-server's adaptive window (its default) waits less for a small model, a
+    lone client, or clients that have all sent theirs (cpp/README.md, "Batching")."""
     preferred_batch_sizes: list[int] = field(default_factory=list)
     """Batch sizes a server runs at once, without waiting out the window (Triton's meaning)."""
     instances: int = 1
