@@ -58,76 +58,67 @@ def server_counts(server: Server, model: str) -> dict[str, float]:
     }
 
 
+def rounds(servers: dict[str, Server], model: str, args, run) -> dict[str, dict]:
+    """Per policy, the median of --rounds runs of `run(server)` (the policies back to back in
+    each round, so other work on the shared machine hits all alike), with the mean rows per
+    forward pass over all of them and the window the server reported after the last."""
+    runs: dict[str, list[dict]] = {p: [] for p in servers}
+    counts: dict[str, list[dict]] = {p: [] for p in servers}
+    for _ in range(args.rounds):
+        for policy, server in servers.items():
+            before = server_counts(server, model)
+            runs[policy].append(run(server))
+            counts[policy].append({"before": before, "after": server_counts(server, model)})
+    out = {}
+    for policy in servers:
+        rows = sum(c["after"]["rows"] - c["before"]["rows"] for c in counts[policy])
+        passes = sum(c["after"]["passes"] - c["before"]["passes"] for c in counts[policy])
+        best = median_run(runs[policy])
+        out[policy] = {
+            "rows_per_s": best["rows_per_s"],
+            "p50_us": best["p50_us"],
+            "p99_us": best["p99_us"],
+            "failures": best["failures"],
+            "late": best["late"],
+            "requests": best["requests"],
+            "rows_per_pass": rows / passes if passes else 0.0,
+            "window_us": counts[policy][-1]["after"]["window_us"],
+        }
+    return out
+
+
 def measure(servers: dict[str, Server], repo: Path, model: str, args) -> list[dict]:
-    """One row per (protocol, clients, policy): the median of --rounds runs, with the mean rows
-    per forward pass over all of them and the window the server reported after the last."""
+    """Closed loop: one row per (protocol, clients, policy)."""
     cells = []
     for proto in PROTOCOLS:
         for clients in args.clients:
-            runs: dict[str, list[dict]] = {p: [] for p in servers}
-            counts: dict[str, list[dict]] = {}
-            for _ in range(args.rounds):
-                for policy, server in servers.items():
-                    before = server_counts(server, model)
-                    target = server.http if proto == "http" else server.grpc
-                    runs[policy].append(bench(proto, repo, model, 1, clients, args.seconds,
-                                              "--target", target))  # fmt: skip
-                    after = server_counts(server, model)
-                    counts.setdefault(policy, []).append({"before": before, "after": after})
-            for policy in servers:
-                rows = sum(c["after"]["rows"] - c["before"]["rows"] for c in counts[policy])
-                passes = sum(c["after"]["passes"] - c["before"]["passes"] for c in counts[policy])
-                best = median_run(runs[policy])
-                cells.append({
-                    "protocol": proto,
-                    "clients": clients,
-                    "policy": policy,
-                    "rows_per_s": best["rows_per_s"],
-                    "p50_us": best["p50_us"],
-                    "p99_us": best["p99_us"],
-                    "rows_per_pass": rows / passes if passes else 0.0,
-                    "window_us": counts[policy][-1]["after"]["window_us"],
-                })  # fmt: skip
+
+            def run(server: Server, proto=proto, clients=clients) -> dict:
+                target = server.http if proto == "http" else server.grpc
+                return bench(proto, repo, model, 1, clients, args.seconds, "--target", target)
+
+            for policy, cell in rounds(servers, model, args, run).items():
+                cells.append({"protocol": proto, "clients": clients, "policy": policy, **cell})
     return cells
 
 
 def measure_open(servers: dict[str, Server], repo: Path, model: str, capacity: float,
                  args) -> list[dict]:  # fmt: skip
     """Open loop over HTTP: Poisson arrivals at --loads times `capacity` (the best closed-loop
-    rows/s of any policy), the three policies back to back per round as in `measure`. Latency
-    counts from each request's scheduled arrival, so an overloaded policy shows its queue.
-    "late": requests rec-bench sent over 1 ms after their arrival (its threads were busy: on
-    2 shared cores, near capacity the load generator itself falls behind)."""
+    rows/s of any policy). Latency counts from each request's scheduled arrival, so an
+    overloaded policy shows its queue. "late": requests rec-bench sent over 1 ms after their
+    arrival (its threads were busy: on 2 shared cores, near capacity the load generator itself
+    falls behind)."""
     cells = []
     for load in args.loads:
         rate = load * capacity
-        runs: dict[str, list[dict]] = {p: [] for p in servers}
-        counts: dict[str, list[dict]] = {p: [] for p in servers}
-        for _ in range(args.rounds):
-            for policy, server in servers.items():
-                before = server_counts(server, model)
-                flags = ("--target", server.http, "--rate", f"{rate:.1f}")
-                runs[policy].append(
-                    bench("http", repo, model, 1, args.open_threads, args.seconds, *flags)
-                )
-                counts[policy].append({"before": before, "after": server_counts(server, model)})
-        for policy in servers:
-            rows = sum(c["after"]["rows"] - c["before"]["rows"] for c in counts[policy])
-            passes = sum(c["after"]["passes"] - c["before"]["passes"] for c in counts[policy])
-            best = median_run(runs[policy])
-            cells.append({
-                "load": load,
-                "offered_per_s": rate,
-                "policy": policy,
-                "rows_per_s": best["rows_per_s"],
-                "p50_us": best["p50_us"],
-                "p99_us": best["p99_us"],
-                "failures": best["failures"],
-                "late": best["late"],
-                "requests": best["requests"],
-                "rows_per_pass": rows / passes if passes else 0.0,
-                "window_us": counts[policy][-1]["after"]["window_us"],
-            })  # fmt: skip
+
+        def run(server: Server, rate=rate) -> dict:
+            flags = ("--target", server.http, "--rate", f"{rate:.1f}")
+            return bench("http", repo, model, 1, args.open_threads, args.seconds, *flags)
+
+        for policy, cell in rounds(servers, model, args, run).items():
+            cells.append({"load": load, "offered_per_s": rate, "policy": policy, **cell})
     return cells
 
 

@@ -167,8 +167,9 @@ TEST(Batcher, PreferredBatchSizeRunsAtOnceAndLeavesTheRestQueued) {
 }
 
 // Adaptive: no window until requests come together; then about one recent forward pass (not the
-// minute configured), within which requests still share a pass; halved by each lone request,
-// none after six. The metric says the window in use.
+// minute configured), within which requests still share a pass, and which closes once the batch
+// holds as many requests as the recent largest; halved by each lone request, none after six. The
+// metric says the window in use.
 TEST(Batcher, AdaptiveWindowFollowsTheRecentForwardPassAndCompany) {
   ModelSpec spec = testing::MakeSpec();
   spec.max_queue_delay_us = 60'000'000;
@@ -193,13 +194,18 @@ TEST(Batcher, AdaptiveWindowFollowsTheRecentForwardPassAndCompany) {
   const int64_t whole = stats.batch_window_us.load();
   EXPECT_GE(whole, 100'000);  // the mean pass: each sleeps 100 ms
   EXPECT_LT(whole, 60'000'000);
-  // Requests 10 ms apart fall in that window and share a pass.
+  // Requests 10 ms apart fall in that window and share a pass. The second makes 2 requests, the
+  // largest batch so far, so that pass starts at once: a third 10 ms later is not pulled in (with
+  // a fixed window it would be).
   auto first = Send(&batcher, spec, 1, 1.0f);
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   auto second = Send(&batcher, spec, 2, 2.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto third = Send(&batcher, spec, 4, 4.0f);
   EXPECT_EQ(Await(&first).outputs[0].As<float>()[0], 1.0f);
   EXPECT_EQ(Await(&second).outputs[0].As<float>()[0], 2.0f);
-  // Each lone request halves the window; the sixth closes it.
+  EXPECT_EQ(Await(&third).outputs[0].As<float>()[0], 4.0f);
+  // Each lone request halves the window (the third was one); the sixth closes it.
   for (int i = 0; i < 6; ++i) {
     auto alone = Send(&batcher, spec, 1, 3.0f);
     EXPECT_EQ(Await(&alone).outputs[0].As<float>()[0], 3.0f);
@@ -208,39 +214,7 @@ TEST(Batcher, AdaptiveWindowFollowsTheRecentForwardPassAndCompany) {
     }
   }
   EXPECT_EQ(stats.batch_window_us.load(), 0);
-  EXPECT_EQ(runner->Batches(), (std::vector<int64_t>{1, 2, 3, 1, 1, 1, 1, 1, 1}));
-}
-
-// Adaptive: once a batch holds as many requests as the recent largest, it runs without waiting
-// out the window; a request after that is not pulled in (with a fixed window it would be).
-TEST(Batcher, AdaptiveWindowClosesWhenTheRecentPeakOfRequestsHasCome) {
-  ModelSpec spec = testing::MakeSpec();
-  spec.max_queue_delay_us = 60'000'000;
-  std::promise<void> release;
-  std::shared_future<void> gate = release.get_future().share();
-  auto runner = std::make_shared<EchoRunner>();
-  runner->sleep_ms = 100;
-  runner->hold_first = &gate;
-  ModelStats stats;
-  Batcher batcher(
-      spec, {1, 1000, 0}, [&] { return runner; }, &stats);
-  // Two requests queue behind a held one and share a pass: the peak is 2, the window ~100 ms.
-  auto lone = Send(&batcher, spec, 1, 7.0f);
-  while (runner->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  auto a = Send(&batcher, spec, 1, 1.0f), b = Send(&batcher, spec, 1, 2.0f);
-  release.set_value();
-  for (auto* f : {&lone, &a, &b}) Await(f);
-  ASSERT_GE(stats.batch_window_us.load(), 100'000);
-  // The second request makes 2: that pass starts, and the third, 10 ms later, waits for the next.
-  auto first = Send(&batcher, spec, 1, 1.0f);
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  auto second = Send(&batcher, spec, 2, 2.0f);
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  auto third = Send(&batcher, spec, 4, 3.0f);
-  EXPECT_EQ(Await(&first).outputs[0].As<float>()[0], 1.0f);
-  EXPECT_EQ(Await(&second).outputs[0].As<float>()[0], 2.0f);
-  EXPECT_EQ(Await(&third).outputs[0].As<float>()[0], 3.0f);
-  EXPECT_EQ(runner->Batches(), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(runner->Batches(), (std::vector<int64_t>{1, 2, 3, 4, 1, 1, 1, 1, 1, 1}));
 }
 
 TEST(Batcher, FailedBatchFailsItsRequestsAndFullQueueRejects) {
