@@ -4,7 +4,7 @@
 // (gRPC). Open loop (--rate R): requests arrive as a Poisson stream of R per second in all,
 // spread over the threads; each request's latency counts from its scheduled arrival, so a thread
 // still busy with the previous answer adds its lateness (no coordinated omission), and requests
-// sent more than 1 ms late are counted ("late"): more threads are needed.
+// sent more than 1 ms late are counted ("late"): the threads, or the CPU, could not keep up.
 //
 //   rec-bench forward --model-repository DIR --batch B [--concurrency C] [--seconds S]
 //                     [--intra-op-threads N]

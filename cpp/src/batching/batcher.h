@@ -114,7 +114,7 @@ class Batcher {
   static constexpr int kWholeWindow = 6;
   std::atomic<int> company_{0};
   // The most requests in one batch over the last kPeakBatches batches (guarded by mu_): a batch
-  // that reaches it runs at once. peak_next_ is the largest since peak_ was last set.
+  // that reaches it runs at once. peak_next_ is the largest since peak_requests_ was last set.
   static constexpr int kPeakBatches = 16;
   size_t peak_requests_ = 0;
   size_t peak_next_ = 0;
