@@ -19,6 +19,7 @@ class EchoRunner : public Runner {
   const std::string& version() const override { return version_; }
   Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
     if (calls++ == 0 && hold_first) hold_first->wait();
+    if (hold_all) hold_all->wait();
     max_rows = std::max<int64_t>(max_rows, inputs[0].shape[0]);
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -44,6 +45,7 @@ class EchoRunner : public Runner {
   bool fail = false;
   int sleep_ms = 0;                                // each forward pass takes this long
   std::shared_future<void>* hold_first = nullptr;  // the first pass waits for it
+  std::shared_future<void>* hold_all = nullptr;    // every pass waits for it
   std::mutex mu;
   std::vector<int64_t> batch_rows;  // rows of each pass, in order
   std::vector<int64_t> Batches() {
@@ -79,21 +81,29 @@ TEST(Batcher, EachRequestGetsItsOwnRows) {
   ModelSpec spec = testing::MakeSpec();
   auto runner = std::make_shared<EchoRunner>();
   ModelStats stats;
+  // Both executors' passes wait until all 40 are queued, so the rest must be batched: without
+  // the gate a loaded CPU can let the executors take each request as it comes.
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  runner->hold_all = &gate;
   Batcher batcher(
       spec, {2, 1000, 0}, [&] { return runner; }, &stats);
   std::vector<std::future<InferResult>> futures;
   std::vector<int64_t> rows;
-  for (int i = 0; i < 40; ++i) {
-    InferRequest r = testing::MakeRequest(1 + i % 4, static_cast<float>(100 * i));
-    ASSERT_TRUE(ValidateRequest(spec, &r).ok());
-    rows.push_back(r.batch_size);
-    auto promise = std::make_shared<std::promise<InferResult>>();
-    futures.push_back(promise->get_future());
-    ASSERT_TRUE(batcher
-                    .Enqueue(std::move(r),
-                             [promise](InferResult&& res) { promise->set_value(std::move(res)); })
-                    .ok());
-  }
+  bool enqueued = [&] {
+    for (int i = 0; i < 40; ++i) {
+      InferRequest r = testing::MakeRequest(1 + i % 4, static_cast<float>(100 * i));
+      if (!ValidateRequest(spec, &r).ok()) return false;
+      rows.push_back(r.batch_size);
+      auto promise = std::make_shared<std::promise<InferResult>>();
+      futures.push_back(promise->get_future());
+      auto done = [promise](InferResult&& res) { promise->set_value(std::move(res)); };
+      if (!batcher.Enqueue(std::move(r), done).ok()) return false;
+    }
+    return true;
+  }();
+  release.set_value();  // before any ASSERT can return: the batcher's shutdown waits on the passes
+  ASSERT_TRUE(enqueued);
   for (int i = 0; i < 40; ++i) {
     InferResult res = futures[i].get();
     ASSERT_TRUE(res.status.ok()) << res.status.message();
@@ -103,7 +113,7 @@ TEST(Batcher, EachRequestGetsItsOwnRows) {
     }
   }
   EXPECT_LE(runner->max_rows.load(), 8);
-  EXPECT_LT(runner->calls.load(), 40);  // requests were batched
+  EXPECT_LT(runner->calls.load(), 40);  // requests were batched (at most 2 + 38 / 2)
   EXPECT_EQ(stats.success_count.load(), 40u);
   EXPECT_EQ(stats.pending.load(), 0);
 }
