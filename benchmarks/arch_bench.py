@@ -36,12 +36,14 @@ import functools
 import gc
 import json
 import platform
+import time
 from pathlib import Path
 
 import torch
 import yaml
 from export_bench import BATCHES, RESULTS, ROOT, measure
 
+from rec.cpu import cpu_info, describe
 from rec.malloc import keep_freed_memory
 
 HISTORY = 20
@@ -184,7 +186,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()  # as rec-server and Triton's model do (rec/malloc.py)
-    results = {"machine": platform.machine(), "torch": torch.__version__, "threads": 1,
+    results = {"machine": platform.machine(), "cpu": describe(cpu_info()), "cpu_info": cpu_info(),
+               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "threads": 1,
                "kaggle_scale": args.kaggle_scale, "models": {}}  # fmt: skip
     for name, archs in configs(args.kaggle_scale).items():
         fns, entry, cfgs = {}, {}, {}
@@ -203,6 +206,7 @@ def main() -> None:
         gc.collect()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "arch.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"{results['cpu']}, {results['date']}:")
     print(markdown(results))
 
 

@@ -27,6 +27,7 @@ import tritonclient.http as httpclient
 import tritonclient.http._utils as http_utils
 
 from rec.contract import MANIFEST_FILE, read_manifest
+from rec.cpu import cpu_info, describe
 from rec.serve.cpp import launch_cpp
 from rec.serve.process import ServerProcess
 
@@ -264,6 +265,7 @@ async def soak(args) -> dict:
         else None,
         "server_alive_at_end": alive,
         "server_exit_code": exit_code,
+        "cpu": describe(cpu_info()),
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg(),
     }
