@@ -15,6 +15,15 @@ export and are not checked here):
     serving                           max_batch_size, max_queue_delay_us, preferred_batch_sizes
     feature_spec                      rec.features' spec (sparse encodings, hash), or null
 
+and the sections a format or an option adds, each a typed view checked when first read (a
+server that never reads one is not refused for it):
+
+    dense        dtype, batch_invariant, layers, verified_on            (DenseSection)
+    batch_probe  the load-time probe request, by input name             (BatchProbe)
+    updates      format, url, run, step, gen, tables (rec.contract.updates)  (UpdatesSection)
+    store        format, url, prefix, tables (rec.contract.store)       (StoreSection)
+    aoti         the package's CPU target, its tables file and index    (AotiSection)
+
 Example:
     >>> m = parse_manifest({"features": {"dense": ["d0"], "sparse": ["s0"]}, "num_tasks": 1})
     >>> m.sparse_names, m.serving_max_batch_size
@@ -30,29 +39,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from rec.contract import sections
 from rec.contract.io import ROLES
+from rec.contract.sections import (
+    AotiSection,
+    BatchProbe,
+    DenseSection,
+    ManifestError,
+    StoreSection,
+    UpdatesSection,
+)
 
-_MAX = 1 << 30  # rec-server's bound on batch sizes and delays
 ROLE_NAMES = tuple(ROLES.values())
-
-
-class ManifestError(ValueError):
-    """rec.json is malformed; `field` is the dotted key at fault ("serving.max_batch_size")."""
-
-    def __init__(self, source: str, key: str, want: str, got: Any) -> None:
-        self.field = key
-        # JSON as rec-server prints it (nlohmann's dump: keys sorted, no spaces), so both
-        # readers give the same sentence for the same file.
-        shown = (
-            "none" if got is _MISSING else json.dumps(got, sort_keys=True, separators=(",", ":"))
-        )
-        super().__init__(f'{source}: "{key}" must be {want}, got {shown}')
-
-
-_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -69,19 +71,42 @@ class Manifest:
     feature_spec: dict | None = None
     data: dict = field(default_factory=dict, repr=False)
     """The whole manifest, for the fields that describe the export."""
+    source: str = "rec.json"
+    """Where it was read, for the sections' errors."""
 
     @property
     def serving_max_batch_size(self) -> int:
         """serving.max_batch_size, 0 when rec.json has no "serving"."""
         return int(self.serving.get("max_batch_size", 0))
 
+    # The sections, None when rec.json has none; each is checked when first read.
+    @cached_property
+    def dense(self) -> DenseSection | None:
+        return self._section("dense", DenseSection)
 
-def _get(obj: dict, key: str) -> Any:
-    return obj.get(key, _MISSING) if isinstance(obj, dict) else _MISSING
+    @cached_property
+    def batch_probe(self) -> BatchProbe | None:
+        return self._section("batch_probe", BatchProbe)
+
+    @cached_property
+    def updates(self) -> UpdatesSection | None:
+        return self._section("updates", UpdatesSection)
+
+    @cached_property
+    def store(self) -> StoreSection | None:
+        """Checked by rec.contract.store.check_section: a bad one raises its StoreError."""
+        return self._section("store", StoreSection)
+
+    @cached_property
+    def aoti(self) -> AotiSection | None:
+        return self._section("aoti", AotiSection)
+
+    def _section(self, key: str, kind: type) -> Any:
+        value = self.data.get(key)
+        return None if value is None else kind.from_dict(value, self.source)
 
 
-def _integer(value: Any, low: int, high: int = _MAX) -> bool:
-    return type(value) is int and low <= value <= high
+_MISSING, _get, _integer = sections.MISSING, sections.get, sections.integer
 
 
 def _names(data: dict, source: str, key: str) -> tuple[str, ...]:
@@ -144,7 +169,7 @@ def parse_manifest(data: Any, source: str = "rec.json") -> Manifest:
     if spec is not None and not isinstance(spec, dict):
         raise ManifestError(source, "feature_spec", "an object or null", spec)
     return Manifest(dense, sparse, num_tasks, _roles(data, source), _serving(data, source),
-                    spec, data)  # fmt: skip
+                    spec, data, source)  # fmt: skip
 
 
 def read_manifest(path: str | Path) -> Manifest:
@@ -157,3 +182,15 @@ def read_manifest(path: str | Path) -> Manifest:
     except json.JSONDecodeError as e:
         raise ManifestError(str(path), "(top level)", f"JSON ({e})", text[:40]) from None
     return parse_manifest(data, str(path))
+
+
+SECTIONS = ("dense", "batch_probe", "updates", "store", "aoti")
+
+
+def write_manifest(path: str | Path, data: dict[str, Any]) -> None:
+    """Writes rec.json (indented, keys in the order given) once every field a reader checks,
+    sections included, reads back: a writer never leaves a file its readers refuse."""
+    m = parse_manifest(data, str(path))
+    for name in SECTIONS:
+        getattr(m, name)
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
