@@ -2,7 +2,8 @@
 
 `rec export RUN --store URL` writes the chosen tables there; rec.json's `store` section (below)
 tells a server where, and the server looks rows up through its own cache. docs/store.md is the
-prose version.
+prose version; tests/data/store_key_golden.json holds keys and tests/data/url_golden.json URLs
+(valid and refused, with reasons) that both languages' tests check.
 
 The URL: `redis://HOST:PORT[,HOST:PORT...]`, any nodes of the cluster (a client learns the rest
 from them).
@@ -16,11 +17,12 @@ of the export with key prefix P is one Redis hash,
     value  the row's bytes as the update log sends them (rec.contract.updates): its codes, then
            for int8/int4 its fp16 scale and fp16 bias; row_bytes(dim, dtype) bytes
 
-A model asks for rows by key, `table << 40 | row`, the table counted in the sorted order of the
-stored tables' names (store_order). And one hash "{P}:meta" says what the export wrote (format,
-run, step, tables) once every row is in: a prefix with no meta is an unfinished export. P is
-"rec:MODEL:VERSION:RUN8" (the model's name and version in the repository, 8 hex digits naming
-the run), so a new version never writes over the one being served.
+A model asks for rows by key, `table << TABLE_SHIFT | row` (store_key), the table counted in
+the sorted order of the stored tables' names (store_order). And one hash "{P}:meta" says what
+the export wrote (format, run, step, tables) once every row is in: a prefix with no meta is an
+unfinished export. P is "rec:MODEL:VERSION:RUN8" (the model's name and version in the
+repository, 8 hex digits naming the run), so a new version never writes over the one being
+served.
 
 rec.json:
 
@@ -36,8 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rec.contract.io import EMBEDDING_DTYPES
+from rec.contract.updates import UpdateError, row_bytes  # a stored row is a log row
 
 FORMAT = "rec.store/1"
+TABLE_SHIFT = 40
+"""A store key is table << TABLE_SHIFT | row: rows under 2^40, table indices under 2^23."""
+MAX_TABLES = 1 << (63 - TABLE_SHIFT)
 MAX_PARTITIONS = 1 << 14
 """As many as the cluster has hash slots: more could not spread any further."""
 _NODE = re.compile(r"^(?P<host>[^/:?#,\s]+):(?P<port>\d{1,5})$")
@@ -69,11 +75,21 @@ def parse_store_url(url: str) -> StoreUrl:
     return StoreUrl(tuple(nodes))
 
 
-def row_bytes(dim: int, dtype: str) -> int:
-    """Bytes of one stored row: the update log's row layout (rec.quantize.fused_rows)."""
-    d = EMBEDDING_DTYPES[dtype]
-    codes = (dim * d.bits + 7) // 8
-    return codes + (4 if d.rowwise else 0)
+def store_key(table: int, row: int) -> int:
+    """The key a model asks the store for: `table` (its index in store_order) << TABLE_SHIFT |
+    `row`; a StoreError if either does not fit."""
+    if not 0 <= table < MAX_TABLES:
+        raise StoreError(f"store key: table index {table} is not in [0, {MAX_TABLES})")
+    if not 0 <= row < 1 << TABLE_SHIFT:
+        raise StoreError(f"store key: row {row} is not in [0, 2^{TABLE_SHIFT})")
+    return table << TABLE_SHIFT | row
+
+
+def split_key(key: int) -> tuple[int, int]:
+    """store_key's inverse: (table index, row)."""
+    if key < 0:
+        raise StoreError(f"store key {key} is negative")
+    return key >> TABLE_SHIFT, key & ((1 << TABLE_SHIFT) - 1)
 
 
 def store_order(section: dict[str, Any]) -> list[str]:
@@ -126,8 +142,10 @@ def check_section(data: Any, source: str = "rec.json") -> None:
         if t.get("dtype") not in EMBEDDING_DTYPES:
             raise StoreError(f"{where}.dtype {t.get('dtype')!r} is not one of "
                              f"{sorted(EMBEDDING_DTYPES)}")  # fmt: skip
-        if t.get("row_bytes") != row_bytes(t["dim"], t["dtype"]):
-            raise StoreError(
-                f"{where}.row_bytes {t.get('row_bytes')!r}, want "
-                f"{row_bytes(t['dim'], t['dtype'])} for dim {t['dim']} {t['dtype']}"
-            )
+        try:
+            want = row_bytes(t["dim"], t["dtype"])
+        except UpdateError as e:
+            raise StoreError(f"{where}: {e}") from None
+        if t.get("row_bytes") != want:
+            raise StoreError(f"{where}.row_bytes {t.get('row_bytes')!r}, want {want} for dim "
+                             f"{t['dim']} {t['dtype']}")  # fmt: skip

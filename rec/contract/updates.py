@@ -4,7 +4,10 @@
 the stream from its own cursor and writes the rows into the tables it serves. The log is Redis
 Streams (XADD / XREAD): durable (the broker runs with an append-only file), ordered, and
 re-readable from any entry id, so a replica that restarts, or a new dense version that starts
-from its export's step, replays from where it stands. docs/update-log.md is the prose version.
+from its export's step, replays from where it stands. docs/update_log.md is the prose version;
+tests/data/update_record_golden.json holds valid and refused records with their reasons, and
+both languages' tests decode every one (row_bytes_golden.json and url_golden.json beside it pin
+row sizes and URLs). This docstring is the one description of the fields.
 
 The URL: `redis://HOST:PORT[/STREAM]`; the stream key defaults to DEFAULT_STREAM. The path names
 the stream, not a database number (a number is refused, so `redis://h:6379/0` fails loudly).
@@ -22,12 +25,14 @@ One stream entry is one record, format FORMAT, every field a string or raw bytes
     last      "1" on the last record of this rank's publish at this step, else "0"
     table     the table's name ("" on a record that only advances the watermark: count 0)
     dtype     how the rows are stored: int8, int4, fp16 or fp32 (rec.contract.EMBEDDING_DTYPES)
-    dim       the table's embedding dimension
-    count     rows in this record
+    dim       the table's embedding dimension, at most MAX_DIM
+    count     rows in this record, at most MAX_ROWS (the publisher sends up to 16,384)
     ids       count little-endian int64 row indices into the table, strictly increasing
     rows      count rows of row_bytes(dim, dtype) bytes each, in `ids` order; a row is its codes
               then, for int8/int4, its fp16 scale and fp16 bias (rec.quantize.fused_rows): the
-              bytes a full export of that step stores for the row
+              bytes a full export of that step stores for the row. An int4 row of odd dim is
+              refused (row_bytes): its codes are not whole bytes, and FBGEMM neither quantizes
+              nor serves such a table, so no export holds one
 
 A rank's rows at one step are one publish: records with that (gen, step) from that rank, the last
 one marked `last`. The ranks own disjoint rows, so a replica's watermark is the smallest
@@ -53,8 +58,6 @@ MAX_ROWS = 1 << 20
 """Rows in one record at most (the publisher sends 16,384); a reader refuses more."""
 MAX_DIM = 1 << 16
 DEFAULT_STREAM = "rec:updates"
-FIELDS = ("format", "run", "gen", "rank", "world", "step", "wall_ns", "last", "table", "dtype",
-          "dim", "count", "ids", "rows")  # fmt: skip
 _INT_FIELDS = ("gen", "rank", "world", "step", "wall_ns", "dim", "count")
 _URL = re.compile(r"^redis://(?P<host>[^/:?#\s]+):(?P<port>\d{1,5})(?:/(?P<stream>[^?#\s]*))?$")
 
@@ -91,11 +94,17 @@ def parse_url(url: str) -> UpdateUrl:
 
 
 def row_bytes(dim: int, dtype: str) -> int:
-    """Bytes of one row of a `dim`-wide table stored as `dtype`."""
-    size = EMBEDDING_DTYPES[dtype].bytes_per_row(dim)
-    if size != int(size):
+    """Bytes of one row of a `dim`-wide table stored as `dtype`: its codes, then for int8/int4
+    its fp16 scale and bias (rec.quantize.fused_rows). The one row size of the update log and
+    the store (rec.contract.store); UpdateError for a dtype rec does not store or a row whose
+    codes are not whole bytes (int4 of odd dim: FBGEMM packs two codes a byte and its TBE
+    refuses such a table, so no export or publish ever makes one)."""
+    if dtype not in EMBEDDING_DTYPES:
+        raise UpdateError(f"dtype {dtype!r} is not one of {list(EMBEDDING_DTYPES)}")
+    d = EMBEDDING_DTYPES[dtype]
+    if dim < 0 or dim * d.bits % 8:
         raise UpdateError(f"a {dtype} row of dim {dim} is not a whole number of bytes")
-    return int(size)
+    return dim * d.bits // 8 + (4 if d.rowwise else 0)
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,10 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
     if len(ids_raw) != 8 * count:
         raise UpdateError(f'update record: "ids" holds {len(ids_raw)} bytes, {count} ids need '
                           f"{8 * count}")  # fmt: skip
-    want = count * row_bytes(ints["dim"], dtype) if count else 0
+    try:  # checked on every record, rows or not: the dtype and dim must name a real row
+        want = count * row_bytes(ints["dim"], dtype)
+    except UpdateError as e:
+        raise UpdateError(f"update record: {e}") from None
     if len(rows) != want:
         raise UpdateError(f'update record: "rows" holds {len(rows)} bytes, {count} {dtype} rows '
                           f"of dim {ints['dim']} need {want}")  # fmt: skip

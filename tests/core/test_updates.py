@@ -1,14 +1,31 @@
 """The update log's record format (rec.contract.updates) and the replica rules (rec.update_log):
-malformed records are refused naming the field, bad updates are refused whole and counted."""
+malformed records are refused naming the field, bad updates are refused whole and counted. The
+records, row sizes and URLs are the golden files' (tests/data/*_golden.json), which rec-server's
+tests (cpp/tests/updates_test.cpp) decode too."""
 
 from __future__ import annotations
 
+import json
 import struct
+from pathlib import Path
 
 import pytest
 
-from rec.contract.updates import UpdateError, UpdateRecord, decode, encode, row_bytes
+from rec.contract.store import row_bytes as store_row_bytes
+from rec.contract.updates import (
+    MAX_DIM,
+    MAX_ROWS,
+    UpdateError,
+    UpdateRecord,
+    UpdateUrl,
+    decode,
+    encode,
+    parse_url,
+    row_bytes,
+)
 from rec.update_log import ReplicaState, ServedTable
+
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _rec(**kw) -> UpdateRecord:
@@ -26,35 +43,58 @@ def test_a_record_round_trips_and_rows_are_codes_then_scale_and_bias():
     assert decode({k.encode(): v for k, v in fields.items()}) == rec
 
 
-@pytest.mark.parametrize(
-    "change, fault",
-    [
-        ({"format": "rec.updates/2"}, '"format" must be'),
-        ({"step": "-3"}, '"step" must be a non-negative integer'),
-        ({"rank": "2"}, '"rank" 2 is not in [0, 2)'),
-        ({"gen": "0"}, '"gen" must be at least 1'),
-        ({"last": "yes"}, '"last" must be "0" or "1"'),
-        ({"dtype": "int3"}, '"dtype" must be one of'),
-        ({"rows": bytes(15)}, '"rows" holds 15 bytes, 2 int8 rows of dim 4 need 16'),
-        ({"ids": bytes(12)}, '"ids" holds 12 bytes, 2 ids need 16'),
-        ({"ids": struct.pack("<2q", 7, 1)}, '"ids" must be non-negative and strictly increasing'),
-        ({"ids": struct.pack("<2q", 3, 3)}, '"ids" must be non-negative and strictly increasing'),
-        ({"table": ""}, '"table" is empty but "count" is not 0'),
-        ({"wall_ns": None}, '"wall_ns" is missing'),
-        ({"count": str(1 << 61)}, f'"count" {1 << 61} is over 1048576 rows'),
-        ({"step": str(1 << 63)}, '"step" must be a non-negative integer'),
-    ],
-)
-def test_a_malformed_record_is_refused_naming_the_field(change, fault):
-    fields = encode(_rec())
-    for key, value in change.items():
-        if value is None:
-            del fields[key]
-        else:
-            fields[key] = value
+GOLDEN = json.loads((DATA / "update_record_golden.json").read_text())
+ROW_BYTES = json.loads((DATA / "row_bytes_golden.json").read_text())
+URLS = json.loads((DATA / "url_golden.json").read_text())["update_log"]
+
+
+def _entry(case: dict) -> dict:
+    """A golden case's stream entry: text fields as they are, binary ones from hex."""
+    return {k: bytes.fromhex(v) if k in GOLDEN["binary_fields"] else v
+            for k, v in case["fields"].items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", GOLDEN["valid"], ids=lambda c: c["name"])
+def test_a_golden_record_decodes_to_its_values(case):
+    want = dict(case["record"], ids=tuple(case["record"]["ids"]),
+                rows=bytes.fromhex(case["record"]["rows"]))  # fmt: skip
+    assert decode(_entry(case)) == UpdateRecord(**want)
+
+
+@pytest.mark.parametrize("case", GOLDEN["refused"], ids=lambda c: c["name"])
+def test_a_malformed_record_is_refused_naming_the_field(case):
     with pytest.raises(UpdateError) as e:
-        decode(fields)
-    assert fault in str(e.value)
+        decode(_entry(case))
+    assert case["error"] in str(e.value)
+
+
+def test_the_golden_bounds_are_the_readers():
+    assert (GOLDEN["max_rows"], GOLDEN["max_dim"]) == (MAX_ROWS, MAX_DIM)
+
+
+@pytest.mark.parametrize("case", ROW_BYTES["rows"], ids=lambda c: f"{c['dtype']}-{c['dim']}")
+def test_row_bytes_of_every_dtype_and_dim_parity(case):
+    assert row_bytes(case["dim"], case["dtype"]) == case["row_bytes"]
+    assert store_row_bytes(case["dim"], case["dtype"]) == case["row_bytes"]
+
+
+@pytest.mark.parametrize("case", ROW_BYTES["refused"], ids=lambda c: f"{c['dtype']}-{c['dim']}")
+def test_a_row_that_is_not_whole_bytes_is_refused(case):
+    with pytest.raises(UpdateError) as e:
+        row_bytes(case["dim"], case["dtype"])
+    assert case["error"] in str(e.value)
+
+
+@pytest.mark.parametrize("case", URLS["valid"], ids=lambda c: c["url"])
+def test_a_golden_update_url_parses(case):
+    assert parse_url(case["url"]) == UpdateUrl(case["host"], case["port"], case["stream"])
+
+
+@pytest.mark.parametrize("case", URLS["refused"], ids=lambda c: c["url"])
+def test_a_bad_update_url_is_refused(case):
+    with pytest.raises(UpdateError) as e:
+        parse_url(case["url"])
+    assert case["error"] in str(e.value)
 
 
 SERVED = {"t0": ServedTable(rows=100, dim=4, dtype="int8")}
