@@ -16,6 +16,7 @@ from rec import batch_probe, run_dir
 from rec import ops as rec_ops
 from rec.batch import RecBatch
 from rec.config import RecConfig
+from rec.contract.sections import BatchProbe, DenseSection, UpdatesSection
 from rec.contract.updates import FORMAT as UPDATES_FORMAT
 from rec.cpu import cpu_info
 from rec.export import reference as reference_lib
@@ -99,30 +100,31 @@ def updates_section(src: Source, layout: dict[str, dict]) -> dict[str, Any]:
     run = src.loaded.step_dir.parent.parent
     publish = run / run_dir.PUBLISH_FILE
     run_id = json.loads(publish.read_text()).get("run") if publish.is_file() else None
-    return {
-        "format": UPDATES_FORMAT,
-        "url": src.cfg.publish.url or None,
-        "run": run_id,
-        "step": int(src.loaded.meta.get("step", 0)),
+    return UpdatesSection(
+        format=UPDATES_FORMAT,
+        url=src.cfg.publish.url or None,
+        run=run_id,
+        step=int(src.loaded.meta.get("step", 0)),
         # The publisher's generation that trained up to that step (0: none published): the
         # server applies the log's records after (gen, step).
-        "gen": int(src.loaded.meta.get("publish_gen") or 0),
-        "tables": layout,
-    }
+        gen=int(src.loaded.meta.get("publish_gen") or 0),
+        tables=layout,
+    ).to_dict()
 
 
 def dense_sections(cfg: RecConfig, layers: dict[str, int], request) -> dict[str, Any]:
     """rec.json's "dense" and "batch_probe" sections of a format with rec's dense layers."""
+    dense = DenseSection(
+        dtype=cfg.export.dense_dtype,
+        batch_invariant=cfg.export.batch_invariant,
+        layers=layers,
+        # Where the batching check passed; servers re-run it on their own CPU at load.
+        verified_on={**cpu_info(), "rec_linear_isa": rec_ops.linear_isa()},
+    )
     return {
-        "dense": {
-            "dtype": cfg.export.dense_dtype,
-            "batch_invariant": cfg.export.batch_invariant,
-            "layers": layers,
-            # Where the batching check passed; servers re-run it on their own CPU at load.
-            "verified_on": {**cpu_info(), "rec_linear_isa": rec_ops.linear_isa()},
-        },
+        "dense": dense.to_dict(),
         # The same request for the servers' load-time probe on their own CPU (rec.batch_probe).
-        "batch_probe": batch_probe.to_manifest(request),
+        "batch_probe": BatchProbe(batch_probe.to_manifest(request)).to_dict(),
     }
 
 

@@ -38,7 +38,7 @@ from rec import resources, run_dir
 from rec import versions as rec_versions
 from rec.batch import RecBatch
 from rec.config import ConfigError, RecConfig, load_config
-from rec.contract import EMBEDDING_DTYPES, io_manifest
+from rec.contract import EMBEDDING_DTYPES, ModelDir, io_manifest
 from rec.export import formats, stream, verify
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
@@ -310,12 +310,10 @@ def _source(cfg: RecConfig, loaded: LoadedRun, labelled: Iterable[RecBatch] | No
 def _stage_manifest(cfg: RecConfig, loaded: LoadedRun, t: repo_lib.Target, built: Built,
                     checks: dict[str, Any], staging: Path) -> dict[str, Any]:  # fmt: skip
     """Writes rec.json (model dir and version dir) and config.pbtxt into the staged model."""
-    staged = staging / t.model_dir.name
+    staged = ModelDir.of(staging, t.model_dir.name)
     m = manifest(cfg, loaded, t, built, checks)
-    repo_lib.write_manifest(staged / repo_lib.MANIFEST, m)
-    repo_lib.write_manifest(staged / str(t.version) / repo_lib.MANIFEST, m)
-    config = formats.get(t.fmt).triton_config(cfg, t.model_dir.name)
-    (staged / repo_lib.TRITON_CONFIG).write_text(config)
+    staged.write_manifest(t.version, m)
+    staged.write_config(formats.get(t.fmt).triton_config(cfg, t.model_dir.name))
     return m
 
 
@@ -326,15 +324,14 @@ def _already_exported(
     step_dir = run_dir.resolve_checkpoint(run, checkpoint).resolve()
     models = {}
     for fmt in names:
-        model_dir = repo / formats.get(fmt).model_dir_name(model_name)
-        versions = repo_lib.existing_versions(model_dir)
-        manifest = model_dir / repo_lib.MANIFEST
-        if not versions or not manifest.is_file():
+        model = ModelDir.of(repo, formats.get(fmt).model_dir_name(model_name))
+        versions = model.versions()
+        if not versions or not model.manifest.is_file():
             return None
-        source = json.loads(manifest.read_text()).get("source", {}).get("checkpoint")
+        source = json.loads(model.manifest.read_text()).get("source", {}).get("checkpoint")
         if source != str(step_dir):
             return None
-        models[fmt] = model_dir / str(versions[-1])
+        models[fmt] = model.version(versions[-1])
     return models
 
 
@@ -389,10 +386,9 @@ def export_run(
     try:
         built = {}
         for t in targets:
-            vdir = staging / t.model_dir.name / str(t.version)
-            vdir.mkdir(parents=True)
-            fmt = formats.get(t.fmt)
-            built[t.fmt] = fmt.build(src, vdir / fmt.file)
+            staged = ModelDir.of(staging, t.model_dir.name)
+            staged.version(t.version).mkdir(parents=True)
+            built[t.fmt] = formats.get(t.fmt).build(src, staged.model_file(t.version, t.fmt))
             log(f"{t.fmt}: built, scored and reloaded {t.model_dir.name}/{t.version}")
         reference = score(
             reference_lib.ReferenceModule(loaded.model, cfg, src.reference), src.batches

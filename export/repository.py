@@ -1,4 +1,5 @@
-"""Contract 2: the model repository, in Triton's layout, written atomically.
+"""Contract 2: the model repository, in Triton's layout (rec.contract.repository), written
+atomically.
 
     <repo>/<model>/config.pbtxt       Triton model config of the newest version
     <repo>/<model>/rec.json           manifest of the newest version (features, tables, checks)
@@ -43,21 +44,17 @@ backend's rule for outputs without a `__<index>` suffix). ONNX keeps names in th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rec import contract
 from rec.config import ExportConfig
-from rec.contract import MANIFEST_FILE, TRITON_CONFIG_FILE
+from rec.contract import ModelDir
 from rec.export import formats
 
-MANIFEST = MANIFEST_FILE  # the contract's names (rec.contract), as export has always spelled them
-TRITON_CONFIG = TRITON_CONFIG_FILE
 _STAGING_PREFIX = ".staging-"
 
 
@@ -67,12 +64,6 @@ class VersionExistsError(FileExistsError):
 
 class RepositoryError(FileExistsError):
     """The repository path cannot hold models (e.g. it is a file)."""
-
-
-def existing_versions(model_dir: Path) -> list[int]:
-    if not model_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
 @dataclass
@@ -87,7 +78,7 @@ class Target:
 
     @property
     def version_dir(self) -> Path:
-        return self.model_dir / str(self.version)
+        return ModelDir(self.model_dir).version(self.version)
 
 
 def plan_targets(
@@ -102,16 +93,16 @@ def plan_targets(
         raise RepositoryError(f"model repository {str(repo)!r} exists and is not a directory")
     targets = []
     for fmt in names:
-        model_dir = repo / formats.get(fmt).model_dir_name(model_name)
-        have = existing_versions(model_dir)
+        model = ModelDir.of(repo, formats.get(fmt).model_dir_name(model_name))
+        have = model.versions()
         v = version if version is not None else (have[-1] + 1 if have else 1)
-        exists = (model_dir / str(v)).exists()
+        exists = model.version(v).exists()
         if exists and not force:
             raise VersionExistsError(
-                f"{str(model_dir / str(v))!r} already exists; pass --force to replace it, or "
+                f"{str(model.version(v))!r} already exists; pass --force to replace it, or "
                 "leave out --version to write the next version"
             )
-        targets.append(Target(fmt, model_dir, v, replace=exists))
+        targets.append(Target(fmt, model.path, v, replace=exists))
     return targets
 
 
@@ -180,21 +171,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-
-
 def commit(staged_model_dir: Path, target: Target) -> None:
     """Moves a staged `<model>/` (config.pbtxt, rec.json, <version>/) into the repository."""
     if not target.model_dir.exists():
         os.rename(staged_model_dir, target.model_dir)
         return
-    staged_version = staged_model_dir / str(target.version)
+    staged, model = ModelDir(staged_model_dir), ModelDir(target.model_dir)
     if target.replace:
-        old = staged_model_dir / ".replaced"
+        old = staged.path / ".replaced"
         os.rename(target.version_dir, old)  # staging is removed afterwards, with `old` in it
-    os.rename(staged_version, target.version_dir)
-    if target.version < max(existing_versions(target.model_dir)):
+    os.rename(staged.version(target.version), target.version_dir)
+    if target.version < max(model.versions()):
         return  # an older version was replaced: the model-level files describe the newest
-    for name in (TRITON_CONFIG, MANIFEST):
-        os.replace(staged_model_dir / name, target.model_dir / name)
+    os.replace(staged.config, model.config)
+    os.replace(staged.manifest, model.manifest)
