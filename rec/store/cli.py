@@ -9,31 +9,32 @@ StoreError (no store section, an unreachable cluster, an unfinished export) beco
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 from pathlib import Path
 
 import click
 
+from rec.contract import Manifest, ManifestError, ModelDir
 from rec.contract.store import StoreError
 
 _PATH = click.Path(path_type=Path, exists=True, file_okay=False)
 
 
-def version_manifest(repo: Path, model: str, version: int | None) -> tuple[int, dict]:
+def version_manifest(repo: Path, model: str, version: int | None) -> tuple[int, Manifest]:
     """(version, its rec.json) of `model` in `repo`: `version`, or the newest with a store."""
-    root = repo / model
-    versions = sorted((int(p.name) for p in root.glob("*") if p.name.isdigit()), reverse=True)
-    for v in versions if version is None else [version]:
-        path = root / str(v) / "rec.json"
-        if not path.is_file():
+    root = ModelDir.of(repo, model)
+    for v in reversed(root.versions()) if version is None else [version]:
+        if not root.version_manifest(v).is_file():
             continue
-        data = json.loads(path.read_text())
-        if data.get("store") or version is not None:
-            return v, data
+        try:
+            manifest = root.read_manifest(v)
+        except ManifestError as e:
+            raise StoreError(str(e)) from None
+        if manifest.has("store") or version is not None:
+            return v, manifest
     which = f"version {version}" if version is not None else "version exported with --store"
-    raise StoreError(f"{root}: no {which} (a version directory with its own rec.json)")
+    raise StoreError(f"{root.path}: no {which} (a version directory with its own rec.json)")
 
 
 @click.group("store")
@@ -49,8 +50,12 @@ def store() -> None:
 def cluster(folder, masters, replicas) -> None:
     """Run a local Redis Cluster until Ctrl-C, to try `rec export --store` with: Debian's
     redis-server on free ports of 127.0.0.1, data and logs in FOLDER, nothing persisted to disk
-    (a restart empties it: export again). Prints the URL to pass to --store."""
-    from rec.store.cluster import ClusterError, RedisCluster
+    (a restart empties it: export again). Prints the URL to pass to --store.
+
+    A node that exits is named, with its role and exit status; the others keep running, and
+    when a replica takes over a dead master's slots, that is printed too. The command exits
+    once no node is left."""
+    from rec.store.cluster import ClusterError, RedisCluster, Watch
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -60,9 +65,15 @@ def cluster(folder, masters, replicas) -> None:
             click.echo(f"Redis Cluster up: {masters} masters, {replicas} replica(s) each, data in "
                        f"{folder}; Ctrl-C stops it", err=True)  # fmt: skip
             click.echo(running.url())
+            watch = Watch(running)
             while not stop.wait(1.0):
-                if not all(node.alive() for node in running.nodes):
-                    raise StoreError(f"a node of the cluster exited; its log: {folder}")
+                lines = watch.poll()
+                if stop.is_set():  # Ctrl-C reaches the nodes too: their exits are no news
+                    break
+                for line in lines:
+                    click.echo(line, err=True)
+                if not watch.alive:
+                    raise StoreError(f"every node of the cluster exited; their logs: {folder}")
     except ClusterError as e:
         raise StoreError(str(e)) from e
     click.echo("stopped", err=True)
@@ -79,8 +90,10 @@ def follow(repo, model, version, updates_url, idle_exit_s) -> None:
     from rec.store.follow import StoreFollower
 
     version, manifest = version_manifest(repo, model, version)
-    follower = StoreFollower(manifest, updates_url, log=lambda line: click.echo(line, err=True))
-    click.echo(f"following {follower.url} into {manifest['store']['url']} for model '{model}' "
+    follower = StoreFollower(
+        manifest.data, updates_url, log=lambda line: click.echo(line, err=True)
+    )
+    click.echo(f"following {follower.url} into {manifest.store.url} for model '{model}' "
                f"version {version}, from entry {follower.cursor}", err=True)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -100,11 +113,11 @@ def delete(repo, model, version) -> None:
     from rec.store.writer import delete_prefix
 
     version, manifest = version_manifest(repo, model, version)
-    section = manifest.get("store")
-    if not section:
+    section = manifest.store
+    if section is None:
         raise StoreError(f"model '{model}' version {version} has no tables in a store")
-    n = delete_prefix(section["url"], section["prefix"], section["tables"])
-    click.echo(f"deleted {n} keys under {section['prefix']!r} from {section['url']}")
+    n = delete_prefix(section.url, section.prefix, section.to_dict()["tables"])
+    click.echo(f"deleted {n} keys under {section.prefix!r} from {section.url}")
 
 
 COMMANDS = [store]

@@ -52,6 +52,40 @@ class Node:
         return self.proc is not None and self.proc.poll() is None
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """One node as a line of CLUSTER NODES describes it."""
+
+    id: str
+    address: str  # host:port
+    role: str  # "master" or "replica"
+    master_id: str  # a replica's master; "-" for a master
+    failed: bool  # flagged fail or fail? (suspected) by the node that answered
+    slots: tuple[str, ...]  # spans it serves ("0-5460", "7"); imports and migrations left out
+
+
+def parse_cluster_nodes(text: str) -> dict[str, NodeView]:
+    """CLUSTER NODES' answer, by address. A line is `id host:port@bus[,hostname] flags master
+    ping pong epoch link slot...`; a slot span in brackets is an import or migration under way,
+    not ownership."""
+    out = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        flags = fields[2].split(",")
+        address = fields[1].split("@")[0]
+        out[address] = NodeView(
+            id=fields[0],
+            address=address,
+            role="master" if "master" in flags else "replica",
+            master_id=fields[3],
+            failed="fail" in flags or "fail?" in flags,
+            slots=tuple(span for span in fields[8:] if not span.startswith("[")),
+        )
+    return out
+
+
 class RedisCluster:
     """`masters` masters with `replicas` replicas each, on `hosts` (one per node, cycled; all on
     127.0.0.1 by default), data in `folder`. `prefixes`: a command prefix per host (e.g.
@@ -162,21 +196,27 @@ class RedisCluster:
                         out[node.address] = int(line.split(":")[1])
         return out
 
+    def view(self) -> dict[str, NodeView]:
+        """CLUSTER NODES as the first live node that answers sees it, by address; {} if none
+        answers."""
+        for node in self.nodes:
+            if node.alive():
+                with contextlib.suppress(ClusterError, subprocess.TimeoutExpired):
+                    return parse_cluster_nodes(node.cli("CLUSTER", "NODES", timeout=5))
+        return {}
+
     def owner(self, key: str) -> Node:
         """The master that serves `key`'s hash slot now."""
         slot = self.slot(key)
         node = next(n for n in self.nodes if n.alive())
-        for line in node.cli("CLUSTER", "NODES", timeout=5).splitlines():
-            fields = line.split()
-            if "master" not in fields[2].split(",") or "fail" in fields[2]:
+        view = parse_cluster_nodes(node.cli("CLUSTER", "NODES", timeout=5))
+        for entry in view.values():
+            if entry.role != "master" or entry.failed:
                 continue
-            for span in fields[8:]:
-                if span.startswith("["):  # an import or migration under way, not ownership
-                    continue
+            for span in entry.slots:
                 low, _, high = span.partition("-")
                 if int(low) <= slot <= int(high or low):
-                    address = fields[1].split("@")[0]
-                    return next(n for n in self.nodes if n.address == address)
+                    return next(n for n in self.nodes if n.address == entry.address)
         raise ClusterError(f"no master serves slot {slot} (of {key!r})")
 
     def slot(self, key: str) -> int:
@@ -239,3 +279,85 @@ class RedisCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def exit_status(returncode: int) -> str:
+    """A process's exit as a person reads it: "exit code 1", "signal 9, SIGKILL"."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"signal {-returncode}, {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class Watch:
+    """What `rec store cluster` tells its user while it runs: which node exited (its address,
+    its role then, how it ended) and, for a master, the replica that took over its slots.
+    The other nodes keep running: a master's death is what the replicas are there for.
+
+    Each poll looks at the processes and at CLUSTER NODES (as a live node sees it). The view
+    from before a death says what the dead node was; Redis only promotes a replica after
+    cluster-node-timeout, so a poll a second after the death still has it."""
+
+    def __init__(self, cluster: RedisCluster, give_up_s: float | None = None) -> None:
+        self.cluster = cluster
+        self.last = cluster.view()
+        self.gone: set[str] = set()
+        # A dead master's address -> (its last view, when its death was seen).
+        self.orphans: dict[str, tuple[NodeView, float]] = {}
+        # Redis gives a replica cluster-node-timeout to see its master fail, then elects it in
+        # about as long again; far past that, no replica is coming.
+        self.give_up_s = give_up_s or max(30.0, 10 * cluster.node_timeout_ms / 1000)
+
+    @property
+    def alive(self) -> int:
+        return sum(node.alive() for node in self.cluster.nodes)
+
+    def poll(self) -> list[str]:
+        """The lines to tell since the last poll: deaths, then failovers."""
+        now, lines = time.monotonic(), []
+        for node in self.cluster.nodes:
+            if node.proc is not None and not node.alive() and node.address not in self.gone:
+                self.gone.add(node.address)
+                lines += self._exited(node, now)
+        view = self.cluster.view()
+        if view:
+            self.last = view
+        for address, (seen, since) in list(self.orphans.items()):
+            heirs = (v for v in view.values() if v.role == "master" and not v.failed
+                     and v.address != address and set(seen.slots) <= set(v.slots))  # fmt: skip
+            heir = next(heirs, None)
+            if heir is not None:
+                lines.append(f"replica {heir.address} took over the slots of {address} "
+                             f"({' '.join(seen.slots)}) after {now - since:.1f} s")  # fmt: skip
+            elif now - since > self.give_up_s:
+                lines.append(f"no replica took over the slots of {address} in "
+                             f"{self.give_up_s:.0f} s: the cluster refuses their keys")  # fmt: skip
+            else:
+                continue
+            del self.orphans[address]
+        return lines
+
+    def _exited(self, node: Node, now: float) -> list[str]:
+        seen = self.last.get(node.address)
+        if seen is None:
+            role = "role unknown"
+        elif seen.role == "master":
+            role = "master"
+        else:
+            masters = {v.id: v.address for v in self.last.values()}
+            role = f"replica of {masters.get(seen.master_id, seen.master_id)}"
+        lines = [f"node {node.address} ({role}) exited ({exit_status(node.proc.returncode)}); "
+                 f"its log: {node.folder / 'redis.log'}"]  # fmt: skip
+        if seen is None or seen.role != "master" or not seen.slots:
+            return lines
+        standby = [v.address for v in self.last.values()
+                   if v.master_id == seen.id and v.address not in self.gone]  # fmt: skip
+        if standby:
+            self.orphans[node.address] = (seen, now)
+            lines.append(f"waiting for a replica ({', '.join(standby)}) to take over its slots")
+        else:
+            lines.append(f"it has no replica left: its slots ({' '.join(seen.slots)}) go unserved "
+                         "and the cluster refuses their keys")  # fmt: skip
+        return lines
