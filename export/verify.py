@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from rec.batch import RecBatch
 from rec.contract import EMBEDDING_DTYPES
 from rec.metrics import AUC, AUC_PER_TASK, auc, log_loss, quality
 
@@ -39,22 +38,6 @@ Scorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 class VerificationError(RuntimeError):
     """An exported artifact does not compute what the in-memory model computes."""
-
-
-def score_all(
-    scorers: dict[str, Scorer], batches: Iterable[RecBatch]
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Runs every scorer over the same batches; returns their scores [S, T] and the labels."""
-    outs: dict[str, list[torch.Tensor]] = {name: [] for name in scorers}
-    labels = []
-    with torch.no_grad():
-        for b in batches:
-            for name, fn in scorers.items():
-                outs[name].append(fn(b.dense, b.lengths, b.values).float())
-            labels.append(b.labels.float())
-    if not labels:
-        raise VerificationError("the held-out split yielded no batches to verify with")
-    return {k: torch.cat(v) for k, v in outs.items()}, torch.cat(labels)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

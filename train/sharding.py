@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -246,15 +245,6 @@ def write_plan(path: Path, report: dict[str, Any]) -> None:
     """plan.json: the plan rows under "tables" (with "world_size"), and rec.train.plan_stats'
     numbers beside them (memory and time per rank, bytes per collective, host totals)."""
     path.write_text(json.dumps(report, indent=2) + "\n")
-
-
-def plan_for(cfg: RecConfig, model: nn.Module, world_size: int, compute_device: str = "cpu"):
-    """Plans `model` for `world_size` ranks in this one process (no process group): `rec plan`.
-
-    Returns the ShardingPlan and the planner's PlanCapture (per-shard storage and perf)."""
-    planner = make_planner(cfg, world_size, compute_device)
-    plan = planner.plan(model, make_sharders())
-    return plan, planner_capture(planner)
 
 
 def compute_device_type(device: torch.device) -> str:

@@ -118,12 +118,14 @@ def unsharded_eval(run: Path):
     does: (quality dict, number of samples scored, the LoadedRun)."""
     from rec.data import make_source
     from rec.export import verify
+    from rec.export.build import score
     from rec.export.load import load_run
     from rec.export.module import FloatReference
     from rec.model import table_rows
 
     loaded = load_run(run)
     module = FloatReference(loaded.model, loaded.cfg.features.sparse, table_rows(loaded.cfg))
-    batches = make_source(loaded.cfg, "eval").batches(512, rank=0, world_size=1, drop_last=False)
-    scores, labels = verify.score_all({"float": module}, batches)
-    return verify.quality(scores["float"], labels), labels.shape[0], loaded
+    source = make_source(loaded.cfg, "eval")
+    batches = list(source.batches(512, rank=0, world_size=1, drop_last=False))
+    labels = torch.cat([b.labels.float() for b in batches])
+    return verify.quality(score(module, batches), labels), labels.shape[0], loaded

@@ -31,9 +31,10 @@ from rec.contract import store as contract
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode, row_bytes
 from rec.serve.cpp import not_ready
+from rec.export.tiered import TieredScorer
+from rec.store.client import connect
 from rec.store.cluster import RedisCluster
-from rec.store.reader import StoreReader, TieredScorer
-from rec.store.writer import connect
+from rec.store.reader import StoreReader
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import rec_in_process, run_rec
 from tests.store.bad_answers import bad_answers

@@ -32,13 +32,14 @@ from rec.contract import DENSE, LENGTHS, VALUES
 from rec.contract import store as contract
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode
+from rec.export.tiered import TieredScorer
 from rec.serve.client import ScoreClient
 from rec.serve.repository import ServeError
 from rec.serve.triton import start_triton
+from rec.store.client import connect
 from rec.store.cluster import RedisCluster
 from rec.store.follow import StoreFollower
-from rec.store.reader import StoreReader, TieredScorer
-from rec.store.writer import connect
+from rec.store.reader import StoreReader
 from tests.export.conftest import tiny_dict, write_seeded_run
 from tests.helpers import rec_in_process
 from tests.serve_triton.servers import TRITON_AND_REDIS

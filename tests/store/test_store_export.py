@@ -108,7 +108,8 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, 
 
     # The tiered model, rows read from the store, scores as the in-process one, bit for bit.
     from rec.contract.requests import random_request
-    from rec.store.reader import StoreReader, TieredScorer
+    from rec.export.tiered import TieredScorer
+    from rec.store.reader import StoreReader
 
     reader = StoreReader(section)
     scorer = TieredScorer(torch.jit.load(str(tiered_dir / "model.pt")), reader)

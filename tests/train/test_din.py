@@ -14,6 +14,7 @@ import yaml
 from rec.batch import RecBatch
 from rec.data import make_source
 from rec.export import verify
+from rec.export.build import score
 from rec.export.load import load_run
 from rec.export.module import FloatReference
 from rec.model import table_rows
@@ -51,12 +52,12 @@ def test_the_sharded_run_is_the_checkpoint_and_reads_the_history(din_run):
     module = FloatReference(loaded.model, cfg.features.sparse, table_rows(cfg))
     batches = list(make_source(cfg, "eval").batches(1024, rank=0, world_size=1, drop_last=False))
     history = cfg.features.sparse.index(cfg.model.history)
-    scores, labels = verify.score_all({"float": module}, batches)
-    full = verify.quality(scores["float"], labels)["auc"]
+    labels = torch.cat([b.labels.float() for b in batches])
+    full = verify.quality(score(module, batches), labels)["auc"]
     assert full == pytest.approx(loaded.meta["eval"]["auc"], abs=2e-6)
     assert full > 0.75, full  # a constant is 0.5
-    dropped, _ = verify.score_all({"float": module}, [_without(b, history) for b in batches])
-    without = verify.quality(dropped["float"], labels)["auc"]
+    dropped = score(module, [_without(b, history) for b in batches])
+    without = verify.quality(dropped, labels)["auc"]
     assert full - without > 0.002, (full, without)  # the attention over the history is used
 
 
