@@ -22,7 +22,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import rounded_row_
 from torch import nn
 
 from rec.config import RecConfig
-from rec.contract.store import row_bytes
+from rec.contract.store import TABLE_SHIFT, row_bytes
 from rec.export.served import (
     _SPARSE_TYPES,
     ServedModule,
@@ -34,9 +34,6 @@ from rec.export.served import (
 )
 
 # No `from __future__ import annotations` here: TorchScript reads the annotations at runtime.
-
-TABLE_SHIFT = 40
-"""A store key is table << TABLE_SHIFT | row: rows under 2^40, tables under 2^23."""
 
 
 class StoreLookup(TbeLookup):
@@ -368,12 +365,24 @@ def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str
     return module.eval(), local_tbe
 
 
+class TieredScorer:
+    """A tiered model as a plain scorer (dense, lengths, values) -> scores: its store_ids, the
+    rows read from the store (a rec.store.reader.StoreReader), forward_with_rows. What export's
+    verification and the tests score a tiered version with."""
+
+    def __init__(self, model, reader) -> None:
+        self.model, self.reader = model, reader
+
+    def __call__(self, dense, lengths, values) -> torch.Tensor:
+        rows = self.reader.rows(self.model.store_ids(lengths, values))
+        return self.model.forward_with_rows(dense, lengths, values, rows)
+
+
 def to_torchscript(module: nn.Module, sample, reader) -> torch.jit.ScriptModule:
     """rec.export.torchscript_builder.to_torchscript for a tiered module: scripted and frozen
     (its two methods kept), its scores of `sample` with rows from `reader` (a
     rec.store.reader.StoreReader) the eager module's exactly."""
     from rec.export.torchscript_builder import freeze, script
-    from rec.store.reader import TieredScorer
 
     with torch.no_grad():
         eager = TieredScorer(module, reader)(*sample)

@@ -28,7 +28,8 @@ def build(src: b.Source, out: Path) -> b.Built:
     stored = store_order(src.store) if src.store else []
     if stored:  # the head and the other tables here; the stored tables' rows come per batch
         from rec.export import tiered
-        from rec.store.reader import StoreReader, TieredScorer
+        from rec.export.tiered import TieredScorer
+        from rec.store.reader import StoreReader
 
         module, tbe = tiered.tiered_served_module(src.loaded.model, cfg, b.table_dtypes(cfg),
                                                   stored)  # fmt: skip

@@ -81,7 +81,7 @@ class StoreFollower:
 
     def __init__(self, manifest: dict, updates_url: str | None = None,
                  log: Callable[[str], None] = print) -> None:  # fmt: skip
-        from rec.store.writer import connect
+        from rec.store.client import connect
 
         store, updates = manifest.get("store"), manifest.get("updates")
         if not store:

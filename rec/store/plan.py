@@ -18,7 +18,8 @@ from rec.contract.store import row_bytes
 LISTPACK_ENTRIES = 128
 LISTPACK_VALUE = 64
 ENTRY_OVERHEAD = 128
-"""What rec-server's row cache counts per row beyond its bytes (cpp/src/store/row_cache.h)."""
+"""What rec-server's row cache counts per row beyond its bytes (cpp/src/store/row_cache.h); the
+Python RowCache (rec.store.reader) counts the same."""
 
 
 def jemalloc_class(size: int) -> int:

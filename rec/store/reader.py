@@ -1,6 +1,7 @@
 """Rows out of the store for the keys a tiered model asks for (rec.export.tiered): the Python
 reader that export's verification, rec's Triton model and the tests use. rec-server has its own
-in C++ (cpp/src/store).
+in C++ (cpp/src/store). It imports no export code and no FBGEMM (tests/store/test_reader.py),
+so rec's Triton model loads neither; export's scorer over it is rec.export.tiered.TieredScorer.
 
 Per batch: the rows the RowCache holds (if the reader has one), the rest grouped by partition,
 one HMGET per partition, pipelined (redis-py sends each node its share), the rows put back in
@@ -18,16 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rec.contract.store import StoreError, partition_key, store_order
-from rec.export.tiered import TABLE_SHIFT
-from rec.store.writer import connect
+from rec.contract.store import TABLE_SHIFT, StoreError, partition_key, store_order
+from rec.store.client import connect
+from rec.store.plan import ENTRY_OVERHEAD
 
 ROW_MASK = (1 << TABLE_SHIFT) - 1
-
-
-ENTRY_OVERHEAD = 128
-"""What an entry costs beyond its row, as rec-server's RowCache counts it (cpp/src/store)."""
-
 
 MIN_ROW_BYTES = 16
 """The sketch has a counter per row the cache could hold at this row size (as rec-server's)."""
@@ -220,15 +216,3 @@ class StoreReader:
 
     def close(self) -> None:
         self.client.close()
-
-
-class TieredScorer:
-    """A tiered model as a plain scorer (dense, lengths, values) -> scores: its store_ids, the
-    rows read from the store, forward_with_rows."""
-
-    def __init__(self, model: Any, reader: StoreReader) -> None:
-        self.model, self.reader = model, reader
-
-    def __call__(self, dense, lengths, values) -> torch.Tensor:
-        rows = self.reader.rows(self.model.store_ids(lengths, values))
-        return self.model.forward_with_rows(dense, lengths, values, rows)

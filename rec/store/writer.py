@@ -15,23 +15,12 @@ import time
 import numpy as np
 import torch
 
-from rec.contract.store import StoreError, meta_key, parse_store_url, partition_key
+from rec.contract.store import StoreError, meta_key, partition_key
 from rec.quantize import fused_rows
+from rec.store.client import connect
 
 # Fields per HSET: large enough that a round trip carries ~1 MB, small enough not to stall a node.
 BATCH_FIELDS = 8192
-
-
-def connect(url: str):
-    """A redis-py RedisCluster on the store's URL (every node of the URL a startup node)."""
-    from redis.cluster import ClusterNode, RedisCluster
-    from redis.exceptions import RedisClusterException, RedisError
-
-    nodes = [ClusterNode(h, p) for h, p in parse_store_url(url).nodes]
-    try:
-        return RedisCluster(startup_nodes=nodes, socket_timeout=30, require_full_coverage=True)
-    except (RedisError, RedisClusterException) as e:
-        raise StoreError(f"store {url}: cannot reach the cluster ({e})") from e
 
 
 class StoreSink:
