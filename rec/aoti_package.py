@@ -17,10 +17,10 @@ import torch
 
 from rec.contract import AOTI_TABLES_FILE as TABLES_FILE
 from rec.contract import AOTI_TABLES_INDEX as TABLES_INDEX
-from rec.contract import FORMATS, MANIFEST_FILE
+from rec.contract import model_file_in
+from rec.contract.repository import read_version_manifest
+from rec.contract.sections import AotiSection
 from rec.cpu import all_flags, cpu_info
-
-_PACKAGE_FILE = FORMATS["aoti"].file
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,15 @@ def missing_flags(flags: Sequence[str], have: Sequence[str] | None = None) -> li
     return [f for f in flags if f not in present]
 
 
-def check_cpu(target: dict[str, Any], where: str) -> None:
+def check_cpu(target: AotiSection | dict[str, Any], where: str) -> None:
     """Refuses to run a package (rec.json's "aoti" section `target`) on a CPU without its ISA."""
-    lacking = missing_flags(target["required_cpu_flags"])
+    if isinstance(target, dict):
+        target = AotiSection.from_dict(target)
+    lacking = missing_flags(target.required_cpu_flags)
     if lacking:
         raise IsaError(
-            f"{where} was compiled for {target['cpu_isa']} ({target['march']}), which needs CPU "
-            f"flags {', '.join(target['required_cpu_flags'])}; this CPU, {cpu_info()['model']}, "
+            f"{where} was compiled for {target.cpu_isa} ({target.march}), which needs CPU "
+            f"flags {', '.join(target.required_cpu_flags)}; this CPU, {cpu_info()['model']}, "
             f"lacks {', '.join(lacking)}. Export it again with export.cpu_isa: avx2, which runs "
             "on any x86-64 server since 2013"
         )
@@ -95,19 +97,22 @@ class AotiModel:
     """A model.pt2 version directory, loaded to score requests: (dense, lengths, values) ->
     scores, as the served module. Refuses a CPU without the package's ISA (rec.json)."""
 
-    def __init__(self, directory: str | Path, target: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, directory: str | Path, target: AotiSection | dict[str, Any] | None = None
+    ) -> None:
         from torch._inductor import aoti_load_package
 
         import rec.ops  # noqa: F401  (rec::linear, which the package calls)
 
         directory = Path(directory)
-        manifest = directory / MANIFEST_FILE
-        if target is None and manifest.is_file():
-            target = json.loads(manifest.read_text()).get("aoti")
+        if target is None:
+            manifest = read_version_manifest(directory)
+            target = manifest.aoti if manifest is not None else None
+        package = model_file_in(directory, "aoti")
         if target:
-            check_cpu(target, str(directory / _PACKAGE_FILE))
+            check_cpu(target, str(package))
         self.tables = map_tables(directory)
-        self.package = aoti_load_package(str(directory / _PACKAGE_FILE))
+        self.package = aoti_load_package(str(package))
 
     def __call__(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
         out = self.package(dense, lengths, values, *self.tables)

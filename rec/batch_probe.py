@@ -11,13 +11,11 @@ rec_model_batch_variant metric when the operator allows it), never silently.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from rec.batch import split_requests
-from rec.contract import INPUT_NAMES, MANIFEST_FILE
-from rec.contract import manifest as contract_manifest
+from rec.contract import INPUT_NAMES, Manifest
 
 _DTYPES = (torch.float32, torch.int32, torch.int64)
 Request = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -28,12 +26,14 @@ def to_manifest(request: Request) -> dict[str, list]:
     return {name: t.tolist() for name, t in zip(INPUT_NAMES, request, strict=True)}
 
 
-def from_manifest(manifest: dict) -> Request | None:
-    """The probe request of a rec.json, or None when the model is not claimed batch invariant
-    or carries no probe (an older export)."""
-    if not manifest.get("dense", {}).get("batch_invariant") or "batch_probe" not in manifest:
+def from_manifest(manifest: Manifest | None) -> Request | None:
+    """The probe request of a rec.json, or None when there is none, the model is not claimed
+    batch invariant or it carries no probe (an older export)."""
+    if manifest is None or manifest.dense is None or not manifest.dense.batch_invariant:
         return None
-    stored = manifest["batch_probe"]
+    if manifest.batch_probe is None:
+        return None
+    stored = manifest.batch_probe.inputs
     return tuple(  # type: ignore[return-value]
         torch.tensor(stored[name], dtype=dtype)
         for name, dtype in zip(INPUT_NAMES, _DTYPES, strict=True)
@@ -60,10 +60,3 @@ def refusal(model: str, version: str, rows: int, diff: float, here: str, verifie
         f"rec.json probe of {rows} samples scores them differently as one batch than one by one "
         f"(max diff {diff:g}); export verified it on {verified_on}"
     )
-
-
-def read_manifest(model_file: str | Path) -> dict:
-    """The rec.json beside a version's model file, checked (rec.contract), as a dict ({} when
-    there is none)."""
-    path = Path(model_file).parent / MANIFEST_FILE
-    return contract_manifest.read_manifest(path).data if path.is_file() else {}

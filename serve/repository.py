@@ -30,6 +30,7 @@ from rec.contract import (  # noqa: F401  (serve's names)
     VALUES,
     Manifest,
     ManifestError,
+    ModelDir,
     read_manifest,
     served_files,
     triton_dtype,
@@ -62,7 +63,7 @@ class ServedModel:
     def model_path(self) -> Path:
         """The version's model.pt (TorchScript) or model.pt2 (AOTInductor): the config's own
         format first, so one model can move between the two by a new version."""
-        return _model_file(self.dir / str(self.version), self.config.platform)
+        return _model_file(ModelDir(self.dir).version(self.version), self.config.platform)
 
     @property
     def max_batch_size(self) -> int:
@@ -74,7 +75,7 @@ class ServedModel:
         return self.serving_max_batch_size
 
 
-def parse_config(text: str, source: str = "config.pbtxt") -> model_config_pb2.ModelConfig:
+def parse_config(text: str, source: str = TRITON_CONFIG_FILE) -> model_config_pb2.ModelConfig:
     """Parses Triton's text-format ModelConfig; the error names `source` and the bad line."""
     try:
         return text_format.Parse(text, model_config_pb2.ModelConfig())
@@ -91,7 +92,7 @@ def list_models(repo: Path) -> list[str]:
     repo = Path(repo)
     if not repo.is_dir():
         raise ServeError(f"model repository {str(repo)!r} does not exist or is not a directory")
-    return sorted(p.name for p in repo.iterdir() if (p / TRITON_CONFIG_FILE).is_file())
+    return sorted(p.name for p in repo.iterdir() if ModelDir(p).config.is_file())
 
 
 def load_model(repo: Path, model: str | None = None) -> ServedModel:
@@ -116,12 +117,12 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
                 f"when --model is not given (models with a config.pbtxt: {found})"
             )
         model = torchscript[0]
-    model_dir = repo / model
+    model_dir = ModelDir.of(repo, model).path
     if model not in names:
         raise ServeError(
-            f"no model {model!r} in {str(repo)!r}: {model_dir}/config.pbtxt is missing"
+            f"no model {model!r} in {str(repo)!r}: {ModelDir(model_dir).config} is missing"
         )
-    config_path = model_dir / TRITON_CONFIG_FILE
+    config_path = ModelDir(model_dir).config
     config = parse_config(config_path.read_text(), str(config_path))
     version = _newest_version(model_dir)
     m = _read_manifest(model_dir)
@@ -134,7 +135,7 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
 
 def _maybe_torchscript(model_dir: Path) -> bool:
     try:
-        config = parse_config((model_dir / TRITON_CONFIG_FILE).read_text())
+        config = parse_config(ModelDir(model_dir).config.read_text())
     except ServeError:
         return True  # chosen, so that its parse error is what the user sees
     return config.platform == "pytorch_libtorch" or config.backend == "pytorch"
@@ -156,11 +157,7 @@ def _model_file(version_dir: Path, platform: str) -> Path:
 
 def _newest_version(model_dir: Path) -> int:
     files = model_files().values()
-    versions = [
-        int(p.name)
-        for p in model_dir.iterdir()
-        if p.is_dir() and p.name.isdigit() and any((p / n).is_file() for n in files)
-    ]
+    versions = ModelDir(model_dir).versions(holding=files)
     if not versions:
         raise ServeError(
             f"{model_dir} has no version directory with a {' or a '.join(files)} "
@@ -170,7 +167,7 @@ def _newest_version(model_dir: Path) -> int:
 
 
 def _read_manifest(model_dir: Path) -> Manifest:
-    path = model_dir / MANIFEST_FILE
+    path = ModelDir(model_dir).manifest
     if not path.is_file():
         raise ServeError(f"{path} is missing (rec's manifest: feature names, num_tasks)")
     try:
@@ -186,7 +183,7 @@ def _check_io(config, model_dir: Path, num_dense: int, num_sparse: int, num_task
     the batch dimension, sparse_values allow_ragged_batch) and `none` (max_batch_size 0, the
     batch dimension spelled out as -1).
     """
-    where = f"{model_dir}/{TRITON_CONFIG_FILE}"
+    where = str(ModelDir(model_dir).config)
     batch = [] if config.max_batch_size > 0 else [-1]
     expected = {
         DENSE: (triton_dtype(DENSE), [*batch, num_dense]),

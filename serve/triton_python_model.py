@@ -62,7 +62,8 @@ import triton_python_backend_utils as pb_utils
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, the dense layers model.pt calls)
 from rec import batch_probe
-from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES
+from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES, ManifestError
+from rec.contract.repository import read_version_manifest
 from rec.contract.store import StoreError, check_section, meta_key
 from rec.contract.updates import UpdateError, decode, parse_url, row_bytes
 from rec.cpu import cpu_info, describe
@@ -416,8 +417,8 @@ class TritonPythonModel:
     def _open_store(self, path, name, version):
         """The version's StoreRows when its rec.json has a `store` section, else None. A store
         that cannot serve fails the load, naming it."""
-        section = batch_probe.read_manifest(path).get("store")
-        if section is None:
+        manifest = read_version_manifest(os.path.dirname(path))
+        if manifest is None or not manifest.has("store"):
             return None
         where = f"model '{name}' version {version}"
         if not hasattr(self.model, "store_ids"):
@@ -428,15 +429,16 @@ class TritonPythonModel:
         params = json.loads(self.args["model_config"]).get("parameters", {})
         cache = int(params.get(STORE_CACHE_PARAMETER, {}).get("string_value", DEFAULT_STORE_CACHE))
         try:
-            store = StoreRows(self.model, section, cache)
+            section = manifest.store
+            store = StoreRows(self.model, section.to_dict(), cache)
         except StoreUnavailable as e:  # not the model's fault: rec.serve.triton reloads it
             raise pb_utils.TritonModelException(f"{where}: {e}; {STORE_RETRY_NOTE}") from None
         except StoreError as e:
             raise pb_utils.TritonModelException(f"{where}: {e}") from None
         self.store_metrics = StoreMetrics(name, version, cache)
         pb_utils.Logger.log_info(
-            f"{where}: tables {', '.join(sorted(section['tables']))} read from embedding store "
-            f"{section['url']} under '{section['prefix']}'"
+            f"{where}: tables {', '.join(sorted(section.tables))} read from embedding store "
+            f"{section.url} under '{section.prefix}'"
         )
         return store
 
@@ -444,9 +446,12 @@ class TritonPythonModel:
         """The version's tables and their update log reader, as rec.json's "updates" and the
         `updates_url` parameter say (rec-server's `--updates`: empty takes rec.json's url)."""
         self.tables, self.reader = None, None
-        manifest = batch_probe.read_manifest(path)
-        updates = manifest.get("updates")
-        url = url or (updates or {}).get("url") or ""
+        manifest = read_version_manifest(os.path.dirname(path))
+        try:
+            updates = manifest.updates if manifest is not None else None
+        except ManifestError as e:
+            raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
+        url = url or (updates.url if updates else None) or ""
         if not url or url == "none":
             return  # no log: served as exported, with no lock taken
         try:
@@ -461,9 +466,10 @@ class TritonPythonModel:
             )
             return
         try:
-            stored = (manifest.get("store") or {}).get("tables")
+            stored = manifest.store.to_dict()["tables"] if manifest.has("store") else None
             refresh = self._refresh if self.store is not None else None
-            self.tables = ServedTables(updates, dict(self.model.named_buffers()), stored, refresh)
+            self.tables = ServedTables(updates.to_dict(), dict(self.model.named_buffers()),
+                                       stored, refresh)  # fmt: skip
         except (KeyError, ValueError) as e:
             raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
         self.reader = UpdateReader(name, url, self.tables, UpdateMetrics(name, version))
@@ -484,7 +490,7 @@ class TritonPythonModel:
         """rec.json's batch probe on this CPU (rec.batch_probe): a model that scores it
         differently as one batch than one by one fails its load, or with `allow` is served with
         a warning and rec_model_batch_variant 1, as rec-server does."""
-        manifest = batch_probe.read_manifest(path)
+        manifest = read_version_manifest(os.path.dirname(path))
         request = batch_probe.from_manifest(manifest)
         if request is None:
             return
@@ -505,7 +511,7 @@ class TritonPythonModel:
         self._variant_metric.set(1 if diff else 0)
         if diff == 0:
             return
-        verified = manifest["dense"].get("verified_on", {}).get("model", "an unrecorded CPU")
+        verified = manifest.dense.verified_cpu
         here = describe(cpu_info())
         message = batch_probe.refusal(name, version, len(request[0]), diff, here, verified)
         if not allow:

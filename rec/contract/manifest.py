@@ -101,6 +101,10 @@ class Manifest:
     def aoti(self) -> AotiSection | None:
         return self._section("aoti", AotiSection)
 
+    def has(self, section: str) -> bool:
+        """rec.json has `section` (not null), before it is checked."""
+        return self.data.get(section) is not None
+
     def _section(self, key: str, kind: type) -> Any:
         value = self.data.get(key)
         return None if value is None else kind.from_dict(value, self.source)
