@@ -19,7 +19,12 @@ floats moves pooled embeddings or their gradients (`all_to_all`).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from torch.profiler import ProfilerActivity, profile
@@ -140,7 +145,8 @@ class StepProfiler:
             return 0.0
         t0 = time.perf_counter()
         self._prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
-        self._prof.__enter__()
+        with _without_usdt_lines():
+            self._prof.__enter__()
         return time.perf_counter() - t0
 
     def after(self, step: int) -> float:
@@ -155,7 +161,8 @@ class StepProfiler:
         if self._prof is None:
             return 0.0
         t0 = time.perf_counter()
-        self._prof.__exit__(None, None, None)
+        with _without_usdt_lines():
+            self._prof.__exit__(None, None, None)
         if self._done:
             events = self._prof.events()
             # The window: from the first recorded event to the end of the last, i.e. the steps.
@@ -165,3 +172,26 @@ class StepProfiler:
             self.result["steps"] = self._done
         self._prof = None
         return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _without_usdt_lines() -> Iterator[None]:
+    """Kineto (torch's profiler library) writes a `USDT: ... profiler_start` and a `...
+    profiler_stop` line straight to file descriptor 2 at every start and stop, whatever
+    KINETO_LOG_LEVEL says: tracing marks for its own tools, noise in a training run's
+    terminal. So fd 2 goes to a temporary file for those two calls, and whatever else was
+    written there meanwhile (another thread's warning) is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = [line for line in caught if not line.startswith(b"USDT:")]
+            if rest:
+                os.write(2, b"".join(rest))

@@ -139,6 +139,8 @@ def test_run_splits_its_step_time_and_counts_the_bytes_it_sends(mixed_run):
     run, out = mixed_run
     (split,) = [m for m in _metrics(run) if m["kind"] == "step_time"]
     assert split["profiled_steps"] == 10
+    # Kineto's start and stop marks stay out of the terminal (step_profile._without_usdt_lines).
+    assert "USDT" not in out, [line for line in out.splitlines() if "USDT" in line]
     for rank in range(2):
         parts = {p: split[f"{p}_ms"][rank] for p in PHASES}
         assert all(v >= 0 for v in parts.values()), parts
