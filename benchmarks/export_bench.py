@@ -41,7 +41,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from rec.contract import MANIFEST_FILE, read_manifest
+from rec.contract import ModelDir, model_file_in
+from rec.contract.repository import read_version_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -126,10 +127,11 @@ def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
         subprocess.run([REC, "export", str(run), "--repo", str(repo), "--format", fmt,
                         "--config", str(extra)], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
         seconds = time.perf_counter() - t0
-        model_dir = next(p for p in repo.iterdir() if (p / MANIFEST_FILE).is_file())
-        manifest = read_manifest(model_dir / MANIFEST_FILE).data
+        model = next(ModelDir(p) for p in repo.iterdir() if ModelDir(p).manifest.is_file())
+        read = model.read_manifest()
+        manifest = read.data
         ev = manifest["verification"]["eval"]
-        version = model_dir / str(manifest["version"])
+        version = model.version(manifest["version"])
         out[variant] = {
             "format": fmt,
             "path": str(version / manifest["file"]),
@@ -138,13 +140,14 @@ def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
             "file_bytes": sum(f.stat().st_size for f in version.iterdir()),
             "auc": ev.get(fmt, {}).get("auc"),
             "auc_ratio": ev.get(fmt, {}).get("auc_ratio"),
-            "dense": manifest["dense"],
+            "dense": read.dense.to_dict(),
             "batched_vs_single_max_diff":
                 manifest["verification"]["batched_vs_single_max_diff"][fmt],
         }  # fmt: skip
-        if "aoti" in manifest:  # compile time and package size (the tables are beside it)
-            out[variant]["aoti"] = {k: manifest["aoti"][k] for k in
-                                    ("cpu_isa", "compile_seconds", "package_bytes")}  # fmt: skip
+        if read.aoti is not None:  # compile time and package size (the tables are beside it)
+            out[variant]["aoti"] = {"cpu_isa": read.aoti.cpu_isa,
+                                    **{k: read.aoti.extra[k] for k in
+                                       ("compile_seconds", "package_bytes")}}  # fmt: skip
     # After every export: ONNX Runtime's quantization grows this process, and a child started
     # from it reports that size as its own peak (Linux keeps ru_maxrss across exec), which is
     # what the AOTI rows' 6.43 GB in the 2026-11-26 run were.
@@ -162,7 +165,7 @@ def server_rss(entry: dict, requests: int = 64) -> dict:
     from rec.serve.cpp import start_cpp
 
     repo = Path(entry["path"]).parents[2]
-    manifest = read_manifest(Path(entry["path"]).parent / MANIFEST_FILE).data
+    manifest = read_version_manifest(Path(entry["path"]).parent).data
     dense, sparse = len(manifest["features"]["dense"]), len(manifest["features"]["sparse"])
     model = manifest["model_name"]
 
@@ -209,7 +212,7 @@ def ort_int8(fp32: dict, dest: Path) -> dict:
     dest.mkdir()
     model = onnx.load(fp32["path"])
     del model.graph.value_info[:]  # the exporter's shape annotations trip the quantizer's check
-    clean, out = dest / "clean.onnx", dest / "model.onnx"
+    clean, out = dest / "clean.onnx", model_file_in(dest, "onnx")
     onnx.save(model, str(clean), save_as_external_data=True, location="clean.onnx.data")
     del model
     t0 = time.perf_counter()

@@ -101,8 +101,8 @@ def stream_latency(repo, url, manifest, records, window_s: float) -> dict:
     from rec.quantize import fused_rows
     from rec.serve.cpp import launch_cpp
 
-    updates = manifest.data["updates"]
-    table, place = max(updates["tables"].items(), key=lambda kv: kv[1]["rows"])
+    updates = manifest.updates
+    table, place = max(updates.tables.items(), key=lambda kv: kv[1]["rows"])
     per_record = min(1000, place["rows"])
     gen = max(r.gen for r in records) + 1
     rng = np.random.default_rng(0)
@@ -125,7 +125,7 @@ def stream_latency(repo, url, manifest, records, window_s: float) -> dict:
                 drawn = np.arange(per_record)
             ids = np.sort(rng.choice(drawn, size=per_record, replace=False))
             rows = pool[k % 4]
-            rec = UpdateRecord(updates["run"], gen, 0, 1, step[0], time.time_ns(), True, table,
+            rec = UpdateRecord(updates.run, gen, 0, 1, step[0], time.time_ns(), True, table,
                                dtype, dim, tuple(ids.tolist()), rows)  # fmt: skip
             client.xadd(where.stream, encode(rec))
             step[0] += 1
@@ -230,7 +230,7 @@ def run_one(args, config: str | None, label: str, first_steps: int, steps: int) 
     """One model's whole measurement; writes freshness_<label>.json and returns it."""
     from rec.broker import RedisBroker
     from rec.config import load_config
-    from rec.contract import read_manifest
+    from rec.contract import ModelDir
     from rec.contract.requests import random_request
     from rec.cpu import cpu_info, describe
     from rec.serve.cpp import launch_cpp
@@ -262,7 +262,7 @@ def run_one(args, config: str | None, label: str, first_steps: int, steps: int) 
     rec("train", "--config", str(config_path), "--run-dir", str(run), "--nproc", str(args.nproc))
     log("exporting")
     rec("export", str(run), "--repo", str(repo))
-    manifest = read_manifest(repo / "rec" / "rec.json")
+    manifest = ModelDir.of(repo, "rec").read_manifest()
     server = launch_cpp(repo, "--updates", url)
     request = random_request(len(manifest.dense_names), len(manifest.sparse_names), 1, seed=1)
     client = Client(server.endpoints.http, request)

@@ -43,6 +43,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from rec.contract import ModelDir
 from rec.serve.cpp import launch_cpp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,12 +54,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: int) -> Path:
     """A copy of the model with dynamic batching on (delay_us window) or off."""
     shutil.copytree(src / model, dst / model)
-    config = dst / model / "config.pbtxt"
+    config = ModelDir.of(dst, model).config
     text = re.sub(r"dynamic_batching\s*\{[^}]*\}", "", config.read_text())
     if "max_batch_size: 0" in text:
         # The `none` form: rec-server batches it with rec.json's "serving" settings, and serves
         # it one request per forward without them.
-        manifest_path = dst / model / "rec.json"
+        manifest_path = ModelDir.of(dst, model).manifest
         manifest = json.loads(manifest_path.read_text())
         if batching:
             manifest["serving"]["max_queue_delay_us"] = delay_us

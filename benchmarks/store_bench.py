@@ -223,7 +223,7 @@ def throughput(server, num_dense, rows, seconds, clients) -> dict:
 def store_hosts(label: str, run: Path, work: Path, args) -> dict:
     """Throughput with the store's 3 masters on 1, 2 and 3 namespace hosts (no row cache)."""
     from rec import netns
-    from rec.contract import read_manifest
+    from rec.contract import ModelDir
     from rec.serve.cpp import launch_cpp
     from rec.store.cluster import RedisCluster
 
@@ -245,7 +245,7 @@ def store_hosts(label: str, run: Path, work: Path, args) -> dict:
                     store["min_bytes"] = 0
                 config.write_text(yaml.safe_dump({"export": {"store": store}}))
                 rec("export", str(run), "--repo", str(repo), "--config", str(config))
-                manifest = read_manifest(repo / "rec" / "1" / "rec.json")
+                manifest = ModelDir.of(repo, "rec").read_manifest(1)
                 by_name = {t["name"]: t["rows"] for t in manifest.data["tables"]}
                 owner = manifest.data["features"]["sparse_table"]
                 rows = [by_name[owner[f]] for f in manifest.sparse_names]
@@ -299,7 +299,7 @@ def tiered_cells(plain_server, tiered: Path, num_dense, rows, args, label) -> tu
 
 
 def measure(label: str, run: Path, work: Path, args) -> dict:
-    from rec.contract import read_manifest
+    from rec.contract import ModelDir
     from rec.serve.cpp import launch_cpp
     from rec.store.cluster import RedisCluster
 
@@ -321,9 +321,8 @@ def measure(label: str, run: Path, work: Path, args) -> dict:
         result["export_store_lines"] = [line for line in out.splitlines() if "store:" in line]
         used = cluster.used_memory()
         result["cluster_used_memory_bytes"] = sum(used.values())
-        manifest = read_manifest(tiered / "rec" / "1" / "rec.json")
-        section = json.loads((tiered / "rec" / "1" / "rec.json").read_text())["store"]
-        result["stored_tables"] = sorted(section["tables"])
+        manifest = ModelDir.of(tiered, "rec").read_manifest(1)
+        result["stored_tables"] = sorted(manifest.store.tables)
         by_name = {t["name"]: t["rows"] for t in manifest.data["tables"]}
         owner = manifest.data["features"]["sparse_table"]
         rows = [by_name[owner[f]] for f in manifest.sparse_names]

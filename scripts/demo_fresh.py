@@ -33,7 +33,7 @@ def main() -> int:
 
     from rec import run_dir
     from rec.broker import RedisBroker
-    from rec.contract import DTYPES, read_manifest
+    from rec.contract import DTYPES, ModelDir
     from rec.contract.requests import random_request
     from rec.serve.cpp import launch_cpp
 
@@ -45,7 +45,7 @@ def main() -> int:
     saved["training"]["steps"] = start_step + args.steps
     config.write_text(yaml.safe_dump(saved))
     server = launch_cpp(args.repo, "--updates", url)
-    manifest = read_manifest(args.repo / "rec" / "rec.json")
+    manifest = ModelDir.of(args.repo, "rec").read_manifest()
     request = random_request(len(manifest.dense_names), len(manifest.sparse_names), 3, seed=5,
                              ids_per_bag=(1, 3), id_range=(0, 1000))  # fmt: skip
     inputs = []

@@ -44,7 +44,7 @@ def main() -> int:
                         help="rec-server's row cache (small: the store is read)")  # fmt: skip
     args = parser.parse_args()
 
-    from rec.contract import read_manifest
+    from rec.contract import ModelDir
     from rec.serve.client import ScoreClient, synthetic_rows
     from rec.serve.cpp import launch_cpp
     from rec.store.cluster import RedisCluster
@@ -70,7 +70,7 @@ def main() -> int:
         plain = launch_cpp(args.repo)
         stored = launch_cpp(tiered, "--store-cache-bytes", str(args.cache_bytes))
         try:
-            manifest = read_manifest(args.repo / "rec" / "rec.json")
+            manifest = ModelDir.of(args.repo, "rec").read_manifest()
             num_dense, num_sparse = len(manifest.dense_names), len(manifest.sparse_names)
             same = True
             for batch, seed in ((1, 0), (64, 1), (512, 2), (512, 2)):  # the last one: cached
