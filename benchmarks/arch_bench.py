@@ -20,7 +20,7 @@ Latency does not depend on what the weights are, so the models are not trained: 
 layers keep their initial weights and the tables are zero (export's served module with its TBE
 storage allocated, as `rec export` builds it before streaming the tables in). Each model's
 resident size is the process RSS it added when built. Models take turns in short blocks
-(export_bench.measure), so bursts of other work on the shared cores hit all alike.
+(rec.benchmarking.measure), so bursts of other work on the shared cores hit all alike.
 
     .venv/bin/python benchmarks/arch_bench.py    # from the repo root; ~80 s, 14.5 GB peak RSS
     .venv/bin/python benchmarks/arch_bench.py --kaggle-scale 0.05   # a quick look
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 import yaml
-from export_bench import BATCHES, RESULTS, ROOT, measure
 
+from rec.benchmarking import BATCHES, RESULTS, ROOT, measure
 from rec.cpu import cpu_info, describe
 from rec.malloc import keep_freed_memory
 

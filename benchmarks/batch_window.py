@@ -8,7 +8,7 @@ default model and the Criteo Kaggle-size one, in one run.
     .venv/bin/python benchmarks/batch_window.py --repos default=DIR kaggle=DIR2
 
 Without --repos it trains both models briefly and exports each as its config says
-(benchmarks/export_bench.py's trained_repositories). For each model, three rec-server processes
+(rec/benchmarking.py's trained_repositories). For each model, three rec-server processes
 run side by side (one executor, one intra-op thread, one HTTP and one gRPC thread each), one
 per policy, on copies of the repository whose window is --delay-us (export's default, 500).
 For each protocol and closed-loop client count at B = 1, the three are measured back to back in
@@ -27,15 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from serve_cpp_bench import Server, batching_repo, bench, median_run  # noqa: E402
+from rec.benchmarking import Server, batching_repo, bench, median_run, trained_repositories
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ("off", "fixed", "adaptive")
@@ -257,7 +254,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> None:
-    from export_bench import trained_repositories
 
     from rec.cpu import cpu_info, describe
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from collections import OrderedDict, deque
 from pathlib import Path
@@ -38,7 +37,6 @@ import numpy as np
 from rec.store.reader import FrequencySketch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH, REQUESTS = 512, 400
 FRACTIONS = (0.1, 0.3)

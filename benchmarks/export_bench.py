@@ -29,10 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,13 +38,10 @@ from pathlib import Path
 import torch
 import yaml
 
+from rec.benchmarking import BATCHES, REC, RESULTS, ROOT, measure, model_configs
 from rec.contract import ModelDir, model_file_in
 from rec.contract.repository import read_version_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-REC = str(Path(sys.executable).parent / "rec")
-BATCHES = (1, 64, 512)
 THREADS = (1, 2)
 DEFAULT, INT8 = "TorchScript, invariant fp32 (default)", "TorchScript, int8 dense"
 PLAIN, BF16 = "TorchScript, plain fp32", "TorchScript, bf16 (not invariant)"
@@ -78,37 +72,6 @@ BF16_SKIPPED = (
 if BF16_SKIPPED:
     del VARIANTS[BF16]
 TIMED = [*VARIANTS, ORT_INT8]
-
-
-def model_configs(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
-    """The default model (rec's embedded config) and examples/criteo_kaggle.yaml, its tables
-    scaled by `kaggle_scale` (1.0: Criteo Kaggle's 33.8M rows)."""
-    from rec.config import default_config
-
-    default = tmp / "default.yaml"
-    default.write_text(default_config().to_yaml())
-    kaggle = yaml.safe_load((ROOT / "examples" / "criteo_kaggle.yaml").read_text())
-    for t in kaggle["tables"]:
-        t["rows"] = max(1, int(t["rows"] * kaggle_scale))
-    path = tmp / "kaggle.yaml"
-    path.write_text(yaml.safe_dump(kaggle, sort_keys=False))
-    return {"default": default, "kaggle": path}
-
-
-def trained_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
-    """Trains the default and the Kaggle-size model briefly and exports each as its config says
-    (int8 tables, TorchScript; fp32 dense layers for the default, int8 for Kaggle's) into a
-    repository of its own. The run directory goes once exported (8.9 GB at full size)."""
-    repos = {}
-    for name, config in model_configs(tmp, kaggle_scale).items():
-        run_dir, repos[name] = tmp / f"{name}-run", tmp / f"{name}-repo"
-        print(f"[{name}] rec train, rec export", flush=True)
-        subprocess.run([REC, "train", "-c", str(config), "--run-dir", str(run_dir)], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
-        subprocess.run([REC, "export", str(run_dir), "--repo", str(repos[name])], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
-        shutil.rmtree(run_dir)
-    return repos
 
 
 def train_and_export(name: str, config: Path, tmp: Path) -> dict[str, dict]:
@@ -223,43 +186,6 @@ def ort_int8(fp32: dict, dest: Path) -> dict:
             "file_bytes": sum(f.stat().st_size for f in dest.iterdir() if "clean" not in f.name),
             "auc": None, "auc_ratio": None, "dense": {"dtype": "int8 (ORT dynamic)"},
             "batched_vs_single_max_diff": None}  # fmt: skip
-
-
-def measure(fns: dict[str, Callable], requests: dict[int, tuple], rounds: int) -> dict:
-    """variant -> B -> the median µs of all timed calls, variants taking turns in short blocks.
-
-    This machine's speed swings by ~1.7x for seconds at a time (the same layer took 31 and 53
-    ms in consecutive calls). Three rounds of 0.1 s per variant, keeping each one's best, let
-    variants land in different spells: that made one look 1.5x slower in some runs and not in
-    others. Blocks of ~20 ms (at least 2 timed calls) taking turns for the whole budget give
-    every variant the same spells. Each block first makes one untimed call: timed one call
-    apart, every call would find the other models' weights in the caches (a run that did so
-    timed the default model's B = 1 at 231 µs, the next run in blocks 140). `rounds` scales the
-    time spent (0.1 s, 0.6 s at B = 512, per variant per round)."""
-    out: dict[str, dict[int, float]] = {v: {} for v in fns}
-    names = list(fns)
-    with torch.inference_mode():
-        for b, request in requests.items():
-            for fn in fns.values():
-                for _ in range(10):  # warm-up (TorchScript profiles its first runs)
-                    fn(*request)
-            times: dict[str, list[float]] = {v: [] for v in names}
-            budget = rounds * (0.1 if b < 512 else 0.6) * len(names)
-            start, cycle = time.perf_counter(), 0
-            while time.perf_counter() - start < budget or cycle < 5:
-                shift = cycle % len(names)
-                for v in names[shift:] + names[:shift]:
-                    fns[v](*request)  # caches back to this model
-                    block, calls = time.perf_counter(), 0
-                    while calls < 2 or time.perf_counter() - block < 0.02:
-                        t0 = time.perf_counter()
-                        fns[v](*request)
-                        times[v].append(time.perf_counter() - t0)
-                        calls += 1
-                cycle += 1
-            for v in names:
-                out[v][b] = round(statistics.median(times[v]) * 1e6, 1)
-    return out
 
 
 def ratios(latency: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:

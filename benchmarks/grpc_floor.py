@@ -33,15 +33,12 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from rec.benchmarking import BUILD, RESULTS, Server, batching_repo, bench, median_run
 from rec.cpu import cpu_info
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_cpp_bench import BUILD, RESULTS, Server, batching_repo, bench, median_run  # noqa: E402
 
 
 class PingPong:

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from rec.cpu import cpu_info, describe
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rec.cpu import cpu_info, describe  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 ROWS = [
     ("vfmadd231ps_ymm", "fp32 FMA, 256-bit", "vfmadd231ps_ymm"),

@@ -32,10 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from rec.benchmarking import TreeWatch, run_watched
 from rec.contract import MANIFEST_FILE, read_manifest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procmem import TreeWatch, run_watched  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -38,16 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve_cpp_bench  # noqa: E402
-from export_bench import trained_repositories  # noqa: E402
-from serve_cpp_bench import RESULTS, batching_repo, bench, median_run  # noqa: E402
+from rec import benchmarking
+from rec.benchmarking import RESULTS, batching_repo, bench, median_run, trained_repositories
 
 PHASES = {  # name: (start stamp, end stamp); read, send_start, send_end: either protocol's
     "receive": ("HTTP_RECV_START", "HTTP_RECV_END"),
@@ -75,7 +72,7 @@ CASES = (  # name, protocol, batch, shared memory
 )
 
 
-class Server(serve_cpp_bench.Server):
+class Server(benchmarking.Server):
     """rec-server as serve_cpp_bench runs it (one thread of each kind); `trace_file` given:
     tracing possible (and off until turned on)."""
 

@@ -37,87 +37,12 @@ import itertools
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from rec.contract import ModelDir
-from rec.serve.cpp import launch_cpp
-
-ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "build" / "cpp"
-RESULTS = ROOT / "benchmarks" / "results"
-
-
-def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: int) -> Path:
-    """A copy of the model with dynamic batching on (delay_us window) or off."""
-    shutil.copytree(src / model, dst / model)
-    config = ModelDir.of(dst, model).config
-    text = re.sub(r"dynamic_batching\s*\{[^}]*\}", "", config.read_text())
-    if "max_batch_size: 0" in text:
-        # The `none` form: rec-server batches it with rec.json's "serving" settings, and serves
-        # it one request per forward without them.
-        manifest_path = ModelDir.of(dst, model).manifest
-        manifest = json.loads(manifest_path.read_text())
-        if batching:
-            manifest["serving"]["max_queue_delay_us"] = delay_us
-        else:
-            manifest.pop("serving", None)
-        manifest_path.write_text(json.dumps(manifest, indent=2))
-        return dst
-    if batching:
-        text += f"\ndynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
-    config.write_text(text)
-    return dst
-
-
-class Server:
-    """rec-server with one executor, one HTTP and one gRPC thread (rec.serve.cpp.launch_cpp)."""
-
-    def __init__(
-        self,
-        repo: Path,
-        model: str,
-        intra_op_threads: int,
-        busy_poll_us: int | None = None,
-        extra: tuple[str, ...] = (),
-    ) -> None:
-        args = ["--model", model, "--executor-threads", "1"]
-        args += ["--intra-op-threads", str(intra_op_threads), "--http-threads", "1"]
-        args += ["--grpc-threads", "1"]
-        if busy_poll_us is not None:
-            args += ["--busy-poll-us", str(busy_poll_us)]
-        self.process = launch_cpp(repo, *args, *extra)
-        self.proc = self.process.proc  # its pid: grpc_floor.py profiles it
-        self.http, self.grpc = self.process.endpoints.http, self.process.endpoints.grpc
-
-    def peak_rss_bytes(self) -> int:
-        """The server's VmHWM: the kernel's high-water mark of its resident set."""
-        return self.process.peak_rss_bytes()
-
-    def stop(self) -> None:
-        self.process.stop(timeout=30)
-
-
-def bench(mode: str, repo: Path, model: str, batch: int, clients: int, seconds: float, *extra):
-    argv = [str(BUILD / "rec-bench"), mode, "--model-repository", str(repo), "--model", model]
-    argv += ["--batch", str(batch), "--concurrency", str(clients), "--seconds", str(seconds)]
-    extra = tuple(str(x) for x in extra)
-    argv += extra
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    result = json.loads(out.strip().splitlines()[-1])
-    print(
-        f"  {mode:8s} B={batch:<4d} clients={clients:<3d} p50={result['p50_us']:9.1f}us "
-        f"p99={result['p99_us']:9.1f}us {result['rows_per_s']:10.0f} rows/s {' '.join(extra)}"
-    )
-    return result
-
-
-def median_run(runs: list[dict]) -> dict:
-    """The run with the median p50 (of an odd number of runs)."""
-    return sorted(runs, key=lambda r: r["p50_us"])[len(runs) // 2]
+from rec.benchmarking import BUILD, RESULTS, Server, batching_repo, bench, median_run
 
 
 def run_unbatched(
@@ -337,7 +262,7 @@ def main() -> None:
     p.add_argument("--delay-us", type=int, default=500, help="batching window when batching is on")
     p.add_argument("--report", action="store_true", help="redraw from serve_cpp.json and exit")
     p.add_argument("--out", default="serve_cpp",
-                   help="results name: benchmarks/results/OUT.json and OUT.png")  # fmt: skip
+                   help="results name: benchmarks/results/<name>.json and .png")  # fmt: skip
     args = p.parse_args()
     if args.report:
         report(json.loads((RESULTS / f"{args.out}.json").read_text())["runs"], args.out)

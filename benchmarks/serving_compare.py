@@ -12,7 +12,7 @@ rec.serve.triton uses the same).
     .venv/bin/python benchmarks/serving_compare.py --repo artifacts/demo/model_repository
 
 Without --repo it trains both models briefly and exports each as its config says
-(benchmarks/export_bench.py's trained_repositories; serving cost does not depend on how well
+(rec/benchmarking.py's trained_repositories; serving cost does not depend on how well
 they are trained). Prints Markdown tables and the ratios; writes
 benchmarks/results/serving_compare.json and a serving_compare_MODEL.png per model.
 """
@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # cpp/'s closed-loop C++ client: far less client CPU per request than Python, which on a
@@ -175,8 +172,7 @@ def compare(repo: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    from export_bench import trained_repositories
-
+    from rec.benchmarking import trained_repositories
     from rec.cpu import cpu_info, describe
     from rec.serve.bench_plot import plot_results
 

@@ -3,7 +3,7 @@ TrainPipelineSparseDist vs the plain loop, one run.
 
 Each configuration is a real `rec train` (elastic launcher, gloo, CPU, OMP_NUM_THREADS=1); the
 rate is the median samples/s over its logged intervals after the first (warm-up), and the
-memory each rank's peak RSS (VmHWM, benchmarks/procmem.py). The large model is
+memory each rank's peak RSS (VmHWM, rec/benchmarking.py's run_watched). The large model is
 examples/criteo_kaggle.yaml (33.8M rows, 8.64 GB of fp32 tables) with its rows scaled by
 --kaggle-scale. All eight configurations run back to back in one invocation so they share the
 machine's conditions; compare them as ratios.
@@ -27,10 +27,8 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procmem import run_watched  # noqa: E402
-
-from rec.cpu import cpu_info, describe  # noqa: E402
+from rec.benchmarking import run_watched
+from rec.cpu import cpu_info, describe
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train_throughput.json"
