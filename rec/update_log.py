@@ -1,44 +1,150 @@
-"""Reading the update log (rec.contract.updates) in Python, and the reference of applying it.
+"""Reading the update log (rec.contract.updates) in Python, and the rules a replica applies it by.
 
-`read_records` is how tests, benchmarks and the demo look into a stream. `ReplicaState` is the
-rules a replica follows, written once in Python: rec-server's C++ applier is checked against it.
+`LogReader` is the one Python reader of the log: a cursor, XREAD, a reconnect from the same
+cursor when the broker goes away, each entry decoded. rec's Triton model
+(serve/triton_python_model.py), the store's follower (rec.store.follow) and `read_records` (how
+tests, benchmarks, the demo and a resuming publisher look into a stream) all read through it.
 
+`Applier` is the one Python copy of the replica rules; rec-server's EmbeddingTables
+(cpp/src/updates/embedding_tables.cpp) is the reference they follow, rule for rule:
+
+    - a record of another run than the served version's is refused (an export with no run id
+      takes the run of the first record it applies);
     - records of one rank are applied in log order; a record whose (gen, step) is older than the
       newest its rank has applied is refused (a watermark going backwards), the same one again
       is applied again (the publisher re-sends after a broker error: a row is its whole value);
     - a record for a table the served model lacks, of the wrong dtype or dim, or with ids outside
       the table, is refused whole and counted, never applied in part;
+    - rows of records at or before the export's (gen, step) are skipped: the export holds them;
     - the watermark is the smallest (gen, step) over the run's ranks of their newest complete
-      publish (`last`), once every rank has completed one; a new generation (a resume, maybe on
-      another number of ranks) starts that count over.
+      publish (`last`), once every rank has completed one; the first record of a newer
+      generation (a resume, maybe on another number of ranks) starts that count over, and a
+      complete publish of an older generation no longer counts. The served watermark (`mark`)
+      starts at the export's (gen, step) and only grows.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from rec.contract.updates import UpdateError, UpdateRecord, decode, parse_url
 
+Entry = tuple[str, UpdateRecord | UpdateError]
+"""One log entry: its id and its record, or why it is malformed."""
+
+
+class LogReader:
+    """The update log at `url`, read from after entry `cursor` ("0": from the start).
+
+    `read()` is one XREAD of up to `count` entries (waiting up to `block_ms` for one; None: not
+    at all), each decoded; the cursor moves past them. `follow(stop)` reads until `stop` is set,
+    yielding each read's entries ([] when none came within block_ms): a broker that cannot be
+    reached or drops the connection is reconnected and read again from the same cursor, so
+    nothing is lost or read twice, after `retry_s` (doubling up to `max_retry_s` while it stays
+    down). `on_event(kind, message)` hears "up" (connected, reading from the cursor), "down" (the
+    broker went away; once per outage) and "error" (the broker answered with an error, e.g. the
+    key is not a stream). `redis_retries`: redis-py's own retries of a command; follow() sets
+    none (they would back off for seconds, unseen), it retries itself and says so."""
+
+    def __init__(self, url: str, cursor: str = "0", *, count: int = 256,
+                 block_ms: int | None = 300, retry_s: float = 0.2, max_retry_s: float = 0.2,
+                 redis_retries: bool = False,
+                 on_event: Callable[[str, str], None] | None = None) -> None:  # fmt: skip
+        self.where, self.url, self.cursor = parse_url(url), url, cursor
+        self.count, self.block_ms = count, block_ms
+        self.retry_s, self.max_retry_s = retry_s, max_retry_s
+        self.redis_retries = redis_retries
+        self.on_event = on_event or (lambda kind, message: None)
+        self.client = None
+        self.up: bool | None = None  # None until the first attempt
+
+    def _connect(self):
+        import redis
+
+        options = {}
+        if not self.redis_retries:
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            options["retry"] = Retry(NoBackoff(), 0)
+        client = redis.Redis(host=self.where.host, port=self.where.port, socket_connect_timeout=1,
+                             socket_timeout=5 + (self.block_ms or 0) / 1000, **options)  # fmt: skip
+        try:
+            client.ping()
+        except Exception:
+            client.close()
+            raise
+        self.client = client
+        if self.up is not True:
+            self.up = True
+            self.on_event("up", f"reading update log {self.where} from entry {self.cursor}")
+
+    def read(self) -> list[Entry]:
+        """One XREAD after the cursor, decoded; redis-py's error if the broker fails it."""
+        if self.client is None:
+            self._connect()
+        got = self.client.xread({self.where.stream: self.cursor}, count=self.count,
+                                block=self.block_ms)  # fmt: skip
+        entries: list[Entry] = []
+        for entry_id, fields in got[0][1] if got else ():
+            try:
+                entries.append((entry_id.decode(), decode(fields)))
+            except UpdateError as e:
+                entries.append((entry_id.decode(), e))
+        if entries:
+            self.cursor = entries[-1][0]
+        return entries
+
+    def follow(self, stop: threading.Event) -> Iterator[list[Entry]]:
+        """read() until `stop` is set, riding out a broker that goes away (class docstring)."""
+        import redis
+
+        delay = self.retry_s
+        try:
+            while not stop.is_set():
+                try:
+                    entries = self.read()
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                    self.close()
+                    if self.up is not False:
+                        self.up = False
+                        self.on_event("down", f"update log {self.where} unreachable ({e}); "
+                                              f"retrying from entry {self.cursor}")  # fmt: skip
+                    stop.wait(delay)
+                    delay = min(delay * 2, self.max_retry_s)
+                    continue
+                except redis.ResponseError as e:
+                    self.on_event("error", f"update log {self.where}: {e}")
+                    stop.wait(0.5)
+                    continue
+                delay = self.retry_s
+                yield entries
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
 
 def read_records(url: str, start: str = "0", count: int = 1000) -> list[tuple[str, UpdateRecord]]:
-    """Every record of the stream at `url` after entry id `start`, as (entry id, record)."""
-    import redis
-
-    where = parse_url(url)
-    client = redis.Redis(host=where.host, port=where.port)
+    """Every record of the stream at `url` after entry id `start`, as (entry id, record); an
+    UpdateError for a malformed one."""
+    reader = LogReader(url, start, count=count, block_ms=None, redis_retries=True)
     out: list[tuple[str, UpdateRecord]] = []
     try:
-        while True:
-            got = client.xread({where.stream: start}, count=count)
-            if not got:
-                return out
-            for entry_id, fields in got[0][1]:
-                start = entry_id.decode()
-                out.append((start, decode(fields)))
+        while entries := reader.read():
+            for entry_id, rec in entries:
+                if isinstance(rec, UpdateError):
+                    raise rec
+                out.append((entry_id, rec))
+        return out
     finally:
-        client.close()
+        reader.close()
 
 
 @dataclass(frozen=True)
@@ -48,47 +154,61 @@ class ServedTable:
     dtype: str
 
 
-@dataclass
-class ReplicaState:
-    """What a replica holds after applying records: each table's changed rows (bytes, as stored)
-    and the ranks' progress. `tables`: what the served model has."""
+class Applier:
+    """The replica rules (module docstring) over the served model's `tables` and the embedding
+    store's `stored` ones (rec.contract.store: their records are checked and count toward the
+    watermark, their rows go where the subclass puts them), for an export of `export` (gen,
+    step) of run `run`. `write(rec)` puts a checked record's rows where they are served; this
+    class keeps them in `rows` (table -> row id -> bytes): what a replica would hold, for tests
+    and tools. rec's Triton model (ServedTables) writes them into its buffers, the store's
+    follower (rec.store.follow) into the store.
 
-    tables: dict[str, ServedTable]
-    export: tuple[int, int] = (0, 0)
-    stored: dict[str, ServedTable] = field(default_factory=dict)
-    """Tables in the embedding store (rec.contract.store): their records are checked and count
-    toward the watermark, but their rows are written to the store (rec.store.follow), not kept."""
-    """(gen, step) the served export holds: rows of records up to it are skipped."""
-    rows: dict[str, dict[int, bytes]] = field(default_factory=dict)
-    rank_version: dict[int, tuple[int, int]] = field(default_factory=dict)
-    complete: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # gen, step, wall_ns
-    world: int = 0
-    refused: Counter = field(default_factory=Counter)
-    applied_rows: int = 0
+    `lock` is held by apply() for a whole record; a reader that must not see a record half
+    applied holds it too."""
 
-    def apply(self, rec: UpdateRecord) -> str | None:
-        """Applies `rec`, or returns why it is refused (and counts the reason)."""
-        reason = self._check(rec)
-        if reason is not None:
-            self.refused[reason.split(":")[0]] += 1
-            return reason
-        if self.fresh(rec) and rec.table not in self.stored:
-            width = len(rec.rows) // rec.count
-            table = self.rows.setdefault(rec.table, {})
-            for i, row_id in enumerate(rec.ids):
-                table[row_id] = rec.rows[i * width : (i + 1) * width]
-            self.applied_rows += rec.count
-        self.world = rec.world
-        self.rank_version[rec.rank] = rec.version
-        if self.complete and rec.gen > max(g for g, _, _ in self.complete.values()):
-            self.complete.clear()  # a resumed run: its ranks (maybe fewer) start over
-        if rec.last:
-            self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
-        return None
+    def __init__(self, tables: dict[str, ServedTable], export: tuple[int, int] = (0, 0),
+                 run: str = "", stored: dict[str, ServedTable] | None = None) -> None:  # fmt: skip
+        self.tables, self.stored, self.export, self.run = tables, stored or {}, export, run
+        self.lock = threading.Lock()
+        self.rows: dict[str, dict[int, bytes]] = {}
+        self.rank_version: dict[int, tuple[int, int]] = {}
+        self.complete: dict[int, tuple[int, int, int]] = {}  # rank -> gen, step, wall_ns
+        self.world = 0
+        self.refused: Counter = Counter()
+        self.applied_rows = 0
+        self.mark = (*export, 0)
+        """The served watermark (gen, step, wall_ns): from the export's, only growing."""
+        self._complete_gen = 0
 
-    def fresh(self, rec: UpdateRecord) -> bool:
-        """Whether `rec` (checked) carries rows newer than the served export."""
-        return bool(rec.count) and rec.version > self.export
+    def write(self, rec: UpdateRecord) -> None:
+        """Puts the rows of `rec` (checked, newer than the export) where they are served."""
+        width = len(rec.rows) // rec.count
+        table = self.rows.setdefault(rec.table, {})
+        for i, row_id in enumerate(rec.ids):
+            table[row_id] = rec.rows[i * width : (i + 1) * width]
+
+    def apply(self, rec: UpdateRecord) -> tuple[str, str]:
+        """Applies `rec` whole or refuses it whole: (outcome, why); outcome is "applied",
+        "skipped" or a refusal (rec-server's rec_update_records_total outcomes), `why` says
+        what is wrong with a refused one ("" otherwise)."""
+        with self.lock:
+            if self.run and rec.run != self.run:
+                why = f"record of run {rec.run!r}, the served version is of run {self.run!r}"
+                outcome = "other_run"
+            else:
+                why = self._check(rec)
+                outcome = why.split(":")[0].replace(" ", "_") if why else "applied"
+            if why is not None:
+                self.refused[outcome] += 1
+                return outcome, why
+            if rec.count and rec.version <= self.export:
+                outcome = "skipped"
+            elif rec.count:
+                self.write(rec)
+                self.applied_rows += rec.count
+            self.run = self.run or rec.run
+            self._advance(rec)
+            return outcome, ""
 
     def _check(self, rec: UpdateRecord) -> str | None:
         seen = self.rank_version.get(rec.rank)
@@ -106,59 +226,6 @@ class ReplicaState:
             return f"id range: id {rec.ids[-1]} is outside {rec.table!r}'s {served.rows} rows"
         return None
 
-    def watermark(self) -> tuple[int, int, int] | None:
-        """(gen, step, wall_ns) up to which every rank's rows are here, or None before then."""
-        if not self.world or len(self.complete) < self.world:
-            return None
-        return min(self.complete.values())
-
-
-class Applier(ReplicaState):
-    """ReplicaState's rules as a server applies them, written once for rec's Triton model
-    (serve/triton_python_model.ServedTables) and the store's follower (rec.store.follow); its
-    C++ twin is rec-server's EmbeddingTables. Beyond `_check` (backwards, unknown table, row
-    format, id range): a record of another run is refused (an export with no run id takes the
-    run of the first record it applies), rows of records at or before the export's (gen, step)
-    are skipped (the export holds them), and accepted rows go to `write(rec)`. The watermark,
-    `mark` (gen, step, wall_ns), starts at the export's (gen, step) and only grows.
-
-    `lock` is held by apply() for a whole record; a reader that must not see a record half
-    applied holds it too."""
-
-    def __init__(self, tables: dict[str, ServedTable], export: tuple[int, int], run: str = "",
-                 stored: dict[str, ServedTable] | None = None) -> None:  # fmt: skip
-        super().__init__(tables=tables, export=export, stored=stored or {})
-        self.run = run
-        self.lock = threading.Lock()
-        self.mark = (*export, 0)
-        self._complete_gen = 0
-
-    def write(self, rec: UpdateRecord) -> None:
-        """Puts the rows of `rec` (checked, newer than the export) where they are served."""
-        raise NotImplementedError
-
-    def apply(self, rec: UpdateRecord) -> tuple[str, str]:
-        """Applies `rec` whole or refuses it whole: (outcome, why); outcome is "applied",
-        "skipped" or a refusal (rec-server's rec_update_records_total outcomes)."""
-        with self.lock:
-            if self.run and rec.run != self.run:
-                why = f"record of run {rec.run!r}, the served version is of run {self.run!r}"
-                outcome = "other_run"
-            else:
-                why = self._check(rec)
-                outcome = why.split(":")[0].replace(" ", "_") if why else "applied"
-            if why is not None:
-                self.refused[outcome] += 1
-                return outcome, why
-            if rec.count and not self.fresh(rec):
-                outcome = "skipped"
-            elif rec.count:
-                self.write(rec)
-                self.applied_rows += rec.count
-            self.run = self.run or rec.run
-            self._advance(rec)
-            return outcome, ""
-
     def _advance(self, rec: UpdateRecord) -> None:
         self.rank_version[rec.rank] = rec.version
         if rec.gen > self._complete_gen:  # a resumed run: its ranks (maybe fewer) start over
@@ -168,16 +235,16 @@ class Applier(ReplicaState):
         if not rec.last or rec.gen < self._complete_gen:
             return
         self.complete[rec.rank] = (rec.gen, rec.step, rec.wall_ns)
-        low = self.watermark()  # the oldest complete publish, once every rank has one
+        low = self.watermark()
         if low is not None and low[:2] > self.mark[:2]:
             self.mark = low
 
-
-def decode_or_reason(fields: dict) -> UpdateRecord | str:
-    try:
-        return decode(fields)
-    except UpdateError as e:
-        return str(e)
+    def watermark(self) -> tuple[int, int, int] | None:
+        """(gen, step, wall_ns) of the oldest complete publish of the newest generation, once
+        every rank has one (of ranks at the same step, the earliest clock); else None."""
+        if not self.world or len(self.complete) < self.world:
+            return None
+        return min(self.complete.values())
 
 
 def write_rows(buffer, place: dict, ids, rows: bytes) -> None:

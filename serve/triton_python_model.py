@@ -14,13 +14,13 @@ A request may carry its ids as strings (`sparse_strings`, BYTES) instead of `spa
 are mapped with the model's feature spec by rec.features, the code the training readers use.
 
 Fresh embeddings (docs/update_log.md, Contract 3): when the version's rec.json has an `updates`
-section, a daemon thread reads the update log (a Redis stream, redis-py XREAD from entry "0") and
+section, a daemon thread reads the update log (rec.update_log.LogReader, from entry "0") and
 writes the rows of the records after the export's (gen, step) into model.pt's TBE storage
 buffers in place, as rec-server does. The log's URL is rec.json's `updates.url`, or the config
 parameter `updates_url` (rec-server's `--updates URL|none`: a URL overrides it, `none` turns the
 log off); rec.serve.triton.start_triton(updates=...) writes that parameter. The rules are
-rec.update_log.ReplicaState's (a record is applied whole or refused whole: other run, unknown
-table, wrong dtype or dim, id out of range, backwards, malformed), the writer is
+rec.update_log.Applier's, which are rec-server's (a record is applied whole or refused whole:
+other run, unknown table, wrong dtype or dim, id out of range, backwards, malformed), the writer is
 rec.update_log.write_rows. A forward pass and the applying of a record exclude each other, so a
 batch never sees a half-written row. The counts and the watermark are Triton custom metrics
 (rec-server's names): rec_update_records_total{outcome}, rec_update_rows_applied_total,
@@ -65,11 +65,11 @@ from rec import batch_probe
 from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES, ManifestError
 from rec.contract.repository import read_version_manifest
 from rec.contract.store import StoreError, check_section, meta_key
-from rec.contract.updates import UpdateError, decode, parse_url, row_bytes
+from rec.contract.updates import UpdateError, parse_url, row_bytes
 from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
 from rec.malloc import keep_freed_memory
-from rec.update_log import Applier, ServedTable, write_rows
+from rec.update_log import Applier, LogReader, ServedTable, write_rows
 
 STORE_CACHE_PARAMETER = "store_cache_bytes"
 """Config parameter: the row cache's bound in bytes (rec-server's --store-cache-bytes)."""
@@ -263,14 +263,16 @@ class ServedTables(Applier):
 
 
 class UpdateReader:
-    """The daemon thread that reads the update log at `url` from entry "0" (XREAD BLOCK, up to
-    _BATCH_ENTRIES entries a read) and applies each record to `tables`. A broker that goes away
-    or errors is retried from the same cursor, the last entry id read, so nothing is lost or
-    applied twice out of order. Refusals are counted and the first few of each kind logged."""
+    """The daemon thread that reads the update log at `url` from entry "0" (rec.update_log.
+    LogReader: XREAD BLOCK, up to _BATCH_ENTRIES entries a read; a broker that goes away or
+    errors is retried from the same cursor, so nothing is lost or applied twice out of order)
+    and applies each record to `tables`. Refusals are counted and the first few of each kind
+    logged."""
 
     def __init__(self, model, url, tables, metrics):
-        self.model, self.url, self.tables, self.metrics = model, parse_url(url), tables, metrics
-        self.cursor = "0"
+        self.model, self.tables, self.metrics = model, tables, metrics
+        self.log = LogReader(url, "0", count=_BATCH_ENTRIES, block_ms=_BLOCK_MS,
+                             on_event=self._event)  # fmt: skip
         self._stop = threading.Event()
         self._logged = Counter()
         self._thread = threading.Thread(target=self._loop, name="rec-updates", daemon=True)
@@ -283,59 +285,22 @@ class UpdateReader:
     def _say(self, level, message):
         getattr(pb_utils.Logger, f"log_{level}")(f"model '{self.model}': {message}")
 
+    def _event(self, kind, message):
+        if kind != "error":
+            self.metrics.set("connected", 1 if kind == "up" else 0)
+        self._say("info" if kind == "up" else "warn", message)
+
     def _loop(self):
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        where, client, reported_down = str(self.url), None, False
-        while not self._stop.is_set():
-            if client is None:
-                # No retries inside redis-py (its default backs off for seconds, unseen): this
-                # loop reconnects, counts the broker down and logs it.
-                client = redis.Redis(host=self.url.host, port=self.url.port,
-                                     socket_connect_timeout=1, socket_timeout=5,
-                                     retry=Retry(NoBackoff(), 0))  # fmt: skip
+        for entries in self.log.follow(self._stop):
+            for entry_id, record in entries:
                 try:
-                    client.ping()
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-                    client.close()
-                    client = None
-                    self.metrics.set("connected", 0)
-                    if not reported_down:
-                        self._say("warn", f"update log {where} unreachable ({e}); retrying")
-                        reported_down = True
-                    self._stop.wait(0.2)
-                    continue
-                self.metrics.set("connected", 1)
-                self._say("info", f"reading update log {where} from entry {self.cursor}")
-                reported_down = False
-            try:
-                got = client.xread({self.url.stream: self.cursor}, count=_BATCH_ENTRIES,
-                                   block=_BLOCK_MS)  # fmt: skip
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                client.close()  # the connection broke: reconnect, from the same cursor
-                client = None
-                self.metrics.set("connected", 0)
-                continue
-            except redis.ResponseError as e:  # e.g. the key is not a stream
-                self._say("warn", f"update log {where}: {e}")
-                self._stop.wait(0.5)
-                continue
-            for entry_id, fields in got[0][1] if got else ():
-                self.cursor = entry_id.decode()
-                try:
-                    self._take(fields)
+                    self._take(entry_id, record)
                 except Exception as e:  # the reader must outlive one bad entry
-                    self._say("error", f"update log entry {self.cursor}: {e!r}")
-        if client is not None:
-            client.close()
+                    self._say("error", f"update log entry {entry_id}: {e!r}")
 
-    def _take(self, fields):
-        try:
-            record = decode(fields)
-        except UpdateError as e:
-            outcome, why = "malformed", str(e)
+    def _take(self, entry_id, record):
+        if isinstance(record, UpdateError):
+            outcome, why = "malformed", str(record)
         else:
             outcome, why = self.tables.apply(record)
         self.metrics.count(outcome)
@@ -345,7 +310,7 @@ class UpdateReader:
             self._logged[outcome] += 1
             n = self._logged[outcome]
             if n <= 5 or n % 1000 == 0:  # a bad publisher must not flood the log
-                self._say("warn", f"refused update log entry {self.cursor} ({outcome}): {why}")
+                self._say("warn", f"refused update log entry {entry_id} ({outcome}): {why}")
 
 
 class UpdateMetrics:

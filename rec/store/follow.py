@@ -2,7 +2,8 @@
 written into that version's partition hashes (rec.contract.store) as training publishes them.
 
 One follower per stored version. It reads the log (rec.contract.updates) from where it last
-stopped, applies each record by the servers' rules (rec.update_log.Applier: same run, in order,
+stopped, through rec.update_log.LogReader (a broker that goes away is retried from the same
+entry), applies each record by the servers' rules (rec.update_log.Applier: same run, in order,
 checked, rows newer than the export only) and writes the accepted rows with one pipelined HSET
 per partition. The store keeps the follower's place in the version's meta hash (`follow_id`,
 and the watermark it reached as `follow_gen`, `follow_step`), so a restarted follower goes on
@@ -25,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rec.contract.store import StoreError, check_section, meta_key, partition_key
-from rec.contract.updates import UpdateRecord, parse_url
-from rec.update_log import Applier, ServedTable, decode_or_reason
+from rec.contract.updates import UpdateError, UpdateRecord, parse_url
+from rec.update_log import Applier, Entry, LogReader, ServedTable
 
 READ_ENTRIES = 256
 """Log entries one XREAD returns at most (a record is up to 16,384 rows)."""
@@ -112,52 +113,39 @@ class StoreFollower:
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> FollowStats:
         """Reads and applies until `stop` is set (or the log has been idle for `idle_exit_s`);
         logs progress every 10 s. A broker error is retried from the same entry."""
-        import redis
-
-        broker = redis.Redis(host=self.where.host, port=self.where.port, socket_timeout=10)
-        last_entry, last_line, backoff = time.monotonic(), time.monotonic(), 0.1
-        try:
-            while not stop.is_set():
-                try:
-                    got = broker.xread({self.where.stream: self.cursor}, count=READ_ENTRIES,
-                                       block=200)  # fmt: skip
-                    backoff = 0.1
-                except redis.RedisError as e:
-                    self.log(f"update log {self.url}: {e}; retrying from entry {self.cursor}")
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                if got:
-                    self._apply(got[0][1])
-                    last_entry = time.monotonic()
-                elif idle_exit_s is not None and time.monotonic() - last_entry > idle_exit_s:
-                    break
-                if time.monotonic() - last_line > 10:
-                    self._progress()
-                    last_line = time.monotonic()
-        finally:
-            broker.close()
+        log = LogReader(self.url, self.cursor, count=READ_ENTRIES, block_ms=200, retry_s=0.1,
+                        max_retry_s=5.0, on_event=lambda _kind, line: self.log(line))  # fmt: skip
+        last_entry, last_line = time.monotonic(), time.monotonic()
+        for entries in log.follow(stop):
+            if entries:
+                self._apply(entries)
+                last_entry = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - last_entry > idle_exit_s:
+                break
+            if time.monotonic() - last_line > 10:
+                self._progress()
+                last_line = time.monotonic()
+        log.close()
         self._progress()
         return self.stats
 
-    def _apply(self, entries) -> None:
+    def _apply(self, entries: list[Entry]) -> None:
         t0 = time.perf_counter()
-        for entry_id, fields in entries:
-            rec = decode_or_reason(fields)
-            if isinstance(rec, str):
+        for entry_id, rec in entries:
+            if isinstance(rec, UpdateError):
                 self.stats.refused += 1
-                why = rec
+                why = str(rec)
             else:
                 outcome, why = self.applier.apply(rec)
                 self.stats.refused += outcome not in ("applied", "skipped")
                 self.stats.records += 1
                 self.stats.rows += rec.count if outcome == "applied" else 0
             if why and self.stats.refused <= 5:
-                self.log(f"entry {entry_id.decode()} refused: {why}")
+                self.log(f"entry {entry_id} refused: {why}")
         # The rows, then where they came from: a follower killed in between re-applies these
         # entries (each row its whole value), it never skips one.
         self.applier.flush()
-        self.cursor = entries[-1][0].decode()
+        self.cursor = entries[-1][0]
         gen, step, _ = self.applier.mark
         self.client.hset(self.meta, mapping={"follow_id": self.cursor, "follow_gen": str(gen),
                                              "follow_step": str(step),

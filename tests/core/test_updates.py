@@ -1,5 +1,6 @@
 """The update log's record format (rec.contract.updates) and the replica rules (rec.update_log):
-malformed records are refused naming the field, bad updates are refused whole and counted. The
+malformed records are refused naming the field, bad updates are refused whole and counted (by
+rec.update_log.Applier, the one Python copy of rec-server's rules). The
 records, row sizes and URLs are the golden files' (tests/data/*_golden.json), which rec-server's
 tests (cpp/tests/updates_test.cpp) decode too."""
 
@@ -23,7 +24,7 @@ from rec.contract.updates import (
     parse_url,
     row_bytes,
 )
-from rec.update_log import ReplicaState, ServedTable
+from rec.update_log import Applier, ServedTable
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -110,20 +111,46 @@ SERVED = {"t0": ServedTable(rows=100, dim=4, dtype="int8")}
     ],
 )
 def test_a_bad_update_is_refused_whole_and_counted(rec, reason):
-    state = ReplicaState(SERVED)
-    assert state.apply(rec).startswith(reason)
-    assert state.refused[reason] == 1 and state.rows == {} and state.applied_rows == 0
+    replica = Applier(SERVED)
+    outcome, why = replica.apply(rec)
+    assert outcome == reason.replace(" ", "_") and why.startswith(reason)
+    assert replica.refused[outcome] == 1 and replica.rows == {} and replica.applied_rows == 0
 
 
 def test_the_watermark_waits_for_every_rank_and_never_goes_back():
-    state = ReplicaState(SERVED)
-    assert state.apply(_rec(rank=0, step=10)) is None
-    assert state.watermark() is None  # rank 1 has published nothing yet
-    assert (
-        state.apply(_rec(rank=1, step=8, table="", dtype="fp32", dim=0, ids=(), rows=b"")) is None
-    )
-    assert state.watermark() == (1, 8, 5)
-    assert state.apply(_rec(rank=0, step=9)).startswith("backwards")
-    assert state.apply(_rec(rank=0, step=10)) is None  # the same publish again: re-sent
-    assert state.apply(_rec(rank=0, step=3, gen=2)) is None  # a resumed run: a new generation
-    assert state.refused["backwards"] == 1
+    replica = Applier(SERVED)
+    assert replica.apply(_rec(rank=0, step=10)) == ("applied", "")
+    assert replica.watermark() is None  # rank 1 has published nothing yet
+    assert replica.apply(_rec(rank=1, step=8, table="", dtype="fp32", dim=0, ids=(), rows=b"")) == (
+        "applied", "")  # fmt: skip
+    assert replica.watermark() == (1, 8, 5) and replica.mark == (1, 8, 5)
+    assert replica.apply(_rec(rank=0, step=9))[1].startswith("backwards")
+    assert replica.apply(_rec(rank=0, step=10))[0] == "applied"  # the same publish again: re-sent
+    assert replica.apply(_rec(rank=0, step=3, gen=2))[0] == "applied"  # a resumed run: new gen
+    assert replica.refused["backwards"] == 1
+    assert replica.rows["t0"] == {1: bytes(range(8)), 7: bytes(range(8, 16))}
+
+
+def test_a_new_generation_starts_the_count_over_as_rec_server_does():
+    """rec-server's EmbeddingTables::Advance: the first record of a newer generation clears the
+    ranks' complete publishes, and a late complete publish of the older one no longer counts;
+    the served watermark never goes back."""
+    replica = Applier(SERVED)
+    for rank in (0, 1):
+        replica.apply(_rec(rank=rank, step=12))
+    assert replica.mark == (1, 12, 5)
+    assert replica.apply(_rec(rank=0, step=4, gen=2, last=False))[0] == "applied"
+    assert replica.complete == {} and replica.watermark() is None
+    assert replica.apply(_rec(rank=1, step=13))[0] == "applied"  # the dead run's rank, late
+    assert replica.watermark() is None and replica.mark == (1, 12, 5)
+    assert replica.apply(_rec(rank=0, step=4, gen=2, world=1, wall_ns=9))[0] == "applied"
+    assert replica.mark == (2, 4, 9)
+
+
+def test_rows_the_export_holds_are_skipped_and_another_run_is_refused():
+    replica = Applier(SERVED, export=(1, 10), run="r")
+    assert replica.apply(_rec(step=10)) == ("skipped", "")
+    assert replica.rows == {} and replica.mark == (1, 10, 0)
+    assert replica.apply(_rec(step=11))[0] == "applied" and set(replica.rows["t0"]) == {1, 7}
+    outcome, why = replica.apply(_rec(step=12, run="other"))
+    assert outcome == "other_run" and "'other'" in why

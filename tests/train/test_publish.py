@@ -22,7 +22,7 @@ from rec.export.dcp_reader import CheckpointReader
 from rec.export.stream import checkpoint_key
 from rec.model import build_model, table_keys
 from rec.quantize import fused_rows
-from rec.update_log import ReplicaState, ServedTable, read_records
+from rec.update_log import Applier, ServedTable, read_records
 from tests.helpers import REC, TINY, rec_in_process, run_rec, write_config
 
 needs_redis = pytest.mark.skipif(
@@ -53,13 +53,13 @@ def _exported_rows(step_dir, cfg, table: str) -> torch.Tensor:
     return fused_rows(rows, DTYPES.get(table, "int8"))
 
 
-def _applied(cfg: dict, records) -> ReplicaState:
+def _applied(cfg: dict, records) -> Applier:
     """The replica rules (rec.update_log) over `records` in log order, none refused."""
     model_cfg = config_from_dict(cfg)
-    state = ReplicaState({t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8"))
-                          for t in model_cfg.tables})  # fmt: skip
+    state = Applier({t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8"))
+                     for t in model_cfg.tables})  # fmt: skip
     for rec in records:
-        assert state.apply(rec) is None
+        assert state.apply(rec) == ("applied", "")
     return state
 
 
