@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The image's Python stack as wheels, for a build without a network (air-gapped or proxied sites,
 # and this project's deploy test): requirements.txt (not requirements-host.txt), torchrec
-# (installed with --no-deps, DESIGN.md) and the build tools of rec's op library, all downloaded by
-# the host's own pip, with its own index configuration, into deploy/wheelhouse/.
+# (installed with --no-deps, docs/architecture.md#pinned-stack) and the build tools of rec's op
+# library, all downloaded by the host's own pip, with its own index configuration, into
+# deploy/wheelhouse/.
 #   deploy/wheelhouse.sh            (kept when its stamp matches requirements.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."

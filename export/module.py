@@ -1,4 +1,5 @@
-"""The float model behind DESIGN.md's I/O table, eagerly, and requests in that layout.
+"""The float model behind the model's I/O (docs/architecture.md#model-io), eagerly, and
+requests in that layout.
 
     dense_features f32 [B, num_dense], sparse_lengths i32 [B, F], sparse_values i64 [N]
         -> scores f32 [B, T] (sigmoid)

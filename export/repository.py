@@ -25,9 +25,10 @@ ranking request carries many candidates (B in the hundreds) in one call. Two for
   is right for ranking traffic whose requests are already batches of candidates. rec-server
   reads its batching from rec.json's "serving" instead (max_batch_size, max_queue_delay_us,
   preferred_batch_sizes; cpp/src/model/model_spec.cpp) and merges concurrent requests by
-  concatenation (DESIGN.md), which is valid for this I/O whatever Triton's rule; rec.json's
-  presence vouches for that I/O (a foreign `max_batch_size: 0` model without one is served one
-  request per forward). So one repository serves multi-sample requests from both servers.
+  concatenation (docs/architecture.md#batching-by-concatenation), which is valid for this I/O
+  whatever Triton's rule; rec.json's presence vouches for that I/O (a foreign
+  `max_batch_size: 0` model without one is served one request per forward). So one repository
+  serves multi-sample requests from both servers.
 * `ragged`: `max_batch_size: export.max_batch_size`, dims without the batch dimension,
   `allow_ragged_batch: true` on `sparse_values`, `dynamic_batching` from the config. rec-server
   batches it from the config; stock Triton with the libtorch backend serves it only with

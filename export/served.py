@@ -1,4 +1,4 @@
-"""The served module: DESIGN.md's I/O table in the fewest ops per call.
+"""The served module: the model's I/O (docs/architecture.md#model-io) in the fewest ops per call.
 
     dense_features f32 [B, num_dense], sparse_lengths i32 [B, F], sparse_values i64 [N]
         -> scores f32 [B, T] (sigmoid)

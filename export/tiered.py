@@ -12,7 +12,7 @@ forward_with_rows runs the in-process tables' TBE as ServedModule does, and the 
 TBE op over a buffer made of the fetched rows alone: each stored table's region holds its fetched
 rows in key order, and every id of the batch is mapped to its row's place there. The kernel, the
 rows and their order in each bag are those of the in-process model, so every pooled value, and
-so every score, is bit for bit the same (tests/store/test_tiered.py).
+so every score, is bit for bit the same (tests/store/test_store_export.py).
 """
 
 import copy

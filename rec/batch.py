@@ -1,4 +1,5 @@
-"""The batch every data source yields, in the served model's own layout (DESIGN.md I/O table).
+"""The batch every data source yields, in the served model's own layout
+(docs/architecture.md#model-io).
 
 Batch-major jagged ids: `lengths[b, f]` ids of sparse feature f for sample b, and `values`
 holding them sample by sample, feature by feature within a sample. Two batches concatenated

@@ -2,7 +2,7 @@
 here, on this CPU?
 
 Export runs it before it writes a model it calls batch invariant, and stores its request in
-rec.json (`batch_probe`, with the CPU in `dense.verified_on`); rec-server (cpp/src/
+rec.json (`batch_probe`, with the CPU in `dense.verified_on`); rec-server (cpp/src/model/
 batch_probe.cpp) and Triton's Python model run it again when they load the model, so a model
 carried to a CPU where it is not invariant is refused (or served with a warning and the
 rec_model_batch_variant metric when the operator allows it), never silently.

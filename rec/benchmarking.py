@@ -1,5 +1,5 @@
 """What the scripts in benchmarks/ share: importable as `rec.benchmarking` however a script is
-started (`.venv/bin/python benchmarks/x.py` puts only benchmarks/ on sys.path, and no script
+started (`.venv/bin/python benchmarks/<script>.py` puts only benchmarks/ on sys.path, and no script
 imports another).
 
 - memory: the peak RSS of a command's process tree (`run_watched`, `TreeWatch`);

@@ -52,7 +52,7 @@ step "6/6 fresh embeddings: training goes on, publishing its rows; the server ap
 
 step "done"
 echo "run directory:    $OUT/run   (config.yaml, plan.json, metrics.jsonl, checkpoints/)"
-echo "model repository: $OUT/model_repository   (rec/config.pbtxt, rec/1/model.pt, rec/rec.json)"
+echo "model repository: $OUT/model_repository/rec/   (config.pbtxt, 1/model.pt, rec.json)"
 echo "store-backed one: $OUT/model_repository_store   (rec.json \"store\": where its tables are)"
 echo "server log:       $LOG   (metrics were at http://$METRICS/metrics)"
 echo "next: $REC serve $OUT/model_repository --backend triton   # the same repository in Triton"

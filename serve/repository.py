@@ -1,4 +1,5 @@
-"""Reading a model repository (DESIGN.md, Contract 2) the way both servers will read it.
+"""Reading a model repository (docs/architecture.md#model-repository) the way both servers
+will read it.
 
     <repo>/<model>/config.pbtxt           Triton ModelConfig (platform pytorch_libtorch)
     <repo>/<model>/<version>/model.pt     TorchScript: (dense f32 [B, D], lengths i32 [B, F],
@@ -177,7 +178,7 @@ def _read_manifest(model_dir: Path) -> Manifest:
 
 
 def _check_io(config, model_dir: Path, num_dense: int, num_sparse: int, num_tasks: int) -> None:
-    """The config must declare the I/O table of DESIGN.md, sized like rec.json says.
+    """The config must declare the I/O (docs/architecture.md#model-io), sized like rec.json says.
 
     Two forms are accepted (export.triton_batching): `ragged` (max_batch_size > 0, dims without
     the batch dimension, sparse_values allow_ragged_batch) and `none` (max_batch_size 0, the

@@ -7,7 +7,8 @@ repository in a temporary directory: for the user's model it writes a Python-bac
 parameter pointing at the user's `<repo>/<model>/<version>/model.pt`) and rec's model.py. The
 user's repository, which the C++ server and Triton's containers read, is never modified.
 
-Three things make this tritonserver run from a plain venv (DESIGN.md, "software stack"):
+Three things make this tritonserver run from a plain venv
+(docs/architecture.md#triton-from-the-pytriton-wheel):
 - LD_LIBRARY_PATH at the wheel's `nvidia_pytriton.libs/` (the server's own shared libraries)
   and at this interpreter's libpython, so the stub embeds the same Python build as the venv;
 - a backend directory holding `python/libtriton_python.so` with the stub built for this Python

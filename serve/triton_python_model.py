@@ -3,8 +3,8 @@
 Copied as `<staging>/<model>/<version>/model.py` by rec.serve.triton; runs inside Triton's
 `triton_python_backend_stub`, with the venv's packages (torch, fbgemm_gpu). It stands in for the
 pytorch_libtorch backend, which nvidia-pytriton's tritonserver does not ship, and serves the same
-inputs and outputs (DESIGN.md I/O table). The path of model.pt comes from the config parameter
-`model_path`, so the user's repository is read, never copied or changed.
+inputs and outputs (docs/architecture.md#model-io). The path of model.pt comes from the config
+parameter `model_path`, so the user's repository is read, never copied or changed.
 
 Like the recommended Triton backend: requests that Triton's dynamic batcher hands over together
 are validated one by one (an error goes to its own request), concatenated into one batch (valid
@@ -94,7 +94,7 @@ def _invalid(message):
 def _check(dense, lengths, values, max_rows, values_name=VALUES):
     """Message for what Triton's own shape checks cannot see (the jagged pair), or None.
 
-    Messages match the C++ server's (cpp/src/common/request.cpp), so clients see one wording.
+    Messages match the C++ server's (cpp/src/model/request.cpp), so clients see one wording.
     """
     if dense.shape[0] < 1:
         width = dense.shape[1]

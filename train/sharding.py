@@ -2,7 +2,8 @@
 
 TorchRec's EmbeddingBagCollectionSharder offers only data_parallel, table_wise, column_wise and
 table_column_wise for a CPU compute device. row_wise, table_row_wise and grid_shard also train
-on CPU with gloo (measured, DESIGN.md), so `RecEBCSharder` offers them there too.
+on CPU with gloo (measured, docs/architecture.md#sharding-on-cpu), so `RecEBCSharder` offers
+them there too.
 """
 
 from __future__ import annotations

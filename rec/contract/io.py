@@ -1,6 +1,6 @@
 """The served model's inputs and output, and the embedding dtypes a table may be stored in.
 
-The model's I/O (DESIGN.md's table; every format, both servers):
+The model's I/O (docs/architecture.md#model-io; every format, both servers):
 
     dense_features  FP32  [B, num_dense]   raw dense values (the model applies the transforms)
     sparse_lengths  INT32 [B, num_sparse]  ids per sample per sparse feature

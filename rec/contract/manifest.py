@@ -4,7 +4,7 @@ Export writes it (rec.export.pipeline); `rec serve`, rec's Triton model, the bat
 benchmarks and the tests read it here. rec-server reads the same fields in C++
 (cpp/src/model/model_spec.cpp) and words each refusal the same way, naming the field:
 `<file>: "serving.max_batch_size" must be an integer in [1, 2^30], got "lots"`. A shared test
-(tests/core/test_manifest.py) feeds both readers the same malformed files.
+(tests/serve_cpp/test_manifest_contract.py) feeds both readers the same malformed files.
 
 The fields a server needs (the rest, such as "source", "tables" and "verification", describe the
 export and are not checked here):

@@ -4,8 +4,8 @@ A partition hash of more than 128 fields (Redis's hash-max-listpack-entries) is 
 row a dict entry (24 bytes), the field and the value as SDS strings (3-byte header, the bytes, a
 NUL), each rounded up to jemalloc's size class, and 8 bytes of bucket array per row times the
 table's fill (a power of two at least the entries). Smaller partitions are one listpack: about
-the bytes plus 3 per field and per value. tests/store/test_store.py holds the estimate against
-a real cluster's used_memory.
+the bytes plus 3 per field and per value. tests/store/test_store_export.py holds the estimate
+against a real cluster's used_memory.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ EXPORT_TINY: dict[str, Any] = {
     "export": {"max_batch_size": 256},
 }
 
-# Every sharding type TorchRec offers on CPU, over two 2-rank runs (DESIGN.md).
+# Every sharding type TorchRec offers on CPU, over two 2-rank runs
+# (docs/architecture.md#sharding-on-cpu).
 SHARDINGS = {
     "tw_rw_cw_dp": ["table_wise", "row_wise", "column_wise", "data_parallel"],
     "gs_twrw_twcw_tw": ["grid_shard", "table_row_wise", "table_column_wise", "table_wise"],

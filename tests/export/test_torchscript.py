@@ -1,4 +1,5 @@
-"""The exported TorchScript model: read from disk, it implements DESIGN.md's I/O table."""
+"""The exported TorchScript model: read from disk, it implements the model's I/O
+(docs/architecture.md#model-io)."""
 
 from __future__ import annotations
 

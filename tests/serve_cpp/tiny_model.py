@@ -1,4 +1,5 @@
-"""A tiny model repository in the layout `rec export` writes (DESIGN.md, Contract 2).
+"""A tiny model repository in the layout `rec export` writes
+(docs/architecture.md#model-repository).
 
 The one place these tests get a model from, so they can switch to the real export: a scripted
 module with the served I/O whose embeddings are FBGEMM int8 TBE lookups (a server that forgot to

@@ -1,7 +1,7 @@
 """The model repository the serving tests serve: written by the real `rec export`.
 
-A tiny seeded (untrained) checkpoint is written the way the trainer writes one (DESIGN.md,
-Contract 1; committed by rec.run_dir.commit_checkpoint), then
+A tiny seeded (untrained) checkpoint is written the way the trainer writes one (Contract 1,
+docs/architecture.md#run-directory; committed by rec.run_dir.commit_checkpoint), then
 `rec.export.pipeline.export_run` turns it into Contract 2: an int8 FBGEMM TorchScript model.pt,
 config.pbtxt and rec.json. This is the one place serving tests get a repository from.
 """

@@ -1,6 +1,6 @@
 // The model repository's file names (Contract 2), as rec/contract/formats.py defines them for
 // every Python reader and writer. C++ cannot import that table, so this is its one C++ copy;
-// tests/core/test_manifest.py checks that the two agree.
+// tests/serve_cpp/test_manifest_contract.py checks that the two agree.
 #pragma once
 
 namespace rec {

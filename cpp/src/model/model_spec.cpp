@@ -101,8 +101,8 @@ Status CheckServable(const ModelSpec& spec) {
 }
 
 // Every refusal of a malformed rec.json field is worded as rec/contract/manifest.py words it:
-// `<source>: "<field>" must be <what>, got <value>` (tests/core/test_manifest.py feeds both the
-// same files).
+// `<source>: "<field>" must be <what>, got <value>` (tests/serve_cpp/test_manifest_contract.py
+// feeds both the same files).
 Status BadField(const ModelSpec& spec, const std::string& source, const std::string& field,
                 const std::string& want, const nlohmann::json* got) {
   return InvalidArgument("model '" + spec.name + "': " + source + ": \"" + field + "\" must be " +
@@ -120,7 +120,8 @@ bool IsStringList(const nlohmann::json& v) {
 // A config with max_batch_size 0 (export.triton_batching: none) says nothing about batching:
 // Triton cannot batch it. rec.json's "serving" (written by `rec export` whatever the form)
 // gives the limit and the batching window, and rec.json's presence vouches that the model's
-// I/O concatenates along dim 0 (DESIGN.md), so the server batches it like the ragged form.
+// I/O concatenates along dim 0 (docs/architecture.md#batching-by-concatenation), so the server
+// batches it like the ragged form.
 // Without "serving" (an older manifest) the model stays one request per forward.
 Status ApplyServing(const nlohmann::json& manifest, const std::string& source, ModelSpec* spec) {
   if (!manifest.contains("serving")) return Status::Ok();

@@ -1,7 +1,7 @@
 // InferRequest and the three pure steps around a forward pass: validate one request against the
 // model spec, concatenate validated requests into one batch, and slice the batch's output rows
 // back out. Batch-major jagged inputs make concatenation plain: dense and lengths along dim 0,
-// values end to end (DESIGN.md).
+// values end to end (docs/architecture.md#batching-by-concatenation).
 #pragma once
 
 #include <cstdint>
