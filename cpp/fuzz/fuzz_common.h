@@ -6,7 +6,7 @@
 #include <stdexcept>  // test_util.h throws std::runtime_error
 #include <vector>
 
-#include "common/request.h"
+#include "model/request.h"
 #include "test_util.h"
 
 namespace rec::fuzz {

@@ -1,4 +1,4 @@
-#include "common/request.h"
+#include "model/request.h"
 
 #include <gtest/gtest.h>
 

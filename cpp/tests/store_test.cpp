@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "contract/store_spec.h"
 #include "store/row_cache.h"
-#include "store/store_spec.h"
 
 namespace rec {
 namespace {

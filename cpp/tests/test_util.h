@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "common/request.h"
 #include "model/model_spec.h"
+#include "model/request.h"
 
 namespace rec::testing {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "contract/update_record.h"
 #include "updates/embedding_tables.h"
-#include "updates/update_record.h"
 
 namespace rec {
 namespace {

@@ -14,7 +14,7 @@ from tiny_model import tiny_manifest, write_model
 
 from rec.contract import FORMATS, MANIFEST_FILE, TRITON_CONFIG_FILE, ManifestError, parse_manifest
 
-LAYOUT_H = Path(__file__).resolve().parents[2] / "cpp" / "src" / "model" / "repository_layout.h"
+LAYOUT_H = Path(__file__).resolve().parents[2] / "cpp" / "src" / "contract" / "repository_layout.h"
 
 
 def _serving(m: dict, **kv) -> None:

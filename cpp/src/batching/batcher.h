@@ -31,9 +31,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/request.h"
 #include "common/status.h"
 #include "model/model_spec.h"
+#include "model/request.h"
 #include "model/runner.h"
 #include "observability/metrics.h"
 

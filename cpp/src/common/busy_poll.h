@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "observability/metrics.h"
+#include "common/clock.h"
 
 namespace rec {
 

@@ -1,4 +1,4 @@
-#include "store/store_spec.h"
+#include "contract/store_spec.h"
 
 #include <nlohmann/json.hpp>
 

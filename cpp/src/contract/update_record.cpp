@@ -1,4 +1,4 @@
-#include "updates/update_record.h"
+#include "contract/update_record.h"
 
 #include <algorithm>
 #include <cctype>

@@ -42,8 +42,8 @@ void FillTensorMetadata(const IoSpec& io, inference::ModelMetadataResponse::Tens
 
 }  // namespace
 
-GrpcApi::GrpcApi(ModelManager* models, bool enable_model_control)
-    : models_(models), enable_model_control_(enable_model_control) {}
+GrpcApi::GrpcApi(ModelManager* models, Admission* admission, bool enable_model_control)
+    : models_(models), admission_(admission), enable_model_control_(enable_model_control) {}
 
 Status GrpcApi::FindModel(const std::string& name, const std::string& version, ModelEntry** entry) {
   *entry = models_->Find(name);
@@ -63,7 +63,7 @@ grpc::Status GrpcApi::ServerLive(const inference::ServerLiveRequest&,
 
 grpc::Status GrpcApi::ServerReady(const inference::ServerReadyRequest&,
                                   inference::ServerReadyResponse* response) {
-  bool ready = !shutting_down_;
+  bool ready = !admission_->shutting_down();
   for (ModelEntry* e : models_->All()) ready = ready && e->Ready();
   response->set_ready(ready);
   return grpc::Status::OK;
@@ -73,7 +73,7 @@ grpc::Status GrpcApi::ModelReady(const inference::ModelReadyRequest& request,
                                  inference::ModelReadyResponse* response) {
   ModelEntry* e = nullptr;
   Status st = FindModel(request.name(), request.version(), &e);
-  response->set_ready(st.ok() && e->Ready() && !shutting_down_);
+  response->set_ready(st.ok() && e->Ready() && !admission_->shutting_down());
   return grpc::Status::OK;
 }
 
@@ -227,33 +227,22 @@ grpc::Status GrpcApi::RepositoryModelLoad(const inference::RepositoryModelLoadRe
 
 void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
                          inference::ModelInferResponse* response, InferDone done) {
-  // As over HTTP: nothing new after SIGTERM (gRPC's own Shutdown() then refuses new calls).
-  if (shutting_down_) return done(Unavailable("server is shutting down"), nullptr);
+  // gRPC's own Shutdown() refuses new calls too, but not those already read.
+  Status st = admission_->Open();
+  if (!st.ok()) return done(st, nullptr);
   const uint64_t request_start = NowNs();
   ModelEntry* e = nullptr;
-  Status st = FindModel(request->model_name(), request->model_version(), &e);
+  st = FindModel(request->model_name(), request->model_version(), &e);
   if (!st.ok()) return done(st, nullptr);
-  if (!e->Current()) return done(e->NotLoaded(), nullptr);
   // The tensors take the request's raw bytes instead of copying them (a B = 512 request is
   // hundreds of KB); the request is not read again.
   InferRequest r;
   st = DecodeGrpcRequest(*request, &r, request->mutable_raw_input_contents());
-  if (st.ok()) st = ValidateRequest(e->spec(), &r);
   if (!st.ok()) {
-    e->stats()->RecordFailure(0);
+    Admission::CountRefusal(e);
     return done(st, nullptr);
   }
-  if ((r.trace = Tracer::Get().Start(r.model_name))) {
-    r.trace->Stamp("GRPC_WAITREAD_END", request_start);
-    r.trace->Stamp("REQUEST_START", request_start);
-  }
-  InferRequest meta;
-  meta.model_name = r.model_name;
-  meta.id = r.id;
-  meta.outputs = r.outputs;
-  meta.trace = r.trace;
-  auto finish = [meta = std::move(meta), response, done](InferResult&& result) {
-    if (result.status.ok()) result.status = WriteSharedMemoryOutputs(meta, result.outputs);
+  auto reply = [response, done](const InferRequest& meta, InferResult&& result) {
     if (result.status.ok()) {
       EncodeGrpcResponse(meta, result.model_version, result.outputs, response);
       for (const auto& [k, v] : WatermarkParameters(result.watermark)) {
@@ -263,11 +252,9 @@ void GrpcApi::ModelInfer(inference::ModelInferRequest* request,
     if (meta.trace) meta.trace->Stamp("REQUEST_END");
     done(result.status, meta.trace);
   };
-  st = e->batcher().Enqueue(std::move(r), std::move(finish));
-  if (!st.ok()) {
-    e->stats()->RecordFailure(0);
-    done(st, nullptr);
-  }
+  st = admission_->Admit(e, std::move(r), request_start, {{"GRPC_WAITREAD_END", request_start}},
+                         std::move(reply));
+  if (!st.ok()) done(st, nullptr);
 }
 
 }  // namespace rec

@@ -10,10 +10,11 @@
 #include <memory>
 #include <string>
 
-#include "common/request.h"
 #include "grpc_service.grpc.pb.h"
-#include "model/model_manager.h"
+#include "model/request.h"
 #include "observability/trace.h"
+#include "serving/admission.h"
+#include "serving/model_manager.h"
 
 namespace rec {
 
@@ -28,8 +29,7 @@ grpc::Status ToGrpc(const Status& status);
 
 class GrpcApi {
  public:
-  GrpcApi(ModelManager* models, bool enable_model_control);
-  void SetShuttingDown() { shutting_down_ = true; }
+  GrpcApi(ModelManager* models, Admission* admission, bool enable_model_control);
 
   // Quick answers: run on the thread that read the call.
   grpc::Status ServerLive(const inference::ServerLiveRequest&,
@@ -78,8 +78,8 @@ class GrpcApi {
   Status FindModel(const std::string& name, const std::string& version, ModelEntry** entry);
 
   ModelManager* models_;
+  Admission* admission_;
   bool enable_model_control_;
-  std::atomic<bool> shutting_down_{false};
 };
 
 }  // namespace rec

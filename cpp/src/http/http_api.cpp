@@ -152,11 +152,11 @@ int HttpStatusOf(const Status& status) {
   return 500;
 }
 
-HttpApi::HttpApi(ModelManager* models, Metrics* metrics, ApiOptions options)
-    : models_(models), metrics_(metrics), options_(options) {}
+HttpApi::HttpApi(ModelManager* models, Admission* admission, Metrics* metrics, ApiOptions options)
+    : models_(models), admission_(admission), metrics_(metrics), options_(options) {}
 
 bool HttpApi::Ready() {
-  if (shutting_down_) return false;
+  if (admission_->shutting_down()) return false;
   for (ModelEntry* e : models_->All()) {
     if (!e->Ready()) return false;
   }
@@ -219,7 +219,7 @@ HttpResponse HttpApi::ModelRoute(ModelEntry* entry, const std::string& version,
   }
   if (method != "GET") return ErrorResponse(NotFound("unknown route for " + method));
   if (verb == "ready" && !runner) return ErrorResponse(entry->NotLoaded());  // with the reason
-  if (verb == "ready") return Empty(entry->Ready() && !shutting_down_ ? 200 : 503);
+  if (verb == "ready") return Empty(entry->Ready() && !admission_->shutting_down() ? 200 : 503);
   if (verb == "stats") return Statistics({entry});
   if (verb == "config") {
     std::string out;
@@ -358,22 +358,47 @@ void HttpApi::HandleMetrics(HttpRequest&& request, HttpResponder respond) {
 }  // namespace rec
 
 namespace rec {
+namespace {
+
+// The response to an admitted request; a traced one is stamped REQUEST_END here, and its send
+// once the bytes are out.
+HttpResponse EncodeResult(const InferRequest& meta, InferResult&& result) {
+  HttpResponse r;
+  if (!result.status.ok()) {
+    r = ErrorResponse(result.status);
+  } else {
+    long long json_size = -1;
+    auto params = WatermarkParameters(result.watermark);
+    EncodeInferResponse(meta, result.model_version, result.outputs, &r.body, &json_size, &params);
+    if (json_size >= 0) {
+      r.content_type = "application/octet-stream";
+      r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(json_size));
+    }
+  }
+  if (meta.trace) {
+    meta.trace->Stamp("REQUEST_END");
+    r.on_sent = [trace = meta.trace](uint64_t start, uint64_t end) {
+      trace->Stamp("HTTP_SEND_START", start);
+      trace->Stamp("HTTP_SEND_END", end);
+      Tracer::Get().Finish(trace);
+    };
+  }
+  return r;
+}
+
+}  // namespace
 
 void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&& http,
                     HttpResponder respond) {
-  // After SIGTERM no new inference is accepted, also on a connection that was open before: the
-  // drain waits only for requests the loops already hold, so one read after its last look would
-  // be computed and never answered. Refused before it reaches the model, it is not counted in the
-  // model's statistics (as a request for a model that is not there is not).
-  if (shutting_down_) return respond(ErrorResponse(Unavailable("server is shutting down")));
+  Status st = admission_->Open();
+  if (!st.ok()) return respond(ErrorResponse(st));
   const uint64_t request_start = NowNs();
-  ModelStats* stats = entry->stats();
   auto fail = [&](const Status& st) {
-    stats->RecordFailure(0);
+    Admission::CountRefusal(entry);
     respond(ErrorResponse(st));
   };
   const std::string* encoding = http.Header("content-encoding");
-  Status st = DecodeContentEncoding(encoding ? *encoding : "", options_.max_body_bytes, &http.body);
+  st = DecodeContentEncoding(encoding ? *encoding : "", options_.max_body_bytes, &http.body);
   if (!st.ok()) return fail(st);
   long long header_length = -1;
   if (const std::string* h = http.Header("inference-header-content-length")) {
@@ -383,57 +408,19 @@ void HttpApi::Infer(ModelEntry* entry, const std::string& version, HttpRequest&&
       return fail(InvalidArgument("bad Inference-Header-Content-Length '" + *h + "'"));
     }
   }
-  auto request = std::make_shared<InferRequest>();
-  st = DecodeInferRequest(http.body, header_length, request.get());
+  InferRequest request;
+  st = DecodeInferRequest(http.body, header_length, &request);
   http.body.clear();
   if (!st.ok()) return fail(st);
-  request->model_name = entry->spec().name;
-  auto runner = entry->Current();
-  if (!version.empty() && !(runner && runner->version() == version)) {
-    return fail(
-        NotFound("model '" + entry->spec().name + "' version " + version + " is not served"));
-  }
-  if (!runner) return fail(entry->NotLoaded());
-  st = ValidateRequest(entry->spec(), request.get());
-  if (!st.ok()) return fail(st);
-  if ((request->trace = Tracer::Get().Start(request->model_name))) {
-    request->trace->Stamp("HTTP_RECV_START", http.recv_start_ns);
-    request->trace->Stamp("HTTP_RECV_END", http.recv_end_ns);
-    request->trace->Stamp("REQUEST_START", request_start);
-  }
-  // What the response needs once the request itself has moved into the batcher.
-  InferRequest meta;
-  meta.model_name = request->model_name;
-  meta.id = request->id;
-  meta.outputs = request->outputs;
-  meta.binary_output_default = request->binary_output_default;
-  meta.trace = request->trace;
-  st = entry->batcher().Enqueue(std::move(*request), [meta = std::move(meta),
-                                                      respond](InferResult&& result) {
-    HttpResponse r;
-    if (result.status.ok()) result.status = WriteSharedMemoryOutputs(meta, result.outputs);
-    if (!result.status.ok()) {
-      r = ErrorResponse(result.status);
-    } else {
-      long long json_size = -1;
-      auto params = WatermarkParameters(result.watermark);
-      EncodeInferResponse(meta, result.model_version, result.outputs, &r.body, &json_size, &params);
-      if (json_size >= 0) {
-        r.content_type = "application/octet-stream";
-        r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(json_size));
-      }
-    }
-    if (meta.trace) {
-      meta.trace->Stamp("REQUEST_END");
-      r.on_sent = [trace = meta.trace](uint64_t start, uint64_t end) {
-        trace->Stamp("HTTP_SEND_START", start);
-        trace->Stamp("HTTP_SEND_END", end);
-        Tracer::Get().Finish(trace);
-      };
-    }
-    respond(std::move(r));
-  });
-  if (!st.ok()) fail(st);
+  request.model_name = entry->spec().name;
+  request.model_version = version;
+  const Admission::Stamps stamps = {{"HTTP_RECV_START", http.recv_start_ns},
+                                    {"HTTP_RECV_END", http.recv_end_ns}};
+  st = admission_->Admit(entry, std::move(request), request_start, stamps,
+                         [respond](const InferRequest& meta, InferResult&& result) {
+                           respond(EncodeResult(meta, std::move(result)));
+                         });
+  if (!st.ok()) respond(ErrorResponse(st));
 }
 
 }  // namespace rec

@@ -7,8 +7,9 @@
 #include <string>
 
 #include "http/http_server.h"
-#include "model/model_manager.h"
 #include "observability/metrics.h"
+#include "serving/admission.h"
+#include "serving/model_manager.h"
 
 namespace rec {
 
@@ -22,12 +23,10 @@ int HttpStatusOf(const Status& status);
 
 class HttpApi {
  public:
-  HttpApi(ModelManager* models, Metrics* metrics, ApiOptions options);
+  HttpApi(ModelManager* models, Admission* admission, Metrics* metrics, ApiOptions options);
 
   void Handle(HttpRequest&& request, HttpResponder respond);
   void HandleMetrics(HttpRequest&& request, HttpResponder respond);
-  // After this, readiness reports 503 (a load balancer stops sending).
-  void SetShuttingDown() { shutting_down_ = true; }
 
  private:
   void Infer(ModelEntry* entry, const std::string& version, HttpRequest&& request,
@@ -47,9 +46,9 @@ class HttpApi {
   bool Ready();
 
   ModelManager* models_;
+  Admission* admission_;  // after its SetShuttingDown, readiness reports 503
   Metrics* metrics_;
   ApiOptions options_;
-  std::atomic<bool> shutting_down_{false};
 };
 
 }  // namespace rec

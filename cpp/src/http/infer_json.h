@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/request.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "model/request.h"
 
 namespace rec {
 

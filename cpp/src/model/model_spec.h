@@ -10,7 +10,7 @@
 #include "common/feature_encoding.h"
 #include "common/status.h"
 #include "common/tensor.h"
-#include "updates/embedding_tables.h"
+#include "contract/updates_spec.h"
 
 namespace inference {
 class ModelConfig;

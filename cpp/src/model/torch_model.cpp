@@ -9,7 +9,7 @@
 #include <map>
 #include <vector>
 
-#include "common/request.h"
+#include "model/request.h"
 #include "model/torch_io.h"
 
 namespace rec {

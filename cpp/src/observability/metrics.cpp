@@ -280,16 +280,27 @@ void Metrics::AppendStore(const std::function<std::string(const std::string&)>& 
   }
 }
 
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-uint64_t WallMs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
+const char* OutcomeName(UpdateOutcome outcome) {
+  switch (outcome) {
+    case UpdateOutcome::kApplied:
+      return "applied";
+    case UpdateOutcome::kSkipped:
+      return "skipped";
+    case UpdateOutcome::kOtherRun:
+      return "other_run";
+    case UpdateOutcome::kUnknownTable:
+      return "unknown_table";
+    case UpdateOutcome::kRowFormat:
+      return "row_format";
+    case UpdateOutcome::kIdRange:
+      return "id_range";
+    case UpdateOutcome::kBackwards:
+      return "backwards";
+    case UpdateOutcome::kMalformed:
+      return "malformed";
+    default:
+      return "?";
+  }
 }
 
 }  // namespace rec

@@ -11,8 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "store/store_stats.h"
-#include "updates/update_stats.h"
+#include "common/clock.h"
+#include "observability/store_stats.h"
+#include "observability/update_stats.h"
 
 namespace rec {
 
@@ -87,8 +88,5 @@ class Metrics {
   std::map<std::string, std::unique_ptr<ModelStats>> models_;
   std::map<std::string, std::string> versions_;
 };
-
-uint64_t NowNs();   // steady clock
-uint64_t WallMs();  // system clock, for last_inference
 
 }  // namespace rec

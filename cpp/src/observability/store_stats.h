@@ -1,5 +1,5 @@
-// What the embedding store did for one model (rec-server's /metrics). No other dependency, so
-// the metrics unit can hold it.
+// What the embedding store did for one model (rec-server's /metrics). Plain counters that the
+// store unit updates and the metrics unit prints, so it lives here, below both.
 #pragma once
 
 #include <atomic>

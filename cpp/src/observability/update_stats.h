@@ -1,5 +1,5 @@
-// What the update log did to one model's tables, counted (rec-server's /metrics). No other
-// dependency, so the metrics unit can hold it.
+// What the update log did to one model's tables, counted (rec-server's /metrics). Plain counters
+// that the updates unit updates and the metrics unit prints, so it lives here, below both.
 #pragma once
 
 #include <array>

@@ -11,11 +11,11 @@
 #include "grpc/grpc_server.h"
 #include "http/http_api.h"
 #include "http/http_server.h"
-#include "model/model_manager.h"
 #include "model/torch_model.h"
 #include "observability/metrics.h"
 #include "observability/trace.h"
 #include "server/options.h"
+#include "serving/model_manager.h"
 
 namespace {
 
@@ -94,7 +94,8 @@ int Serve(const rec::ServerOptions& o) {
   if (!st.ok()) return Fail(st);
 
   rec::ApiOptions ao{o.enable_model_control, static_cast<size_t>(o.max_body_bytes)};
-  rec::HttpApi api(&models, &metrics, ao);
+  rec::Admission admission;
+  rec::HttpApi api(&models, &admission, &metrics, ao);
   rec::HttpServerOptions ho;
   ho.host = o.host;
   ho.port = o.http_port;
@@ -119,7 +120,7 @@ int Serve(const rec::ServerOptions& o) {
     api.HandleMetrics(std::move(r), std::move(d));
   });
   if (!(st = http.Start()).ok() || !(st = metrics_http.Start()).ok()) return Fail(st);
-  rec::GrpcApi grpc_api(&models, o.enable_model_control);
+  rec::GrpcApi grpc_api(&models, &admission, o.enable_model_control);
   rec::GrpcServerOptions go;
   go.address = o.host + ":" + std::to_string(o.grpc_port);
   go.threads = o.grpc_threads;
@@ -141,8 +142,7 @@ int Serve(const rec::ServerOptions& o) {
   sigwait(&signals, &sig);
   rec::LogInfo(std::string("shutting down on ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
                ": finishing in-flight requests");
-  api.SetShuttingDown();
-  grpc_api.SetShuttingDown();
+  admission.SetShuttingDown();  // readiness turns 503 / false, inference UNAVAILABLE
   Drain(&http, &grpc_server, &models);
   rec::Tracer::Get().Flush();  // every traced request has been answered
   metrics_http.Stop(0);

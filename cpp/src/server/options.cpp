@@ -4,7 +4,7 @@
 #include <functional>
 #include <map>
 
-#include "updates/update_record.h"
+#include "contract/update_record.h"
 
 namespace rec {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/model_manager.h"
+#include "serving/model_manager.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "contract/repository_layout.h"
 #include "model/aoti_model.h"
 #include "model/batch_probe.h"
-#include "model/repository_layout.h"
 #include "model/torch_model.h"
 
 namespace fs = std::filesystem;

@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "store/store_spec.h"
+#include "contract/store_spec.h"
 
 namespace rec {
 namespace {

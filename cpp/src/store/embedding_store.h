@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "contract/store_spec.h"
+#include "observability/store_stats.h"
 #include "store/cluster_client.h"
 #include "store/row_cache.h"
-#include "store/store_spec.h"
-#include "store/store_stats.h"
 
 namespace rec {
 

@@ -6,29 +6,6 @@
 
 namespace rec {
 
-const char* OutcomeName(UpdateOutcome outcome) {
-  switch (outcome) {
-    case UpdateOutcome::kApplied:
-      return "applied";
-    case UpdateOutcome::kSkipped:
-      return "skipped";
-    case UpdateOutcome::kOtherRun:
-      return "other_run";
-    case UpdateOutcome::kUnknownTable:
-      return "unknown_table";
-    case UpdateOutcome::kRowFormat:
-      return "row_format";
-    case UpdateOutcome::kIdRange:
-      return "id_range";
-    case UpdateOutcome::kBackwards:
-      return "backwards";
-    case UpdateOutcome::kMalformed:
-      return "malformed";
-    default:
-      return "?";
-  }
-}
-
 std::vector<std::pair<std::string, int64_t>> WatermarkParameters(const Watermark& w) {
   if (!w.valid) return {};
   return {{"embedding_watermark_gen", w.gen},

@@ -21,44 +21,15 @@
 #include <vector>
 
 #include "common/status.h"
-#include "updates/update_record.h"
-#include "updates/update_stats.h"
+#include "contract/update_record.h"
+#include "contract/updates_spec.h"
+#include "observability/update_stats.h"
 
 namespace rec {
-
-struct TablePlace {
-  std::string buffer;  // the storage buffer's name in the model ("lookup.weights_host")
-  int64_t offset = 0;  // bytes from the buffer's start to row 0
-  int64_t row_stride = 0;
-  int64_t rows = 0;
-  int64_t dim = 0;
-  std::string dtype;
-  bool scale_bias_first = false;  // FBGEMM's int-N-bit rows: fp16 scale and bias, then codes
-};
-
-// A table in the embedding store (rec.json "store"): its records are checked and advance the
-// watermark like the others, and their rows go to the StoredRowsSink instead of a buffer.
-struct StoredPlace {
-  int64_t index = 0;  // its index in the store's table order (a store key's table)
-  int64_t rows = 0;
-  int64_t dim = 0;
-  std::string dtype;
-};
 
 // Where a stored table's fresh rows go (the row cache): table index, ids, rows in log layout.
 using StoredRowsSink =
     std::function<void(int64_t, const std::vector<int64_t>&, const std::string&)>;
-
-// rec.json's "updates" section.
-struct UpdatesSpec {
-  bool present = false;
-  std::string url;   // the run's publish.url at export, or empty
-  std::string run;   // the publisher's run id, or empty (a run that never published)
-  int64_t step = 0;  // the checkpoint step the export holds
-  int64_t gen = 0;   // the publisher's generation that trained up to it (0: none)
-  std::map<std::string, TablePlace> tables;
-  std::map<std::string, StoredPlace> stored;  // from rec.json "store", not "updates"
-};
 
 // The embedding watermark: every row trained up to (gen, step) is in the tables. A version
 // starts at its export's (gen, step), with no wall time.

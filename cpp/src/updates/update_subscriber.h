@@ -12,8 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "contract/update_record.h"
 #include "updates/embedding_tables.h"
-#include "updates/update_record.h"
 
 namespace rec {
 

@@ -1,0 +1,313 @@
+#include "contract/manifest.h"
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "contract/update_record.h"
+
+namespace rec {
+namespace {
+
+using nlohmann::json;
+
+// Where a refusal comes from: "model '<model>': <source>".
+struct Where {
+  const std::string& model;
+  const std::string& source;
+
+  Status Fail(const std::string& what) const {
+    return InvalidArgument("model '" + model + "': " + source + what);
+  }
+  // `<source>: "<field>" must be <what>, got <value>`
+  // (tests/serve_cpp/test_manifest_contract.py feeds the Python reader the same files).
+  Status BadField(const std::string& field, const std::string& want, const json* got) const {
+    return Fail(": \"" + field + "\" must be " + want + ", got " +
+                (got ? got->dump() : std::string("none")));
+  }
+};
+
+bool IsStringList(const json& v) {
+  if (!v.is_array()) return false;
+  for (const auto& x : v) {
+    if (!x.is_string()) return false;
+  }
+  return true;
+}
+
+bool SmallInteger(const json& v) {
+  return v.is_number_integer() && v.get<int64_t>() <= (int64_t{1} << 30);
+}
+
+// "serving": checked whatever the form (rec/contract/manifest.py does too); model_spec.cpp
+// applies it to a config with max_batch_size 0 only.
+Status ParseServing(const json& manifest, const Where& where, ServingSection* out) {
+  if (!manifest.contains("serving")) return Status::Ok();
+  const json& serving = manifest["serving"];
+  if (!serving.is_object())
+    return where.Fail(": \"serving\" must be an object, got " + serving.dump());
+  auto bad = [&](const std::string& key, const std::string& want) {
+    return where.BadField("serving." + key, want, serving.contains(key) ? &serving[key] : nullptr);
+  };
+  const auto max_batch = serving.find("max_batch_size");
+  if (max_batch == serving.end() || !SmallInteger(*max_batch) || max_batch->get<int64_t>() < 1) {
+    return bad("max_batch_size", "an integer in [1, 2^30]");
+  }
+  out->max_batch_size = max_batch->get<int64_t>();
+  const auto delay = serving.find("max_queue_delay_us");
+  if (delay != serving.end()) {
+    if (!SmallInteger(*delay) || delay->get<int64_t>() < 0) {
+      return bad("max_queue_delay_us", "an integer in [0, 2^30]");
+    }
+    out->max_queue_delay_us = delay->get<int64_t>();
+  }
+  const auto sizes = serving.find("preferred_batch_sizes");
+  if (sizes != serving.end()) {
+    const std::string want =
+        "a list of integers in [1, max_batch_size=" + std::to_string(out->max_batch_size) + "]";
+    if (!sizes->is_array()) return bad("preferred_batch_sizes", want);
+    for (const auto& size : *sizes) {
+      if (!SmallInteger(size) || size.get<int64_t>() < 1 ||
+          size.get<int64_t>() > out->max_batch_size) {
+        return bad("preferred_batch_sizes", want);
+      }
+      out->preferred_batch_sizes.push_back(size.get<int64_t>());
+    }
+  }
+  out->present = true;
+  return Status::Ok();
+}
+
+// One table of "updates.tables": where its rows lie in the model's storage.
+Status ParseTablePlace(const json& t, const std::string& field, const Where& where, TablePlace* p) {
+  auto num = [&](const char* key, int64_t* dst) -> Status {
+    auto f = t.is_object() ? t.find(key) : t.end();
+    if (!t.is_object() || f == t.end() || !f->is_number_integer() || f->get<int64_t>() < 0) {
+      return where.BadField(field + "." + key, "an integer >= 0",
+                            t.is_object() && f != t.end() ? &*f : nullptr);
+    }
+    *dst = f->get<int64_t>();
+    return Status::Ok();
+  };
+  REC_RETURN_IF_ERROR(num("offset", &p->offset));
+  REC_RETURN_IF_ERROR(num("row_stride", &p->row_stride));
+  REC_RETURN_IF_ERROR(num("rows", &p->rows));
+  REC_RETURN_IF_ERROR(num("dim", &p->dim));
+  auto str = [&](const char* key, std::string* dst) -> Status {
+    auto f = t.find(key);
+    if (f == t.end() || !f->is_string()) {
+      return where.BadField(field + "." + key, "a string", f == t.end() ? nullptr : &*f);
+    }
+    *dst = f->get<std::string>();
+    return Status::Ok();
+  };
+  REC_RETURN_IF_ERROR(str("buffer", &p->buffer));
+  REC_RETURN_IF_ERROR(str("dtype", &p->dtype));
+  std::string sb;
+  REC_RETURN_IF_ERROR(str("scale_bias", &sb));
+  if (UpdateRowBytes(p->dim, p->dtype) < 0) {
+    return where.BadField(field + ".dtype", "one of int8, int4, fp16, fp32", &t["dtype"]);
+  }
+  if (sb != "first" && sb != "none") {
+    return where.BadField(field + ".scale_bias", "\"first\" or \"none\"", &t["scale_bias"]);
+  }
+  p->scale_bias_first = sb == "first";
+  if (p->scale_bias_first != (p->dtype == "int8" || p->dtype == "int4")) {
+    return where.BadField(field + ".scale_bias",
+                          "\"first\" for int8/int4 rows and \"none\" otherwise", &t["scale_bias"]);
+  }
+  return Status::Ok();
+}
+
+// "updates": the export's place in the update log, and where each table's rows lie.
+Status ParseUpdates(const json& manifest, const Where& where, UpdatesSpec* out) {
+  auto it = manifest.find("updates");
+  if (it == manifest.end() || it->is_null()) return Status::Ok();
+  const json& u = *it;
+  if (!u.is_object()) return where.BadField("updates", "an object or null", &u);
+  UpdatesSpec spec;
+  spec.present = true;
+  for (auto [key, dst] : {std::pair{"url", &spec.url}, std::pair{"run", &spec.run}}) {
+    auto f = u.find(key);
+    if (f == u.end() || f->is_null()) continue;
+    if (!f->is_string()) {
+      return where.BadField(std::string("updates.") + key, "a string or null", &*f);
+    }
+    *dst = f->get<std::string>();
+  }
+  auto step = u.find("step");
+  if (step == u.end() || !step->is_number_integer() || step->get<int64_t>() < 0) {
+    return where.BadField("updates.step", "an integer >= 0", step == u.end() ? nullptr : &*step);
+  }
+  spec.step = step->get<int64_t>();
+  auto gen = u.find("gen");  // absent in an export of before generations: 0
+  if (gen != u.end() && (!gen->is_number_integer() || gen->get<int64_t>() < 0)) {
+    return where.BadField("updates.gen", "an integer >= 0", &*gen);
+  }
+  spec.gen = gen == u.end() ? 0 : gen->get<int64_t>();
+  auto tables = u.find("tables");
+  if (tables == u.end() || !tables->is_object()) {
+    return where.BadField("updates.tables", "an object", tables == u.end() ? nullptr : &*tables);
+  }
+  for (auto item = tables->begin(); item != tables->end(); ++item) {
+    TablePlace p;
+    REC_RETURN_IF_ERROR(ParseTablePlace(item.value(), "updates.tables." + item.key(), where, &p));
+    spec.tables[item.key()] = p;
+  }
+  *out = std::move(spec);
+  return Status::Ok();
+}
+
+// "features" (dense and sparse names) and "num_tasks": optional for a foreign model.
+Status ParseNames(const json& manifest, const Where& where, Manifest* out) {
+  if (manifest.contains("features")) {
+    const json& f = manifest["features"];
+    for (const char* key : {"dense", "sparse"}) {
+      const json* names = f.is_object() && f.contains(key) ? &f[key] : nullptr;
+      if (!names || !IsStringList(*names)) {
+        return where.BadField(std::string("features.") + key, "a list of strings", names);
+      }
+      auto& dst = std::string(key) == "dense" ? out->dense_features : out->sparse_features;
+      dst = names->get<std::vector<std::string>>();
+    }
+    out->has_features = true;
+  }
+  if (manifest.contains("num_tasks")) {
+    const json& n = manifest["num_tasks"];
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > (int64_t{1} << 30)) {
+      return where.BadField("num_tasks", "an integer in [1, 2^30]", &n);
+    }
+    out->num_tasks = n.get<int64_t>();
+  }
+  return Status::Ok();
+}
+
+// "inputs": each input's role; dense, lengths and values each at most once.
+Status ParseRoles(const json& manifest, const Where& where, std::vector<InputRole>* out) {
+  if (!manifest.contains("inputs")) return Status::Ok();
+  const json& inputs = manifest["inputs"];
+  if (!inputs.is_array()) {
+    return where.BadField("inputs", "a list of {name, role} objects", &inputs);
+  }
+  bool seen_dense = false, seen_lengths = false, seen_values = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const json& entry = inputs[i];
+    const std::string at = "inputs[" + std::to_string(i) + "]";
+    const json* name = entry.is_object() && entry.contains("name") ? &entry["name"] : nullptr;
+    if (!name || !name->is_string()) return where.BadField(at + ".name", "a string", name);
+    InputRole r{name->get<std::string>(), ""};
+    if (entry.contains("role")) {
+      const json& role = entry["role"];
+      const std::string want = "one of dense, lengths, values, each once";
+      if (!role.is_string()) return where.BadField(at + ".role", want, &role);
+      r.role = role.get<std::string>();
+      bool* seen = r.role == "dense"     ? &seen_dense
+                   : r.role == "lengths" ? &seen_lengths
+                   : r.role == "values"  ? &seen_values
+                                         : nullptr;
+      if (!seen || *seen) return where.BadField(at + ".role", want, &role);
+      *seen = true;
+    }
+    out->push_back(std::move(r));
+  }
+  if (seen_lengths != seen_values) {
+    return where.BadField("inputs", "roles with both lengths and values", &inputs);
+  }
+  return Status::Ok();
+}
+
+// feature_spec.hash must be the hash this server implements: ids computed with another would
+// differ from training's without any error, so such a model does not load.
+Status CheckHash(const json& hash, const std::function<Status(std::string)>& bad) {
+  auto field = [&](const char* key) {
+    return hash.is_object() && hash.contains(key) ? hash[key] : json();
+  };
+  const std::string implemented = std::string("rec-server implements hash version ") +
+                                  std::to_string(kHashVersion) + " (" + kHashAlgorithm + ", " +
+                                  std::to_string(kHashDigestBytes) + "-byte digest)";
+  if (field("version") != kHashVersion) {
+    return bad(".hash.version is " + field("version").dump() + ", not implemented: " + implemented);
+  }
+  if (field("algorithm") != kHashAlgorithm || field("digest_bytes") != kHashDigestBytes) {
+    return bad(".hash is " + hash.dump() + ", not implemented: " + implemented);
+  }
+  // Optional in the manifest, but if given they must describe the same digest reading.
+  if ((hash.contains("byte_order") && hash["byte_order"] != "little") ||
+      (hash.contains("signed") && hash["signed"] != true)) {
+    return bad(".hash is " + hash.dump() + ", not implemented: " + implemented +
+               ", read as a little-endian signed int64");
+  }
+  return Status::Ok();
+}
+
+// "feature_spec" (rec/features.py): the server needs only each sparse feature's encoding, in
+// sparse_lengths' column order, and the hash. Dense transforms are inside the model.
+Status ParseFeatureSpec(const json& manifest, const Where& where,
+                        const std::vector<std::string>& sparse_names, FeatureSpecSection* out) {
+  auto it = manifest.find("feature_spec");
+  if (it == manifest.end() || it->is_null()) return Status::Ok();
+  auto bad = [&](const std::string& problem) { return where.Fail(": feature_spec" + problem); };
+  const json& fs = *it;
+  if (!fs.is_object()) return where.BadField("feature_spec", "an object or null", &fs);
+  REC_RETURN_IF_ERROR(CheckHash(fs.contains("hash") ? fs["hash"] : json(), bad));
+  if (!fs.contains("sparse") || !fs["sparse"].is_array()) return bad(".sparse must be a list");
+  const json& sparse = fs["sparse"];
+  for (size_t i = 0; i < sparse.size(); ++i) {
+    const json& f = sparse[i];
+    const std::string at = ".sparse[" + std::to_string(i) + "]";
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() ||
+        !f.contains("encoding") || !f["encoding"].is_string()) {
+      return bad(at + " needs a string \"name\" and \"encoding\", got " + f.dump());
+    }
+    SparseEncoding e;
+    e.feature = f["name"].get<std::string>();
+    Status st = ParseEncoding(f["encoding"].get<std::string>(), &e.encoding);
+    if (!st.ok()) return bad(at + " (feature '" + e.feature + "'): " + st.message());
+    if (i < sparse_names.size() && sparse_names[i] != e.feature) {
+      return bad(at + " is feature '" + e.feature + "' but features.sparse[" + std::to_string(i) +
+                 "] is '" + sparse_names[i] + "'");
+    }
+    out->sparse.push_back(std::move(e));
+  }
+  out->present = true;
+  return Status::Ok();
+}
+
+// The text as a JSON object, and `parse` run on it with nlohmann's exceptions turned into a
+// refusal naming the file.
+Status WithObject(const std::string& text, const Where& where,
+                  const std::function<Status(const json&)>& parse) {
+  json manifest = json::parse(text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object()) {
+    return InvalidArgument("model '" + where.model + "': " + where.source +
+                           " is not a JSON object");
+  }
+  try {
+    return parse(manifest);
+  } catch (const json::exception& e) {
+    return where.Fail(std::string(": ") + e.what());
+  }
+}
+
+}  // namespace
+
+Status ParseManifest(const std::string& text, const std::string& model, const std::string& source,
+                     Manifest* out) {
+  const Where where{model, source};
+  return WithObject(text, where, [&](const json& manifest) -> Status {
+    REC_RETURN_IF_ERROR(ParseServing(manifest, where, &out->serving));
+    REC_RETURN_IF_ERROR(ParseUpdates(manifest, where, &out->updates));
+    REC_RETURN_IF_ERROR(ParseNames(manifest, where, out));
+    REC_RETURN_IF_ERROR(ParseRoles(manifest, where, &out->inputs));
+    return ParseFeatureSpec(manifest, where, out->sparse_features, &out->feature_spec);
+  });
+}
+
+Status ParseUpdatesSection(const std::string& text, const std::string& model,
+                           const std::string& source, UpdatesSpec* out) {
+  const Where where{model, source};
+  return WithObject(text, where,
+                    [&](const json& manifest) { return ParseUpdates(manifest, where, out); });
+}
+
+}  // namespace rec

@@ -1,0 +1,59 @@
+// rec.json as rec-server reads it (Python's reader and writer: rec/contract/manifest.py): each
+// section the server uses, typed, and checked here as the Python reader checks it. A refusal of
+// a malformed field is worded as the Python reader words it: `model '<m>': <source>: "<field>"
+// must be <what>, got <value>`. What a section means for the config's inputs and outputs
+// (roles, feature counts) is checked where the two meet, in model/model_spec.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/feature_encoding.h"
+#include "common/status.h"
+#include "contract/updates_spec.h"
+
+namespace rec {
+
+// "serving": the batching of a model whose config has max_batch_size 0 (export.triton_batching:
+// none), which Triton cannot batch.
+struct ServingSection {
+  bool present = false;
+  int64_t max_batch_size = 0;
+  int64_t max_queue_delay_us = 0;
+  std::vector<int64_t> preferred_batch_sizes;
+};
+
+// One entry of "inputs": an input's name and its role (dense, lengths, values; empty: none given).
+struct InputRole {
+  std::string name;
+  std::string role;
+};
+
+// "feature_spec": each sparse feature's encoding, in sparse_lengths' column order. The hash it
+// names is the one this server implements (another would give other ids without an error).
+struct FeatureSpecSection {
+  bool present = false;
+  std::vector<SparseEncoding> sparse;
+};
+
+struct Manifest {
+  ServingSection serving;
+  UpdatesSpec updates;  // "updates" (its `stored` tables come from "store": contract/store_spec.h)
+  bool has_features = false;  // "features": the dense and sparse feature names
+  std::vector<std::string> dense_features;
+  std::vector<std::string> sparse_features;
+  int64_t num_tasks = -1;         // -1: not given
+  std::vector<InputRole> inputs;  // empty: not given
+  FeatureSpecSection feature_spec;
+};
+
+// Parses rec.json's text (read from `source`, named in errors, of model `model`).
+Status ParseManifest(const std::string& text, const std::string& model, const std::string& source,
+                     Manifest* out);
+
+// Only the "updates" section of a rec.json's text (a version's own, read when it loads).
+Status ParseUpdatesSection(const std::string& text, const std::string& model,
+                           const std::string& source, UpdatesSpec* out);
+
+}  // namespace rec
