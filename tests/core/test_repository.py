@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from rec.contract import FORMATS, ManifestError, ModelDir, io_manifest, parse_manifest, versions
+from rec.contract import (
+    FORMATS,
+    MANIFEST_FILE,
+    ManifestError,
+    ModelDir,
+    io_manifest,
+    parse_manifest,
+    versions,
+)
 from rec.contract.sections import (
     AotiSection,
     BatchProbe,
@@ -17,6 +25,7 @@ from rec.contract.sections import (
 from rec.contract.store import StoreError, row_bytes
 from rec.contract.updates import FORMAT as UPDATES_FORMAT
 
+SOURCE = f"x/{MANIFEST_FILE}"  # where the refused rec.json was read, as errors name it
 DENSE = {"dtype": "int8", "batch_invariant": True, "layers": {"int8": 3, "fp32": 1},
          "verified_on": {"model": "a test CPU", "rec_linear_isa": "avx2"}}  # fmt: skip
 PROBE = {"dense_features": [[0.5, 1.0]], "sparse_lengths": [[1]], "sparse_values": [7]}
@@ -92,10 +101,10 @@ BAD = [  # (section, its value, the field named, what it must be and what it was
 @pytest.mark.parametrize("section, value, field, message", BAD)
 def test_a_bad_section_is_refused_naming_its_field(tmp_path, section, value, field, message):
     data = {**full_manifest(), section: value}
-    m = parse_manifest(data, "x/rec.json")  # the fields a server needs are fine: read lazily
+    m = parse_manifest(data, SOURCE)  # the fields a server needs are fine: read lazily
     with pytest.raises(ManifestError) as e:
         getattr(m, section)
-    assert str(e.value) == f'x/rec.json: "{field}" must be {message}'
+    assert str(e.value) == f'{SOURCE}: "{field}" must be {message}'
     assert e.value.field == field
     model = ModelDir.of(tmp_path, "rec")
     model.version(1).mkdir(parents=True)
@@ -106,11 +115,11 @@ def test_a_bad_section_is_refused_naming_its_field(tmp_path, section, value, fie
 
 def test_a_bad_store_section_is_refused_by_the_store_contract():
     bad = {**STORE, "tables": {"t1": {**STORE["tables"]["t1"], "partitions": 0}}}
-    m = parse_manifest({**full_manifest(), "store": bad}, "x/rec.json")
-    with pytest.raises(StoreError, match=r"x/rec.json: store.tables.t1.partitions must be"):
+    m = parse_manifest({**full_manifest(), "store": bad}, SOURCE)
+    with pytest.raises(StoreError, match=rf"{SOURCE}: store.tables.t1.partitions must be"):
         m.store  # noqa: B018
     with pytest.raises(StoreError, match="store must be an object"):
-        StoreSection.from_dict([], "x/rec.json")
+        StoreSection.from_dict([], SOURCE)
 
 
 def test_sections_build_from_fields_as_export_writes_them():

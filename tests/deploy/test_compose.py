@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rec.contract.repository import ModelDir
 from rec.serve.cpp import start_cpp
 from rec.serve.process import pick_ports
 from tests.helpers import TINY
@@ -142,8 +143,8 @@ def test_volumes_hold_the_run_and_the_repository(stack):
                   "ls", "/runs/main/checkpoints")  # fmt: skip
     assert "LATEST" in runs.split() and "step_40" in runs.split()
     repo = stack.copy_repository("served")
-    assert (repo / "rec" / "1" / "model.pt").is_file()
-    manifest = json.loads((repo / "rec" / "rec.json").read_text())
+    assert ModelDir.of(repo, "rec").model_file(1).is_file()
+    manifest = json.loads(ModelDir.of(repo, "rec").manifest.read_text())
     assert manifest["source"]["checkpoint"] == "/runs/main/checkpoints/step_40"
     assert manifest["tables"][0]["stored_dtype"] == "int8"
 
@@ -280,7 +281,8 @@ def test_second_up_finds_the_volumes(stack):
 def infer_request(repo: Path) -> dict:
     """One KServe v2 JSON request of 2 rows, shaped from rec.json's I/O."""
     shapes = {
-        i["name"]: i["shape"] for i in json.loads((repo / "rec" / "rec.json").read_text())["inputs"]
+        i["name"]: i["shape"]
+        for i in json.loads(ModelDir.of(repo, "rec").manifest.read_text())["inputs"]
     }
     num_dense, num_sparse = shapes["dense_features"][-1], shapes["sparse_lengths"][-1]
     return {

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rec.contract.repository import model_file_in
 from rec.export import served, torchscript_builder
 from rec.export.load import load_run
 from rec.export.module import sample_batch
@@ -32,7 +33,7 @@ def main(run: str, out: str, dtypes_json: str) -> None:
     sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
     scripted = torchscript_builder.to_torchscript(module, sample)
     Path(out).mkdir(parents=True)
-    torch.jit.save(scripted, str(Path(out) / "model.pt"))
+    torch.jit.save(scripted, str(model_file_in(out)))
 
 
 if __name__ == "__main__":

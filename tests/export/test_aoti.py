@@ -21,6 +21,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from rec.config import ConfigError
+from rec.contract import AOTI_TABLES_FILE, AOTI_TABLES_INDEX, FORMATS, MANIFEST_FILE
+from rec.contract.repository import ModelDir, aoti_tables_in, manifest_in, model_file_in
 from rec.export import aoti_builder, verify
 from rec.export.pipeline import export_run
 from rec.serve.client import ScoreClient, synthetic_rows
@@ -71,7 +73,7 @@ def monkeypatch_module():
 
 
 def _rows(repo: Path, batch: int = 37, seed: int = 5):
-    manifest = json.loads((repo / "rec_aoti" / "rec.json").read_text())
+    manifest = json.loads(ModelDir.of(repo, "rec_aoti").manifest.read_text())
     features = manifest["features"]
     return synthetic_rows(len(features["dense"]), len(features["sparse"]), batch=batch, seed=seed)
 
@@ -85,10 +87,10 @@ def _in_process(model, rows) -> np.ndarray:
 def test_the_package_is_verified_and_recorded(exported):
     repo, arch = exported
     version = repo / "rec_aoti" / "1"
-    assert sorted(p.name for p in version.iterdir()) == [
-        "model.pt2", "rec.json", "tables.bin", "tables.json"]  # fmt: skip
-    manifest = json.loads((version / "rec.json").read_text())
-    assert manifest["format"] == "aoti" and manifest["file"] == "model.pt2"
+    assert sorted(p.name for p in version.iterdir()) == sorted(
+        [FORMATS["aoti"].file, MANIFEST_FILE, AOTI_TABLES_FILE, AOTI_TABLES_INDEX])  # fmt: skip
+    manifest = json.loads(manifest_in(version).read_text())
+    assert manifest["format"] == "aoti" and manifest["file"] == FORMATS["aoti"].file
     section = manifest["aoti"]
     assert (section["cpu_isa"], section["march"]) == ("avx2", "x86-64-v3")
     assert {"avx2", "fma"} <= set(section["required_cpu_flags"])
@@ -99,11 +101,11 @@ def test_the_package_is_verified_and_recorded(exported):
     # The tables are not in the package: tables.bin holds them, at the stored (int8) size.
     stored = manifest["embedding_bytes"]["stored"]
     assert sum(t["bytes"] for t in section["tables"]) >= stored
-    assert (version / "tables.bin").stat().st_size >= stored
-    assert section["package_bytes"] == (version / "model.pt2").stat().st_size
+    assert aoti_tables_in(version)[0].stat().st_size >= stored
+    assert section["package_bytes"] == model_file_in(version, "aoti").stat().st_size
     assert manifest["dense"]["batch_invariant"] and "batch_probe" in manifest
     config = text_format.Parse(
-        (repo / "rec_aoti" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+        ModelDir.of(repo, "rec_aoti").config.read_text(), model_config_pb2.ModelConfig()
     )  # Triton's own schema: raises on an unknown field
     assert config.platform == "torch_aoti" and config.name == "rec_aoti"
 
@@ -117,7 +119,7 @@ def test_rec_server_serves_it_with_the_scores_it_has_in_process(exported):
     want = _in_process(model, rows)
     singles = np.concatenate([_in_process(model, r) for r in rows.split(1)])
     assert np.array_equal(want, singles)  # batched = one sample at a time
-    scripted = torch.jit.load(str(repo / "rec" / "1" / "model.pt"))
+    scripted = torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1)))
     assert np.abs(_in_process(scripted, rows) - want).max() <= verify.AOTI_TOLERANCE
     with start_cpp(repo, **PORTS) as server:  # every model: rec and rec_aoti
         for protocol in ("http", "grpc"):
@@ -153,13 +155,13 @@ def test_a_cpu_without_the_packages_isa_is_refused(exported, tmp_path):
         pytest.skip("the check does not depend on the architecture")
     version = tmp_path / "1"
     shutil.copytree(repo / "rec_aoti" / "1", version)
-    manifest = json.loads((version / "rec.json").read_text())
+    manifest = json.loads(manifest_in(version).read_text())
     lacking = aoti_builder.missing_flags(
         [*aoti_builder.CPU_ISAS["avx512"].flags, "amx_tile", "avx10_2"]
     )
     manifest["aoti"]["cpu_isa"] = "avx512"
     manifest["aoti"]["required_cpu_flags"] += lacking[:1]
-    (version / "rec.json").write_text(json.dumps(manifest))
+    manifest_in(version).write_text(json.dumps(manifest))
     with pytest.raises(aoti_builder.IsaError, match=rf"compiled for avx512 .*lacks {lacking[0]}"):
         aoti_builder.AotiModel(version)
 

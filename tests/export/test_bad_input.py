@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from rec.cli import main
 from rec.config import ConfigError
+from rec.contract.repository import manifest_in
 from rec.export.load import CheckpointMismatchError
 from rec.export.pipeline import export_run
 from rec.export.repository import RepositoryError
@@ -115,7 +116,7 @@ def test_missing_eval_data_skips_quality_only(run, tmp_path):
     edit_config(run, edit)
     lines = []
     result = export_run(run, tmp_path / "repo", log=lines.append)
-    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    manifest = json.loads(manifest_in(result.models["torchscript"]).read_text())
     assert "skipped" in manifest["verification"]["eval"]
     assert manifest["verification"]["torchscript_reload_identical"] is True
     assert any(line.startswith("warning: no held-out data") for line in lines)

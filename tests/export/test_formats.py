@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2
 from rec.config import ConfigError, config_from_dict
 from rec.contract import formats as contract_formats
 from rec.contract.formats import FormatSpec
+from rec.contract.repository import ModelDir, model_file_in
 from rec.export import formats
 from rec.export.pipeline import export_run
 from tests.export.conftest import tiny_dict
@@ -92,14 +93,14 @@ def test_a_fourth_format_is_one_module(toy_format, seeded_run, tmp_path):
     result = export_run(seeded_run, repo, fmt="toy", log=lambda _: None)
     version = repo / "rec_toy" / "1"
     assert result.models == {"toy": version}
-    assert (version / "model.toy").stat().st_size > 0 and not (version / "model.pt").exists()
-    manifest = json.loads((repo / "rec_toy" / "rec.json").read_text())
+    assert (version / "model.toy").stat().st_size > 0 and not model_file_in(version).exists()
+    manifest = json.loads(ModelDir.of(repo, "rec_toy").manifest.read_text())
     assert (manifest["format"], manifest["file"]) == ("toy", "model.toy")
     assert manifest["load_requires"] == "what TorchScript needs"
     assert manifest["verification"]["toy_reload_max_abs_diff"] == 0.0
     assert manifest["verification"]["batched_vs_single_max_diff"] == {"toy": 0.0}
     config = text_format.Parse(
-        (repo / "rec_toy" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+        ModelDir.of(repo, "rec_toy").config.read_text(), model_config_pb2.ModelConfig()
     )
     assert (config.name, config.platform) == ("rec_toy", "rec_toy")
 

@@ -9,6 +9,8 @@ import torch
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from rec.contract import FORMATS, MANIFEST_FILE, TRITON_CONFIG_FILE
+from rec.contract.repository import ModelDir, manifest_in, model_file_in
 from rec.export.onnx_builder import onnx_session, run_onnx
 from rec.export.pipeline import export_run
 from rec.export.repository import VersionExistsError
@@ -26,17 +28,17 @@ def parse(path):
 def test_layout(exported):
     repo = exported.repo
     files = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file())
-    assert files == [
-        "rec/1/model.pt", "rec/1/rec.json", "rec/config.pbtxt", "rec/rec.json",
-        "rec_onnx/1/model.onnx", "rec_onnx/1/rec.json", "rec_onnx/config.pbtxt",
-        "rec_onnx/rec.json",
-    ]  # fmt: skip
+    ts, onnx = ModelDir.of(".", "rec"), ModelDir.of(".", "rec_onnx")
+    assert files == [str(p) for p in (
+        ts.model_file(1), ts.version_manifest(1), ts.config, ts.manifest,
+        onnx.model_file(1, "onnx"), onnx.version_manifest(1), onnx.config, onnx.manifest,
+    )]  # fmt: skip
 
 
 @pytest.mark.parametrize(("model", "platform"), [("rec", "pytorch_libtorch"),
                                                  ("rec_onnx", "onnxruntime_onnx")])  # fmt: skip
 def test_triton_config_follows_the_io_table(exported, model, platform):
-    config = parse(exported.repo / model / "config.pbtxt")  # Triton's own schema
+    config = parse(ModelDir.of(exported.repo, model).config)  # Triton's own schema
     assert config.name == model and config.platform == platform
     # The default form, `none`: no Triton batching, the batch dimension spelled out; rec-server
     # batches it with rec.json's "serving" settings.
@@ -52,7 +54,7 @@ def test_triton_config_follows_the_io_table(exported, model, platform):
     assert (out.name, dtype(out.data_type), list(out.dims)) == ("scores", "TYPE_FP32", [-1, 1])
     assert not config.HasField("dynamic_batching")
     assert config.instance_group[0].count == 1
-    serving = json.loads((exported.repo / model / "rec.json").read_text())["serving"]
+    serving = json.loads((ModelDir.of(exported.repo, model).manifest).read_text())["serving"]
     assert serving == {
         "max_batch_size": 256,  # export.max_batch_size of the tiny config
         "max_queue_delay_us": 500,
@@ -63,10 +65,10 @@ def test_triton_config_follows_the_io_table(exported, model, platform):
 
 
 def test_manifest(exported, seeded_run):
-    m = json.loads((exported.repo / "rec" / "rec.json").read_text())
+    m = json.loads(ModelDir.of(exported.repo, "rec").manifest.read_text())
     assert m["features"]["sparse"] == ["e", "a", "c", "b", "d"]
     assert m["features"]["dense"] == ["dense_0", "dense_1", "dense_2", "dense_3"]
-    assert m["num_tasks"] == 1 and m["version"] == 1 and m["file"] == "model.pt"
+    assert m["num_tasks"] == 1 and m["version"] == 1 and m["file"] == FORMATS["torchscript"].file
     assert [(t["name"], t["rows"], t["dim"], t["stored_dtype"]) for t in m["tables"]] == [
         ("t0", 300, 8, "int8"), ("t1", 120, 8, "int8"), ("t2", 50, 8, "int8"), ("t3", 80, 8, "int8")
     ]  # fmt: skip
@@ -76,12 +78,12 @@ def test_manifest(exported, seeded_run):
     ev = m["verification"]["eval"]
     assert ev["eval_samples"] == 2048 and ev["quality_bar_passed"] in (True, False)
     assert m["verification"]["onnx_vs_torchscript_max_abs_diff"] < 1e-5
-    assert m == json.loads((exported.repo / "rec" / "1" / "rec.json").read_text())
+    assert m == json.loads(ModelDir.of(exported.repo, "rec").version_manifest(1).read_text())
 
 
 def test_onnx_round_trip_dynamic_shapes(exported):
-    session = onnx_session(exported.models["onnx"] / "model.onnx")
-    scripted = torch.jit.load(str(exported.models["torchscript"] / "model.pt"))
+    session = onnx_session(model_file_in(exported.models["onnx"], "onnx"))
+    scripted = torch.jit.load(str(model_file_in(exported.models["torchscript"])))
     for batch, seed in ((1, 11), (3, 12), (300, 13)):
         request = random_request(NUM_DENSE, NUM_SPARSE, batch, seed)
         got = run_onnx(session, *request)
@@ -104,11 +106,11 @@ def test_versions_force_and_overrides(tmp_path):
     )  # fmt: skip
     second = export_run(run, repo, config=overrides, **quiet)
     assert second.models["torchscript"] == repo / "rec" / "2"
-    m = json.loads((repo / "rec" / "rec.json").read_text())
+    m = json.loads(ModelDir.of(repo, "rec").manifest.read_text())
     assert m["version"] == 2
     stored = {t["name"]: t["stored_dtype"] for t in m["tables"]}
     assert stored == {"t0": "int4", "t1": "fp16", "t2": "fp32", "t3": "int8"}
-    config = parse(repo / "rec" / "config.pbtxt")
+    config = parse(ModelDir.of(repo, "rec").config)
     assert config.max_batch_size == 256 and list(config.input[0].dims) == [NUM_DENSE]
     assert [i.name for i in config.input if i.allow_ragged_batch] == ["sparse_values"]
     assert list(config.output[0].dims) == [1]
@@ -117,20 +119,22 @@ def test_versions_force_and_overrides(tmp_path):
     assert config.instance_group[0].count == 2
     with pytest.raises(VersionExistsError, match="rec/1"):
         export_run(run, repo, version=1, **quiet)
-    before = (repo / "rec" / "1" / "model.pt").read_bytes()
+    before = ModelDir.of(repo, "rec").model_file(1).read_bytes()
     export_run(run, repo, version=1, force=True, quantize="int4", **quiet)
-    assert (repo / "rec" / "1" / "model.pt").read_bytes() != before
+    assert ModelDir.of(repo, "rec").model_file(1).read_bytes() != before
     assert (
-        json.loads((repo / "rec" / "1" / "rec.json").read_text())["tables"][0]["stored_dtype"]
+        json.loads(ModelDir.of(repo, "rec").version_manifest(1).read_text())["tables"][0][
+            "stored_dtype"
+        ]
         == "int4"
     )
-    assert json.loads((repo / "rec" / "rec.json").read_text())["version"] == 2  # still newest
+    assert json.loads(ModelDir.of(repo, "rec").manifest.read_text())["version"] == 2  # still newest
     assert sorted(p.name for p in repo.iterdir()) == ["rec"]  # no staging left behind
     assert sorted(p.name for p in (repo / "rec").iterdir()) == [
         "1",
         "2",
-        "config.pbtxt",
-        "rec.json",
+        TRITON_CONFIG_FILE,
+        MANIFEST_FILE,
     ]
 
 
@@ -138,7 +142,7 @@ def test_skip_exported_exports_each_checkpoint_once(tmp_path):
     run = write_seeded_run(tmp_path / "run", seed=1)
     repo = tmp_path / "repo"
     first = export_run(run, repo, fmt="torchscript", skip_exported=True, **quiet)
-    model = first.models["torchscript"] / "model.pt"
+    model = model_file_in(first.models["torchscript"])
     stamp = model.stat().st_mtime_ns
     again = export_run(run, repo, fmt="torchscript", skip_exported=True, **quiet)
     assert again.models == first.models and model.stat().st_mtime_ns == stamp
@@ -155,7 +159,7 @@ def repo_versions(model_dir):
 def test_onnx_only(tmp_path, seeded_run):
     result = export_run(seeded_run, tmp_path / "repo", fmt="onnx", quantize="int4", **quiet)
     assert sorted(result.models) == ["onnx"]
-    m = json.loads((result.models["onnx"] / "rec.json").read_text())
+    m = json.loads(manifest_in(result.models["onnx"]).read_text())
     assert m["verification"]["onnx_runtime_vs_source_max_abs_diff"] < 1e-5
     assert {t["stored_dtype"] for t in m["tables"]} == {"int4"}
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["rec_onnx"]

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from rec.config import config_from_dict
+from rec.contract.repository import model_file_in
 from rec.export import served, torchscript_builder
 from rec.export.dense import Int8Linear, InvariantLinear, PackedLinear, swap_dense
 from rec.export.module import FloatReference, sample_batch, split_requests
@@ -164,7 +165,7 @@ def test_scripted_reloaded_and_batch_invariant(tmp_path, arch, dense_dtype):
     assert (PackedLinear in kinds) == (dense_dtype == "bf16")
     assert (Int8Linear in kinds) == (dense_dtype == "int8")
     sample = _request(cfg)
-    path = tmp_path / "model.pt"
+    path = model_file_in(tmp_path)
     torch.jit.save(torchscript_builder.to_torchscript(module, sample), str(path))
     loaded = torch.jit.load(str(path))
     request = _request(cfg, 37, seed=5)

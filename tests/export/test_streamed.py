@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rec.contract.repository import ModelDir, model_file_in
 from rec.export import reference
 from rec.export.dcp_reader import CheckpointReader
 from rec.export.load import load_dense, load_run
@@ -34,7 +35,7 @@ def in_memory_model_pt(run: Path, out: Path, dtypes: dict[str, str]) -> Path:
     """model.pt of the pre-streaming export path, made in a fresh process."""
     subprocess.run([sys.executable, "-m", "tests.export.in_memory_export", str(run), str(out),
                     json.dumps(dtypes)], check=True, cwd=REPO, capture_output=True)  # fmt: skip
-    return out / "model.pt"
+    return model_file_in(out)
 
 
 def archive_entries(path: Path) -> dict[str, bytes]:
@@ -52,7 +53,7 @@ def export_streamed(run: Path, repo: Path, dtypes: dict[str, str], chunk_rows: i
     )
     # A fresh process: scripting the same classes twice in one process mangles their names.
     run_rec("export", str(run), "--repo", str(repo), "--config", str(overrides))
-    return repo / "rec" / "1" / "model.pt"
+    return ModelDir.of(repo, "rec").model_file(1)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from rec.config import config_from_dict
+from rec.contract import FORMATS
+from rec.contract.repository import manifest_in, model_file_in
 from rec.cpu import cpu_info
 from rec.export.load import load_run
 from rec.export.module import FloatReference, split_requests
@@ -21,7 +23,7 @@ NUM_DENSE, NUM_SPARSE = 4, 5
 
 @pytest.fixture(scope="module")
 def scripted(exported):
-    return torch.jit.load(str(exported.models["torchscript"] / "model.pt"))
+    return torch.jit.load(str(model_file_in(exported.models["torchscript"])))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def test_int8_close_to_float_and_reload_identical(scripted, float_module, export
     with torch.no_grad():
         diff = (scripted(*request) - float_module(*request)).abs().max().item()
     assert diff < 2e-2
-    checks = json.loads((exported.models["torchscript"] / "rec.json").read_text())["verification"]
+    checks = json.loads(manifest_in(exported.models["torchscript"]).read_text())["verification"]
     assert checks["torchscript_reload_identical"] is True
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
 
@@ -96,7 +98,7 @@ def test_dlrm_dcn_exports_batch_invariant(tmp_path):
     data["model"]["arch"] = "dlrm_dcn"
     run = write_seeded_run(tmp_path / "run", data)
     result = export_run(run, tmp_path / "repo", log=lambda _: None)
-    checks = json.loads((result.models["torchscript"] / "rec.json").read_text())["verification"]
+    checks = json.loads(manifest_in(result.models["torchscript"]).read_text())["verification"]
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
 
 
@@ -115,7 +117,7 @@ def test_bf16_dense_layers_export_with_their_auc_recorded(tmp_path, invariant):
                      "dcn_num_layers": 2, "dcn_low_rank_dim": 96}  # fmt: skip
     run = write_seeded_run(tmp_path / "run", data)
     result = export_run(run, tmp_path / "repo", log=lambda _: None)
-    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    manifest = json.loads(manifest_in(result.models["torchscript"]).read_text())
     dense = manifest["dense"]
     assert (dense["dtype"], dense["batch_invariant"]) == ("bf16", invariant)
     assert dense["layers"]["bf16"] >= 4, dense  # the cross layers' and the top layer's
@@ -153,7 +155,9 @@ def test_bf16_on_a_cpu_without_it_is_refused(tmp_path, invariant):
     assert error.startswith("error: export.dense_dtype: bf16"), proc.stdout
     assert cpu_info()["model"] in error and "dense_dtype: int8" in error
     assert "Traceback" not in proc.stdout
-    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").rglob("model.pt"))
+    assert not (tmp_path / "repo").exists() or not any(
+        (tmp_path / "repo").rglob(FORMATS["torchscript"].file)
+    )
 
 
 def test_bf16_that_applies_to_no_layer_says_so(tmp_path):
@@ -167,7 +171,7 @@ def test_bf16_that_applies_to_no_layer_says_so(tmp_path):
     )
     lines: list[str] = []
     result = export_run(run, tmp_path / "repo", log=lines.append)
-    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    manifest = json.loads(manifest_in(result.models["torchscript"]).read_text())
     assert set(manifest["dense"]["layers"]) == {"fp32"}
     assert any("dense_dtype bf16 applies to no layer" in line for line in lines), lines
 
@@ -209,12 +213,12 @@ def test_dense_transforms_run_inside_both_formats(tmp_path):
     data["features"]["transforms"] = {"dense_0": "log1p", "dense_2": "log1p"}
     run = write_seeded_run(tmp_path / "run", data)
     result = export_run(run, tmp_path / "repo", log=lambda _: None)
-    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    manifest = json.loads(manifest_in(result.models["torchscript"]).read_text())
     assert [d["transform"] for d in manifest["feature_spec"]["dense"]] == [
         "log1p", "identity", "log1p", "identity"
     ]  # fmt: skip
-    scripted = torch.jit.load(str(result.models["torchscript"] / "model.pt"))
-    session = onnx_lib.onnx_session(result.models["onnx"] / "model.onnx")
+    scripted = torch.jit.load(str(model_file_in(result.models["torchscript"])))
+    session = onnx_lib.onnx_session(model_file_in(result.models["onnx"], "onnx"))
     dense, lengths, values = random_request(NUM_DENSE, NUM_SPARSE, 9, seed=11)
     dense = dense * 50
     logged_zero = dense.clone()
@@ -248,7 +252,7 @@ def test_dcn_v2_with_mixed_dims_exports_both_formats(tmp_path):
         table["dim"] = dim
     run = write_seeded_run(tmp_path / "run", data)
     result = export_run(run, tmp_path / "repo", log=lambda _: None)
-    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    manifest = json.loads(manifest_in(result.models["torchscript"]).read_text())
     checks = manifest["verification"]
     assert checks["batched_vs_single_max_diff"]["torchscript"] == 0.0
     # Export checked it against ONNX_TOLERANCE; the seeded weights (std 0.5) put logits in the

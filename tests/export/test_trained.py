@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from rec.contract.repository import manifest_in, model_file_in
 from rec.export.pipeline import export_run
 from tests.export.conftest import SHARDINGS, unsharded_eval
 
@@ -32,7 +33,7 @@ def test_sharded_checkpoint_loads_the_trained_model(trained_runs, layout):
 def test_quality_bar(trained_runs, tmp_path, quantize, bar):
     run = trained_runs["tw_rw_cw_dp"]
     result = export_run(run, tmp_path / "repo", quantize=quantize, **quiet)
-    manifest = json.loads((result.models["torchscript"] / "rec.json").read_text())
+    manifest = json.loads(manifest_in(result.models["torchscript"]).read_text())
     ev = manifest["verification"]["eval"]
     assert ev["auc_ratio_bar"] == bar
     assert ev["torchscript"]["auc_ratio"] >= bar
@@ -40,5 +41,5 @@ def test_quality_bar(trained_runs, tmp_path, quantize, bar):
     assert ev["float"]["auc"] == pytest.approx(
         manifest["source"]["eval_at_checkpoint"]["auc"], abs=2e-6
     )
-    scripted = torch.jit.load(str(result.models["torchscript"] / "model.pt"))
+    scripted = torch.jit.load(str(model_file_in(result.models["torchscript"])))
     assert scripted is not None

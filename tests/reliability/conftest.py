@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from live_server import BINARY, export_model  # noqa: E402
 
+from rec.contract.repository import ModelDir
+
 
 @pytest.fixture(scope="session")
 def exported_repo(tmp_path_factory) -> Path:
@@ -20,4 +22,4 @@ def exported_repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def manifest(exported_repo) -> dict:
-    return json.loads((exported_repo / "rec" / "rec.json").read_text())
+    return json.loads(ModelDir.of(exported_repo, "rec").manifest.read_text())

@@ -13,6 +13,8 @@ import tritonclient.http as httpclient
 from live_server import Server, batch, infer_inputs
 from tritonclient.utils import InferenceServerException
 
+from rec.contract.repository import ModelDir
+
 LISTEN = "0A"
 
 
@@ -126,7 +128,7 @@ def test_body_size_limit(default_server, manifest):
 def test_batch_limit(default_server, manifest, exported_repo):
     # The exported config is the `none` form (max_batch_size 0): rec-server takes the limit
     # from rec.json's "serving".
-    max_batch = json.loads((exported_repo / "rec" / "rec.json").read_text())["serving"][
+    max_batch = json.loads(ModelDir.of(exported_repo, "rec").manifest.read_text())["serving"][
         "max_batch_size"
     ]
     with httpclient.InferenceServerClient(default_server.http) as c:

@@ -28,6 +28,7 @@ import yaml
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt calls)
 from rec import run_dir
 from rec.config import config_from_dict
+from rec.contract.repository import ModelDir
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp
 from rec.serve.triton import start_triton
@@ -109,7 +110,7 @@ def test_trained_beats_a_constant_and_export_keeps_its_auc(exported, request, de
     meta = run_dir.read_meta(run_dir.latest_checkpoint(run))
     assert meta["world_size"] == 2
     assert meta["eval"]["auc"] > 0.65, meta["eval"]  # a constant score is 0.5
-    manifest = json.loads((repo / "rec" / "1" / "rec.json").read_text())
+    manifest = json.loads(ModelDir.of(repo, "rec").version_manifest(1).read_text())
     assert manifest["tasks"] == tasks and manifest["outputs"][0]["shape"] == [-1, len(tasks)]
     checks = manifest["verification"]
     # The unsharded float model is the trained one: its AUC on the same held-out split is the
@@ -141,10 +142,10 @@ def _in_process(module, rows: Rows) -> np.ndarray:
 @pytest.mark.parametrize("dense_dtype", DENSE_DTYPES)
 def test_served_scores_are_the_in_process_scores(exported, dense_dtype):
     repo = exported[1][dense_dtype]
-    manifest = json.loads((repo / "rec" / "1" / "rec.json").read_text())
+    manifest = json.loads(ModelDir.of(repo, "rec").version_manifest(1).read_text())
     num_dense, num_sparse = len(manifest["features"]["dense"]), len(manifest["features"]["sparse"])
     torch.set_num_threads(1)
-    module = torch.jit.load(str(repo / "rec" / "1" / "model.pt"))
+    module = torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1)))
     rows = synthetic_rows(num_dense, num_sparse, batch=37, seed=5)
     want = _in_process(module, rows)
     singles = [_in_process(module, r) for r in rows.split(1)]

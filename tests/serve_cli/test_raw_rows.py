@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from rec.cli import main
+from rec.contract import MANIFEST_FILE
 from rec.data import write_criteo_tsv, write_parquet
 from rec.features import SPEC_FILE
 from rec.serve.cpp import start_cpp
@@ -36,7 +37,7 @@ def predict(server, protocol: str, path, repo, send: str):
 
 
 def exported_auc(repo) -> float:
-    manifest = json.loads(next(repo.glob("rec/*/rec.json")).read_text())
+    manifest = json.loads(next(repo.glob(f"rec/*/{MANIFEST_FILE}")).read_text())
     checks = manifest["verification"]
     assert checks["raw_rows"]["identical"] is True and checks["raw_rows"]["rows"] > 0
     return checks["eval"]["torchscript"]["auc"]
@@ -120,7 +121,7 @@ def test_criteo_day_file_with_raw_counts_and_hex_ids(tmp_path):
     run, repo = write_seeded_run(tmp_path / "run", data), tmp_path / "repo"
     rec_in_process("export", str(run), "--repo", str(repo), check=True)
     auc = exported_auc(repo)
-    manifest = json.loads(next(repo.glob("rec/*/rec.json")).read_text())
+    manifest = json.loads(next(repo.glob(f"rec/*/{MANIFEST_FILE}")).read_text())
     assert {d["transform"] for d in manifest["feature_spec"]["dense"]} == {"log1p"}
     # Without the label column too: a file to score, not to evaluate.
     unlabelled = tmp_path / "day_23_unlabelled.tsv"

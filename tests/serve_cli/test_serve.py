@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from rec.cli import main
+from rec.contract.repository import ModelDir
 from rec.serve import cpp as cpp_module
 from rec.serve.client import ScoreClient, synthetic_rows
 from rec.serve.repository import ServeError
@@ -93,7 +94,7 @@ def test_missing_repository(tmp_path):
 
 def test_invalid_repository(tmp_path):
     (tmp_path / "rec").mkdir()
-    (tmp_path / "rec" / "config.pbtxt").write_text("platform: 'pytorch_libtorch' bogus: 1\n")
+    ModelDir.of(tmp_path, "rec").config.write_text("platform: 'pytorch_libtorch' bogus: 1\n")
     code, out = invoke(str(tmp_path), "--backend", "triton")
     assert code == 2 and "not a valid Triton ModelConfig" in out
 

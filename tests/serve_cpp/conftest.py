@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_model  # noqa: E402
 from server import BINARY, Server  # noqa: E402
 
+from rec.contract.repository import ModelDir
+
 
 def pytest_collection_modifyitems(config, items):
     if BINARY.exists():
@@ -29,7 +31,7 @@ def repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def reference(repo) -> tiny_model.Reference:
-    return tiny_model.Reference(repo / "rec" / "1" / "model.pt")
+    return tiny_model.Reference(ModelDir.of(repo, "rec").model_file(1))
 
 
 @pytest.fixture(scope="session")

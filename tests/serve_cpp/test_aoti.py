@@ -16,6 +16,7 @@ import pytest
 import torch
 from server import Server, run_to_exit
 
+from rec.contract.repository import ModelDir
 from rec.export import aoti_builder
 from rec.export.pipeline import export_run
 from rec.serve.client import ScoreClient, synthetic_rows
@@ -34,7 +35,7 @@ def exports(tmp_path_factory):
 
 
 def _rows(repo):
-    features = json.loads((repo / "rec.json").read_text())["features"]
+    features = json.loads(ModelDir(repo).manifest.read_text())["features"]
     return synthetic_rows(len(features["dense"]), len(features["sparse"]), batch=37, seed=11)
 
 
@@ -50,7 +51,7 @@ def test_a_live_model_is_hot_swapped_from_torchscript_to_aoti(exports, tmp_path)
     shutil.copytree(ts, repo)
     rows = _rows(repo / "rec")
     torch.set_num_threads(1)
-    before = _in_process(torch.jit.load(str(repo / "rec" / "1" / "model.pt")), rows)
+    before = _in_process(torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1))), rows)
     after = _in_process(aoti_builder.AotiModel(pt2 / "rec_aoti" / "1"), rows)
     s = Server(repo, "--poll-repository-s", "1")
     client = ScoreClient(s.grpc, "grpc")
@@ -75,7 +76,7 @@ def test_a_package_for_an_isa_this_cpu_lacks_is_refused_at_load(exports, tmp_pat
     _, pt2 = exports
     repo = tmp_path / "repo"
     shutil.copytree(pt2, repo)
-    manifest_path = repo / "rec_aoti" / "1" / "rec.json"
+    manifest_path = ModelDir.of(repo, "rec_aoti").version_manifest(1)
     manifest = json.loads(manifest_path.read_text())
     lacking = aoti_builder.missing_flags(
         [*aoti_builder.CPU_ISAS["avx512"].flags, "amx_tile", "avx10_2"]

@@ -19,6 +19,8 @@ from server import Server, run_to_exit
 from tiny_model import DENSE, Reference, make_batch, write_model
 from tritonclient.utils import InferenceServerException
 
+from rec.contract.repository import ModelDir
+
 
 def test_help_and_bad_flags():
     out = run_to_exit("--help")
@@ -50,15 +52,15 @@ def test_startup_refuses_with_a_clear_message(repo, tmp_path, breakage, expected
     bad = tmp_path / "repo"
     shutil.copytree(repo, bad)
     args = ["--model-repository", str(bad)]
-    config = bad / "rec" / "config.pbtxt"
+    config = ModelDir.of(bad, "rec").config
     if breakage == "missing repository":
         args = ["--model-repository", str(tmp_path / "nowhere")]
     elif breakage == "config disagrees":
         # rec.json would catch this first; without it, the warm-up batch does.
-        (bad / "rec" / "rec.json").unlink()
+        ModelDir.of(bad, "rec").manifest.unlink()
         config.write_text(config.read_text().replace("dims: [ 2 ]", "dims: [ 3 ]"))
     elif breakage == "manifest disagrees":
-        manifest = bad / "rec" / "rec.json"
+        manifest = ModelDir.of(bad, "rec").manifest
         manifest.write_text(manifest.read_text().replace('"score"', '"score", "extra"'))
     elif breakage == "no fbgemm":
         args += ["--fbgemm-lib-dir", str(tmp_path)]
@@ -67,7 +69,7 @@ def test_startup_refuses_with_a_clear_message(repo, tmp_path, breakage, expected
     elif breakage == "malformed serving":
         # Read only for a max_batch_size 0 config, the `none` form export writes by default.
         _make_unbatched(bad / "rec")
-        manifest = bad / "rec" / "rec.json"
+        manifest = ModelDir.of(bad, "rec").manifest
         data = json.loads(manifest.read_text())
         data["serving"] = {"max_batch_size": "lots", "max_queue_delay_us": 500}
         manifest.write_text(json.dumps(data))
@@ -79,7 +81,7 @@ def test_startup_refuses_with_a_clear_message(repo, tmp_path, breakage, expected
 def test_sigterm_finishes_in_flight_requests(tmp_path):
     # A 1 s batching window keeps the requests in the queue when SIGTERM arrives.
     write_model(tmp_path, delay_us=1_000_000)
-    reference = Reference(tmp_path / "rec" / "1" / "model.pt")
+    reference = Reference(ModelDir.of(tmp_path, "rec").model_file(1))
     s = Server(tmp_path, "--batch-window", "fixed")
     batches = [make_batch(1 + i % 3, seed=i) for i in range(8)]
 
@@ -190,7 +192,7 @@ def _make_unbatched(model_dir: Path) -> None:
     """Rewrites the tiny model's config in the `none` form: max_batch_size 0, dims carry the
     batch dimension, no dynamic_batching."""
     n = len(DENSE)
-    config = model_dir / "config.pbtxt"
+    config = ModelDir(model_dir).config
     text = config.read_text()
     text = text.replace("max_batch_size: 512", "max_batch_size: 0")
     text = text.replace(f"dims: [ {n} ]", f"dims: [ -1, {n} ]").replace(
@@ -224,7 +226,7 @@ def test_broken_new_version_keeps_the_old_one(tmp_path):
     s = Server(tmp_path, "--poll-repository-s", "1")
     try:
         (tmp_path / "rec" / "2").mkdir()
-        (tmp_path / "rec" / "2" / "model.pt").write_bytes(b"not a TorchScript archive")
+        ModelDir.of(tmp_path, "rec").model_file(2).write_bytes(b"not a TorchScript archive")
         # The server's log says when it tried version 2; two more 1 s polls must not retry it.
         deadline = time.monotonic() + 30
         while "load of model 'rec' version 2 failed" not in s.stderr():

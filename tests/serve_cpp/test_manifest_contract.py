@@ -12,7 +12,14 @@ import pytest
 from server import run_to_exit
 from tiny_model import tiny_manifest, write_model
 
-from rec.contract import FORMATS, MANIFEST_FILE, TRITON_CONFIG_FILE, ManifestError, parse_manifest
+from rec.contract import (
+    FORMATS,
+    MANIFEST_FILE,
+    TRITON_CONFIG_FILE,
+    ManifestError,
+    ModelDir,
+    parse_manifest,
+)
 
 LAYOUT_H = Path(__file__).resolve().parents[2] / "cpp" / "src" / "contract" / "repository_layout.h"
 
@@ -68,7 +75,7 @@ def test_python_reader_names_the_malformed_field(case):
     manifest = tiny_manifest()
     breakage(manifest)
     with pytest.raises(ManifestError) as e:
-        parse_manifest(manifest, "rec.json")
+        parse_manifest(manifest, MANIFEST_FILE)
     assert e.value.field == field
     assert f'rec.json: "{field}" must be ' in str(e.value)
 
@@ -79,7 +86,7 @@ def test_rec_server_names_each_malformed_field_as_python_does(tiny_repo, tmp_pat
     for field, breakage in MALFORMED:
         manifest = tiny_manifest()
         breakage(manifest)
-        path = tiny_repo / "rec" / MANIFEST_FILE
+        path = ModelDir.of(tiny_repo, "rec").manifest
         path.write_text(json.dumps(manifest))
         with pytest.raises(ManifestError) as e:
             parse_manifest(manifest, str(path))

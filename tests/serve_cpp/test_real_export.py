@@ -28,6 +28,7 @@ from tiny_model import INPUT_NAMES
 from tritonclient.utils import InferenceServerException
 
 from rec.contract import random_request
+from rec.contract.repository import ModelDir
 from rec.features import FeatureSpec
 from tests.artifacts import made
 
@@ -98,10 +99,10 @@ def _batch(manifest: dict, rows: int, seed: int) -> dict[str, np.ndarray]:
 
 def test_exported_model_served_equals_in_process(exported):
     model_dir = exported / "rec"
-    manifest = json.loads((model_dir / "rec.json").read_text())
-    assert "max_batch_size: 0" in (model_dir / "config.pbtxt").read_text()  # the default form
+    manifest = json.loads(ModelDir(model_dir).manifest.read_text())
+    assert "max_batch_size: 0" in ModelDir(model_dir).config.read_text()  # the default form
     torch.set_num_threads(1)
-    module = torch.jit.load(str(model_dir / "1" / "model.pt"))
+    module = torch.jit.load(str(ModelDir(model_dir).model_file(1)))
     server = Server(exported, "--model", "rec")
     try:
         # The export's batch probe (rec.json), re-run on this CPU before serving.
@@ -130,11 +131,11 @@ def test_both_export_forms_are_batched(trained, form, tmp_path):
     _rec("export", str(trained / "run"), "--repo", str(repo), "--format", "torchscript",
          "-c", str(overrides))  # fmt: skip
     model_dir = repo / "rec"
-    config = (model_dir / "config.pbtxt").read_text()
+    config = ModelDir(model_dir).config.read_text()
     assert ("max_batch_size: 0" in config) == (form == "none")
-    manifest = json.loads((model_dir / "rec.json").read_text())
+    manifest = json.loads(ModelDir(model_dir).manifest.read_text())
     torch.set_num_threads(1)
-    module = torch.jit.load(str(model_dir / "1" / "model.pt"))
+    module = torch.jit.load(str(ModelDir(model_dir).model_file(1)))
     sizes = [1, 7, 30, 2, 64, 5, 16, 3] * 2
     batches = [_batch(manifest, rows, seed=100 + i) for i, rows in enumerate(sizes)]
     with torch.inference_mode():
@@ -182,10 +183,10 @@ def test_string_ids_score_like_int_ids(exported):
     (sparse_strings, BYTES) and maps them as training does: every protocol form of the strings
     scores exactly what the ids that rec.features computes from them score."""
     model_dir = exported / "rec"
-    manifest = json.loads((model_dir / "rec.json").read_text())
+    manifest = json.loads(ModelDir(model_dir).manifest.read_text())
     spec = FeatureSpec.from_dict(manifest["feature_spec"])
     torch.set_num_threads(1)
-    module = torch.jit.load(str(model_dir / "1" / "model.pt"))
+    module = torch.jit.load(str(ModelDir(model_dir).model_file(1)))
     server = Server(exported, "--model", "rec")
     try:
         strings_meta = {"name": "sparse_strings", "datatype": "BYTES", "shape": [-1]}

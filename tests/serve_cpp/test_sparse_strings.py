@@ -30,6 +30,7 @@ from tiny_model import DENSE, SPARSE, Reference, make_batch, write_model
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from rec.contract.repository import ModelDir
 from rec.features import HASH, FeatureSpec
 
 FEATURE_SPEC = {
@@ -51,7 +52,7 @@ ITEM = SPARSE.index("item")
 
 
 def _set_feature_spec(model_dir, spec) -> None:
-    path = model_dir / "rec.json"
+    path = ModelDir(model_dir).manifest
     manifest = json.loads(path.read_text())
     manifest["feature_spec"] = spec
     path.write_text(json.dumps(manifest))
@@ -76,7 +77,7 @@ def server(repo):
 
 @pytest.fixture(scope="module")
 def reference(repo) -> Reference:
-    return Reference(repo / "rec" / "1" / "model.pt")
+    return Reference(ModelDir.of(repo, "rec").model_file(1))
 
 
 def _features(lengths: np.ndarray) -> np.ndarray:
@@ -312,4 +313,4 @@ def test_unimplemented_feature_spec_refuses_to_load(repo, tmp_path, change, expe
     )
     assert out.returncode == 1, out.stderr
     assert expected in out.stderr, out.stderr
-    assert str(bad / "rec" / "rec.json") in out.stderr
+    assert str(ModelDir.of(bad, "rec").manifest) in out.stderr

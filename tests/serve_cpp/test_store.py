@@ -27,11 +27,13 @@ from tritonclient.utils import InferenceServerException
 import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
 from rec import netns
 from rec.broker import RedisBroker, _free_port, redis_server_path
+from rec.contract import MANIFEST_FILE
 from rec.contract import store as contract
+from rec.contract.repository import ModelDir
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode, row_bytes
-from rec.serve.cpp import not_ready
 from rec.export.tiered import TieredScorer
+from rec.serve.cpp import not_ready
 from rec.store.client import connect
 from rec.store.cluster import RedisCluster
 from rec.store.reader import StoreReader
@@ -63,7 +65,7 @@ def tier(tmp_path_factory):
         rec_in_process("export", str(run), "--repo", str(tmp / "tiered"), "--store", cluster.url(),
                        check=True)  # fmt: skip
         rec_in_process("export", str(run), "--repo", str(tmp / "plain"), check=True)
-        plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
+        plain = torch.jit.load(str(ModelDir.of(tmp / "plain", "rec").model_file(1)))
         yield cluster, tmp / "tiered", plain, hosts
 
 
@@ -99,8 +101,8 @@ def test_served_scores_are_the_in_process_models_bit_for_bit(tier):
 
 def a_stored_row(repo, request: dict) -> tuple[str, int, str]:
     """(table, row, partition hash key) of a store row that `request` reads (the model's keys)."""
-    section = json.loads((repo / "rec" / "1" / "rec.json").read_text())["store"]
-    keys = torch.jit.load(str(repo / "rec" / "1" / "model.pt")).store_ids(
+    section = json.loads(ModelDir.of(repo, "rec").version_manifest(1).read_text())["store"]
+    keys = torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1))).store_ids(
         torch.from_numpy(request["sparse_lengths"]), torch.from_numpy(request["sparse_values"])
     )
     key = int(keys[0])
@@ -177,7 +179,7 @@ def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_pat
     moved = tmp_path / "repo"
     shutil.copytree(repo, moved)
     dead = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
-    manifests = list(moved.glob("rec/**/rec.json"))
+    manifests = list(moved.glob(f"rec/**/{MANIFEST_FILE}"))
     for manifest in manifests:
         data = json.loads(manifest.read_text())
         data["store"]["url"] = dead
@@ -235,7 +237,7 @@ def test_fresh_rows_reach_the_cache_at_once_and_the_store_through_the_follower(t
     finds them. Both score as the tiered model does over the updated store, bit for bit; a
     record of the wrong row format is refused by both."""
     cluster, repo, _, _ = tier
-    manifest = json.loads((repo / "rec" / "1" / "rec.json").read_text())
+    manifest = json.loads(ModelDir.of(repo, "rec").version_manifest(1).read_text())
     section, updates = manifest["store"], manifest["updates"]
     table = "t0"
     spec = section["tables"][table]
@@ -271,7 +273,7 @@ def test_fresh_rows_reach_the_cache_at_once_and_the_store_through_the_follower(t
         assert f"{len(ids)} rows into {cluster.url()}" in out and "1 refused" in out, out
         assert "refused: row format" in out, out
         assert client.hget(key(ids[1]), str(ids[1])) == rows[width : 2 * width]
-        model = torch.jit.load(str(repo / "rec" / "1" / "model.pt"))
+        model = torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1)))
         reader = StoreReader(section)
         try:
             want = TieredScorer(model, reader)(*[torch.from_numpy(a) for a in request.values()])

@@ -27,7 +27,8 @@ from server import Server
 from rec import run_dir
 from rec.broker import RedisBroker, redis_server_path
 from rec.config import config_from_dict
-from rec.contract import read_manifest
+from rec.contract import AOTI_TABLES_FILE, read_manifest
+from rec.contract.repository import ModelDir
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode
 from rec.export.dcp_reader import CheckpointReader
@@ -68,13 +69,13 @@ class Fresh:
         self.repo = tmp / "repo"
         rec_in_process("export", str(self.run), "--checkpoint", run_dir.step_dir_name(EXPORTED),
                        "--repo", str(self.repo), check=True)  # fmt: skip
-        self.manifest = read_manifest(self.repo / "rec" / "rec.json")
+        self.manifest = read_manifest(ModelDir.of(self.repo, "rec").manifest)
         self.updates = self.manifest.data["updates"]
         self.records = [r for _, r in read_records(self.url)]
 
     def reference(self, records) -> torch.jit.ScriptModule:
         """model.pt with `records` (those after the export's step) written into its storage."""
-        module = torch.jit.load(str(self.repo / "rec" / "1" / "model.pt"))
+        module = torch.jit.load(str(ModelDir.of(self.repo, "rec").model_file(1)))
         buffers = dict(module.named_buffers())
         for r in records:
             if r.count and r.step > EXPORTED:
@@ -144,7 +145,9 @@ def test_the_replica_catches_up_to_the_last_step_with_the_rows_of_its_export(fre
         assert server.wait_for_metric("rec_update_watermark_step", STEPS, timeout=60) == STEPS
         request = fresh.request()
         want = reference_scores(reference, request)
-        exported = reference_scores(torch.jit.load(str(fresh.repo / "rec/1/model.pt")), request)
+        exported = reference_scores(
+            torch.jit.load(str(ModelDir.of(fresh.repo, "rec").model_file(1))), request
+        )
         assert not np.array_equal(want, exported)  # the log changed what the request scores
         for infer in (http_infer, grpc_infer):
             scores, params = infer(server, request)
@@ -390,7 +393,7 @@ def test_an_aoti_replica_applies_the_log_into_its_mapped_tables(fresh, tmp_path)
     repo = tmp_path / "aoti"
     rec_in_process("export", str(fresh.run), "--checkpoint", run_dir.step_dir_name(EXPORTED),
                    "--repo", str(repo), "--format", "aoti", check=True)  # fmt: skip
-    tables = next(repo.glob("*/1/tables.bin"))
+    tables = next(repo.glob(f"*/1/{AOTI_TABLES_FILE}"))
     before = tables.read_bytes()
     model = tables.parent.parent.name
     aoti, torchscript = Server(repo), Server(fresh.repo)

@@ -24,10 +24,8 @@ import rec.ops  # noqa: F401  (registers torch.ops.rec.linear)
 from rec.batch import feature_major
 from rec.contract import (
     DTYPES,
-    FORMATS,
     INPUT_NAMES,
-    MANIFEST_FILE,
-    TRITON_CONFIG_FILE,
+    ModelDir,
     io_manifest,
     random_request,
 )
@@ -138,8 +136,8 @@ def write_model(
     model (dense.batch_invariant and a batch_probe request), over BatchVariantRec, which breaks
     the claim (a real export's probe passing: tests/serve_cpp/test_real_export.py)."""
     torch.manual_seed(seed)
-    model_dir = Path(repo) / name
-    (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
+    model = ModelDir.of(repo, name)
+    model.version(version).mkdir(parents=True, exist_ok=True)
     config = CONFIG.format(
         name=name,
         max_batch_size=MAX_BATCH_SIZE,
@@ -148,10 +146,10 @@ def write_model(
         num_tasks=NUM_TASKS,
         delay_us=delay_us,
     )
-    (model_dir / TRITON_CONFIG_FILE).write_text(config)
+    model.write_config(config)
     manifest = tiny_manifest()
-    (model_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
-    path = model_dir / str(version) / FORMATS["torchscript"].file
+    model.manifest.write_text(json.dumps(manifest, indent=2))
+    path = model.model_file(version)
     # Written beside and renamed, so a polling server never sees half a file.
     tmp = path.with_suffix(".tmp")
     module = BatchVariantRec() if batch_probe == "variant" else TinyRec()
@@ -161,7 +159,7 @@ def write_model(
         probe = {k: v.tolist() for k, v in make_batch(37, seed=11).items()}
         claim = {"dtype": "fp32", "batch_invariant": True, "verified_on": {"model": "a test CPU"}}
         versioned = {**manifest, "dense": claim, "batch_probe": probe}
-        (model_dir / str(version) / MANIFEST_FILE).write_text(json.dumps(versioned))
+        model.version_manifest(version).write_text(json.dumps(versioned))
     return path
 
 

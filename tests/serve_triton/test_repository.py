@@ -10,6 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from rec.contract.repository import ModelDir
 from rec.serve.repository import ServeError, load_model
 from rec.serve.triton import python_backend_config, stage_repository
 from tests.serve_triton.tiny_repo import MAX_BATCH_SIZE, NUM_DENSE, NUM_SPARSE
@@ -17,7 +18,7 @@ from tests.serve_triton.tiny_repo import MAX_BATCH_SIZE, NUM_DENSE, NUM_SPARSE
 
 def test_config_parses_with_tritons_schema(tiny_repo):
     """The default export form (`none`): max_batch_size 0, the batch dimension spelled out."""
-    text = (tiny_repo / "rec" / "config.pbtxt").read_text()
+    text = ModelDir.of(tiny_repo, "rec").config.read_text()
     config = text_format.Parse(text, model_config_pb2.ModelConfig())  # raises on unknown fields
     assert config.platform == "pytorch_libtorch"
     assert config.max_batch_size == 0
@@ -37,17 +38,17 @@ def test_config_parses_with_tritons_schema(tiny_repo):
 
 def test_load_model_reads_manifest(tiny_repo):
     model = load_model(tiny_repo)
-    manifest = json.loads((tiny_repo / "rec" / "rec.json").read_text())
+    manifest = json.loads(ModelDir.of(tiny_repo, "rec").manifest.read_text())
     assert list(model.dense_names) == manifest["features"]["dense"]
     assert list(model.sparse_names) == manifest["features"]["sparse"]
-    assert model.model_path == tiny_repo / "rec" / "1" / "model.pt"
+    assert model.model_path == ModelDir.of(tiny_repo, "rec").model_file(1)
 
 
 def test_staged_config_is_valid_python_backend_config(tiny_repo, tmp_path):
     model = load_model(tiny_repo)
     stage_repository(model, tmp_path)
     staged = text_format.Parse(
-        (tmp_path / "rec" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+        ModelDir.of(tmp_path, "rec").config.read_text(), model_config_pb2.ModelConfig()
     )
     assert staged.backend == "python" and not staged.platform
     assert staged.max_batch_size == 0  # any B per request; see python_backend_config
@@ -68,15 +69,15 @@ def test_staged_config_is_valid_python_backend_config(tiny_repo, tmp_path):
 @pytest.mark.parametrize(
     "breakage, message",
     [
-        (lambda d: (d / "config.pbtxt").write_text("max_batch_size: [oops"), "not a valid Triton"),
-        (lambda d: (d / "rec.json").unlink(), "rec.json is missing"),
+        (lambda d: ModelDir(d).config.write_text("max_batch_size: [oops"), "not a valid Triton"),
+        (lambda d: ModelDir(d).manifest.unlink(), "rec.json is missing"),
         (lambda d: shutil.rmtree(d / "1"), "no version directory"),
         (
             lambda d: _edit_manifest(d, lambda m: m["serving"].update(max_batch_size="512")),
             'rec.json: "serving.max_batch_size" must be an integer in [1, 2^30], got "512"',
         ),
         (
-            lambda d: (d / "rec.json").write_text(
+            lambda d: ModelDir(d).manifest.write_text(
                 json.dumps({"features": {"dense": ["a"], "sparse": []}, "num_tasks": 2})
             ),
             f"'dense_features' is TYPE_FP32 dims [-1, {NUM_DENSE}], expected TYPE_FP32 [-1, 1]",
@@ -101,16 +102,16 @@ def test_default_model_is_the_torchscript_one(tiny_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
     (repo / "rec_onnx" / "1").mkdir(parents=True)
-    (repo / "rec_onnx" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    ModelDir.of(repo, "rec_onnx").config.write_text('platform: "onnxruntime_onnx"\n')
     assert load_model(repo).name == "rec"
     with pytest.raises(ServeError, match="no version directory with a model.pt"):
         load_model(repo, "rec_onnx")
 
 
 def _edit_manifest(model_dir, edit) -> None:
-    manifest = json.loads((model_dir / "rec.json").read_text())
+    manifest = json.loads(ModelDir(model_dir).manifest.read_text())
     edit(manifest)
-    (model_dir / "rec.json").write_text(json.dumps(manifest))
+    ModelDir(model_dir).manifest.write_text(json.dumps(manifest))
 
 
 def test_unbatched_form_takes_its_limit_from_the_manifest(tiny_repo, tmp_path):
@@ -146,7 +147,7 @@ def test_ragged_form_is_accepted_and_staged_unbatched(tiny_repo, tmp_path):
         if io.name != "sparse_values":
             del io.dims[0]
     config.input[2].allow_ragged_batch = True
-    (repo / "rec" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    ModelDir.of(repo, "rec").config.write_text(text_format.MessageToString(config))
     model = load_model(repo)
     assert model.max_batch_size == 64
     staged = python_backend_config(model)

@@ -28,8 +28,9 @@ from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, before torch.jit.load)
 from rec.broker import RedisBroker, _free_port
-from rec.contract import DENSE, LENGTHS, VALUES
+from rec.contract import DENSE, LENGTHS, MANIFEST_FILE, VALUES
 from rec.contract import store as contract
+from rec.contract.repository import ModelDir
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode
 from rec.export.tiered import TieredScorer
@@ -62,9 +63,9 @@ class Tier:
         rec_in_process("export", str(run), "--repo", str(self.repo), "--store",
                        self.cluster.url(), check=True)  # fmt: skip
         rec_in_process("export", str(run), "--repo", str(tmp / "plain"), check=True)
-        self.manifest = json.loads((self.repo / "rec" / "1" / "rec.json").read_text())
-        self.plain = torch.jit.load(str(tmp / "plain" / "rec" / "1" / "model.pt"))
-        self.tiered = torch.jit.load(str(self.repo / "rec" / "1" / "model.pt"))
+        self.manifest = json.loads(ModelDir.of(self.repo, "rec").version_manifest(1).read_text())
+        self.plain = torch.jit.load(str(ModelDir.of(tmp / "plain", "rec").model_file(1)))
+        self.tiered = torch.jit.load(str(ModelDir.of(self.repo, "rec").model_file(1)))
         # No row cache here: every batch reads the store (a row deleted from it is missed).
         self.server = start_triton(self.repo, http_port=0, grpc_port=0, metrics_port=0,
                                    store_cache_bytes=0)  # fmt: skip
@@ -255,7 +256,7 @@ def test_an_unreachable_store_leaves_the_model_not_ready_naming_it(tier, tmp_pat
     moved = tmp_path / "repo"
     shutil.copytree(tier.repo, moved)
     dead = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
-    manifests = list(moved.glob("rec/**/rec.json"))
+    manifests = list(moved.glob(f"rec/**/{MANIFEST_FILE}"))
     for manifest in manifests:
         data = json.loads(manifest.read_text())
         data["store"]["url"] = dead

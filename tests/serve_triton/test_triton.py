@@ -16,6 +16,7 @@ import torch
 from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt calls)
+from rec.contract.repository import ModelDir
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.process import pick_ports
 from rec.serve.repository import ServeError
@@ -26,7 +27,7 @@ CLIENT_ERROR = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
 
 
 def reference_scores(repo, rows: Rows) -> np.ndarray:
-    model = torch.jit.load(str(repo / "rec" / "1" / "model.pt"))
+    model = torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1)))
     with torch.inference_mode():
         out = model(*(torch.from_numpy(a) for a in (rows.dense, rows.lengths, rows.values)))
     return out.numpy()
@@ -90,17 +91,13 @@ def test_server_survives_bad_requests(triton, tiny_repo):
 
 def test_user_repository_untouched(triton, tiny_repo):
     """Triton serves a staging copy of the config; the user's files stay as export wrote them."""
-    config = (tiny_repo / "rec" / "config.pbtxt").read_text()
+    config = ModelDir.of(tiny_repo, "rec").config.read_text()
     assert 'platform: "pytorch_libtorch"' in config
     names = sorted(p.relative_to(tiny_repo).as_posix() for p in tiny_repo.rglob("*"))
-    assert names == [
-        "rec",
-        "rec/1",
-        "rec/1/model.pt",
-        "rec/1/rec.json",
-        "rec/config.pbtxt",
-        "rec/rec.json",
-    ]
+    rec = ModelDir.of(".", "rec")
+    files = (rec.path, rec.version(1), rec.model_file(1), rec.version_manifest(1), rec.config,
+             rec.manifest)  # fmt: skip
+    assert names == [str(p) for p in files]
 
 
 def test_published_features(triton):

@@ -33,6 +33,7 @@ import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt ca
 from rec import run_dir
 from rec.broker import RedisBroker
 from rec.contract import DENSE, LENGTHS, VALUES
+from rec.contract.repository import ModelDir
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode
 from rec.quantize import fused_rows
@@ -90,8 +91,10 @@ class Fresh:
 
         self.repo = tmp / "repo"
         export_run(run, self.repo, log=lambda _msg: None)
-        self.model_pt = self.repo / "rec" / "1" / "model.pt"
-        self.updates = json.loads((self.repo / "rec" / "1" / "rec.json").read_text())["updates"]
+        self.model_pt = ModelDir.of(self.repo, "rec").model_file(1)
+        self.updates = json.loads(ModelDir.of(self.repo, "rec").version_manifest(1).read_text())[
+            "updates"
+        ]
         self.client = redis.Redis(host=self.broker.host, port=self.broker.port)
         self.applied: list[UpdateRecord] = []
 

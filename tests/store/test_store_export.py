@@ -18,6 +18,7 @@ import yaml
 
 import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
 from rec.contract import store as contract
+from rec.contract.repository import manifest_in, model_file_in
 from rec.serve.client import ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp
 from rec.store.cluster import RedisCluster
@@ -50,7 +51,7 @@ def model_rows(version_dir, manifest: dict, table: str) -> np.ndarray:
     """The table's rows as model.pt holds them, in the update log's layout (codes, then fp16
     scale and bias), from rec.json's description of its storage."""
     place = manifest["updates"]["tables"][table]
-    buffers = dict(torch.jit.load(str(version_dir / "model.pt")).named_buffers())
+    buffers = dict(torch.jit.load(str(model_file_in(version_dir))).named_buffers())
     raw = buffers[place["buffer"]].numpy()
     stride, off = place["row_stride"], place["offset"]
     rows = raw[off : off + place["rows"] * stride].reshape(place["rows"], stride)
@@ -86,8 +87,8 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, 
     assert re.search(r"[0-9.]+ [kMG]?B of Redis memory per copy", out.stdout), out.stdout
     rec_in_process("export", str(run), "--repo", str(tmp_path / "plain"), check=True)  # every table
     tiered_dir, plain_dir = tmp_path / "tiered" / "rec" / "1", tmp_path / "plain" / "rec" / "1"
-    tiered = json.loads((tiered_dir / "rec.json").read_text())
-    plain = json.loads((plain_dir / "rec.json").read_text())
+    tiered = json.loads(manifest_in(tiered_dir).read_text())
+    plain = json.loads(manifest_in(plain_dir).read_text())
     section = tiered["store"]
     contract.check_section(section)
     assert set(section["tables"]) == set(stored)
@@ -112,8 +113,8 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, 
     from rec.store.reader import StoreReader
 
     reader = StoreReader(section)
-    scorer = TieredScorer(torch.jit.load(str(tiered_dir / "model.pt")), reader)
-    in_process = torch.jit.load(str(plain_dir / "model.pt"))
+    scorer = TieredScorer(torch.jit.load(str(model_file_in(tiered_dir))), reader)
+    in_process = torch.jit.load(str(model_file_in(plain_dir)))
     features = tiered["features"]
     for batch in (1, 37, 256):
         request = random_request(len(features["dense"]), len(features["sparse"]), batch, batch)
