@@ -45,6 +45,10 @@ TEST(StoreSpec, RefusesAMalformedSectionNamingTheField) {
       {"\"partitions\": 4", "\"partitions\": 0", "store.tables.t1.partitions must be a positive"},
       {"\"dtype\": \"fp16\"", "\"dtype\": \"bf16\"", "dtype 'bf16' is not int8"},
       {"rec:rec:1:abcdef01", "", "store.prefix must be a non-empty string"},
+      // Its codes would not be whole bytes (tests/data/row_bytes_golden.json; the log refuses
+      // such a row too).
+      {"\"dim\": 8, \"dtype\": \"int4\"", "\"dim\": 7, \"dtype\": \"int4\"",
+       "store.tables.t0: a int4 row of dim 7 is not a whole number of bytes"},
   };
   for (const Case& c : cases) {
     std::string text = kSection;

@@ -1,6 +1,5 @@
-// The update log's units without a broker: a record decoded and refused the way
-// rec/contract/updates.py words it, and rows written into a table's storage at rec.json's place
-// (FBGEMM's scale and bias moved to the front), refused whole, and the watermark kept.
+// The update log's units without a broker: rows written into a table's storage at rec.json's
+// place (FBGEMM's scale and bias moved to the front), refused whole, and the watermark kept.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -41,44 +40,8 @@ void Set(StreamFields* f, const std::string& key, const std::string& value) {
   }
 }
 
-TEST(UpdateRecord, DecodesAndRefusesNamingTheField) {
-  UpdateRecord r;
-  ASSERT_TRUE(DecodeUpdateRecord(Fields(5, {1, 3}, std::string(16, 'x')), &r).ok());
-  EXPECT_EQ(r.ids, (std::vector<int64_t>{1, 3}));
-  EXPECT_EQ(r.step, 5);
-  EXPECT_TRUE(r.last);
-  struct Case {
-    const char* key;
-    std::string value;
-    const char* message;
-  };
-  const Case cases[] = {
-      {"format", "rec.updates/2", "\"format\" must be 'rec.updates/1'"},
-      {"step", "-3", "\"step\" must be a non-negative integer, got '-3'"},
-      {"rank", "2", "\"rank\" 2 is not in [0, 2)"},
-      {"rows", std::string(15, 'x'), "\"rows\" holds 15 bytes, 2 int8 rows of dim 4 need 16"},
-      {"ids", Ids({3, 1}), "\"ids\" must be non-negative and strictly increasing"},
-      {"dtype", "int3", "\"dtype\" must be one of"},
-      // Before anything is allocated for it: 2^61 rows would overflow the size checks.
-      {"count", "2305843009213693952", "\"count\" 2305843009213693952 is over 1048576 rows"},
-      {"step", "9223372036854775808", "\"step\" must be a non-negative integer"},
-  };
-  for (const Case& c : cases) {
-    StreamFields f = Fields(5, {1, 3}, std::string(16, 'x'));
-    Set(&f, c.key, c.value);
-    Status st = DecodeUpdateRecord(f, &r);
-    ASSERT_FALSE(st.ok()) << c.key;
-    EXPECT_NE(st.message().find(c.message), std::string::npos) << st.message();
-  }
-}
-
-TEST(UpdateRecord, ParsesTheUrl) {
-  UpdateUrl u;
-  ASSERT_TRUE(ParseUpdateUrl("redis://10.0.0.2:7000", &u).ok());
-  EXPECT_EQ(u.stream, "rec:updates");
-  EXPECT_FALSE(ParseUpdateUrl("redis://h:6379/0", &u).ok());
-  EXPECT_FALSE(ParseUpdateUrl("http://h:6379/s", &u).ok());
-}
+// Decoding and refusing one record, and the URL, are checked against the golden files both
+// languages load: contract_golden_test.cpp.
 
 class Tables : public ::testing::Test {
  protected:

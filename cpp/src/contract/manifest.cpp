@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "contract/update_record.h"
+#include "contract/row_bytes.h"
 
 namespace rec {
 namespace {
@@ -105,7 +105,7 @@ Status ParseTablePlace(const json& t, const std::string& field, const Where& whe
   REC_RETURN_IF_ERROR(str("dtype", &p->dtype));
   std::string sb;
   REC_RETURN_IF_ERROR(str("scale_bias", &sb));
-  if (UpdateRowBytes(p->dim, p->dtype) < 0) {
+  if (RowBytes(p->dim, p->dtype) < 0) {  // an int4 row of odd dim too, as before
     return where.BadField(field + ".dtype", "one of int8, int4, fp16, fp32", &t["dtype"]);
   }
   if (sb != "first" && sb != "none") {

@@ -2,19 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "contract/row_bytes.h"
+
 namespace rec {
 namespace {
 
 constexpr const char* kFormat = "rec.store/1";
 constexpr int64_t kMaxPartitions = 1 << 14;
-
-int64_t RowBytes(int64_t dim, const std::string& dtype) {
-  if (dtype == "int8") return dim + 4;
-  if (dtype == "int4") return (dim * 4 + 7) / 8 + 4;
-  if (dtype == "fp16") return dim * 2;
-  if (dtype == "fp32") return dim * 4;
-  return -1;
-}
 
 }  // namespace
 
@@ -28,9 +22,12 @@ Status ParseStoreUrl(const std::string& url, std::vector<std::pair<std::string, 
   while (true) {
     const size_t end = url.find(',', start);
     const std::string part = url.substr(start, end == std::string::npos ? end : end - start);
-    const size_t colon = part.rfind(':');
+    // The host is everything before the first ':' (rec.contract.store's pattern: no ':', '/',
+    // '?', '#' or space in it), the port five digits at most after it.
+    const size_t colon = part.find(':');
     bool ok = colon != std::string::npos && colon > 0 && colon + 1 < part.size() &&
-              part.size() - colon - 1 <= 5 && part.find_first_of("/?#") == std::string::npos;
+              part.size() - colon - 1 <= 5 &&
+              part.find_first_of("/?# \t\n\r\f\v") == std::string::npos;
     int port = 0;
     for (size_t i = colon + 1; ok && i < part.size(); ++i) {
       ok = part[i] >= '0' && part[i] <= '9';
@@ -89,8 +86,12 @@ Status ParseStoreSection(const std::string& manifest_text, const std::string& so
     }
     if (!t.contains("dtype") || !t["dtype"].is_string()) return bad(where + ".dtype: missing");
     table.dtype = t["dtype"].get<std::string>();
-    const int64_t want = RowBytes(table.dim, table.dtype);
-    if (want < 0) return bad(where + ".dtype '" + table.dtype + "' is not int8, int4, fp16, fp32");
+    if (RowBytes(0, table.dtype) < 0) {
+      return bad(where + ".dtype '" + table.dtype + "' is not int8, int4, fp16, fp32");
+    }
+    int64_t want = 0;
+    Status row = CheckRowBytes(table.dim, table.dtype, &want);
+    if (!row.ok()) return bad(where + ": " + row.message());
     if (table.row_bytes != want) {
       return bad(where + ".row_bytes " + std::to_string(table.row_bytes) + ", want " +
                  std::to_string(want) + " for dim " + std::to_string(table.dim) + " " +
@@ -108,6 +109,8 @@ Status ParseStoreSection(const std::string& manifest_text, const std::string& so
 std::string PartitionKey(const std::string& prefix, const std::string& table, int64_t partition) {
   return "{" + prefix + ":" + table + ":" + std::to_string(partition) + "}";
 }
+
+std::string MetaKey(const std::string& prefix) { return "{" + prefix + "}:meta"; }
 
 int KeySlot(const std::string& key) {
   // Redis hashes the part between the first '{' and the next '}' when it is not empty.

@@ -37,8 +37,18 @@ Status ParseStoreUrl(const std::string& url, std::vector<std::pair<std::string, 
 Status ParseStoreSection(const std::string& manifest_text, const std::string& source,
                          StoreSpec* out);
 
+// The key a model asks the store for: its table's index in the store order, shifted over the
+// row (rec.contract.store TABLE_SHIFT; tests/data/store_key_golden.json pins the layout).
+inline constexpr int kTableShift = 40;
+inline int64_t StoreKey(int64_t table, int64_t row) { return table << kTableShift | row; }
+inline int64_t StoreKeyTable(int64_t key) { return key >> kTableShift; }
+inline int64_t StoreKeyRow(int64_t key) { return key & ((int64_t{1} << kTableShift) - 1); }
+
 // "{PREFIX:TABLE:PARTITION}": the hash of one partition; the braces make it the hash tag.
 std::string PartitionKey(const std::string& prefix, const std::string& table, int64_t partition);
+
+// "{PREFIX}:meta": the hash an export writes last, so its presence says the export finished.
+std::string MetaKey(const std::string& prefix);
 
 // Redis Cluster's hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
 int KeySlot(const std::string& key);

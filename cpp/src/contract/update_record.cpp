@@ -28,15 +28,6 @@ std::string Quoted(const std::string& s) { return "'" + s + "'"; }
 
 }  // namespace
 
-int64_t UpdateRowBytes(int64_t dim, const std::string& dtype) {
-  if (dim < 0) return -1;
-  if (dtype == "fp32") return dim * 4;
-  if (dtype == "fp16") return dim * 2;
-  if (dtype == "int8") return dim + 4;
-  if (dtype == "int4") return dim % 2 == 0 ? dim / 2 + 4 : -1;
-  return -1;
-}
-
 Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
   std::map<std::string, const std::string*> by_name;
   for (const auto& [k, v] : fields) by_name[k] = &v;
@@ -71,7 +62,7 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
   out->last = *v == "1";
   REC_RETURN_IF_ERROR(text("dtype", &v));
   out->dtype = *v;
-  if (UpdateRowBytes(0, out->dtype) < 0) {
+  if (RowBytes(0, out->dtype) < 0) {
     return Bad("\"dtype\" must be one of ['int8', 'int4', 'fp16', 'fp32'], got " + Quoted(*v));
   }
   REC_RETURN_IF_ERROR(text("table", &v));
@@ -97,11 +88,9 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
     return Bad("\"ids\" holds " + std::to_string(ids.size()) + " bytes, " + std::to_string(count) +
                " ids need " + std::to_string(8 * count));
   }
-  int64_t row_bytes = UpdateRowBytes(ints["dim"], out->dtype);
-  if (row_bytes < 0) {
-    return Bad("a " + out->dtype + " row of dim " + std::to_string(ints["dim"]) +
-               " is not a whole number of bytes");
-  }
+  int64_t row_bytes = 0;
+  Status row = CheckRowBytes(ints["dim"], out->dtype, &row_bytes);
+  if (!row.ok()) return Bad(row.message());
   int64_t want = count * row_bytes;
   if (rows.size() != static_cast<size_t>(want)) {
     return Bad("\"rows\" holds " + std::to_string(rows.size()) + " bytes, " +

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "contract/row_bytes.h"
 
 namespace rec {
 
@@ -30,12 +31,8 @@ struct UpdateRecord {
   std::string dtype;
   int64_t dim = 0;
   std::vector<int64_t> ids;  // strictly increasing
-  std::string rows;  // ids.size() rows of UpdateRowBytes(dim, dtype): codes, then scale, bias
+  std::string rows;          // ids.size() rows of RowBytes(dim, dtype): codes, then scale, bias
 };
-
-// Bytes of one row of the log (codes, then fp16 scale and bias for int8/int4); -1 for a dtype
-// that is not one of int8, int4, fp16, fp32 or a row that is not a whole number of bytes.
-int64_t UpdateRowBytes(int64_t dim, const std::string& dtype);
 
 using StreamFields = std::vector<std::pair<std::string, std::string>>;
 

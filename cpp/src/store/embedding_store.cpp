@@ -21,7 +21,7 @@ Status EmbeddingStore::Open(const StoreSpec& spec, const StoreOptions& options, 
   std::shared_ptr<EmbeddingStore> store(new EmbeddingStore(spec, options, stats));
   REC_RETURN_IF_ERROR(store->client_.Connect());
   bool finished = false;
-  REC_RETURN_IF_ERROR(store->client_.Exists("{" + spec.prefix + "}:meta", &finished));
+  REC_RETURN_IF_ERROR(store->client_.Exists(MetaKey(spec.prefix), &finished));
   if (!finished) {
     return Unavailable("embedding store " + spec.url + ": no finished export under '" +
                        spec.prefix + "' (its meta hash is missing)");
@@ -32,14 +32,13 @@ Status EmbeddingStore::Open(const StoreSpec& spec, const StoreOptions& options, 
 
 Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) {
   const int64_t num_tables = static_cast<int64_t>(spec_.tables.size());
-  const int64_t row_mask = (int64_t{1} << kTableShift) - 1;
   // Each row's place in *rows: the rows are fixed-size per table, so the whole batch is laid
   // out before anything is read, and cached and fetched rows are copied straight into place.
   std::vector<int64_t> offsets(n + 1);
   offsets[0] = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t table = keys[i] >> kTableShift;
-    if (table < 0 || table >= num_tables || (keys[i] & row_mask) >= spec_.tables[table].rows) {
+    const int64_t table = StoreKeyTable(keys[i]);
+    if (table < 0 || table >= num_tables || StoreKeyRow(keys[i]) >= spec_.tables[table].rows) {
       return Internal("embedding store: the model asked for key " + std::to_string(keys[i]) +
                       ", outside its stored tables");
     }
@@ -54,15 +53,15 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) 
   // The missing rows, one HMGET per (table, partition).
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> groups;
   for (int64_t i : missed) {
-    const int64_t table = keys[i] >> kTableShift;
-    groups[{table, (keys[i] & row_mask) % spec_.tables[table].partitions}].push_back(i);
+    const int64_t table = StoreKeyTable(keys[i]);
+    groups[{table, StoreKeyRow(keys[i]) % spec_.tables[table].partitions}].push_back(i);
   }
   std::vector<HashGet> gets;
   gets.reserve(groups.size());
   for (const auto& [where, indices] : groups) {
     HashGet get;
     get.key = PartitionKey(spec_.prefix, spec_.tables[where.first].name, where.second);
-    for (int64_t i : indices) get.fields.push_back(std::to_string(keys[i] & row_mask));
+    for (int64_t i : indices) get.fields.push_back(std::to_string(StoreKeyRow(keys[i])));
     gets.push_back(std::move(get));
   }
   std::vector<std::vector<FieldValue>> values;
@@ -89,7 +88,7 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) 
       const FieldValue& v = values[g][j];
       if (!v.found || static_cast<int64_t>(v.value.size()) != table.row_bytes) {
         stats_->failed_lookups.fetch_add(1);
-        const std::string row = std::to_string(keys[i] & row_mask);
+        const std::string row = std::to_string(StoreKeyRow(keys[i]));
         if (!v.found) {
           // A whole partition gone (deleted by hand, or a store flushed) is worth telling apart
           // from one row gone; the extra round trip is on the error path only.
@@ -121,8 +120,7 @@ void EmbeddingStore::Refresh(int64_t table, const std::vector<int64_t>& ids,
   const size_t width = static_cast<size_t>(spec_.tables[table].row_bytes);
   for (size_t i = 0; i < ids.size(); ++i) {
     // Always kept: the store may still hold the older row (until `rec store follow` writes it).
-    cache_.Put(table << kTableShift | ids[i], rows.substr(i * width, width),
-               RowCache::Admit::kAlways);
+    cache_.Put(StoreKey(table, ids[i]), rows.substr(i * width, width), RowCache::Admit::kAlways);
   }
   stats_->refreshed_rows.fetch_add(ids.size());
   stats_->cache_bytes.store(cache_.bytes());

@@ -26,8 +26,6 @@ struct StoreOptions {
 
 class EmbeddingStore {
  public:
-  static constexpr int kTableShift = 40;  // a key is table << 40 | row (rec.export.tiered)
-
   // Connects, reads the slot map and checks that the export finished (its meta hash exists);
   // Unavailable with the reason otherwise.
   static Status Open(const StoreSpec& spec, const StoreOptions& options, StoreStats* stats,

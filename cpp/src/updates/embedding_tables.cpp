@@ -25,7 +25,7 @@ Status EmbeddingTables::Create(const UpdatesSpec& spec, std::map<std::string, Bu
       return InvalidArgument("rec.json: \"updates.tables." + name + ".buffer\" names '" +
                              place.buffer + "', which the model does not hold");
     }
-    const int64_t bytes = UpdateRowBytes(place.dim, place.dtype);
+    const int64_t bytes = RowBytes(place.dim, place.dtype);
     const int64_t size = it->second.size;
     const bool rowwise = place.dtype == "int8" || place.dtype == "int4";
     // Divided, not multiplied: a crafted rec.json must not overflow its way past the check.
@@ -117,7 +117,7 @@ UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
   } else if (outcome == UpdateOutcome::kApplied && !r.ids.empty()) {
     const TablePlace& p = spec_.tables.at(r.table);
     uint8_t* base = buffers_.at(p.buffer).data + p.offset;
-    const size_t row_bytes = static_cast<size_t>(UpdateRowBytes(r.dim, r.dtype));
+    const size_t row_bytes = static_cast<size_t>(RowBytes(r.dim, r.dtype));
     const uint8_t* src = reinterpret_cast<const uint8_t*>(r.rows.data());
     for (size_t i = 0; i < r.ids.size(); ++i, src += row_bytes) {
       uint8_t* dst = base + r.ids[i] * p.row_stride;

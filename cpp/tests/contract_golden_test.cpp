@@ -1,0 +1,222 @@
+// The formats rec-server shares with Python, against the golden files both test suites load
+// (tests/data/*_golden.json, written once; Python's tests read the same): update records valid
+// and refused with their reasons, row bytes, URLs and store keys.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "contract/row_bytes.h"
+#include "contract/store_spec.h"
+#include "contract/update_record.h"
+
+namespace rec {
+namespace {
+
+using nlohmann::json;
+
+json Golden(const std::string& name) {
+  const std::string path = std::string(REC_TEST_DATA) + "/" + name;
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  // Integers parse exactly (int64 / uint64), never through double.
+  json golden = json::parse(ss.str(), nullptr, false);
+  EXPECT_TRUE(golden.is_object()) << "cannot read " << path;
+  return golden.is_object() ? golden : json::object();
+}
+
+// A list of cases, failing the test when the file has none (a renamed key would pass vacuously).
+const json& Cases(const json& parent, const char* key) {
+  static const json kNone = json::array();
+  const bool listed = parent.contains(key) && parent[key].is_array() && !parent[key].empty();
+  EXPECT_TRUE(listed) << "no cases under '" << key << "'";
+  return listed ? parent[key] : kNone;
+}
+
+bool Contains(const Status& st, const std::string& error) {
+  return st.message().find(error) != std::string::npos;
+}
+
+std::string Unhex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+std::string Hex(const std::string& bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+// One case's stream entry: its fields as the entry holds them (binary ones unhexed).
+StreamFields Entry(const json& c, const std::set<std::string>& binary) {
+  StreamFields fields;
+  for (const auto& [name, value] : c["fields"].items()) {
+    const std::string v = value.get<std::string>();
+    fields.emplace_back(name, binary.count(name) ? Unhex(v) : v);
+  }
+  return fields;
+}
+
+TEST(Golden, UpdateRecordsDecodeOrAreRefusedWithTheirReason) {
+  const json g = Golden("update_record_golden.json");
+  EXPECT_EQ(g.value("format", ""), kUpdateFormat);
+  EXPECT_EQ(g.value("max_rows", int64_t{0}), kMaxUpdateRows);
+  EXPECT_EQ(g.value("max_dim", int64_t{0}), kMaxUpdateDim);
+  const std::set<std::string> binary = g.contains("binary_fields")
+                                           ? g["binary_fields"].get<std::set<std::string>>()
+                                           : std::set<std::string>{};
+  for (const json& c : Cases(g, "valid")) {
+    UpdateRecord r;
+    Status st = DecodeUpdateRecord(Entry(c, binary), &r);
+    ASSERT_TRUE(st.ok()) << c["name"] << ": " << st.message();
+    const json& want = c["record"];
+    EXPECT_EQ(r.run, want["run"].get<std::string>()) << c["name"];
+    EXPECT_EQ(r.gen, want["gen"].get<int64_t>()) << c["name"];
+    EXPECT_EQ(r.rank, want["rank"].get<int64_t>()) << c["name"];
+    EXPECT_EQ(r.world, want["world"].get<int64_t>()) << c["name"];
+    EXPECT_EQ(r.step, want["step"].get<int64_t>()) << c["name"];
+    EXPECT_EQ(r.wall_ns, want["wall_ns"].get<int64_t>()) << c["name"];
+    EXPECT_EQ(r.last, want["last"].get<bool>()) << c["name"];
+    EXPECT_EQ(r.table, want["table"].get<std::string>()) << c["name"];
+    EXPECT_EQ(r.dtype, want["dtype"].get<std::string>()) << c["name"];
+    EXPECT_EQ(r.dim, want["dim"].get<int64_t>()) << c["name"];
+    EXPECT_EQ(r.ids, want["ids"].get<std::vector<int64_t>>()) << c["name"];
+    EXPECT_EQ(Hex(r.rows), want["rows"].get<std::string>()) << c["name"];
+  }
+  for (const json& c : Cases(g, "refused")) {
+    UpdateRecord r;
+    Status st = DecodeUpdateRecord(Entry(c, binary), &r);
+    ASSERT_FALSE(st.ok()) << c["name"];
+    EXPECT_TRUE(Contains(st, c["error"].get<std::string>()))
+        << c["name"] << ": " << st.message() << "\n  want: " << c["error"];
+  }
+}
+
+TEST(Golden, RowBytesOfEveryDtypeAndDimParity) {
+  const json g = Golden("row_bytes_golden.json");
+  for (const json& c : Cases(g, "rows")) {
+    const std::string dtype = c["dtype"].get<std::string>();
+    const int64_t dim = c["dim"].get<int64_t>();
+    EXPECT_EQ(RowBytes(dim, dtype), c["row_bytes"].get<int64_t>()) << dtype << " dim " << dim;
+  }
+  for (const json& c : Cases(g, "refused")) {
+    const std::string dtype = c["dtype"].get<std::string>();
+    const int64_t dim = c["dim"].get<int64_t>();
+    int64_t bytes = 0;
+    Status st = CheckRowBytes(dim, dtype, &bytes);
+    ASSERT_FALSE(st.ok()) << dtype << " dim " << dim;
+    EXPECT_EQ(st.message(), c["error"].get<std::string>());
+    EXPECT_EQ(RowBytes(dim, dtype), -1);
+  }
+  // The layout the rows follow: codes of `bits` each, then scale and bias where there are any.
+  for (const auto& [dtype, bits] : g["bits"].items()) {
+    EXPECT_EQ(RowBytes(8, dtype), bits.get<int64_t>() + g["scale_bias_bytes"][dtype].get<int64_t>())
+        << dtype;
+  }
+}
+
+TEST(Golden, UpdateLogUrls) {
+  const json g = Golden("url_golden.json");
+  const json& log = g.value("update_log", json::object());
+  EXPECT_EQ(log.value("default_stream", ""), kDefaultUpdateStream);
+  for (const json& c : Cases(log, "valid")) {
+    UpdateUrl u;
+    Status st = ParseUpdateUrl(c["url"].get<std::string>(), &u);
+    ASSERT_TRUE(st.ok()) << c["url"] << ": " << st.message();
+    EXPECT_EQ(u.host, c["host"].get<std::string>()) << c["url"];
+    EXPECT_EQ(u.port, c["port"].get<int>()) << c["url"];
+    EXPECT_EQ(u.stream, c["stream"].get<std::string>()) << c["url"];
+  }
+  for (const json& c : Cases(log, "refused")) {
+    UpdateUrl u;
+    Status st = ParseUpdateUrl(c["url"].get<std::string>(), &u);
+    ASSERT_FALSE(st.ok()) << c["url"];
+    EXPECT_TRUE(Contains(st, c["error"].get<std::string>())) << st.message();
+  }
+}
+
+TEST(Golden, StoreUrls) {
+  const json g = Golden("url_golden.json");
+  const json& store = g.value("store", json::object());
+  for (const json& c : Cases(store, "valid")) {
+    std::vector<std::pair<std::string, int>> nodes;
+    Status st = ParseStoreUrl(c["url"].get<std::string>(), &nodes);
+    ASSERT_TRUE(st.ok()) << c["url"] << ": " << st.message();
+    EXPECT_EQ(nodes, (c["nodes"].get<std::vector<std::pair<std::string, int>>>())) << c["url"];
+  }
+  for (const json& c : Cases(store, "refused")) {
+    std::vector<std::pair<std::string, int>> nodes;
+    Status st = ParseStoreUrl(c["url"].get<std::string>(), &nodes);
+    ASSERT_FALSE(st.ok()) << c["url"];
+    EXPECT_TRUE(Contains(st, c["error"].get<std::string>())) << st.message();
+  }
+}
+
+// The keys rec-server reads. Not here: `prefix` (rec-server takes it from rec.json) and
+// `store_key_refused` (the model makes the keys; the server only splits them, and refuses one
+// outside the stored tables in EmbeddingStore::Fetch).
+TEST(Golden, StoreKeys) {
+  const json g = Golden("store_key_golden.json");
+  EXPECT_EQ(g.value("table_shift", 0), kTableShift);
+  for (const json& c : Cases(g, "partition_key")) {
+    const std::string key =
+        PartitionKey(c["prefix"].get<std::string>(), c["table"].get<std::string>(),
+                     c["partition"].get<int64_t>());
+    EXPECT_EQ(key, c["key"].get<std::string>());
+    EXPECT_EQ(KeySlot(key), c["slot"].get<int>()) << key;
+  }
+  for (const json& c : Cases(g, "meta_key")) {
+    const std::string key = MetaKey(c["prefix"].get<std::string>());
+    EXPECT_EQ(key, c["key"].get<std::string>());
+    EXPECT_EQ(KeySlot(key), c["slot"].get<int>()) << key;
+  }
+  for (const json& c : Cases(g, "key_slot")) {
+    EXPECT_EQ(KeySlot(c["key"].get<std::string>()), c["slot"].get<int>()) << c["key"];
+  }
+  for (const json& c : Cases(g, "store_key")) {
+    const int64_t table = c["table"].get<int64_t>(), row = c["row"].get<int64_t>();
+    const int64_t key = c["key"].get<int64_t>();
+    EXPECT_EQ(StoreKey(table, row), key);
+    EXPECT_EQ(StoreKeyTable(key), table) << key;
+    EXPECT_EQ(StoreKeyRow(key), row) << key;
+  }
+}
+
+// A store key's table index counts the stored tables in this order, whatever order rec.json
+// lists them in.
+TEST(Golden, StoreTableOrder) {
+  const json g = Golden("store_key_golden.json");
+  for (const json& c : Cases(g, "store_order")) {
+    // Written out by hand: a json object would sort its keys before the parser saw them.
+    std::string tables;
+    for (const json& name : c["tables"]) {
+      tables += (tables.empty() ? "" : ", ") + json(name).dump() +
+                R"(: {"rows": 1, "dim": 4, "dtype": "fp32", "row_bytes": 16, "partitions": 1})";
+    }
+    const std::string manifest = R"({"store": {"format": "rec.store/1", "url": "redis://h:1", )"
+                                 R"("prefix": "p", "tables": {)" +
+                                 tables + "}}}";
+    StoreSpec spec;
+    Status st = ParseStoreSection(manifest, "rec.json", &spec);
+    ASSERT_TRUE(st.ok()) << st.message();
+    std::vector<std::string> order;
+    for (const StoreTable& t : spec.tables) order.push_back(t.name);
+    EXPECT_EQ(order, c["order"].get<std::vector<std::string>>());
+  }
+}
+
+}  // namespace
+}  // namespace rec
