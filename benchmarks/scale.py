@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from rec.benchmarking import TreeWatch, run_watched
-from rec.contract import MANIFEST_FILE, read_manifest
+from rec.contract import ModelDir
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -149,14 +149,14 @@ def measure(size: str, root: Path, keep: bool) -> dict:
         log(f"{size}: export {fmt}")
         wall, watch = run_watched([REC, "export", str(run), "--repo", str(repo), "--format", fmt],
                                   work / f"export_{fmt}.log", env=env)  # fmt: skip
-        model_dir = repo / ("rec" if fmt == "torchscript" else "rec_onnx") / "1"
-        manifest = read_manifest(model_dir / MANIFEST_FILE).data
+        model = ModelDir.of(repo, "rec" if fmt == "torchscript" else "rec_onnx")
+        manifest = model.read_manifest(1).data
         peak = watch.largest()
         out[f"export_{fmt}"] = {
             "wall_s": round(wall, 1),
             "peak_rss": peak,
             "peak_vs_fp32": round(peak / fp32, 3),
-            "model_bytes": sum(p.stat().st_size for p in model_dir.glob("model.*")),
+            "model_bytes": sum(p.stat().st_size for p in model.version(1).glob("model.*")),
             "auc_ratio": manifest["verification"]["eval"].get(fmt, {}).get("auc_ratio"),
         }
     if not keep:

@@ -26,7 +26,7 @@ import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.http._utils as http_utils
 
-from rec.contract import MANIFEST_FILE, read_manifest
+from rec.contract import ModelDir
 from rec.cpu import cpu_info, describe
 from rec.serve.cpp import launch_cpp
 from rec.serve.process import ServerProcess
@@ -185,7 +185,7 @@ def start_server(repo: Path, extra: list[str]) -> ServerProcess:
 
 
 async def soak(args) -> dict:
-    manifest = read_manifest(args.repo / "rec" / MANIFEST_FILE).data
+    manifest = ModelDir.of(args.repo, "rec").read_manifest().data
     shape = (len(manifest["features"]["dense"]), len(manifest["features"]["sparse"]))
     server = start_server(args.repo, ["--http-threads", "2", "--executor-threads", "2"])
     host, port = server.endpoints.http.rsplit(":", 1)

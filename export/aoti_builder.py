@@ -46,8 +46,7 @@ from rec.aoti_package import (  # noqa: F401
     missing_flags,
 )
 from rec.config import ConfigError, RecConfig
-from rec.contract import AOTI_TABLES_FILE as TABLES_FILE
-from rec.contract import AOTI_TABLES_INDEX as TABLES_INDEX
+from rec.contract.repository import aoti_tables_in
 from rec.cpu import cpu_info
 from rec.export.dense import PackedLinear
 from rec.export.module import sample_batch
@@ -165,7 +164,8 @@ def write_tables(module: nn.Module, directory: Path) -> list[dict[str, Any]]:
     """The module's TBE storage into tables.bin (64-byte aligned) and its index tables.json;
     returns the index."""
     index, offset = [], 0
-    with open(directory / TABLES_FILE, "wb") as f:
+    tables_file, index_file = aoti_tables_in(directory)
+    with open(tables_file, "wb") as f:
         for name in table_buffers(module):
             data = module.get_buffer(name).contiguous().view(torch.uint8).numpy()
             pad = -offset % _ALIGN
@@ -174,5 +174,5 @@ def write_tables(module: nn.Module, directory: Path) -> list[dict[str, Any]]:
             f.write(memoryview(data))
             index.append({"name": name, "offset": offset, "bytes": int(data.nbytes)})
             offset += data.nbytes
-    (directory / TABLES_INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    index_file.write_text(json.dumps(index, indent=1) + "\n")
     return index

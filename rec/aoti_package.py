@@ -15,10 +15,8 @@ from typing import Any
 
 import torch
 
-from rec.contract import AOTI_TABLES_FILE as TABLES_FILE
-from rec.contract import AOTI_TABLES_INDEX as TABLES_INDEX
 from rec.contract import model_file_in
-from rec.contract.repository import read_version_manifest
+from rec.contract.repository import aoti_tables_in, read_version_manifest
 from rec.contract.sections import AotiSection
 from rec.cpu import all_flags, cpu_info
 
@@ -82,8 +80,8 @@ def check_cpu(target: AotiSection | dict[str, Any], where: str) -> None:
 
 def map_tables(directory: Path) -> list[torch.Tensor]:
     """tables.bin's tables, memory-mapped read-only (private pages: nothing writes the file)."""
-    index = json.loads((directory / TABLES_INDEX).read_text())
-    path = directory / TABLES_FILE
+    path, index_file = aoti_tables_in(directory)
+    index = json.loads(index_file.read_text())
     size = path.stat().st_size
     whole = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8) if size else None
     return [

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from rec.contract import MANIFEST_FILE, TRITON_CONFIG_FILE
+from rec.contract import ModelDir
+from rec.contract.repository import read_version_manifest
 from rec.contract.updates import UpdateError, parse_url
 from rec.serve.client import FEATURES_PARAMETER
 from rec.serve.process import Endpoints, ServerProcess, http_ok, launch, pick_ports, wait_until
@@ -186,12 +187,12 @@ def stage_repository(
     store_cache_bytes: int | None = None,
 ) -> Path:
     """Writes dest/<model>/{config.pbtxt, <version>/model.py}; returns dest."""
-    model_dir = dest / model.name
-    (model_dir / str(model.version)).mkdir(parents=True)
+    staged = ModelDir.of(dest, model.name)
+    staged.version(model.version).mkdir(parents=True)
     config = python_backend_config(model, intra_op_threads, allow_batch_variant, updates,
                                    store_cache_bytes)  # fmt: skip
-    (model_dir / TRITON_CONFIG_FILE).write_text(config_text(config))
-    shutil.copy2(_MODEL_PY, model_dir / str(model.version) / "model.py")
+    staged.write_config(config_text(config))
+    shutil.copy2(_MODEL_PY, staged.version(model.version) / "model.py")
     return dest
 
 
@@ -299,9 +300,9 @@ def start_triton(
 def _has_store(served: ServedModel) -> bool:
     """Whether the version has stored tables: its rec.json (beside the model file, which
     model.py reads) has a `store` section."""
-    manifest = served.model_path.parent / MANIFEST_FILE
     with contextlib.suppress(OSError, ValueError):
-        return "store" in json.loads(manifest.read_text())
+        manifest = read_version_manifest(served.model_path.parent)
+        return manifest is not None and manifest.has("store")
     return False
 
 

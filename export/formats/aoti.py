@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any
 
-from rec.contract import FORMATS
+from rec.contract import AOTI_TABLES_FILE, FORMATS
 from rec.export.formats import Format
 
 if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for a build
@@ -48,7 +48,7 @@ def build(src: b.Source, out: Path) -> b.Built:
         "the AOTInductor package vs the in-memory module",
         reloaded_scores, scores, v.AOTI_TOLERANCE,
     )  # fmt: skip
-    section = {**target, "tables_file": aoti_builder.TABLES_FILE, "tables": index,
+    section = {**target, "tables_file": AOTI_TABLES_FILE, "tables": index,
                "max_abs_diff_vs_module": diff, "tolerance": v.AOTI_TOLERANCE}  # fmt: skip
     return b.Built(
         scores, reloaded_scores, batching, tables,

@@ -1,7 +1,9 @@
-"""rec.json, the model repository's manifest: its keys, and the one reader that checks them.
+"""rec.json, the model repository's manifest: its keys, the one reader that checks them and the
+writer.
 
-Export writes it (rec.export.pipeline); `rec serve`, rec's Triton model, the batch probe, the
-benchmarks and the tests read it here. rec-server reads the same fields in C++
+Export assembles it (rec.export.pipeline) and writes it with `write_manifest` (through
+rec.contract.repository.ModelDir); `rec serve`, rec's Triton model, the batch probe, `rec store`,
+the benchmarks and the tests read it here. rec-server reads the same fields in C++
 (cpp/src/model/model_spec.cpp) and words each refusal the same way, naming the field:
 `<file>: "serving.max_batch_size" must be an integer in [1, 2^30], got "lots"`. A shared test
 (tests/serve_cpp/test_manifest_contract.py) feeds both readers the same malformed files.
