@@ -11,6 +11,7 @@ import torch
 
 from rec import factory
 from rec.config import ConfigError, config_from_dict
+from rec.contract.repository import ModelDir
 from rec.export import torchscript_builder
 from rec.model import build_model
 from tests.export.conftest import write_seeded_run
@@ -125,4 +126,4 @@ def test_rec_export_refuses_an_unscriptable_model(tmp_path):
     assert proc.returncode == 2, proc.stdout
     assert "ThroughNumpy" in proc.stdout and "cannot be exported to TorchScript" in proc.stdout
     assert "Traceback" not in proc.stdout
-    assert not (tmp_path / "repo" / "rec" / "1").exists()
+    assert not ModelDir.of(tmp_path / "repo", "rec").version(1).exists()

@@ -86,7 +86,7 @@ def _in_process(model, rows) -> np.ndarray:
 
 def test_the_package_is_verified_and_recorded(exported):
     repo, arch = exported
-    version = repo / "rec_aoti" / "1"
+    version = ModelDir.of(repo, "rec_aoti").version(1)
     assert sorted(p.name for p in version.iterdir()) == sorted(
         [FORMATS["aoti"].file, MANIFEST_FILE, AOTI_TABLES_FILE, AOTI_TABLES_INDEX])  # fmt: skip
     manifest = json.loads(manifest_in(version).read_text())
@@ -114,7 +114,7 @@ def test_rec_server_serves_it_with_the_scores_it_has_in_process(exported):
     """Both protocols, batched and single; the TorchScript model beside it within the bound."""
     repo, arch = exported
     torch.set_num_threads(1)
-    model = aoti_builder.AotiModel(repo / "rec_aoti" / "1")
+    model = aoti_builder.AotiModel(ModelDir.of(repo, "rec_aoti").version(1))
     rows = _rows(repo)
     want = _in_process(model, rows)
     singles = np.concatenate([_in_process(model, r) for r in rows.split(1)])
@@ -136,7 +136,7 @@ def test_triton_serves_it_with_the_same_scores(exported):
     repo, arch = exported
     if arch not in ("dlrm", "din"):
         pytest.skip("one pooled and one sequence architecture: Triton starts are slow")
-    model = aoti_builder.AotiModel(repo / "rec_aoti" / "1")
+    model = aoti_builder.AotiModel(ModelDir.of(repo, "rec_aoti").version(1))
     rows = _rows(repo, seed=9)
     want = _in_process(model, rows)
     with start_triton(repo, model="rec_aoti", **PORTS) as server:
@@ -154,7 +154,7 @@ def test_a_cpu_without_the_packages_isa_is_refused(exported, tmp_path):
     if arch != "dlrm":
         pytest.skip("the check does not depend on the architecture")
     version = tmp_path / "1"
-    shutil.copytree(repo / "rec_aoti" / "1", version)
+    shutil.copytree(ModelDir.of(repo, "rec_aoti").version(1), version)
     manifest = json.loads(manifest_in(version).read_text())
     lacking = aoti_builder.missing_flags(
         [*aoti_builder.CPU_ISAS["avx512"].flags, "amx_tile", "avx10_2"]

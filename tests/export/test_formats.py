@@ -91,7 +91,7 @@ def test_a_fourth_format_is_one_module(toy_format, seeded_run, tmp_path):
 
     repo = tmp_path / "models"
     result = export_run(seeded_run, repo, fmt="toy", log=lambda _: None)
-    version = repo / "rec_toy" / "1"
+    version = ModelDir.of(repo, "rec_toy").version(1)
     assert result.models == {"toy": version}
     assert (version / "model.toy").stat().st_size > 0 and not model_file_in(version).exists()
     manifest = json.loads(ModelDir.of(repo, "rec_toy").manifest.read_text())

@@ -105,7 +105,7 @@ def test_versions_force_and_overrides(tmp_path):
                     "preferred_batch_sizes": [64, 128]}},
     )  # fmt: skip
     second = export_run(run, repo, config=overrides, **quiet)
-    assert second.models["torchscript"] == repo / "rec" / "2"
+    assert second.models["torchscript"] == ModelDir.of(repo, "rec").version(2)
     m = json.loads(ModelDir.of(repo, "rec").manifest.read_text())
     assert m["version"] == 2
     stored = {t["name"]: t["stored_dtype"] for t in m["tables"]}
@@ -149,7 +149,10 @@ def test_skip_exported_exports_each_checkpoint_once(tmp_path):
     assert repo_versions(repo / "rec") == ["1"]
     # rec_onnx does not hold it yet: both formats are written, the TorchScript one as version 2.
     both = export_run(run, repo, fmt="both", skip_exported=True, **quiet)
-    assert both.models == {"torchscript": repo / "rec" / "2", "onnx": repo / "rec_onnx" / "1"}
+    assert both.models == {
+        "torchscript": ModelDir.of(repo, "rec").version(2),
+        "onnx": ModelDir.of(repo, "rec_onnx").version(1),
+    }
 
 
 def repo_versions(model_dir):

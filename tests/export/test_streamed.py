@@ -188,5 +188,5 @@ def test_kill_during_streaming_leaves_no_version(tmp_path):
     assert list(repo.glob(".staging-*"))  # the torn work is only ever in staging
     cfg = write_config(tmp_path / "fast.yaml", {"export": {"chunk_rows": 0}})
     result = export_run(run, repo, config=cfg, log=lambda _: None)
-    assert result.models["torchscript"] == repo / "rec" / "1"
+    assert result.models["torchscript"] == ModelDir.of(repo, "rec").version(1)
     assert not list(repo.glob(".staging-*"))

@@ -52,14 +52,14 @@ def test_a_live_model_is_hot_swapped_from_torchscript_to_aoti(exports, tmp_path)
     rows = _rows(repo / "rec")
     torch.set_num_threads(1)
     before = _in_process(torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1))), rows)
-    after = _in_process(aoti_builder.AotiModel(pt2 / "rec_aoti" / "1"), rows)
+    after = _in_process(aoti_builder.AotiModel(ModelDir.of(pt2, "rec_aoti").version(1)), rows)
     s = Server(repo, "--poll-repository-s", "1")
     client = ScoreClient(s.grpc, "grpc")
     try:
         assert np.array_equal(client.score(rows), before)
         staged = repo / "rec" / ".v2"  # appears whole: the poll never sees half a version
-        shutil.copytree(pt2 / "rec_aoti" / "1", staged)
-        os.rename(staged, repo / "rec" / "2")
+        shutil.copytree(ModelDir.of(pt2, "rec_aoti").version(1), staged)
+        os.rename(staged, ModelDir.of(repo, "rec").version(2))
         deadline = time.monotonic() + 30
         while "version 1 -> 2" not in s.stderr() and time.monotonic() < deadline:
             assert client.score(rows).shape == before.shape  # served throughout

@@ -65,7 +65,7 @@ def test_startup_refuses_with_a_clear_message(repo, tmp_path, breakage, expected
     elif breakage == "no fbgemm":
         args += ["--fbgemm-lib-dir", str(tmp_path)]
     elif breakage == "no version":
-        shutil.rmtree(bad / "rec" / "1")
+        shutil.rmtree(ModelDir.of(bad, "rec").version(1))
     elif breakage == "malformed serving":
         # Read only for a max_batch_size 0 config, the `none` form export writes by default.
         _make_unbatched(bad / "rec")
@@ -225,7 +225,7 @@ def test_broken_new_version_keeps_the_old_one(tmp_path):
     write_model(tmp_path, version=1, seed=0)
     s = Server(tmp_path, "--poll-repository-s", "1")
     try:
-        (tmp_path / "rec" / "2").mkdir()
+        ModelDir.of(tmp_path, "rec").version(2).mkdir()
         ModelDir.of(tmp_path, "rec").model_file(2).write_bytes(b"not a TorchScript archive")
         # The server's log says when it tried version 2; two more 1 s polls must not retry it.
         deadline = time.monotonic() + 30

@@ -62,7 +62,7 @@ def test_staged_config_is_valid_python_backend_config(tiny_repo, tmp_path):
     }
     optional = {i.name for i in staged.input if i.optional}
     assert optional == {"sparse_values", "sparse_strings"}
-    assert (tmp_path / "rec" / "1" / "model.py").is_file()
+    assert (ModelDir.of(tmp_path, "rec").version(1) / "model.py").is_file()
     assert python_backend_config(model).output[0].dims == [-1, model.num_tasks]
 
 
@@ -71,7 +71,7 @@ def test_staged_config_is_valid_python_backend_config(tiny_repo, tmp_path):
     [
         (lambda d: ModelDir(d).config.write_text("max_batch_size: [oops"), "not a valid Triton"),
         (lambda d: ModelDir(d).manifest.unlink(), "rec.json is missing"),
-        (lambda d: shutil.rmtree(d / "1"), "no version directory"),
+        (lambda d: shutil.rmtree(ModelDir(d).version(1)), "no version directory"),
         (
             lambda d: _edit_manifest(d, lambda m: m["serving"].update(max_batch_size="512")),
             'rec.json: "serving.max_batch_size" must be an integer in [1, 2^30], got "512"',
@@ -101,7 +101,7 @@ def test_default_model_is_the_torchscript_one(tiny_repo, tmp_path):
     """An ONNX model beside the TorchScript one (as export may write) leaves the choice clear."""
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
-    (repo / "rec_onnx" / "1").mkdir(parents=True)
+    ModelDir.of(repo, "rec_onnx").version(1).mkdir(parents=True)
     ModelDir.of(repo, "rec_onnx").config.write_text('platform: "onnxruntime_onnx"\n')
     assert load_model(repo).name == "rec"
     with pytest.raises(ServeError, match="no version directory with a model.pt"):

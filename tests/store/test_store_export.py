@@ -18,7 +18,7 @@ import yaml
 
 import rec.ops  # noqa: F401  (model.pt's dense layers, before torch.jit.load)
 from rec.contract import store as contract
-from rec.contract.repository import manifest_in, model_file_in
+from rec.contract.repository import ModelDir, manifest_in, model_file_in
 from rec.serve.client import ScoreClient, synthetic_rows
 from rec.serve.cpp import start_cpp
 from rec.store.cluster import RedisCluster
@@ -86,7 +86,10 @@ def test_stored_tables_score_as_in_process_bit_for_bit(cluster, tmp_path, arch, 
                          cluster.url(), check=True)  # fmt: skip
     assert re.search(r"[0-9.]+ [kMG]?B of Redis memory per copy", out.stdout), out.stdout
     rec_in_process("export", str(run), "--repo", str(tmp_path / "plain"), check=True)  # every table
-    tiered_dir, plain_dir = tmp_path / "tiered" / "rec" / "1", tmp_path / "plain" / "rec" / "1"
+    tiered_dir, plain_dir = (
+        ModelDir.of(tmp_path / "tiered", "rec").version(1),
+        ModelDir.of(tmp_path / "plain", "rec").version(1),
+    )
     tiered = json.loads(manifest_in(tiered_dir).read_text())
     plain = json.loads(manifest_in(plain_dir).read_text())
     section = tiered["store"]
@@ -208,7 +211,10 @@ def test_a_bad_store_url_is_refused_by_name(tmp_path):
     out = rec_in_process("export", str(run), "--repo", str(tmp_path / "repo"), "--format",
                          "onnx", "--store", "redis://127.0.0.1:1")  # fmt: skip
     assert out.returncode == 2 and "export.format is 'onnx'" in out.stdout, out.stdout
-    assert "Traceback" not in out.stdout and not (tmp_path / "repo" / "rec" / "1").exists()
+    assert (
+        "Traceback" not in out.stdout
+        and not ModelDir.of(tmp_path / "repo", "rec").version(1).exists()
+    )
 
 
 def test_an_unreachable_store_is_an_error_before_any_work(tmp_path):
@@ -218,7 +224,7 @@ def test_an_unreachable_store_is_an_error_before_any_work(tmp_path):
     url = f"redis://127.0.0.1:{_free_port('127.0.0.1')}"
     out = rec_in_process("export", str(run), "--repo", str(tmp_path / "repo"), "--store", url)
     assert out.returncode == 2 and "cannot reach the cluster" in out.stdout, out.stdout
-    assert not (tmp_path / "repo" / "rec" / "1").exists()
+    assert not ModelDir.of(tmp_path / "repo", "rec").version(1).exists()
 
 
 def test_the_plan_sizes_the_store_and_the_cache(tmp_path):
