@@ -90,9 +90,7 @@ def follow(repo, model, version, updates_url, idle_exit_s) -> None:
     from rec.store.follow import StoreFollower
 
     version, manifest = version_manifest(repo, model, version)
-    follower = StoreFollower(
-        manifest.data, updates_url, log=lambda line: click.echo(line, err=True)
-    )
+    follower = StoreFollower(manifest, updates_url, log=lambda line: click.echo(line, err=True))
     click.echo(f"following {follower.url} into {manifest.store.url} for model '{model}' "
                f"version {version}, from entry {follower.cursor}", err=True)  # fmt: skip
     stop = threading.Event()

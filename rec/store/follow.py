@@ -14,7 +14,7 @@ it applies each record, so a replica serves a row fresh from its cache even befo
 has written it here, and a row it has not cached comes from here (docs/store.md).
 
 Example:
-    >>> follower = StoreFollower(manifest.data, "redis://127.0.0.1:6379")  # doctest: +SKIP
+    >>> follower = StoreFollower(read_manifest(path), "redis://127.0.0.1:6379")  # doctest: +SKIP
     >>> follower.run(stop)  # until `stop` is set  # doctest: +SKIP
 """
 
@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rec.contract.store import StoreError, check_section, meta_key, partition_key
+from rec.contract.manifest import Manifest
+from rec.contract.sections import StoreSection, UpdatesSection
+from rec.contract.store import StoreError, meta_key, partition_key
 from rec.contract.updates import UpdateError, UpdateRecord, parse_url
 from rec.update_log import Applier, Entry, LogReader, ServedTable
 
@@ -46,20 +48,20 @@ class FollowStats:
 class StoreApplier(Applier):
     """Applier whose rows go into the stored tables' partition hashes under `prefix`."""
 
-    def __init__(self, store: dict, updates: dict, client) -> None:
-        tables = store["tables"]
+    def __init__(self, store: StoreSection, updates: UpdatesSection, client) -> None:
+        tables = store.tables
         super().__init__(
             tables={},
-            export=(int(updates.get("gen") or 0), int(updates.get("step") or 0)),
-            run=updates.get("run") or "",
-            stored={n: ServedTable(t["rows"], t["dim"], t["dtype"]) for n, t in tables.items()},
+            export=(updates.gen, updates.step),
+            run=updates.run or "",
+            stored={n: ServedTable(t.rows, t.dim, t.dtype) for n, t in tables.items()},
         )
-        self.prefix, self.partitions, self.client = store["prefix"], tables, client
+        self.prefix, self.partitions, self.client = store.prefix, tables, client
         self.pipe = client.pipeline(transaction=False)
         self.pending = 0
 
     def write(self, rec: UpdateRecord) -> None:
-        parts = self.partitions[rec.table]["partitions"]
+        parts = self.partitions[rec.table].partitions
         width = len(rec.rows) // rec.count
         groups: dict[int, dict[str, bytes]] = {}
         for i, row in enumerate(rec.ids):
@@ -80,29 +82,28 @@ class StoreFollower:
     """Follows the update log at `updates_url` (default: rec.json's `updates.url`) into the
     store of the version whose rec.json is `manifest` (its `store` and `updates` sections)."""
 
-    def __init__(self, manifest: dict, updates_url: str | None = None,
+    def __init__(self, manifest: Manifest, updates_url: str | None = None,
                  log: Callable[[str], None] = print) -> None:  # fmt: skip
         from rec.store.client import connect
 
-        store, updates = manifest.get("store"), manifest.get("updates")
-        if not store:
+        store, updates = manifest.store, manifest.updates
+        if store is None:
             raise StoreError('rec.json has no "store" section: this version keeps every table in '
                              "its model file; there is nothing to follow into a store")  # fmt: skip
-        check_section(store)
         if updates is None:
             raise StoreError('rec.json has no "updates" section (an export older than the update '
                              "log): its rows cannot be matched to the log's records")  # fmt: skip
-        url = updates_url or updates.get("url")
+        url = updates_url or updates.url
         if not url:
             raise StoreError("no update log to follow: the run did not publish (publish.url) and "
                              "no --updates URL was given")  # fmt: skip
         self.where = parse_url(url)
-        self.url, self.store_url, self.log = url, store["url"], log
-        self.client = connect(store["url"])
-        self.meta = meta_key(store["prefix"])
+        self.url, self.store_url, self.log = url, store.url, log
+        self.client = connect(store.url)
+        self.meta = meta_key(store.prefix)
         if not self.client.exists(self.meta):
-            raise StoreError(f"store {store['url']}: no finished export under "
-                             f"{store['prefix']!r} (its meta hash is missing)")  # fmt: skip
+            raise StoreError(f"store {store.url}: no finished export under "
+                             f"{store.prefix!r} (its meta hash is missing)")  # fmt: skip
         self.applier = StoreApplier(store, updates, self.client)
         saved = self.client.hmget(self.meta, ["follow_id", "follow_run"])
         self.cursor = saved[0].decode() if saved[0] else "0"

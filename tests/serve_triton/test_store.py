@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, before torch.jit.load)
 from rec.broker import RedisBroker, _free_port
-from rec.contract import DENSE, LENGTHS, MANIFEST_FILE, VALUES
+from rec.contract import DENSE, LENGTHS, MANIFEST_FILE, VALUES, parse_manifest
 from rec.contract import store as contract
 from rec.contract.repository import ModelDir
 from rec.contract.requests import random_request
@@ -231,7 +231,7 @@ def test_the_cache_serves_repeats_and_takes_fresh_rows_from_the_log(tier, tmp_pa
             time.sleep(0.1)
         fresh = infer(httpclient, server, request)
         assert not np.array_equal(fresh, first)
-        follower = StoreFollower(tier.manifest, url, log=lambda line: None)
+        follower = StoreFollower(parse_manifest(tier.manifest), url, log=lambda line: None)
         assert follower.run(threading.Event(), idle_exit_s=1.0).rows == len(ids)
         follower.close()
         reader = StoreReader(store)
