@@ -17,7 +17,8 @@ from rec.contract.store import StoreError
 from rec.resources import ResourceError
 
 # Stage modules that define click commands in a `COMMANDS` list.
-_STAGE_CLI_MODULES = ("rec.train.cli", "rec.export.cli", "rec.serve.cli", "rec.store.cli")
+_STAGE_CLI_MODULES = ("rec.train.cli", "rec.export.cli", "rec.serve.cli", "rec.store.cli",
+                      "rec.config_doc")  # fmt: skip
 
 
 class _Group(click.Group):

@@ -89,18 +89,27 @@ class TableConfig:
     """One embedding table; several features may share it."""
 
     name: str
-    """Table name; also its key in checkpoints and plans."""
+    """Table name; also its key in checkpoints and plans. A Python identifier.
+
+    Example: user"""
     rows: int
-    """Number of embedding rows. Raw ids are mapped into [0, rows) with a non-negative modulo."""
+    """Number of embedding rows. Raw ids are mapped into [0, rows) with a non-negative modulo.
+
+    Example: 100000"""
     dim: int
     """Embedding dimension. The DLRMs need every table at one dim; dcn_v2, mmoe and din take
-    any (din's sequence tables share one)."""
+    any (din's sequence tables share one).
+
+    Example: 16"""
     features: list[str]
-    """Sparse features looked up in this table."""
+    """Sparse features looked up in this table: one table may serve several features (an
+    item id and a user's recent items), each feature is in exactly one table.
+
+    Example: [item_id, recent_items]"""
     pooling: str = "sum"
-    """How a bag of ids is pooled: sum or mean; or none, for a sequence table: its features
-    are sequences (a user's history, the candidate item), each id's embedding kept in order
-    (TorchRec's EmbeddingCollection). Sequence tables need model.arch din."""
+    """How a bag of ids is pooled: sum, mean, or none (a sequence table). A sequence table's
+    features are sequences (a user's history, the candidate item), each id's embedding kept
+    in order (TorchRec's EmbeddingCollection); they need model.arch din."""
 
     def __post_init__(self) -> None:
         _check(bool(self.name) and isinstance(self.name, str), f"table name {self.name!r} is empty")
@@ -140,13 +149,23 @@ class FeaturesConfig:
     """Number of dense (float) features."""
     sparse: list[str] = field(default_factory=list)
     """Sparse feature names, in the order of the `sparse_lengths` columns of the served model.
-    Empty means: every feature of every table, in table order."""
+    Empty means: every feature of every table, in table order. Given, it lists each table's
+    features exactly once.
+
+    Example: [user_id, item_id, recent_items, category]"""
     dense_names: list[str] = field(default_factory=list)
-    """Optional names of the dense features (default dense_0, dense_1, ...)."""
+    """Optional names of the dense features (default dense_0, dense_1, ...); as many as
+    `dense`. They name the dense columns of a CSV or Parquet file unless data.columns.dense
+    does, and the keys of `transforms`.
+
+    Example: [price, age_days, ctr_7d]"""
     transforms: dict[str, str] = field(default_factory=dict)
-    """Dense feature name -> transform of its raw value, applied inside the exported model:
-    identity or log1p (log1p(max(x, 0))). Default: log1p for data.source criteo_tsv,
-    identity otherwise. See rec.features."""
+    """How each dense feature's raw value is transformed, inside the exported model too. A
+    mapping from dense feature name (see `dense_names`) to identity or log1p
+    (log1p(max(x, 0))); a feature left out takes the default: log1p for data.source
+    criteo_tsv, identity otherwise. See rec.features.
+
+    Example: {price: log1p, ctr_7d: identity}"""
 
     def __post_init__(self) -> None:
         _check(
@@ -185,10 +204,13 @@ class ModelConfig:
     """DLRM, DLRM-DCN, DCN-v2, MMoE or DIN, built from TorchRec's parts (rec.model)."""
 
     arch: str = "dlrm"
-    """dlrm (dot interaction), dlrm_dcn (low-rank cross network interaction), dcn_v2 (cross
-    network over the concatenated embeddings) or mmoe (multi-gate mixture of experts over the
-    concatenated embeddings, one tower per task) or din (sequence features: a candidate
-    attending to a history). dcn_v2, mmoe and din take tables of any dims."""
+    """The architecture: dlrm, dlrm_dcn, dcn_v2, mmoe or din. dlrm: dot interaction;
+    dlrm_dcn: low-rank cross network interaction; dcn_v2: cross network over the concatenated
+    embeddings; mmoe: multi-gate mixture of experts over the concatenated embeddings, one
+    tower per task; din: sequence features, a candidate attending to a history. dcn_v2, mmoe
+    and din take tables of any dims.
+
+    Example: dcn_v2"""
     dense_arch: list[int] = field(default_factory=lambda: [64, 16])
     """Bottom MLP layer sizes; for dlrm and dlrm_dcn the last must equal the embedding dim."""
     over_arch: list[int] = field(default_factory=lambda: [64, 32, 1])
@@ -197,18 +219,28 @@ class ModelConfig:
     tasks: list[str] = field(default_factory=list)
     """Task names, in the order of the score columns. Empty: `label` for one task, `label_0`,
     `label_1`, ... for several. mmoe needs them (one tower each); for the others their number
-    must be over_arch[-1]."""
+    must be over_arch[-1].
+
+    Example: [click, purchase]"""
     factory: str = ""
-    """Your own model instead of `arch`: "package.module:function", called as
-    function(ebc, cfg, **factory_args) and returning an nn.Module whose forward(dense [B, D],
+    """Your own model instead of `arch`, as "package.module:function". It is called as
+    function(ebc, cfg, **factory_args) and returns an nn.Module whose forward(dense [B, D],
     KeyedJaggedTensor) returns logits [B, T]; the contract is in rec.factory. The module must
-    be importable where rec runs (installed, on PYTHONPATH, or under the current directory)."""
+    be importable where rec runs (installed, on PYTHONPATH, or under the current directory).
+
+    Example: my_models.wide:build"""
     factory_args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the factory, as YAML gives them."""
+    """Keyword arguments of the factory, as YAML gives them.
+
+    Example: {hidden: [128, 64], dropout: 0.1}"""
     candidate: str = ""
-    """din: the sequence feature holding the item to score (one id; several are summed)."""
+    """din: the sequence feature holding the item to score (one id; several are summed).
+
+    Example: item_id"""
     history: str = ""
-    """din: the sequence feature holding the user's history, which the candidate attends to."""
+    """din: the sequence feature holding the user's history, which the candidate attends to.
+
+    Example: recent_items"""
     attention_arch: list[int] = field(default_factory=lambda: [32])
     """din: hidden layer sizes of the attention unit (each history item's weight)."""
     num_experts: int = 4
@@ -340,13 +372,26 @@ class ColumnsConfig:
     """Maps the columns of a CSV or Parquet file onto label, dense and sparse features."""
 
     label: str = "label"
-    """Column holding the 0/1 label."""
+    """Column holding the 0/1 label.
+
+    Example: clicked"""
     labels: list[str] = field(default_factory=list)
-    """Label columns, one per task, for a model with several tasks (empty: [label])."""
+    """Label columns, one per task, for a model with several tasks (empty: [label], or the
+    columns named like model.tasks).
+
+    Example: [clicked, bought]"""
     dense: list[str] = field(default_factory=list)
-    """Columns of the dense features, in order (default: the dense feature names)."""
+    """Columns of the dense features, in the order of features.dense_names (default: the
+    columns named like the dense features).
+
+    Example: [price, age_days, ctr_7d]"""
     sparse: dict[str, str] = field(default_factory=dict)
-    """Sparse feature name -> column (default: the column named like the feature)."""
+    """Which column holds each sparse feature: a mapping from feature name (as in the tables'
+    `features`) to column name. A feature left out reads the column named like it. A cell
+    holds one id or several joined by `separator`; a decimal integer is its own id, any other
+    string is hashed to one.
+
+    Example: {user_id: user, item_id: item, recent_items: history}"""
     separator: str = "|"
     """Separator between ids of a multi-valued sparse cell, e.g. "12|7|3"."""
 
@@ -368,15 +413,24 @@ class DataConfig:
     """Where samples come from."""
 
     source: str = "synthetic"
-    """synthetic, criteo_tsv, csv or parquet."""
+    """Where samples come from: synthetic, criteo_tsv, csv or parquet.
+
+    Example: csv"""
     train_paths: list[str] = field(default_factory=list)
-    """Files (or glob patterns) of training samples, for file sources."""
+    """Files (or glob patterns) of training samples, for file sources.
+
+    Example: [data/clicks/train-*.csv]"""
     eval_paths: list[str] = field(default_factory=list)
-    """Held-out files; if empty, every `eval_every_nth_row`-th training row is held out."""
+    """Held-out files; if empty, every `eval_every_nth_row`-th training row is held out.
+
+    Example: [data/clicks/eval.csv]"""
     eval_every_nth_row: int = 10
     """With no eval_paths: rows whose index is divisible by this form the held-out split."""
     on_bad_row: str = "error"
-    """error: stop with the file and row; skip: drop the row and count it."""
+    """What a bad row does: error stops with the file and row; skip drops the row and counts
+    it.
+
+    Example: skip"""
     delimiter: str = ","
     """CSV field delimiter."""
     columns: ColumnsConfig = field(default_factory=ColumnsConfig)
@@ -406,9 +460,11 @@ class TrainingConfig:
     embedding_optimizer: str = "rowwise_adagrad"
     """Fused (in-backward, FBGEMM) optimizer of the embedding tables: rowwise_adagrad, adam, sgd."""
     embedding_lr: float = 0.05
+    """Learning rate of the embedding optimizer."""
     dense_optimizer: str = "adam"
     """Optimizer of the MLPs: adam, adagrad or sgd."""
     dense_lr: float = 0.002
+    """Learning rate of the dense optimizer, reached after `warmup_steps`."""
     warmup_steps: int = 50
     """Linear LR warm-up of the dense optimizer, in steps."""
     lr_schedule: str = "constant"
@@ -469,9 +525,15 @@ class TableConstraint:
     """What the sharding planner may choose for one table."""
 
     sharding_types: list[str] = field(default_factory=list)
-    """Allowed sharding types (empty: any the sharder offers)."""
+    """Allowed sharding types (empty: any the sharder offers): data_parallel, table_wise,
+    column_wise, row_wise, table_row_wise, table_column_wise or grid_shard.
+
+    Example: [row_wise, table_row_wise]"""
     compute_kernels: list[str] = field(default_factory=list)
-    """Allowed compute kernels (empty: any)."""
+    """Allowed compute kernels (empty: any): dense, fused, fused_uvm, fused_uvm_caching or
+    quant.
+
+    Example: [fused]"""
     min_partition: int = 0
     """Smallest column shard for column-wise sharding; 0 leaves TorchRec's default."""
     pooling_factor: float = 0.0
@@ -531,7 +593,12 @@ class ShardingConfig:
     """Per-table constraints and topology for TorchRec's EmbeddingShardingPlanner."""
 
     constraints: dict[str, TableConstraint] = field(default_factory=dict)
-    """Table name -> constraint."""
+    """What the planner may choose per table: a mapping from table name to its constraint
+    (the keys under `sharding.constraints.<name>`). A table left out: anything.
+
+    Example:
+        item: {sharding_types: [row_wise], pooling_factor: 3.5}
+        category: {sharding_types: [data_parallel]}"""
     topology: TopologyConfig = field(default_factory=TopologyConfig)
 
 
@@ -554,15 +621,21 @@ class StoreConfig:
     """Tables `rec export` writes into a Redis Cluster instead of the model (rec.contract.store)."""
 
     url: str = ""
-    """redis://HOST:PORT[,HOST:PORT...] of the cluster; empty: every table stays in the model."""
+    """redis://HOST:PORT[,HOST:PORT...] of the cluster; empty: every table stays in the model.
+
+    Example: redis://10.0.0.5:7000,10.0.0.6:7000"""
     tables: list[str] = field(default_factory=list)
-    """Tables to put there; empty: every table of min_bytes and more (stored size)."""
+    """Tables to put there; empty: every table of min_bytes and more (stored size).
+
+    Example: [user, item]"""
     min_bytes: int = 64 << 20
     """With no `tables`, the stored size from which a table goes to the store."""
     partitions: int = 16
     """Partition hashes per table (each on one node; rows by row % partitions)."""
     table_partitions: dict[str, int] = field(default_factory=dict)
-    """Per-table override of `partitions`."""
+    """Per-table override of `partitions`: a mapping from table name to its partitions.
+
+    Example: {user: 64}"""
 
     def __post_init__(self) -> None:
         if self.url:
@@ -586,7 +659,10 @@ class ExportConfig:
     quantize: str = "int8"
     """Default storage of embedding tables: int8, int4, fp16 or fp32."""
     table_dtypes: dict[str, str] = field(default_factory=dict)
-    """Per-table override of `quantize`, e.g. {big_table: int4, small_table: fp16}."""
+    """Per-table override of `quantize`: a mapping from table name to int8, int4, fp16 or
+    fp32.
+
+    Example: {user: int4, category: fp16}"""
     model_name: str = "rec"
     """Model directory name inside the repository."""
     max_batch_size: int = 512
@@ -596,31 +672,34 @@ class ExportConfig:
     waits it out; rec-server's adaptive window (its default) waits less for a small model, a
     lone client, or clients that have all sent theirs (cpp/README.md, "Batching")."""
     preferred_batch_sizes: list[int] = field(default_factory=list)
-    """Batch sizes a server runs at once, without waiting out the window (Triton's meaning)."""
+    """Batch sizes a server runs at once, without waiting out the window (Triton's meaning).
+
+    Example: [64, 256]"""
     instances: int = 1
     """Model instances (executor threads) per server."""
     format: str = "torchscript"
     """What `rec export` writes: torchscript, onnx, aoti (torch.export + AOTInductor, model.pt2),
     both (torchscript and onnx) or all (each its own model directory)."""
     cpu_isa: str = "avx2"
-    """The ISA an aoti package is compiled for: avx2 (x86-64-v3, any x86-64 server since 2013)
-    or avx512 (x86-64-v4). Servers refuse a package whose ISA their CPU lacks."""
+    """The ISA an aoti package is compiled for: avx2 or avx512. avx2 is x86-64-v3, any x86-64
+    server since 2013; avx512 is x86-64-v4. Servers refuse a package whose ISA their CPU
+    lacks."""
     triton_batching: str = "none"
-    """config.pbtxt form. none: max_batch_size 0 with explicit -1 batch dims (stock Triton takes
-    requests of any size but never merges them; rec-server batches them with rec.json's
-    "serving" settings). ragged: max_batch_size, dynamic batching, `sparse_values` with
-    allow_ragged_batch (stock Triton then takes one sample per request; rec-server batches it
-    from the config). See rec.export.repository."""
+    """The config.pbtxt form: none or ragged. none: max_batch_size 0 with explicit -1 batch
+    dims (stock Triton takes requests of any size but never merges them; rec-server batches
+    them with rec.json's "serving" settings). ragged: max_batch_size, dynamic batching,
+    `sparse_values` with allow_ragged_batch (stock Triton then takes one sample per request;
+    rec-server batches it from the config). See rec.export.repository."""
     batch_invariant: bool = True
-    """Dense layers whose result for a sample does not depend on the batch the server formed
-    (rec::linear: one fixed FMA order per output on every CPU); CPU GEMM otherwise differs in
-    the last bits for batches under 16. TorchScript only (rec.export.dense). Export checks it
-    and refuses a model that is not."""
+    """Dense layers whose result for a sample does not depend on the batch the server formed.
+    rec::linear keeps one fixed FMA order per output on every CPU; CPU GEMM otherwise differs
+    in the last bits for batches under 16. TorchScript only (rec.export.dense). Export checks
+    it and refuses a model that is not."""
     dense_dtype: str = "fp32"
-    """What the TorchScript model's dense layers compute in: fp32; int8 (weights per output
-    channel, activations per sample, int32 accumulation: batch invariant on every CPU; see
-    rec.export.dense for which layers stay fp32); or bf16 (about 2x fp32's throughput at
-    B = 512 with AVX-512 BF16, 3x and more with AMX, but not batch invariant on AMX CPUs: set
+    """What the TorchScript model's dense layers compute in: fp32, int8 or bf16. int8: weights
+    per output channel, activations per sample, int32 accumulation, batch invariant on every
+    CPU (see rec.export.dense for which layers stay fp32). bf16: about 2x fp32's throughput at
+    B = 512 with AVX-512 BF16, 3x and more with AMX, but not batch invariant on AMX CPUs (set
     batch_invariant false with it there). For int8 and bf16 export measures the AUC it costs
     and refuses a model under the 99.9 % bar unless `accept_quality_loss` is set."""
     accept_quality_loss: bool = False
@@ -632,7 +711,7 @@ class ExportConfig:
     """Rows per chunk as export streams each table out of the checkpoint (never a whole float
     table in memory); 0: as many as fit in 32 MiB of fp32."""
     store: StoreConfig = field(default_factory=StoreConfig)
-    """Tables kept in a Redis Cluster (the embedding tier) rather than in the model."""
+    """The embedding tier: see docs/store.md."""
 
     def __post_init__(self) -> None:
         _check(
@@ -668,7 +747,9 @@ class PublishConfig:
     url: str = ""
     """redis://HOST:PORT[/STREAM]: where `rec train` publishes the rows each step changed, for
     serving replicas to apply (`rec-server --updates`). Empty: publish nothing. `rec train
-    --publish URL` sets it."""
+    --publish URL` sets it.
+
+    Example: redis://10.0.0.7:6379/rec:updates"""
     every_steps: int = 0
     """Publish after this many steps; 0: by time only."""
     every_seconds: float = 2.0
@@ -702,6 +783,8 @@ class RecConfig:
     """Everything a run needs; saved into the run directory as config.yaml."""
 
     tables: list[TableConfig]
+    """The embedding tables, a list of mappings. A file that lists tables replaces the
+    default's eight tables whole."""
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
