@@ -14,6 +14,7 @@ import click
 from rec import __version__
 from rec.config import ConfigError
 from rec.contract.store import StoreError
+from rec.data.errors import DataError
 from rec.resources import ResourceError
 
 # Stage modules that define click commands in a `COMMANDS` list.
@@ -27,7 +28,8 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (ConfigError, ResourceError, StoreError, FileNotFoundError, FileExistsError) as e:
+        except (ConfigError, DataError, ResourceError, StoreError, FileNotFoundError,
+                FileExistsError) as e:  # fmt: skip
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
 

@@ -141,6 +141,10 @@ def _is_module_attribute(name: str) -> bool:
     return hasattr(torch.nn.ModuleDict(), name)
 
 
+NEGATIVE_POLICIES = ("modulo", "error")
+"""features.negative: what training does with a negative integer id."""
+
+
 @dataclass
 class FeaturesConfig:
     """The model's inputs: dense features by count (or names) and sparse features by name."""
@@ -166,8 +170,18 @@ class FeaturesConfig:
     criteo_tsv, identity otherwise. See rec.features.
 
     Example: {price: log1p, ctr_7d: identity}"""
+    negative: str = "modulo"
+    """What training does with a negative integer in a categorical column (a cell "-3", or a
+    negative Parquet integer): modulo maps it into its table like any id (row = id mod rows,
+    never negative); error refuses its row, naming the file, row and column (data.on_bad_row:
+    skip drops such rows and counts them instead). A string id is hashed to any int64, negative
+    ones too: that is not a negative value, and both policies take it. `rec predict`, and the
+    servers for `sparse_strings` requests, count negative values per feature (serve/README.md).
+
+    Example: error"""
 
     def __post_init__(self) -> None:
+        _one_of("features.negative", self.negative, NEGATIVE_POLICIES)
         _check(
             isinstance(self.dense, int) and self.dense >= 0,
             f"features.dense={self.dense!r} must be a non-negative integer",

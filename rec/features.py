@@ -121,6 +121,19 @@ def encode_tokens(tokens: Sequence[str], encoding: str) -> np.ndarray:
     return np.array([string_id(t) for t in arr.tolist()], dtype=np.int64)
 
 
+def negative_ints(tokens: Sequence[str]) -> np.ndarray:
+    """bool [n]: the tokens that are negative decimal integers ("-3"), a categorical value
+    below zero (features.negative), as opposed to a string whose hash is negative."""
+    out = np.zeros(len(tokens), dtype=bool)
+    if not len(tokens):
+        return out
+    minus = np.char.startswith(np.asarray(tokens, dtype=str), "-")
+    for i in np.flatnonzero(minus).tolist():  # only the tokens that start with "-"
+        token = tokens[i]
+        out[i] = bool(_DECIMAL.match(token)) and int(token) < 0
+    return out
+
+
 def _shorten(token: str, limit: int = 40) -> str:
     return token if len(token) <= limit else token[:limit] + "..."
 
@@ -226,6 +239,17 @@ class FeatureSpec:
                     f,
                 ) from None
         return ids
+
+    def negative_counts(self, lengths: np.ndarray, tokens: Sequence[str]) -> dict[str, int]:
+        """Negative integer values per sparse feature (by name) among a request's tokens
+        (batch-major, as `encode_values` takes them); `hex` features have none."""
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, len(self.sparse))
+        feature = np.repeat(np.tile(np.arange(len(self.sparse)), len(lengths)), lengths.ravel())
+        counts = np.bincount(feature[negative_ints(tokens)], minlength=len(self.sparse))
+        return {
+            s.name: int(n) if s.encoding == "int_or_hash" else 0
+            for s, n in zip(self.sparse, counts.tolist(), strict=True)
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

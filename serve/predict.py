@@ -65,6 +65,9 @@ class Prediction:
     """[n, T]"""
     quality: dict[str, float] | None
     """AUC and log loss when the file has labels."""
+    negative: dict[str, int] | None = None
+    """Negative integer values per sparse feature in the file (features.negative); None for
+    synthetic rows."""
 
 
 def resolve_spec(client: ScoreClient, repo: Path | None) -> FeatureSpec:
@@ -104,7 +107,7 @@ def predict(cfg: PredictConfig) -> Prediction:
     if cfg.send not in SEND:
         raise ServeError(f"--send {cfg.send!r} is not one of {SEND}")
     client = ScoreClient(cfg.url, cfg.protocol, cfg.model)
-    labels = None
+    labels, negative = None, None
     try:
         if cfg.input is not None:
             spec = resolve_spec(client, cfg.repo)
@@ -113,6 +116,7 @@ def predict(cfg: PredictConfig) -> Prediction:
             except DataError as e:
                 raise InputError(str(e)) from None
             rows, labels = request_rows(raw, spec, cfg.send, cfg.input), raw.labels
+            negative = spec.negative_counts(raw.lengths, raw.tokens)
         else:
             rows = synthetic_rows(*client.input_sizes(), batch=cfg.synthetic, seed=cfg.seed)
         scores = np.concatenate([client.score(chunk) for chunk in rows.split(cfg.batch_size)])
@@ -139,7 +143,18 @@ def predict(cfg: PredictConfig) -> Prediction:
         )
         for task, value in quality.get(metrics.AUC_PER_TASK, {}).items():
             print(f"  {task}: AUC {value:.6f}", file=sys.stderr)
-    return Prediction(scores, quality)
+    if negative and any(negative.values()):
+        print(format_negative(negative), file=sys.stderr)
+    return Prediction(scores, quality, negative)
+
+
+def format_negative(counts: dict[str, int]) -> str:
+    """The summary line of negative categorical values, per feature that has any."""
+    each = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+    return (
+        f"negative ids in categorical columns, by feature: {each}; the model maps them into "
+        "its tables by modulo, as training does unless features.negative is error"
+    )
 
 
 def format_scores(scores: np.ndarray) -> str:

@@ -313,6 +313,30 @@ class UpdateReader:
                 self._say("warn", f"refused update log entry {entry_id} ({outcome}): {why}")
 
 
+class NegativeIds:
+    """rec_questionable_ids_total{reason="negative"} per sparse feature, as rec-server counts
+    them: negative integer tokens of `sparse_strings` requests. (Ids sent as `sparse_values`
+    are encoded already, where a hashed string is negative half the time: not counted.)"""
+
+    def __init__(self, model, version, spec):
+        self.spec = spec
+        # The family is kept: Triton drops a family's metrics when it is collected.
+        self.family = pb_utils.MetricFamily(
+            name="rec_questionable_ids_total",
+            description="Sparse values the model maps but may not expect, by feature and reason "
+            "(negative: a negative integer token, mapped by modulo)",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        labels = {"model": model, "version": str(version), "reason": "negative"}
+        self.counters = {s.name: self.family.Metric(labels={**labels, "feature": s.name})
+                         for s in spec.sparse if s.encoding == "int_or_hash"}  # fmt: skip
+
+    def count(self, lengths, tokens):
+        for name, n in self.spec.negative_counts(lengths, tokens).items():
+            if n:
+                self.counters[name].increment(n)
+
+
 class UpdateMetrics:
     """The update log's Triton custom metrics of one model version (rec-server's names). The
     families are kept: Triton drops a family's metrics when it is collected."""
@@ -375,6 +399,8 @@ class TritonPythonModel:
         self._probe_batching(path, args["model_name"], args["model_version"], allow)
         spec = params.get("feature_spec", {}).get("string_value")
         self.spec = FeatureSpec.from_dict(json.loads(spec)) if spec else None
+        name, version = args["model_name"], args["model_version"]
+        self.negative_ids = NegativeIds(name, version, self.spec) if self.spec else None
         self.num_tasks = int(config["output"][0]["dims"][0])
         url = params.get(UPDATES_PARAMETER, {}).get("string_value", "")
         self._start_updates(path, args["model_name"], args["model_version"], url)
@@ -543,9 +569,11 @@ class TritonPythonModel:
         if problem is not None:
             return None, problem
         try:
-            return self.spec.encode_values(lengths, tokens), None
+            values = self.spec.encode_values(lengths, tokens)
         except TokenError as e:
             return None, f"input '{STRINGS}': {e}"
+        self.negative_ids.count(lengths, tokens)
+        return values, None
 
     def _run(self, batch):
         def cat(k):

@@ -17,6 +17,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from rec import factory, resources, run_dir
 from rec.config import RecConfig, load_config
+from rec.data.preflight import check_training_data
 from rec.features import SPEC_FILE, feature_spec
 from rec.train.plan_stats import check_plan_fits
 
@@ -129,6 +130,7 @@ def train(
         factory.check(cfg)
         resources.check_training(cfg, nproc, run)
         check_plan_fits(cfg, nproc)
+        check_training_data(cfg, nproc)
     cfg = prepare_run_dir(cfg, run, resume)
     if resume and (done := completed_checkpoint(run, cfg)) is not None:
         print(f"[rec train] {run} is complete (final checkpoint {done.name}): nothing to train")
@@ -137,6 +139,7 @@ def train(
         factory.check(cfg)
         resources.check_training(cfg, nproc, run, resume=True)
         check_plan_fits(cfg, nproc)
+        check_training_data(cfg, nproc)
     if resume and publish is not None:
         load_config(run / run_dir.CONFIG_FILE, {"publish": {"url": publish}})  # checks the URL
     launch(run, nproc, resume, max_restarts, publish if resume else None)

@@ -51,8 +51,8 @@ class CriteoSource(FileSource):
     def _check_file(self, path: str) -> None:
         pass  # no header: every line is checked when it is parsed
 
-    def _count_rows(self, path: str) -> int:
-        return count_lines(path, header=False)
+    def _count_rows(self, path: str, limit: int = 0) -> int:
+        return count_lines(path, header=False, limit=limit)
 
     def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, TextBlock, int]]:
         return read_lines(path, skip, header=False)

@@ -84,8 +84,9 @@ class FileSource(DataSource):
         """Raises DataError if the file cannot hold the configured columns."""
 
     @abc.abstractmethod
-    def _count_rows(self, path: str) -> int:
-        """Data rows in the file (header excluded)."""
+    def _count_rows(self, path: str, limit: int = 0) -> int:
+        """Data rows in the file (header excluded); with a `limit`, reading may stop once
+        that many are counted."""
 
     @abc.abstractmethod
     def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, Any, int]]:
@@ -111,6 +112,18 @@ class FileSource(DataSource):
         if self._num is None:
             self._num = self._split_before(sum(self.count_rows(p) for p in self.paths))
         return self._num
+
+    def samples_at_least(self, n: int) -> int:
+        """The split's samples, or any number >= `n` of them: files are read only as far as
+        `n` samples take (a Parquet file counts from its footer), so the launcher can check
+        the data before any rank starts without reading it all."""
+        enough = (n + 1) * max(self.every, 1)  # global rows that hold n of either split's
+        g = 0
+        for path in self.paths:
+            g += self._count_rows(path, limit=enough - g)
+            if g >= enough:
+                break
+        return self._split_before(g)
 
     def _split_before(self, g: int) -> int:
         """How many of the global rows [0, g) belong to this split."""

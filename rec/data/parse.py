@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rec.features import DenseTransform, encode_tokens
+from rec.features import DenseTransform
 
 
 def log1p_dense(counts: np.ndarray) -> np.ndarray:
@@ -63,14 +63,6 @@ def split_tokens(cells: Sequence[str], separator: str) -> tuple[np.ndarray, list
     bags = [[t for t in c.split(separator) if t != ""] for c in cells]
     lengths = np.array([len(b) for b in bags], dtype=np.int32)
     return lengths, [t for b in bags for t in b]
-
-
-def split_bags(
-    cells: Sequence[str], separator: str, encoding: str = "int_or_hash"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-valued cells -> (lengths [n] i32, ids [sum] i64), tokens mapped by `encoding`."""
-    lengths, tokens = split_tokens(cells, separator)
-    return lengths, encode_tokens(tokens, encoding)
 
 
 def to_batch_major(lengths: np.ndarray, per_feature: list[np.ndarray]) -> np.ndarray:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from rec.data.errors import DataError, where
+from rec.data.preflight import empty_reason
 from rec.features import FeatureSpec
 
 FORMATS = ("csv", "tsv", "criteo_tsv", "parquet", "jsonl")
@@ -70,6 +71,8 @@ def read_raw(path: Path, spec: FeatureSpec, fmt: str | None = None, limit: int =
     fmt = fmt or guess_format(path, spec)
     if fmt not in FORMATS:
         raise DataError(f"unknown input format {fmt!r}; use one of {FORMATS}")
+    if (why := empty_reason(str(path), fmt)) is not None:
+        raise DataError(f"{path}: the file is empty ({why}): no rows to read")
     try:
         return _read(path, spec, fmt, limit)
     except UnicodeDecodeError as e:

@@ -30,10 +30,10 @@ import pyarrow.parquet as pq
 from rec.config import ConfigError, RecConfig
 from rec.data.errors import DataError, where
 from rec.data.files import FileSource, build_rows
-from rec.data.parse import parse_floats, split_bags, to_batch_major
+from rec.data.parse import parse_floats, split_tokens, to_batch_major
 from rec.data.source import Rows
 from rec.data.text import TextBlock, count_lines, read_lines
-from rec.features import encode_tokens
+from rec.features import encode_tokens, negative_ints
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,7 @@ class TabularColumns:
         numeric: list[tuple[np.ndarray, np.ndarray]],
         show: Callable[[str, int], object],
         bags: list[tuple[np.ndarray, np.ndarray]],
+        negative: list[np.ndarray] | None = None,
     ) -> tuple[Rows, dict[int, str]]:
         """Rows from n parsed rows.
 
@@ -106,6 +107,8 @@ class TabularColumns:
             numeric: per label column then per dense column, (f64 values [n], bad [n]).
             show: (column, i) -> the raw cell, quoted in a message.
             bags: per sparse column, (lengths [n], ids [sum(lengths)]).
+            negative: per sparse column, which of its ids are negative values [sum(lengths)],
+                when features.negative is error: their rows are bad.
         Returns:
             The good rows and {row index: message} for the bad ones.
         """
@@ -123,7 +126,24 @@ class TabularColumns:
         lengths = np.stack([b[0] for b in bags], axis=1).reshape(n, len(bags))
         ids = to_batch_major(lengths, [b[1] for b in bags])
         good = ~bad_cell.any(axis=1)
+        for i, message in _negative_rows(path, unit, numbers, c.sparse, bags, negative).items():
+            bad.setdefault(i, message)
+            good[i] = False
         return build_rows(values[:, :t], values[:, t:], lengths, ids, good), bad
+
+
+def _negative_rows(path, unit, numbers, columns, bags, negative) -> dict[int, str]:
+    """{row index: message} of the rows holding a negative id (features.negative: error)."""
+    bad: dict[int, str] = {}
+    for column, (lengths, ids), mask in zip(columns, bags, negative or [], strict=False):
+        rows = np.repeat(np.arange(len(lengths)), lengths)[mask]
+        for i, value in zip(rows.tolist(), ids[mask].tolist(), strict=True):
+            bad.setdefault(
+                i,
+                f"{where(path, unit, numbers[i], column)}: {value} is a negative id; "
+                "features.negative: error refuses them (modulo maps them into the table)",
+            )
+    return bad
 
 
 class CsvSource(TabularColumns, FileSource):
@@ -135,6 +155,7 @@ class CsvSource(TabularColumns, FileSource):
 
     def __init__(self, cfg: RecConfig, split: str, raw_dense: bool = False) -> None:
         self.cols = resolve_columns(cfg)
+        self.refuse_negative = cfg.features.negative == "error"
         self.delimiter = cfg.data.delimiter
         self._headers: dict[str, list[str]] = {}
         super().__init__(cfg, split, raw_dense)
@@ -146,8 +167,8 @@ class CsvSource(TabularColumns, FileSource):
         _missing(path, header, self.cols.all, "CSV header")
         self._headers[path] = header
 
-    def _count_rows(self, path: str) -> int:
-        return count_lines(path, header=True)
+    def _count_rows(self, path: str, limit: int = 0) -> int:
+        return count_lines(path, header=True, limit=limit)
 
     def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, TextBlock, int]]:
         return read_lines(path, skip, header=True)
@@ -176,10 +197,12 @@ class CsvSource(TabularColumns, FileSource):
             parse_floats(np.array(cells[name], dtype=str), empty=None if k < len(c.labels) else 0.0)
             for k, name in enumerate(c.labels + c.dense)
         ]
-        bags = [split_bags(cells[name], c.separator) for name in c.sparse]
+        split = [split_tokens(cells[name], c.separator) for name in c.sparse]
+        bags = [(lengths, encode_tokens(tokens, "int_or_hash")) for lengths, tokens in split]
+        negative = [negative_ints(t) for _, t in split] if self.refuse_negative else None
         numbers = [lines[i] for i in ok]
         rows, bad_values = self._rows(
-            path, "line", numbers, numeric, lambda name, i: cells[name][i], bags
+            path, "line", numbers, numeric, lambda name, i: cells[name][i], bags, negative
         )
         bad.update({ok[i]: msg for i, msg in bad_values.items()})
         return rows, bad
@@ -199,8 +222,11 @@ def _numeric(col: pa.Array, label: bool) -> tuple[np.ndarray, np.ndarray]:
     return values, bad
 
 
-def _bags(col: pa.Array, separator: str) -> tuple[np.ndarray, np.ndarray]:
-    """A Parquet sparse column -> (lengths [n] i32, ids); a null is an empty bag."""
+def _bags(
+    col: pa.Array, separator: str, find_negative: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A Parquet sparse column -> (lengths [n] i32, ids, which ids are negative values when
+    `find_negative`, else None); a null is an empty bag."""
     kind = col.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         flat = pc.list_flatten(col)
@@ -209,13 +235,20 @@ def _bags(col: pa.Array, separator: str) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.bincount(parents[valid], minlength=len(col)).astype(np.int32)
         flat = flat.filter(pa.array(valid))
         if pa.types.is_integer(flat.type):
-            return lengths, flat.to_numpy(zero_copy_only=False).astype(np.int64)
-        return lengths, encode_tokens([str(x) for x in flat.to_pylist()], "int_or_hash")
+            ids = flat.to_numpy(zero_copy_only=False).astype(np.int64)
+            return lengths, ids, ids < 0 if find_negative else None
+        tokens = [str(x) for x in flat.to_pylist()]
+        return lengths, encode_tokens(tokens, "int_or_hash"), _negative(tokens, find_negative)
     if pa.types.is_integer(kind):
         valid = col.is_valid().to_numpy(zero_copy_only=False)
-        ids = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        return valid.astype(np.int32), ids[valid]
-    return split_bags([c or "" for c in col.to_pylist()], separator)
+        ids = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)[valid]
+        return valid.astype(np.int32), ids, ids < 0 if find_negative else None
+    lengths, tokens = split_tokens([c or "" for c in col.to_pylist()], separator)
+    return lengths, encode_tokens(tokens, "int_or_hash"), _negative(tokens, find_negative)
+
+
+def _negative(tokens: list[str], find: bool) -> np.ndarray | None:
+    return negative_ints(tokens) if find else None
 
 
 def _check_types(path: str, schema: pa.Schema, cols: Columns) -> None:
@@ -254,6 +287,7 @@ class ParquetSource(TabularColumns, FileSource):
 
     def __init__(self, cfg: RecConfig, split: str, raw_dense: bool = False) -> None:
         self.cols = resolve_columns(cfg)
+        self.refuse_negative = cfg.features.negative == "error"
         super().__init__(cfg, split, raw_dense)
 
     def _check_file(self, path: str) -> None:
@@ -264,7 +298,7 @@ class ParquetSource(TabularColumns, FileSource):
         _missing(path, schema.names, self.cols.all, "Parquet schema")
         _check_types(path, schema, self.cols)
 
-    def _count_rows(self, path: str) -> int:
+    def _count_rows(self, path: str, limit: int = 0) -> int:
         return pq.ParquetFile(path).metadata.num_rows
 
     def _blocks(self, path: str, skip: int) -> Iterator[tuple[int, pa.RecordBatch, int]]:
@@ -288,8 +322,16 @@ class ParquetSource(TabularColumns, FileSource):
         c = self.cols
         numeric = [_numeric(part.column(name), label=True) for name in c.labels]
         numeric += [_numeric(part.column(name), label=False) for name in c.dense]
-        bags = [_bags(part.column(name), c.separator) for name in c.sparse]
+        parsed = [_bags(part.column(n), c.separator, self.refuse_negative) for n in c.sparse]
+        bags = [(lengths, ids) for lengths, ids, _ in parsed]
+        negative = [m for _, _, m in parsed] if self.refuse_negative else None
         numbers = (row0 + idx + 1).tolist()
         return self._rows(
-            path, "row", numbers, numeric, lambda name, i: part.column(name)[i].as_py(), bags
+            path,
+            "row",
+            numbers,
+            numeric,
+            lambda name, i: part.column(name)[i].as_py(),
+            bags,
+            negative,
         )

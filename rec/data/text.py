@@ -84,13 +84,20 @@ def read_lines(path: str, skip: int, header: bool) -> Iterator[tuple[int, TextBl
             yield row, _block(tail + b"\n"), 1
 
 
-def count_lines(path: str, header: bool) -> int:
-    """Rows of a text file as `read_lines` yields them, reading it in blocks."""
+def count_lines(path: str, header: bool, limit: int = 0) -> int:
+    """Rows of a text file as `read_lines` yields them, reading it in blocks.
+
+    With a `limit`, reading stops once that many rows are counted (the result is then at
+    least `limit`): enough to tell before training whether a file holds a batch.
+    """
     newlines, last, size = 0, b"\n", 0
+    block_size = 1 << 24 if not limit else 1 << 20
     with open(path, "rb") as f:
-        while block := f.read(1 << 24):
+        while block := f.read(block_size):
             newlines += block.count(b"\n")
             last, size = block[-1:], size + len(block)
+            if limit and newlines - header >= limit:
+                return newlines - header
     lines = newlines + (1 if size and last != b"\n" else 0)
     return max(lines - (1 if header else 0), 0)
 

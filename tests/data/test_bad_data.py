@@ -200,3 +200,40 @@ def test_unknown_column(util, tmp_path):
     pcfg.data.columns.dense = ["dense_0", "dense_1", "price"]
     with pytest.raises(DataError, match=rf"^{ppath}: no column 'price' in the Parquet schema"):
         make_source(pcfg, "eval")
+
+
+def test_negative_ids_follow_features_negative(util, tmp_path):
+    """modulo (the default) takes "-3" as id -3; error refuses its row, naming line and column;
+    a string whose hash is negative is no negative value under either policy."""
+    path, cfg = csv_file(util, tmp_path, {5: setter(4, "-3"), 7: setter(5, "-1|word|-0")})
+    rows = read_all(make_source(cfg, "train"), batch_size=N)
+    assert -3 in torch_values(rows) and -1 in torch_values(rows)
+    cfg.features.negative = "error"
+    with pytest.raises(DataError, match=rf"^{path}: line 5, column cat_0: -3 is a negative id; "
+                       r"features.negative: error refuses them \(modulo maps them into the "
+                       r"table\)$"):  # fmt: skip
+        read_all(make_source(cfg, "train"))
+    cfg.data.on_bad_row = "skip"
+    src = make_source(cfg, "train")
+    assert sum(len(b) for b in read_all(src, batch_size=N)) == N - 1 - 2
+    assert src.skipped_rows == 2
+    path, cfg = csv_file(util, tmp_path, {5: setter(4, "word|-0")})  # "word" hashes negative
+    cfg.features.negative = "error"
+    assert sum(len(b) for b in read_all(make_source(cfg, "train"), batch_size=N)) == N - 1
+
+
+def test_negative_parquet_ids_follow_features_negative(util, tmp_path):
+    ids = pa.array([[1], [2, -4], [], [3], None, [5]])
+    path, cfg = parquet_file(tmp_path, util, dense_0=pa.array([1.0] * 6), cat_2=ids,
+                             cat_3=pa.array(["a", "b", "c", "-7", "e", "f"]))  # fmt: skip
+    assert sum(len(b) for b in read_all(make_source(cfg, "train"))) == 6
+    cfg.features.negative = "error"
+    with pytest.raises(DataError, match=rf"^{path}: row 2, column cat_2: -4 is a negative id"):
+        read_all(make_source(cfg, "train"))
+    cfg.data.on_bad_row = "skip"
+    src = make_source(cfg, "train")
+    assert sum(len(b) for b in read_all(src)) == 4 and src.skipped_rows == 2  # rows 2 and 4
+
+
+def torch_values(batches) -> list[int]:
+    return [v for b in batches for v in b.values.tolist()]

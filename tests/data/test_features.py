@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rec.config import ConfigError, default_config, load_config
+from rec.config import ConfigError, config_from_dict, default_config, load_config
 from rec.features import (
     HASH,
     DenseTransform,
@@ -20,6 +20,7 @@ from rec.features import (
     feature_spec,
     hash_id,
     hex_id,
+    negative_ints,
     string_id,
 )
 
@@ -38,6 +39,27 @@ def test_hash_matches_the_golden_file():
     for token in GOLDEN["hex_invalid"]:
         with pytest.raises(TokenError, match="is not hex"):
             hex_id(token)
+
+
+def test_negative_integers_match_the_golden_file():
+    """Which tokens are negative values (features.negative), as rec-server's C++ tells too."""
+    negative, other = GOLDEN["negative_int"], GOLDEN["not_negative_int"]
+    assert negative_ints(negative).tolist() == [True] * len(negative)
+    assert negative_ints(other).tolist() == [False] * len(other)
+    assert negative_ints([]).tolist() == []
+
+
+def test_negative_counts_per_feature():
+    spec = feature_spec(config_from_dict({
+        "tables": [{"name": "t", "rows": 10, "dim": 4, "features": ["a", "b"]}],
+        "features": {"dense": 1},
+        "model": {"dense_arch": [4], "over_arch": [4, 1]},
+        "data": {"source": "csv", "train_paths": ["x.csv"]},
+    }))  # fmt: skip
+    # sample 0: a = ["-3", "x"], b = ["-0"]; sample 1: a = [], b = ["-1", "-2", "7"]
+    lengths = np.array([[2, 1], [0, 3]])
+    tokens = ["-3", "x", "-0", "-1", "-2", "7"]
+    assert spec.negative_counts(lengths, tokens) == {"a": 1, "b": 2}
 
 
 def test_bytes_that_are_not_utf8_hash_as_the_bytes():
