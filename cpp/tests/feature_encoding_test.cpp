@@ -128,6 +128,18 @@ TEST(FeatureEncoding, QuotesTokensShortAndPrintable) {
   EXPECT_EQ(QuoteToken(std::string(39, 'a') + "\xc3\xa9x"), "'" + std::string(39, 'a') + "...'");
 }
 
+// Which tokens are negative integers (features.negative): the golden lists Python checks too.
+TEST(FeatureEncoding, NegativeIntegersMatchTheGoldenFile) {
+  const json& g = Golden();
+  ASSERT_FALSE(g.is_discarded());
+  ASSERT_GE(g["negative_int"].size(), 3u);
+  for (const json& t : g["negative_int"]) EXPECT_TRUE(IsNegativeInteger(t.get<std::string>())) << t;
+  ASSERT_GE(g["not_negative_int"].size(), 3u);
+  for (const json& t : g["not_negative_int"]) {
+    EXPECT_FALSE(IsNegativeInteger(t.get<std::string>())) << t;
+  }
+}
+
 std::vector<SparseEncoding> Features() {
   return {{"x", Encoding::kIntOrHash}, {"y", Encoding::kHex}, {"z", Encoding::kIntOrHash}};
 }
@@ -144,6 +156,21 @@ TEST(EncodeSparseStrings, MapsEachTokenWithItsFeaturesEncoding) {
   EXPECT_EQ(values.dtype, DataType::kInt64);
   EXPECT_EQ(values.shape, std::vector<int64_t>{5});
   EXPECT_EQ(Ids(values), (std::vector<int64_t>{12, HashId("apple"), 255, 16, 10}));
+}
+
+TEST(EncodeSparseStrings, CountsNegativeIntegersPerIntOrHashFeature) {
+  // Sample 0: x = ["-3", "-0"], y = [], z = ["-7"]; sample 1: x = ["apple", "-12"], y = z = [].
+  // "-0" is zero, "apple" hashes (to whatever sign): neither is a negative value.
+  Tensor lengths =
+      testing::MakeTensor<int32_t>("sparse_lengths", DataType::kInt32, {2, 3}, {2, 0, 1, 2, 0, 0});
+  Tensor strings =
+      testing::MakeBytesTensor("sparse_strings", {5}, {"-3", "-0", "-7", "apple", "-12"});
+  Tensor values;
+  std::vector<int64_t> negatives;
+  Status st = EncodeSparseStrings(Features(), strings, lengths, &values, &negatives);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(negatives, (std::vector<int64_t>{2, 0, 1}));
+  EXPECT_EQ(Ids(values), (std::vector<int64_t>{-3, 0, -7, HashId("apple"), -12}));
 }
 
 TEST(EncodeSparseStrings, EmptyRequestAndEmptyTokens) {

@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+import urllib.request
 
 import numpy as np
 import pytest
@@ -144,6 +146,48 @@ def test_string_categories_score_like_their_ids(cpp, triton, tiny_repo, tmp_path
     spec = FeatureSpec.from_dict(load_model(tiny_repo).feature_spec)
     rows = request_rows(read_raw(path, spec), spec, "ids")
     assert hash_id("alice") in rows.values.tolist()
+
+
+def questionable_ids(address: str) -> dict[str, float]:
+    """rec_questionable_ids_total{reason="negative"} of model rec, by feature, from /metrics
+    (labels in any order: Triton sorts them, rec-server does not)."""
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    counts = {}
+    for line in text.splitlines():
+        m = re.match(r"^rec_questionable_ids_total\{(.*)\} (\S+)$", line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            if labels["model"] == "rec" and labels["reason"] == "negative":
+                counts[labels["feature"]] = float(m.group(2))
+    return counts
+
+
+def test_negative_ids_are_counted_by_predict_and_both_servers(cpp, triton, tiny_repo, tmp_path):
+    """Four rows with a negative user id score as usual and are counted: by
+    `rec predict`'s summary, and per feature in both servers' /metrics for strings sent; ids
+    sent as sparse_values are not counted (a hash is negative as often as not)."""
+    records = sample_records(tiny_repo)
+    for i, r in enumerate(records):
+        r["user"] = [[-(i + 1), 5], [7], [-2]][i % 3]  # rows 0, 2, 3, 5: one negative each
+        r["tags"] = ["-0", "x"]  # zero, and a word: neither is negative
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = FeatureSpec.from_dict(load_model(tiny_repo).feature_spec)
+    want = {s.name: 4 if s.name == "user" else 0 for s in spec.sparse}
+    for server in (cpp, triton):
+        for send, counted in (("ids", False), ("strings", True)):
+            before = questionable_ids(server.endpoints.metrics)
+            assert set(before) == set(want)  # declared at load, before any negative value
+            result = CliRunner().invoke(main, [
+                "predict", "--url", server.endpoints.http, "--input", str(path),
+                "--repo", str(tiny_repo), "--send", send,
+            ])  # fmt: skip
+            assert result.exit_code == 0, result.output
+            assert "negative ids in categorical columns, by feature: user 4; " in result.stderr
+            after = questionable_ids(server.endpoints.metrics)
+            assert {f: after[f] - before[f] for f in want} == (
+                want if counted else dict.fromkeys(want, 0)
+            ), (server, send)
 
 
 def test_cpp_with_repo_features(cpp, triton, tiny_repo, tmp_path):

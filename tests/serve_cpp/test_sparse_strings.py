@@ -23,6 +23,7 @@ from clients import (
     assert_same_rows,
     grpc_call,
     grpc_typed_strings_request,
+    infer_inputs,
     string_inputs,
 )
 from server import Server, run_to_exit
@@ -133,6 +134,29 @@ def test_every_form_of_strings_scores_like_the_ids(server, reference, rows):
             c.infer("rec", string_inputs(grpcclient, batch, tokens)).as_numpy("scores"), want
         )
     assert_same_rows(grpc_call(server.grpc, grpc_typed_strings_request("rec", batch, tokens)), want)
+
+
+def test_negative_integer_tokens_are_counted_per_feature(server):
+    """rec_questionable_ids_total{reason="negative"}: per int_or_hash feature, the tokens that
+    are negative integers, as rec.features counts them; hex `item` has no counter, and ids sent
+    as sparse_values (half of the hashes are negative) are not counted."""
+    batch, tokens = _string_batch(32, seed=7)
+    want = FeatureSpec.from_dict(FEATURE_SPEC).negative_counts(batch["sparse_lengths"], tokens)
+    del want["item"]
+    assert sum(want.values()) > 0 and (batch["sparse_values"] < 0).sum() > sum(want.values())
+
+    def negative(feature):
+        return server.metric("rec_questionable_ids_total", feature=feature, reason="negative")
+
+    before = {f: negative(f) for f in want}
+    with pytest.raises(KeyError):
+        negative("item")
+    with httpclient.InferenceServerClient(server.http) as c:
+        c.infer("rec", string_inputs(httpclient, batch, tokens))
+        c.infer("rec", infer_inputs(httpclient, batch))
+    with grpcclient.InferenceServerClient(server.grpc) as c:
+        c.infer("rec", string_inputs(grpcclient, batch, tokens))
+    assert {f: negative(f) - before[f] for f in want} == {f: 2 * n for f, n in want.items()}
 
 
 def _bytes(tokens: list) -> np.ndarray:

@@ -220,8 +220,18 @@ Status EncodeToken(Encoding encoding, std::string_view token, int64_t* id) {
   return Status::Ok();
 }
 
+bool IsNegativeInteger(std::string_view token) {
+  if (token.size() < 2 || token[0] != '-') return false;
+  bool nonzero = false;
+  for (char c : token.substr(1)) {
+    if (c < '0' || c > '9') return false;
+    nonzero = nonzero || c != '0';
+  }
+  return nonzero;  // "-0" is zero
+}
+
 Status EncodeSparseStrings(const std::vector<SparseEncoding>& features, const Tensor& strings,
-                           const Tensor& lengths, Tensor* values) {
+                           const Tensor& lengths, Tensor* values, std::vector<int64_t>* negatives) {
   auto input_error = [](const Tensor& t, const std::string& problem) {
     return InvalidArgument("input '" + t.name + "': " + problem);
   };
@@ -255,6 +265,7 @@ Status EncodeSparseStrings(const std::vector<SparseEncoding>& features, const Te
   values->shape = {n};
   values->data.assign(static_cast<size_t>(n) * sizeof(int64_t), '\0');
   int64_t* ids = values->MutableAs<int64_t>();
+  if (negatives != nullptr) negatives->assign(features.size(), 0);
   size_t offset = 0;
   int64_t k = 0;  // flat index of the value, in the request's batch-major order
   for (int64_t i = 0; i < count; ++i) {
@@ -266,6 +277,10 @@ Status EncodeSparseStrings(const std::vector<SparseEncoding>& features, const Te
       if (!st.ok()) {
         return input_error(strings, "feature '" + feature.feature + "', value at flat index " +
                                         std::to_string(k) + ": " + st.message());
+      }
+      if (negatives != nullptr && feature.encoding == Encoding::kIntOrHash &&
+          IsNegativeInteger(token)) {
+        ++(*negatives)[i % num_features];
       }
     }
   }

@@ -51,13 +51,20 @@ Status EncodeToken(Encoding encoding, std::string_view token, int64_t* id);
 // "...", as rec/features.py shortens it), control and non-UTF-8 bytes as \xNN.
 std::string QuoteToken(std::string_view token);
 
+// True for a token that is a negative decimal integer ("-3", also beyond int64's range): under
+// int_or_hash a categorical value below zero, which the model maps by modulo (rec/features.py
+// negative_ints; training's features.negative). A string whose hash is negative is not one.
+bool IsNegativeInteger(std::string_view token);
+
 // Maps a request's tokens to the ids the model takes. `strings` is a BYTES [N] tensor (errors
 // name it) whose tokens are batch-major like sparse_values: sample 0's feature 0 tokens, its
 // feature 1 tokens, ..., then sample 1's; each is mapped with its feature's encoding. `lengths`
 // is the request's INT32 [B, F] counts, F == features.size(), summing to N. On success `values`
-// holds the INT64 [N] ids (the caller names it). An unreadable token's error names its feature,
-// its flat index and its text.
+// holds the INT64 [N] ids (the caller names it) and, if given, `negatives` [F] each feature's
+// count of IsNegativeInteger tokens (int_or_hash features only). An unreadable token's error
+// names its feature, its flat index and its text.
 Status EncodeSparseStrings(const std::vector<SparseEncoding>& features, const Tensor& strings,
-                           const Tensor& lengths, Tensor* values);
+                           const Tensor& lengths, Tensor* values,
+                           std::vector<int64_t>* negatives = nullptr);
 
 }  // namespace rec

@@ -155,7 +155,8 @@ Status StringsToValues(const ModelSpec& spec, Tensor* strings, InferRequest* r) 
   const Tensor& lengths = r->inputs[spec.lengths_input];
   REC_RETURN_IF_ERROR(CheckJagged(lengths, strings->name, strings->shape[0]));
   Tensor& values = r->inputs[spec.values_input];
-  REC_RETURN_IF_ERROR(EncodeSparseStrings(spec.sparse_encodings, *strings, lengths, &values));
+  REC_RETURN_IF_ERROR(
+      EncodeSparseStrings(spec.sparse_encodings, *strings, lengths, &values, &r->negative_ids));
   values.name = spec.inputs[spec.values_input].name;
   return Status::Ok();
 }

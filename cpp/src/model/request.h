@@ -32,7 +32,10 @@ struct InferRequest {
   std::vector<RequestedOutput> outputs;  // empty: every output
   bool binary_output_default = false;    // HTTP request parameter binary_data_output
   int64_t batch_size = 0;                // set by ValidateRequest
-  std::shared_ptr<Trace> trace;          // set when this request is sampled for a trace
+  // Per sparse feature, negative integer tokens of `sparse_strings` (set by ValidateRequest;
+  // empty for a request that sends ids), for rec_questionable_ids_total.
+  std::vector<int64_t> negative_ids;
+  std::shared_ptr<Trace> trace;  // set when this request is sampled for a trace
 };
 
 // The input that carries a request's sparse ids as text (BYTES [N], ragged like the values) in

@@ -152,6 +152,7 @@ std::string Metrics::Prometheus() const {
   }
   AppendUpdates(labels, &out);
   AppendStore(labels, &out);
+  AppendQuestionableIds(labels, &out);
   out +=
       "# HELP rec_http_connections_closed_total HTTP connections closed by the server: idle, "
       "request not received in time, over the connection limit\n"
@@ -166,6 +167,29 @@ std::string Metrics::Prometheus() const {
            std::to_string(count->load()) + "\n";
   }
   return out;
+}
+
+void ModelStats::CountNegativeIds(const std::string& feature, uint64_t n) {
+  std::lock_guard<std::mutex> lock(ids_mu_);
+  negative_ids_[feature] += n;
+}
+
+void Metrics::AppendQuestionableIds(const std::function<std::string(const std::string&)>& labels,
+                                    std::string* out) const {
+  std::string lines;
+  for (const auto& [model, stats] : models_) {
+    std::lock_guard<std::mutex> lock(stats->ids_mu_);
+    for (const auto& [feature, count] : stats->negative_ids_) {
+      lines += "rec_questionable_ids_total{" + labels(model) + ",feature=\"" + feature +
+               "\",reason=\"negative\"} " + std::to_string(count) + "\n";
+    }
+  }
+  if (lines.empty()) return;
+  *out +=
+      "# HELP rec_questionable_ids_total Sparse values the model maps but may not expect, by "
+      "feature and reason (negative: a negative integer token of sparse_strings, mapped by "
+      "modulo)\n# TYPE rec_questionable_ids_total counter\n" +
+      lines;
 }
 
 void Metrics::AppendUpdates(const std::function<std::string(const std::string&)>& labels,

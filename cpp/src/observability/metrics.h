@@ -55,8 +55,18 @@ struct ModelStats {
   std::atomic<bool> has_store{false};
   StoreStats store;
 
+  // Sparse values the model maps but may not expect, per feature: rec_questionable_ids_total
+  // {reason="negative"}, negative integer tokens. Counting 0 declares a feature, so that its
+  // counter shows from the start.
+  void CountNegativeIds(const std::string& feature, uint64_t n);
+
   void RecordSuccess(uint64_t request_ns);
   void RecordFailure(uint64_t request_ns);
+
+ private:
+  friend class Metrics;
+  mutable std::mutex ids_mu_;  // rare: only requests that carry such values take it
+  std::map<std::string, uint64_t> negative_ids_;
 };
 
 // HTTP connections the server closed on its own, by reason (HTTP/REST and metrics ports).
@@ -82,6 +92,8 @@ class Metrics {
                      std::string* out) const;
   void AppendStore(const std::function<std::string(const std::string&)>& labels,
                    std::string* out) const;
+  void AppendQuestionableIds(const std::function<std::string(const std::string&)>& labels,
+                             std::string* out) const;
 
   HttpCloseCounts http_closes_;
   mutable std::mutex mu_;

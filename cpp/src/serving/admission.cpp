@@ -40,6 +40,12 @@ Status Admission::Admit(ModelEntry* entry, InferRequest&& request, uint64_t requ
   if (!runner) return refuse(entry->NotLoaded());
   Status st = ValidateRequest(entry->spec(), &request);
   if (!st.ok()) return refuse(st);
+  for (size_t f = 0; f < request.negative_ids.size(); ++f) {
+    if (request.negative_ids[f] > 0) {
+      entry->stats()->CountNegativeIds(entry->spec().sparse_encodings[f].feature,
+                                       static_cast<uint64_t>(request.negative_ids[f]));
+    }
+  }
   if ((request.trace = Tracer::Get().Start(request.model_name))) {
     for (const auto& [name, ns] : stamps) request.trace->Stamp(name, ns);
     request.trace->Stamp("REQUEST_START", request_start);

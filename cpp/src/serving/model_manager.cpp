@@ -44,6 +44,9 @@ std::string VersionModelFile(const ModelSpec& spec, const fs::path& version_dir)
 ModelEntry::ModelEntry(ModelSpec spec, std::string dir, ModelStats* stats,
                        const BatcherOptions& options)
     : spec_(std::move(spec)), dir_(std::move(dir)), stats_(stats) {
+  for (const SparseEncoding& e : spec_.sparse_encodings) {
+    if (e.encoding == Encoding::kIntOrHash) stats_->CountNegativeIds(e.feature, 0);  // declared
+  }
   batcher_ = std::make_unique<Batcher>(
       spec_, options, [this] { return Current(); }, stats_);
 }
