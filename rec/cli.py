@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from rec import __version__
+from rec import __version__, warnings_filter
 from rec.config import ConfigError
 from rec.contract.store import StoreError
 from rec.data.errors import DataError
@@ -36,8 +36,15 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rec")
-def main() -> None:
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help="Also show the third-party warnings rec hides as harmless (rec/warnings_filter.py "
+    "lists each with why), in this process and the ones it starts (REC_VERBOSE=1 does too).",
+)
+def main(verbose: bool) -> None:
     """rec: train sharded recommendation models, export them quantized, serve them fast."""
+    warnings_filter.set_verbose(verbose)
 
 
 for _name in _STAGE_CLI_MODULES:

@@ -6,7 +6,6 @@
 # Every artifact goes under artifacts/demo/ (removed and rebuilt on each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONWARNINGS=ignore  # deprecation chatter from torch internals, not actionable here
 REC=.venv/bin/rec
 OUT=${DEMO_DIR:-artifacts/demo}
 NPROC=${DEMO_NPROC:-2}

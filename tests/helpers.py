@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,19 @@ def rec_in_process(
     if check and result.exit_code != 0:
         raise AssertionError(f"rec {' '.join(args)} exited {result.exit_code}:\n{result.output}")
     return subprocess.CompletedProcess(["rec", *args], result.exit_code, result.output)
+
+
+# A warning in a command's output: Python's (`lib.py:12: FutureWarning: ...`, a C++ TORCH_WARN's
+# `[W1128 ...] Warning: ...`), a logging record's default format (`WARNING:torchrec...:`) or
+# torch's own log format (`W1128 23:10:37.876000 ...`, `[rank0]:W1128 ...`). rec's own lines
+# say `warning:` in lower case.
+_WARNING_LINE = re.compile(r"Warning: |^WARNING:|^(\[rank\d+\]:)?W\d{4} \d\d:\d\d")
+
+
+def warning_lines(output: str) -> list[str]:
+    """The third-party warning lines in a command's output: a default `rec train`, `rec export`
+    or `rec serve` has none (rec.warnings_filter hides the known harmless ones)."""
+    return [line for line in output.splitlines() if _WARNING_LINE.search(line)]
 
 
 def write_config(path: Path, data: dict) -> Path:

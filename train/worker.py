@@ -9,24 +9,15 @@ several hosts run the same module under plain torchrun with the usual variables,
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import warnings
 from pathlib import Path
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from rec import run_dir
+from rec import run_dir, warnings_filter
 from rec.config import load_config
 from rec.train.distributed import exit_rank
-
-
-def _quiet_known_noise() -> None:
-    """Silences deprecation chatter from TorchRec/torch internals that users cannot act on."""
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\..*")
-    warnings.filterwarnings("ignore", message=r".*TypedStorage is deprecated.*")
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 @record  # the launcher reports this rank's exception text instead of "exitcode 1"
@@ -39,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--publish", default=None, help="publish.url for this start")
     args = parser.parse_args(argv)
 
-    _quiet_known_noise()
+    warnings_filter.install()  # the known third-party warnings (rec --verbose shows them)
     from rec.train.trainer import run_training  # heavy imports after argument errors
 
     saved = args.run_dir / run_dir.CONFIG_FILE

@@ -25,7 +25,7 @@ from rec.export.stream import checkpoint_key, stream_tables
 from rec.model import table_keys, table_rows
 from rec.quantize import quantize_rows
 from tests.export.conftest import tiny_dict, write_seeded_run
-from tests.helpers import REC, REPO, run_rec, write_config
+from tests.helpers import REC, REPO, run_rec, warning_lines, write_config
 
 # Row counts 300, 120, 50, 80: 7 divides none of them, and 64 is larger than two.
 MIXED = {"t0": "int4", "t1": "fp16", "t2": "fp32", "t3": "int8"}
@@ -52,7 +52,8 @@ def export_streamed(run: Path, repo: Path, dtypes: dict[str, str], chunk_rows: i
         {"export": {"table_dtypes": dtypes, "chunk_rows": chunk_rows}},
     )
     # A fresh process: scripting the same classes twice in one process mangles their names.
-    run_rec("export", str(run), "--repo", str(repo), "--config", str(overrides))
+    out = run_rec("export", str(run), "--repo", str(repo), "--config", str(overrides)).stdout
+    assert not warning_lines(out), warning_lines(out)  # only rec's own lines
     return ModelDir.of(repo, "rec").model_file(1)
 
 

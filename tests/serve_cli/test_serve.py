@@ -18,13 +18,17 @@ from rec.contract.repository import ModelDir
 from rec.serve import cpp as cpp_module
 from rec.serve.client import ScoreClient, synthetic_rows
 from rec.serve.repository import ServeError
+from tests.helpers import warning_lines
 from tests.serve_triton.tiny_repo import NUM_DENSE, NUM_SPARSE
 
 REC = str(Path(sys.executable).parent / "rec")
 READY = re.compile(r"rec serve: (\w+) ready http=(\S+) grpc=(\S+) metrics=(\S+)")
 
 
-def start_rec_serve(repo: Path, backend: str, *extra: str) -> tuple[subprocess.Popen, re.Match]:
+def start_rec_serve(
+    repo: Path, backend: str, *extra: str
+) -> tuple[subprocess.Popen, re.Match, str]:
+    """The running `rec serve`, its ready line's match and everything it printed up to it."""
     proc = subprocess.Popen(
         [REC, "serve", str(repo), "--backend", backend]
         + ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *extra],
@@ -41,7 +45,7 @@ def start_rec_serve(repo: Path, backend: str, *extra: str) -> tuple[subprocess.P
         lines.append(line)
         m = READY.match(line)
         if m:
-            return proc, m
+            return proc, m, "".join(lines)
     proc.kill()
     raise AssertionError("rec serve did not get ready:\n" + "".join(lines))
 
@@ -65,7 +69,7 @@ def test_serve_foreground_then_signal(tiny_repo, backend, sig, extra):
             cpp_module.find_cpp_server()
         except ServeError as e:
             pytest.skip(str(e))
-    proc, ready = start_rec_serve(tiny_repo, backend, *extra)
+    proc, ready, started = start_rec_serve(tiny_repo, backend, *extra)
     try:
         children = server_pids(proc.pid)
         assert children, "the server runs as a child of rec serve"
@@ -78,6 +82,7 @@ def test_serve_foreground_then_signal(tiny_repo, backend, sig, extra):
             proc.kill()
     assert proc.returncode == 0, out
     assert f"{signal.Signals(sig).name}: stopping" in out and "stopped" in out
+    assert not warning_lines(started + out), started + out  # only rec's own lines
     for pid in children:  # stopped and reaped by rec serve
         assert not Path(f"/proc/{pid}").exists()
 

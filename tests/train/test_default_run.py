@@ -3,13 +3,14 @@
 import json
 
 from rec import run_dir
-from tests.helpers import run_rec
+from tests.helpers import run_rec, warning_lines
 
 
 def test_default_run_reaches_auc_above_0_70(tmp_path):
     run = tmp_path / "run"
     out = run_rec("train", "--run-dir", str(run), timeout=900).stdout
     assert "checkpoint committed" in out
+    assert not warning_lines(out), warning_lines(out)  # the README's run prints only rec's lines
     latest = run_dir.latest_checkpoint(run)
     assert latest is not None
     meta = run_dir.read_meta(latest)
