@@ -159,6 +159,16 @@ def log(msg: str) -> None:
     print(f"[rec train] {msg}", file=sys.stdout, flush=True)
 
 
+def single_eval_note(evals: list[dict]) -> str | None:
+    """What the AUC panel says when it has one point: a run no longer than training.eval_every
+    is evaluated only at its end, so it has no curve to draw."""
+    if len(evals) != 1:
+        return None
+    r = evals[0]
+    return (f"one evaluation (AUC {r[AUC]:.4f} at step {r['step']}):\n"
+            "set training.eval_every below training.steps for a curve")  # fmt: skip
+
+
 def plot_metrics(metrics_path: Path, out: Path) -> Path:
     """Training loss and held-out AUC against step, from metrics.jsonl, as a PNG."""
     import matplotlib
@@ -179,6 +189,9 @@ def plot_metrics(metrics_path: Path, out: Path) -> Path:
     ax_auc.plot([r["step"] for r in evals], [r[AUC] for r in evals], "o-", color="C2")
     ax_auc.set_xlabel("step")
     ax_auc.set_ylabel("held-out AUC")
+    if (note := single_eval_note(evals)) is not None:
+        ax_auc.set_title(note, fontsize=9)
+        ax_auc.set_xlim(ax_loss.get_xlim())  # the point where it is in the run, not alone
     for ax in (ax_loss, ax_auc):
         ax.grid(alpha=0.3)
     fig.tight_layout()
