@@ -4,7 +4,7 @@ embedding watermark advancing and its scores changing, with no export and no res
     .venv/bin/python scripts/demo_fresh.py --run RUN --repo REPO   # make demo: artifacts/demo/...
 
 Starts our own redis-server, rec-server on the exported repository with `--updates` on it, then
-`rec train --resume RUN --publish URL` for `--steps` more steps, and prints once a second what
+`rec train --resume RUN --steps N --publish URL` (N: `--steps`), and prints once a second what
 the server answers for one fixed request: the watermark it was scored at and its scores.
 """
 
@@ -15,8 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,10 +38,6 @@ def main() -> int:
     broker = RedisBroker(args.run.parent / "redis")
     url = broker.url("rec:updates")
     start_step = run_dir.read_meta(run_dir.latest_checkpoint(args.run))["step"]
-    config = args.run / run_dir.CONFIG_FILE
-    saved = yaml.safe_load(config.read_text())
-    saved["training"]["steps"] = start_step + args.steps
-    config.write_text(yaml.safe_dump(saved))
     server = launch_cpp(args.repo, "--updates", url)
     manifest = ModelDir.of(args.repo, "rec").read_manifest()
     request = random_request(len(manifest.dense_names), len(manifest.sparse_names), 3, seed=5,
@@ -56,7 +50,8 @@ def main() -> int:
     print(f"rec-server on {args.repo} (exported at step {start_step}) reads {url}; training "
           f"{args.steps} more steps with --publish {url}", flush=True)  # fmt: skip
     train = subprocess.Popen([str(ROOT / ".venv/bin/rec"), "train", "--resume", str(args.run),
-                              "--nproc", str(args.nproc), "--publish", url],
+                              "--nproc", str(args.nproc), "--steps", str(args.steps),
+                              "--publish", url],
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
     t0, last, changes = time.time(), None, 0
     final = start_step + args.steps

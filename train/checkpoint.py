@@ -9,6 +9,7 @@ COMMITTED and every reader ignores it (rec.run_dir).
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -18,7 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    create_default_local_load_plan,
+)
 
 from rec import run_dir
 from rec.config import CheckpointConfig
@@ -64,6 +69,45 @@ def _own_storage(t: torch.Tensor) -> torch.Tensor:
         return t
 
 
+# A table's weight in the state dict: "model.<param>" with <param> ending in
+# "embedding_bags.<table>.weight" (EmbeddingBagCollection) or "embeddings.<table>.weight"
+# (din's EmbeddingCollection); its optimizer state: "optimizer.state.<param>.<...>".
+_TABLE_WEIGHT = re.compile(r"^model\.(.+\.(?:embedding_bags|embeddings)\.([^.]+)\.weight)$")
+
+
+class FreshOptimizerStateLoadPlanner(DefaultLoadPlanner):
+    """DCP's load plan, where a table's optimizer state that the checkpoint lacks starts fresh.
+
+    The plan decides which optimizer trains a table. A `data_parallel` table is a plain
+    replicated parameter, trained by the dense optimizer (its state: Adam's exp_avg, ... under
+    "optimizer.state.<param>.exp_avg"); any other type puts it in FBGEMM's kernel with the fused
+    embedding optimizer (row-wise Adagrad's "optimizer.state.<param>.<table>.momentum1"). A
+    resume whose plan differs (--publish keeps tables to whole-row shards; another world size or
+    sharding) so finds no state of the new kind for such a table: its rows load as saved, its
+    new optimizer starts as at a run's start, as it would on a change of optimizer. Any other
+    key the checkpoint lacks still fails the load (DCP's "Missing key in checkpoint")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh_tables: set[str] = set()
+
+    def create_local_plan(self):
+        assert self.metadata is not None
+        saved = self.metadata.state_dict_metadata
+        params = {m.group(1): m.group(2) for k in saved if (m := _TABLE_WEIGHT.match(k))}
+        prefix = "optimizer.state."
+        for key in [k for k in self.state_dict if k not in saved and k.startswith(prefix)]:
+            rest = key[len(prefix) :]
+            table = next((t for p, t in params.items() if rest.startswith(p + ".")), None)
+            if table is not None:
+                del self.state_dict[key]
+                self.fresh_tables.add(table)
+        # DefaultLoadPlanner's own create_local_plan would take a checkpoint holding keys this
+        # state lacks (the table's other optimizer state) for a pre-2.4 one and re-flatten the
+        # state with the dropped keys back in; rec's checkpoints are all 2.4's layout.
+        return create_default_local_load_plan(self.state_dict, self.metadata, strict=True)
+
+
 class Checkpointer:
     """Saves and loads the whole training state of one run directory."""
 
@@ -104,14 +148,17 @@ class Checkpointer:
         return run_dir.latest_checkpoint(self.root.parent)
 
     @staticmethod
-    def load(step_dir: Path, state: dict[str, Any]) -> None:
-        """Loads `step_dir` into `state` in place, resharding to the current world size.
+    def load(step_dir: Path, state: dict[str, Any]) -> list[str]:
+        """Loads `step_dir` into `state` in place, resharding to the current world size and plan.
 
+        Returns the tables whose optimizer state started fresh, over all ranks: the new plan
+        trains them with the other optimizer (FreshOptimizerStateLoadPlanner).
         Raises rec.run_dir.CorruptCheckpointError naming a damaged shard, CheckpointError else.
         """
         run_dir.verify_checkpoint(step_dir)
+        planner = FreshOptimizerStateLoadPlanner()
         try:
-            dcp.load(state, checkpoint_id=str(step_dir))
+            dcp.load(state, checkpoint_id=str(step_dir), planner=planner)
         # DCP's CheckpointException derives from BaseException, not Exception.
         except (Exception, CheckpointException) as e:
             failures = getattr(e, "failures", None)  # rank -> the exception that rank hit
@@ -119,6 +166,11 @@ class Checkpointer:
             raise CheckpointError(
                 f"cannot load checkpoint {str(step_dir)!r}: {type(cause).__name__}: {cause}"
             ) from e
+        fresh = [planner.fresh_tables]
+        if dist.is_initialized():  # a rank sees only the tables it holds shards of
+            fresh = [set() for _ in range(dist.get_world_size())]
+            dist.all_gather_object(fresh, planner.fresh_tables)
+        return sorted(set().union(*fresh))
 
 
 def _digests(step_dir: Path) -> dict[str, dict[str, Any]]:

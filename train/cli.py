@@ -14,7 +14,9 @@ import click
     "-c",
     type=click.Path(path_type=Path),
     default=None,
-    help="YAML config (default: the embedded small DLRM on synthetic data).",
+    help="YAML config (default: the embedded small DLRM on synthetic data). With --resume: laid "
+    "over the run's config.yaml; it may change only training length, intervals, checkpoint and "
+    "publish settings, anything else is refused by name.",
 )
 @click.option(
     "--run-dir",
@@ -37,6 +39,20 @@ import click
     help="Continue this run directory from its LATEST checkpoint, at any --nproc.",
 )
 @click.option(
+    "--steps",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --resume: train N steps more than the last checkpoint (also a finished run).",
+)
+@click.option(
+    "--epochs",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --resume: train N epochs more (the checkpoint's unfinished one counts as one).",
+)
+@click.option(
     "--max-restarts",
     type=click.IntRange(min=0),
     default=0,
@@ -48,15 +64,25 @@ import click
     metavar="URL",
     default=None,
     help="Publish the rows each step changed to this update log (redis://HOST:PORT[/STREAM]) "
-    "for serving replicas to apply; sets publish.url.",
+    "for serving replicas to apply; sets publish.url. Also on a --resume of a run trained "
+    "without it (for that start).",
 )
-def train_command(config, run_dir, nproc, resume, max_restarts, publish) -> None:
-    """Train with TorchRec DistributedModelParallel on NPROC local ranks."""
+def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, publish) -> None:
+    """Train with TorchRec DistributedModelParallel on NPROC local ranks.
+
+    \b
+    rec train -c cfg.yaml --run-dir runs/a     a new run
+    rec train --resume runs/a                  finish it from its last checkpoint
+    rec train --resume runs/a --steps 500      500 steps more (a finished run too)
+    rec train --resume runs/a -c more.yaml     with more.yaml's training.epochs, intervals...
+    rec train --resume runs/a --publish URL    on, publishing the rows it changes
+    """
     from rec.train.launch import TrainingFailedError, train
 
     try:
         run = train(config, resume or run_dir, nproc, resume=resume is not None,
-                    max_restarts=max_restarts, publish=publish)  # fmt: skip
+                    max_restarts=max_restarts, publish=publish, steps=steps,
+                    epochs=epochs)  # fmt: skip
     except TrainingFailedError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"run directory: {run}")

@@ -16,10 +16,11 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from rec import factory, resources, run_dir
-from rec.config import RecConfig, load_config
+from rec.config import ConfigError, RecConfig, load_config
 from rec.data.preflight import check_training_data
 from rec.features import SPEC_FILE, feature_spec
 from rec.train.plan_stats import check_plan_fits
+from rec.train.resume import resume_config, write_changes
 
 
 class RunDirExistsError(FileExistsError):
@@ -40,22 +41,17 @@ def default_run_dir() -> Path:
     return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
-def prepare_run_dir(cfg: RecConfig | None, run: Path, resume: bool) -> RecConfig:
-    """Writes config.yaml for a new run, or reads it back for --resume.
+def prepare_run_dir(cfg: RecConfig, run: Path) -> RecConfig:
+    """Writes config.yaml for a new run (a resume's: rec.train.resume).
 
-    A new run refuses a directory that already holds checkpoints (no silent overwrite).
+    Refuses a directory that already holds checkpoints (no silent overwrite).
     """
     saved = run / run_dir.CONFIG_FILE
-    if resume:
-        if not saved.is_file():
-            raise run_dir.RunDirError(f"cannot resume: {str(saved)!r} does not exist")
-        return load_config(saved)
     if run_dir.checkpoints_dir(run).exists() and any(run_dir.checkpoints_dir(run).iterdir()):
         raise RunDirExistsError(
             f"run directory {str(run)!r} already has checkpoints; use --resume to continue it "
             "or choose another --run-dir"
         )
-    assert cfg is not None
     run.mkdir(parents=True, exist_ok=True)
     saved.write_text(cfg.to_yaml())
     # The feature spec beside the config: what a raw row means to this model (rec.features).
@@ -118,10 +114,20 @@ def train(
     resume: bool = False,
     max_restarts: int = 0,
     publish: str | None = None,
+    steps: int | None = None,
+    epochs: int | None = None,
 ) -> Path:
-    """The library function behind `rec train`. Returns the run directory."""
+    """The library function behind `rec train`. Returns the run directory.
+
+    With `resume`, `config`, `steps` and `epochs` change the run's config.yaml as
+    rec.train.resume allows, and `publish` applies to this start only."""
     if resume and run is None:
         raise run_dir.RunDirError("--resume needs the run directory to continue")
+    if not resume and (steps is not None or epochs is not None):
+        raise ConfigError(
+            "--steps and --epochs extend a run with --resume; a new run's length is "
+            "training.steps or training.epochs in its config"
+        )
     run = run or default_run_dir()
     cfg = None if resume else load_config(config)
     if cfg is not None and publish is not None:
@@ -131,16 +137,21 @@ def train(
         resources.check_training(cfg, nproc, run)
         check_plan_fits(cfg, nproc)
         check_training_data(cfg, nproc)
-    cfg = prepare_run_dir(cfg, run, resume)
+    if resume:  # config.yaml with -c, --steps and --epochs; this start's with --publish
+        cfg, saved = resume_config(run, config, steps, epochs, publish)
+    else:
+        assert cfg is not None
+        cfg = prepare_run_dir(cfg, run)
     if resume and (done := completed_checkpoint(run, cfg)) is not None:
-        print(f"[rec train] {run} is complete (final checkpoint {done.name}): nothing to train")
+        write_changes(run, saved)
+        print(f"[rec train] {run} is complete (final checkpoint {done.name}): nothing to train; "
+              "--steps N or --epochs N trains on")  # fmt: skip
         return run
-    if resume:
+    if resume:  # with --publish, the plan checked is the one that publishes
         factory.check(cfg)
         resources.check_training(cfg, nproc, run, resume=True)
         check_plan_fits(cfg, nproc)
         check_training_data(cfg, nproc)
-    if resume and publish is not None:
-        load_config(run / run_dir.CONFIG_FILE, {"publish": {"url": publish}})  # checks the URL
+        write_changes(run, saved)  # only once nothing refused the resume
     launch(run, nproc, resume, max_restarts, publish if resume else None)
     return run

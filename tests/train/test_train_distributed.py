@@ -183,15 +183,22 @@ def test_load_then_save_at_another_world_size_is_exact(mixed_run, tmp_path, npro
 
 
 def test_resume_at_one_rank_continues_the_loss(mixed_run, tmp_path):
+    """A finished run trains on: `--steps 20` past its last checkpoint, with `-c` changing what
+    a resume may change (here how many checkpoints are kept), written to its config.yaml."""
     run, _ = mixed_run
     resumed = tmp_path / "resumed"
     import shutil
 
+    from rec.config import load_config
+
     shutil.copytree(run, resumed)
-    cfg_path = resumed / run_dir.CONFIG_FILE
-    cfg_path.write_text(cfg_path.read_text().replace("steps: 40", "steps: 60"))
-    out = run_rec("train", "--resume", str(resumed), "--nproc", "1").stdout
+    more = write_config(tmp_path / "more.yaml", {"checkpoint": {"keep_last": 1}})
+    out = run_rec("train", "--resume", str(resumed), "--nproc", "1", "--steps", "20", "-c",
+                  str(more)).stdout  # fmt: skip
     assert "resumed from" in out and "at step 40" in out
+    saved = load_config(resumed / run_dir.CONFIG_FILE)
+    assert (saved.training.steps, saved.checkpoint.keep_last) == (60, 1)
+    assert [p.name for p in run_dir.committed_steps(resumed)] == ["step_60"]  # keep_last: 1
     train = [m for m in _metrics(resumed) if m["kind"] == "train"]
     steps = [m["step"] for m in train]
     assert steps == [10, 20, 30, 40, 50, 60]
@@ -200,6 +207,41 @@ def test_resume_at_one_rank_continues_the_loss(mixed_run, tmp_path):
     assert train[4]["loss"] < first_loss
     assert run_dir.latest_checkpoint(resumed).name == "step_60"
     assert run_dir.read_meta(run_dir.latest_checkpoint(resumed))["world_size"] == 1
+
+
+def test_a_resume_refuses_a_config_that_changes_the_model(mixed_run, tmp_path):
+    """`-c` on a resume names each field the checkpoint depends on that it would change, and
+    touches nothing; so does --publish on a run whose constraints keep a table column-wise."""
+    run, _ = mixed_run
+    saved = (run / run_dir.CONFIG_FILE).read_text()
+    other = write_config(tmp_path / "other.yaml",
+                         {"model": {"dense_arch": [32, 8]}, "training": {"steps": 80}})  # fmt: skip
+    proc = rec_in_process("train", "--resume", str(run), "-c", str(other))
+    assert proc.returncode == 2, proc.stdout
+    assert "(model.dense_arch: [16, 8] -> [32, 8])" in proc.stdout, proc.stdout
+    proc = rec_in_process("train", "--resume", str(run), "--publish", "redis://127.0.0.1:1/s")
+    assert proc.returncode == 2, proc.stdout
+    assert "cannot publish: table 't2' may only be sharded ['column_wise']" in proc.stdout
+    assert (run / run_dir.CONFIG_FILE).read_text() == saved
+    assert run_dir.latest_checkpoint(run).name == "step_40"
+
+
+def test_steps_and_epochs_more_count_from_the_last_checkpoint(tmp_path):
+    """--steps N: N past the checkpoint's step. --epochs N: N past a run of whole epochs that
+    finished; from within an epoch, the unfinished one is the first of the N."""
+    from rec.config import config_from_dict
+    from rec.train.resume import extend
+    from tests.helpers import TINY
+
+    cfg = config_from_dict({**TINY, "training": {**TINY["training"], "steps": 0, "epochs": 2}})
+    (run_dir.checkpoints_dir(tmp_path) / "step_9").mkdir(parents=True)
+    length = {"steps": 0, "epochs": 2}
+    run_dir.commit_checkpoint(tmp_path, 9, {"epoch": 1, "complete": True, "length": length})
+    assert (extend(tmp_path, cfg, None, 3).training.epochs, cfg.training.epochs) == (5, 2)
+    assert extend(tmp_path, cfg, 7, None).training.steps == 16
+    run_dir.commit_checkpoint(tmp_path, 9, {"epoch": 1, "complete": False, "length": length})
+    more = extend(tmp_path, cfg, None, 3).training
+    assert (more.epochs, more.steps) == (4, 0)
 
 
 def test_new_run_refuses_a_directory_with_checkpoints(mixed_run):
