@@ -132,6 +132,35 @@ KNOWN: tuple[Known, ...] = (
         "torch.distributed.checkpoint.utils",
         "That is the intent: export reads every rank's shards alone, with no process group.",
     ),
+    # ---- rec export --format onnx: torch's dynamo exporter --------------------------------
+    Known(
+        "torchvision is not installed. Skipping torchvision::",
+        None,
+        "torch.onnx._internal.exporter._registration",
+        "The exporter looks for torchvision's detection ops; rec's models use none of them.",
+    ),
+    Known(
+        "`isinstance(treespec, LeafSpec)` is deprecated",
+        FutureWarning,
+        "copyreg",
+        "torch.export copies its own pytree specs, old leaf class included; rec's code does "
+        "not use it.",
+    ),
+    Known(
+        "Attribute type is ambiguous because it is an empty sequence.",
+        None,
+        "onnx_ir._convenience",
+        "An empty list attribute in the exported graph is taken as INTS, its type; export "
+        "then scores the ONNX model against the float one (the AUC and max |diff| it prints).",
+    ),
+    Known(
+        "# The axis name: batch will not be used, since it shares the same shape constraints "
+        "with another axis: batch.",
+        UserWarning,
+        "torch.onnx._internal.exporter._onnx_program",
+        "rec names the batch axis of every input `batch` (rec.export.onnx_builder): the inputs "
+        "do share it, and it keeps that name.",
+    ),
 )
 
 
