@@ -1,11 +1,13 @@
 """The third-party warnings rec's commands hide, in one table, each with why it is harmless here.
 
 A default `rec train`, `rec export` or `rec serve` prints only rec's own lines. The libraries
-under it (TorchRec, FBGEMM, torch.distributed, TorchScript) warn about things rec has already
-dealt with or that do not apply to it; each such warning is listed below by the start of its
-message, its category and the module it is attributed to, so that anything new, or the same
-words from somewhere else, still shows. A warning that pointed at a real problem is not listed:
-its cause is fixed instead.
+under it (TorchRec, FBGEMM, torch.distributed, the ONNX exporter) warn about things rec has
+already dealt with or that do not apply to it; each such warning is listed below by the start of
+its message, its category and the module it is attributed to (or its logger), so that anything
+new, or the same words from somewhere else, still shows. A warning that points at a real
+problem does not belong here: its cause is fixed instead. The tests that run the commands
+(train on every sharding type, resume, export, serve) fail on any warning line
+(tests/helpers.py: warning_lines).
 
 `rec --verbose COMMAND` shows them all again. The setting travels to the processes a command
 starts (the training ranks torchrun runs) as REC_VERBOSE=1 in their environment, which also
