@@ -20,7 +20,7 @@ from rec.data import write_criteo_tsv, write_parquet
 from rec.features import SPEC_FILE
 from rec.serve.cpp import start_cpp
 from rec.serve.triton import start_triton
-from tests.helpers import rec_in_process, run_rec, write_config
+from tests.helpers import rec_in_process, run_rec, warning_lines, write_config
 from tests.serve_triton.tiny_repo import write_seeded_run
 
 PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
@@ -80,8 +80,9 @@ def test_csv_with_string_categories_end_to_end(tmp_path):
         "export": {"max_batch_size": 256, "format": "torchscript"},
     }  # fmt: skip
     run, repo = tmp_path / "run", tmp_path / "repo"
-    run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)),
-            "--run-dir", str(run), "--nproc", "1")  # fmt: skip
+    out = run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)),
+                  "--run-dir", str(run), "--nproc", "1").stdout  # fmt: skip
+    assert not warning_lines(out), warning_lines(out)  # a CSV of one's own: rec's lines only
     spec = json.loads((run / SPEC_FILE).read_text())
     assert spec["dense"][1] == {"name": "views", "column": "views", "transform": "log1p"}
     assert spec["sparse"][2]["column"] == "history"  # data.columns rename, recorded
