@@ -140,7 +140,7 @@ class Trainer:
         _, dense = self.optimizer.optimizers[-1]
         dense.init_state()  # Adam's state is lazy; DCP loads into existing tensors only
         state = self._state()
-        Checkpointer.load(step_dir, state)
+        fresh = Checkpointer.load(step_dir, state)
         self.dmp.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         t = state["train"]
@@ -148,6 +148,10 @@ class Trainer:
         torch.set_rng_state(t["rng"])
         if self.ctx.is_main:
             log(f"resumed from {step_dir} at step {self.pos.step} (epoch {self.pos.epoch})")
+        if self.ctx.is_main and fresh:  # the plan moved them to or from data_parallel
+            log(f"table(s) {', '.join(fresh)}: rows as saved, optimizer state fresh: this plan "
+                "shards them otherwise, and a data_parallel table is trained by the dense "
+                "optimizer, any other by the embedding one")  # fmt: skip
 
     # ---- data -------------------------------------------------------------------------------
     def total_steps(self) -> int:

@@ -4,6 +4,7 @@ export of the same step stores, with a real broker that is killed and restarted 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -191,6 +192,48 @@ def test_a_resumed_publisher_leaves_no_row_the_final_export_lacks(tmp_path):
         exported = _exported_rows(final, cfg, table)
         for row_id, data in state.rows.get(table, {}).items():
             assert data == exported[row_id].numpy().tobytes(), (table, row_id)
+
+
+@needs_redis
+def test_publish_turns_on_when_resuming_a_run_trained_without_it(tmp_path):
+    """The planner makes small tables data_parallel (trained by the dense optimizer), and
+    publishing keeps every table to whole-row shards (the fused embedding optimizer): `--resume
+    --publish` loads the rows under the new plan, trains on and publishes. The rows no step
+    after the resume looked up are the checkpoint's: loaded, not initialised afresh."""
+    cfg = copy.deepcopy(TINY)
+    cfg["tables"] = cfg["tables"][:4]
+    cfg["tables"][2]["rows"], cfg["tables"][3]["rows"] = 50, 25  # data_parallel on 2 ranks
+    # Steep Zipf ids, one per sample: every table keeps rows the 2 steps after the resume never
+    # look up, which must be the checkpoint's.
+    cfg["data"]["synthetic"].update(zipf_alpha=2.0, max_hotness=1)
+    cfg["training"].update(steps=20, eval_every=0)
+    cfg["checkpoint"] = {"every_steps": 0, "keep_last": 3}
+    cfg["export"] = {"table_dtypes": DTYPES}
+    run = tmp_path / "run"
+    run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
+            str(run))  # fmt: skip
+    plan = json.loads((run / run_dir.PLAN_FILE).read_text())["tables"]
+    replicated = sorted(r["table"] for r in plan if r["sharding_type"] == "data_parallel")
+    assert replicated, plan
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("rec:updates")
+        out = run_rec("train", "--resume", str(run), "--steps", "2", "--publish", url).stdout
+        records = [r for _, r in read_records(url)]
+    assert "at step 20" in out and f"table(s) {', '.join(replicated)}: rows as saved" in out, out
+    plan = json.loads((run / run_dir.PLAN_FILE).read_text())["tables"]
+    assert {r["sharding_type"] for r in plan} <= {"table_wise", "row_wise", "table_row_wise"}
+    state = _applied(cfg, records)
+    assert state.watermark()[:2] == (1, 22)
+    start, final = run_dir.checkpoints_dir(run) / "step_20", run_dir.latest_checkpoint(run)
+    assert final.name == "step_22"
+    for table in state.tables:
+        exported = _exported_rows(final, cfg, table)
+        for row_id, data in state.rows.get(table, {}).items():
+            assert data == exported[row_id].numpy().tobytes(), (table, row_id)
+        looked_up = {i for r in records if r.table == table for i in r.ids}
+        kept = [i for i in range(len(exported)) if i not in looked_up]
+        assert kept and looked_up, (table, len(kept), len(looked_up))
+        assert torch.equal(exported[kept], _exported_rows(start, cfg, table)[kept]), table
 
 
 @needs_redis
