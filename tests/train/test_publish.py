@@ -234,6 +234,12 @@ def test_publish_turns_on_when_resuming_a_run_trained_without_it(tmp_path):
         kept = [i for i in range(len(exported)) if i not in looked_up]
         assert kept and looked_up, (table, len(kept), len(looked_up))
         assert torch.equal(exported[kept], _exported_rows(start, cfg, table)[kept]), table
+    # And back: without --publish the small tables are data_parallel again, from whole-row shards.
+    out = run_rec("train", "--resume", str(run), "--steps", "1").stdout
+    assert f"table(s) {', '.join(replicated)}: rows as saved" in out, out
+    assert run_dir.latest_checkpoint(run).name == "step_23"
+    plan = json.loads((run / run_dir.PLAN_FILE).read_text())["tables"]
+    assert sorted(r["table"] for r in plan if r["sharding_type"] == "data_parallel") == replicated
 
 
 @needs_redis
