@@ -41,12 +41,20 @@ RESUMABLE = (
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    """{"training.steps": 40, "tables": [...], ...}: mappings flattened, lists kept whole."""
+    """{"training.steps": 40, "tables": ["t0", ...], "tables.t0.rows": 300, ...}: mappings
+    flattened, a list of named mappings (the tables) by name, other lists kept whole."""
     if not isinstance(data, dict):
         return {prefix: data}
     out: dict[str, Any] = {}
     for k, v in data.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) and "name" in x for x in v):
+            out[f"{prefix}{k}"] = [x["name"] for x in v]
+            for x in v:
+                out.update(_flat(x, f"{prefix}{k}.{x['name']}."))
+        else:
+            out[f"{prefix}{k}"] = v
     return out
 
 
@@ -80,15 +88,24 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def apply_config_file(run: Path, saved: RecConfig, path: Path) -> RecConfig:
     """`-c FILE` on a resume: FILE over the run's config.yaml, refused if it changes anything
-    outside RESUMABLE. The file's own values are compared first, so that a changed model is
-    named as such rather than as whatever it no longer agrees with in config.yaml."""
+    outside RESUMABLE. A file that does not validate over config.yaml is first checked for a
+    changed fixed field, so that a changed model is named as such rather than as whatever it
+    no longer agrees with in config.yaml."""
     data = _read_yaml(path)
-    before = _flat(saved.to_dict())
-    given = {k: (before[k], v) for k, v in _flat(data).items() if k in before and before[k] != v}
-    _refuse_fixed(run, path, given)
-    cfg = config_from_dict(data, base=saved.to_dict())
+    try:
+        cfg = config_from_dict(data, base=saved.to_dict())
+    except ConfigError:
+        _refuse_fixed(run, path, _given_changes(saved, data))
+        raise
     _refuse_fixed(run, path, changed_fields(saved, cfg))
     return cfg
+
+
+def _given_changes(saved: RecConfig, data: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The file's values that differ from config.yaml's, as written (unwritten keys of a table
+    are its defaults, which only validation fills in)."""
+    before = _flat(saved.to_dict())
+    return {k: (before[k], v) for k, v in _flat(data).items() if k in before and before[k] != v}
 
 
 def _refuse_fixed(run: Path, path: Path, changes: dict[str, tuple[Any, Any]]) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rec import run_dir
+from rec.config import ConfigError
 from tests.helpers import rec_in_process, run_rec, write_config
 
 # Every table gets its own sharding type, so one 2-rank run exercises them all.
@@ -242,6 +243,24 @@ def test_steps_and_epochs_more_count_from_the_last_checkpoint(tmp_path):
     run_dir.commit_checkpoint(tmp_path, 9, {"epoch": 1, "complete": False, "length": length})
     more = extend(tmp_path, cfg, None, 3).training
     assert (more.epochs, more.steps) == (4, 0)
+
+
+def test_a_resume_takes_the_runs_own_config_file_with_a_new_length(tmp_path):
+    """The file the run was made from, its length changed, is applied (its tables written
+    short, as the defaults fill them); the same file with a table's dim changed is refused
+    naming that field."""
+    from rec.config import config_from_dict
+    from rec.train.resume import resume_config
+    from tests.helpers import TINY
+
+    (tmp_path / run_dir.CONFIG_FILE).write_text(config_from_dict(TINY).to_yaml())
+    longer = json.loads(json.dumps(TINY))
+    longer["training"].update(steps=0, epochs=3)
+    _, cfg = resume_config(tmp_path, write_config(tmp_path / "longer.yaml", longer))
+    assert (cfg.training.steps, cfg.training.epochs) == (0, 3)
+    longer["tables"][1]["dim"] = 4
+    with pytest.raises(ConfigError, match=r"\(tables\.t1\.dim: 8 -> 4\)"):
+        resume_config(tmp_path, write_config(tmp_path / "other.yaml", longer))
 
 
 def test_new_run_refuses_a_directory_with_checkpoints(mixed_run):
