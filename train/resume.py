@@ -5,10 +5,10 @@ A resume trains the run's own config.yaml. On top of it:
 - `--steps N` trains N steps past the last committed checkpoint (training.steps becomes its
   step + N); `--epochs N` trains N more epochs, the one the checkpoint is in counting as the
   first unless the run had finished it (training.epochs becomes that epoch's number + N,
-  training.steps 0). Both extend a finished
-  run as well as an unfinished one.
-- `-c FILE` is laid over config.yaml (a file holding only `training: {epochs: 3}` is enough).
-  Only the settings a checkpoint does not depend on may change (RESUMABLE: training length,
+  training.steps 0). Both extend a finished run as well as an unfinished one.
+- `-c FILE` is laid over config.yaml (a file holding only `training: {steps: 0, epochs: 3}` is
+  enough; epochs alone, where training.steps decides the length, is refused). Only the
+  settings a checkpoint does not depend on may change (RESUMABLE: training length,
   evaluation, logging and checkpoint intervals, publishing); any other change (model, tables,
   features, data, optimizer, sharding, export) is refused naming each field, since the
   checkpoint holds the model, the optimizer's state and the data position they made.
@@ -98,6 +98,11 @@ def apply_config_file(run: Path, saved: RecConfig, path: Path) -> RecConfig:
         _refuse_fixed(run, path, _given_changes(saved, data))
         raise
     _refuse_fixed(run, path, changed_fields(saved, cfg))
+    if "epochs" in (data.get("training") or {}) and cfg.training.steps:
+        raise ConfigError(
+            f"{str(path)!r} sets training.epochs, but training.steps={cfg.training.steps} decides "
+            f"the length of run {str(run)!r}; add training.steps: 0 for epochs, or use --steps N"
+        )
     return cfg
 
 

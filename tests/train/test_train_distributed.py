@@ -258,6 +258,8 @@ def test_a_resume_takes_the_runs_own_config_file_with_a_new_length(tmp_path):
     longer["training"].update(steps=0, epochs=3)
     _, cfg = resume_config(tmp_path, write_config(tmp_path / "longer.yaml", longer))
     assert (cfg.training.steps, cfg.training.epochs) == (0, 3)
+    with pytest.raises(ConfigError, match="sets training.epochs, but training.steps=40 decides"):
+        resume_config(tmp_path, write_config(tmp_path / "epochs.yaml", {"training": {"epochs": 3}}))
     longer["tables"][1]["dim"] = 4
     with pytest.raises(ConfigError, match=r"\(tables\.t1\.dim: 8 -> 4\)"):
         resume_config(tmp_path, write_config(tmp_path / "other.yaml", longer))
