@@ -279,15 +279,26 @@ class Trainer:
                 progress.pause(time.perf_counter() - t0)
         if self.publisher is not None:
             self.publisher.close(self.pos.step)
-            if self.ctx.is_main:
-                pub = self.publisher
-                log(f"published to {pub.url}: {pub.published_rows} rows from rank 0, "
-                    f"{pub.publish_seconds:.2f} s of its training time")  # fmt: skip
+            self._report_published(self.publisher)
         self._report_memory(progress)
         self._report_steps(progress)
         if progress:
             progress.close()
         return metrics
+
+    def _report_published(self, pub: publish.UpdatePublisher) -> None:
+        """The rows every rank published (each publishes its own shards' rows) and the training
+        time each spent publishing, gathered: the whole run's, not rank 0's share."""
+        mine = torch.tensor([pub.published_rows, pub.publish_seconds], dtype=torch.float64,
+                            device=self.ctx.device)  # fmt: skip
+        every = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
+        dist.all_gather(every, mine)
+        if self.ctx.is_main:
+            rows = [int(t[0]) for t in every]
+            per_rank = ", ".join(f"rank {r}: {n}" for r, n in enumerate(rows))
+            slowest = max(float(t[1]) for t in every)
+            log(f"published to {pub.url}: {sum(rows)} rows from {len(rows)} ranks ({per_rank}), "
+                f"at most {slowest:.2f} s of a rank's training time")  # fmt: skip
 
     def _report_memory(self, progress: Progress | None) -> None:
         """Every rank's peak RSS, gathered, next to the plan's estimate for its shards."""

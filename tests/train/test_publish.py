@@ -24,7 +24,7 @@ from rec.export.stream import checkpoint_key
 from rec.model import build_model, table_keys
 from rec.quantize import fused_rows
 from rec.update_log import Applier, ServedTable, read_records
-from tests.helpers import REC, TINY, rec_in_process, run_rec, write_config
+from tests.helpers import REC, TINY, rec_in_process, run_rec, warning_lines, write_config
 
 needs_redis = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -220,6 +220,9 @@ def test_publish_turns_on_when_resuming_a_run_trained_without_it(tmp_path):
         out = run_rec("train", "--resume", str(run), "--steps", "2", "--publish", url).stdout
         records = [r for _, r in read_records(url)]
     assert "at step 20" in out and f"table(s) {', '.join(replicated)}: rows as saved" in out, out
+    rows = sum(len(r.ids) for r in records)  # every rank's, as the summary counts them
+    assert f"published to {url}: {rows} rows from 2 ranks (rank 0: " in out, out
+    assert not warning_lines(out), warning_lines(out)  # loading under another plan: quiet
     plan = json.loads((run / run_dir.PLAN_FILE).read_text())["tables"]
     assert {r["sharding_type"] for r in plan} <= {"table_wise", "row_wise", "table_row_wise"}
     state = _applied(cfg, records)
