@@ -163,6 +163,16 @@ KNOWN: tuple[Known, ...] = (
         "rec names the batch axis of every input `batch` (rec.export.onnx_builder): the inputs "
         "do share it, and it keeps that name.",
     ),
+    # ---- rec export --format aoti: loading the package back to score it -------------------
+    Known(
+        "Device information mismatch for AOTI_CPU_ISA: ",
+        None,
+        "torch.export.pt2_archive._package",
+        "The package is compiled for export.cpu_isa (avx2 by default, for any x86-64-v3 "
+        "server), not for the widest ISA of the CPU that loads it. A CPU without the package's "
+        "flags is refused before loading (rec.aoti_package.check_cpu), and export scores the "
+        "loaded package against the float model.",
+    ),
 )
 
 
