@@ -15,6 +15,7 @@ import torch
 
 from rec import warnings_filter
 from rec.warnings_filter import KNOWN, VERBOSE_ENV, Known
+from tests.helpers import rec_in_process
 
 WARNED = [k for k in KNOWN if k.category is not None]
 LOGGED = [k for k in KNOWN if k.category is None]
@@ -73,6 +74,14 @@ def test_rec_verbose_reaches_the_processes_it_starts():
         err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, check=True).stderr  # fmt: skip
         assert (known.message in err) == shown, err
+
+
+def test_rec_verbose_is_passed_on_in_the_environment(monkeypatch):
+    monkeypatch.setenv(VERBOSE_ENV, "")  # restored (unset) after the test
+    rec_in_process("plan", "--world-size", "1", check=True)
+    assert not warnings_filter.verbose()
+    rec_in_process("--verbose", "plan", "--world-size", "1", check=True)
+    assert os.environ[VERBOSE_ENV] == "1"
 
 
 def test_fbgemms_dense_table_gradient_is_embedding_bags_despite_the_warning():
