@@ -53,7 +53,7 @@ def main() -> int:
                               "--nproc", str(args.nproc), "--steps", str(args.steps),
                               "--publish", url],
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
-    t0, last, changes = time.time(), None, 0
+    t0, last, changes, ended = time.time(), None, 0, 0.0
     final = start_step + args.steps
     try:
         with httpclient.InferenceServerClient(server.endpoints.http) as client:
@@ -69,7 +69,13 @@ def main() -> int:
                 print(f"t={time.time() - t0:5.1f} s  watermark step {step:5d} ({lag})  "
                       f"scores of 3 samples: {shown}", flush=True)  # fmt: skip
                 last = shown
-                if step >= final or (train.poll() is not None and time.time() - t0 > 600):
+                code = train.poll()
+                if step >= final or (code is not None and code != 0):
+                    break  # a failed resume is reported at once, not after a wait
+                # Training has ended: its last publish reaches the server within seconds.
+                if code is not None and not ended:
+                    ended = time.time()
+                if ended and time.time() - ended > 30:
                     break
                 time.sleep(1.0)
     finally:
