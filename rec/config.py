@@ -671,7 +671,9 @@ class ExportConfig:
     """How `rec export` quantizes and packages the model."""
 
     quantize: str = "int8"
-    """Default storage of embedding tables: int8, int4, fp16 or fp32."""
+    """Default storage of embedding tables: int8, int4, fp16 or fp32. An int8 table needs an
+    even dim and an int4 table a dim that is a multiple of 4 (FBGEMM packs a row's codes in
+    whole fp16 words); a config that breaks this is refused before training starts."""
     table_dtypes: dict[str, str] = field(default_factory=dict)
     """Per-table override of `quantize`: a mapping from table name to int8, int4, fp16 or
     fp32.
@@ -846,6 +848,16 @@ class RecConfig:
         for table in [*self.sharding.constraints, *self.export.table_dtypes, *store.tables,
                       *store.table_partitions]:  # fmt: skip
             _check(table in names, f"unknown table {table!r}; tables are {names}")
+        for t in self.tables:
+            dtype = self.export.table_dtypes.get(t.name, self.export.quantize)
+            multiple = EMBEDDING_DTYPES[dtype].dim_multiple
+            _check(
+                t.dim % multiple == 0,
+                f"table {t.name!r} has dim {t.dim}, and export stores it as {dtype}, which needs "
+                f"a dim that is a multiple of {multiple} (FBGEMM packs a row's codes in whole "
+                f"fp16 words): make the dim a multiple of {multiple}, or set "
+                f"export.table_dtypes.{t.name}: fp16",
+            )
         self._check_sequences(names)
         refused = _not_keyed_jagged(self.export.format)
         if self.model.factory:

@@ -69,6 +69,12 @@ class EmbeddingDtype:
     def bytes_per_row(self, dim: int) -> float:
         return dim * self.bits / 8 + (4 if self.rowwise else 0)
 
+    @property
+    def dim_multiple(self) -> int:
+        """What a table's dim must be a multiple of: FBGEMM's rowwise quantizer packs a row's
+        codes into whole fp16 words (2 bytes), so int8 needs an even dim and int4 one of 4."""
+        return 16 // self.bits if self.rowwise else 1
+
 
 EMBEDDING_DTYPES = {
     "int8": EmbeddingDtype(8, True, 0.999),

@@ -96,3 +96,33 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("training: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("dim", "export", "refused"),
+    [
+        (
+            7,
+            {},
+            "has dim 7, and export stores it as int8, which needs a dim that is a multiple of 2",
+        ),
+        (6, {"quantize": "int4"}, "stores it as int4, which needs a dim that is a multiple of 4"),
+        (6, {}, None),
+        (8, {"quantize": "int4"}, None),
+        (7, {"table_dtypes": {"t": "fp16"}}, None),
+        (5, {"quantize": "fp32"}, None),
+    ],
+)
+def test_a_table_dim_export_cannot_quantize_is_refused_before_training(dim, export, refused):
+    data = {
+        "tables": [{"name": "t", "rows": 10, "dim": dim, "features": ["f"]}],
+        "features": {"sparse": ["f"]},
+        "model": {"dense_arch": [16, dim]},
+        "export": export,
+    }
+    if refused is None:
+        assert config_from_dict(data).tables[0].dim == dim
+        return
+    with pytest.raises(ConfigError, match="export.table_dtypes.t: fp16") as e:
+        config_from_dict(data)
+    assert refused in str(e.value)
