@@ -84,6 +84,73 @@ QUANT_DTYPES = tuple(EMBEDDING_DTYPES)
 EXPORT_CPU_ISAS = ("avx2", "avx512")
 
 
+ZCH_EVICTIONS = ("lfu", "lru", "ttl")
+"""How a full ZCH window picks the id that leaves (rec.zch)."""
+
+
+@dataclass
+class ZchConfig:
+    """A collision-free ("zero-collision") table: every admitted id its own row, read through
+    an id map that training keeps, checkpoints and exports (rec.zch, docs/zch.md).
+
+    The table's `rows` are `slots` rows for admitted ids plus one default row, its last, which
+    every id reads that is not admitted: one seen fewer than `admit_after` times, or one met
+    when the slots its id could take are all held by ids the eviction policy keeps."""
+
+    slots: int = 0
+    """Rows for admitted ids; 0 means `rows - 1`. Given, it must be `rows - 1`.
+
+    Example: 99999"""
+    eviction: str = "lfu"
+    """Which id leaves when a new one needs its place: lfu (the least often seen, counts
+    halving at every admission round so that a once-popular id does not stay forever), lru
+    (the longest unseen) or ttl (any id unseen for `ttl_hours`, evicted at the next round
+    even without a newcomer)."""
+    ttl_hours: float = 24.0
+    """eviction ttl: an id unseen this long (wall-clock hours of training) is evicted."""
+    admit_after: int = 1
+    """Sightings in training before an id gets a row of its own (Monolith's occurrence
+    threshold); until then it reads the default row."""
+    every_steps: int = 100
+    """Steps between admission rounds. The ranks agree on admissions and evictions at each
+    round (a collective), so each round costs one pipeline drain."""
+    probes: int = 16
+    """Slots an id may take: `probes` consecutive slots from its hash. Lookups read exactly
+    these, so a lookup costs `probes` comparisons whatever the load."""
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.slots, int) and self.slots >= 0,
+            f"ids.zch.slots={self.slots!r} must be an integer >= 0 (0: rows - 1)",
+        )
+        _one_of("ids.zch.eviction", self.eviction, ZCH_EVICTIONS)
+        _positive("ids.zch.ttl_hours", self.ttl_hours)
+        for name in ("admit_after", "every_steps", "probes"):
+            value = getattr(self, name)
+            _check(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"ids.zch.{name}={value!r} must be an integer >= 1",
+            )
+
+
+@dataclass
+class IdsConfig:
+    """How a table maps raw ids to rows. `ids: modulo` (the default) is `id mod rows`: ids
+    that share a remainder share a row. `ids: {zch: {...}}` gives every admitted id its own
+    row (ZchConfig)."""
+
+    zch: ZchConfig | None = None
+    """The collision-free map's settings; absent (or `ids: modulo`) for modulo.
+
+    Example: {slots: 99999, eviction: lru, admit_after: 2}"""
+
+    @staticmethod
+    def from_scalar(value: Any, where: str) -> dict[str, Any]:
+        """`ids: modulo` is the same as `ids: {}`."""
+        _check(value == "modulo", f"{where}={value!r} must be modulo or a mapping {{zch: {{...}}}}")
+        return {}
+
+
 @dataclass
 class TableConfig:
     """One embedding table; several features may share it."""
@@ -93,7 +160,8 @@ class TableConfig:
 
     Example: user"""
     rows: int
-    """Number of embedding rows. Raw ids are mapped into [0, rows) with a non-negative modulo.
+    """Number of embedding rows. Raw ids are mapped into [0, rows) with a non-negative modulo,
+    or, with `ids: {zch: ...}`, each admitted id to a row of its own and the rest to the last.
 
     Example: 100000"""
     dim: int
@@ -110,6 +178,11 @@ class TableConfig:
     """How a bag of ids is pooled: sum, mean, or none (a sequence table). A sequence table's
     features are sequences (a user's history, the candidate item), each id's embedding kept
     in order (TorchRec's EmbeddingCollection); they need model.arch din."""
+    ids: IdsConfig = field(default_factory=IdsConfig)
+    """How raw ids become rows: `modulo` (the default), or `{zch: {...}}`, a collision-free
+    map (tables[].ids.zch).
+
+    Example: {zch: {eviction: lru, admit_after: 2}}"""
 
     def __post_init__(self) -> None:
         _check(bool(self.name) and isinstance(self.name, str), f"table name {self.name!r} is empty")
@@ -130,6 +203,29 @@ class TableConfig:
             isinstance(self.features, list) and len(self.features) > 0,
             f"tables[{self.name}].features={self.features!r} must list at least one feature",
         )
+        zch = self.ids.zch
+        if zch is not None:
+            _check(
+                self.rows >= 2,
+                f"tables[{self.name}].rows={self.rows}: a ZCH table needs at least one slot "
+                "and its default row (rows >= 2)",
+            )
+            _check(
+                zch.slots in (0, self.rows - 1),
+                f"tables[{self.name}]: rows={self.rows} but ids.zch.slots={zch.slots}; a ZCH "
+                f"table has slots + 1 rows (the last is the default row): set rows: "
+                f"{zch.slots + 1}, or leave slots out",
+            )
+            zch.slots = self.rows - 1
+            _check(
+                zch.probes <= zch.slots,
+                f"tables[{self.name}].ids.zch.probes={zch.probes} exceeds its {zch.slots} slots",
+            )
+
+    @property
+    def zch(self) -> ZchConfig | None:
+        """The table's collision-free map settings, or None for a modulo table."""
+        return self.ids.zch
 
 
 def _is_module_attribute(name: str) -> bool:
@@ -942,7 +1038,11 @@ class RecConfig:
         return {f: t.name for t in self.tables for f in t.features}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        for table in out["tables"]:  # the one-word form, as a user writes it
+            if table["ids"]["zch"] is None:
+                table["ids"] = "modulo"
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -974,6 +1074,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict) and hasattr(tp, "from_scalar"):
+            value = tp.from_scalar(value, where)  # a section that has a one-word form
         return _from_dict(tp, value, where)
     if origin is list:
         if not isinstance(value, list):
@@ -984,6 +1086,9 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}={value!r} must be a mapping")
         return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if dataclasses.is_dataclass(a)]
+        if inner and isinstance(value, dict):  # an optional section, given
+            return _from_dict(inner[0], value, where)
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

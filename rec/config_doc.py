@@ -94,6 +94,9 @@ def _nested(tp: Any) -> tuple[type, str] | None:
     if dataclasses.is_dataclass(tp):
         return tp, ""
     args = typing.get_args(tp)
+    optional = [a for a in args if dataclasses.is_dataclass(a)]
+    if optional and type(None) in args:  # an optional section (TableConfig.ids.zch)
+        return optional[0], ""
     if typing.get_origin(tp) is list and dataclasses.is_dataclass(args[0]):
         return args[0], "[]"
     if typing.get_origin(tp) is dict and dataclasses.is_dataclass(args[1]):
@@ -276,10 +279,13 @@ def example_yaml() -> str:
         *_comment(_summary(tables.text), ""),
         "tables:",
     ]
+    ids = by_path["tables[].ids"]
     for i, table in enumerate(config_module.default_config_dict()["tables"]):
         values = {f.name: table.get(f.name, f.default) for f in tables.fields}
+        values["ids"] = table.get("ids", "modulo")
         if i == 0:  # the first table carries the comments; the others are one line each
             body = [ln for f in tables.fields for ln in _example_key(f, values[f.name], "  ")]
+            body += _comment(_summary(ids.text), "  ") + [f"  ids: {flow(values['ids'])}"]
             lines += ["- " + body[0].lstrip()] + body[1:]
         else:
             lines.append(f"- {flow(values)}")

@@ -1,0 +1,214 @@
+"""Collision-free ids ("ZCH"): every admitted id its own row (docs/zch.md).
+
+A ZCH table of `rows` rows holds `slots = rows - 1` rows for admitted ids and, last, the
+default row. Its id map is two tensors over the slots:
+
+    keys  int64 [slots]  the raw id that holds each slot
+    used  bool  [slots]  whether a slot holds one
+
+An id may hold only one of `probes` slots, its window: home(id), home(id) + 1, ... (mod
+slots). A lookup compares the id with the keys of its window and reads the slot that holds it,
+or the default row. So no two ids ever share a row, a lookup costs `probes` comparisons
+whatever the load, and admitting or evicting an id changes one slot of the map, which the
+update log can carry and a server can apply in place, with the row.
+
+`home` uses only integer ops that cannot overflow int64 (no shifts, no bitwise ops), so
+training, TorchScript, AOTInductor and ONNX compute the same window for every id:
+
+    x    = id if id >= 0 else (id + (2^63 - 1)) + 1      the id's 64 bits as a value in [0, 2^63)
+    lo   = x mod 2^31,  hi = x div 2^31                   (hi < 2^32)
+    h    = lo * 1_640_531_527 + hi * 1_013_904_223       (< 2^62 + 2^62)
+    home = (h div 2^29 + (h mod 2^29) * 2_654_435_761) mod slots
+
+Admission and eviction (`IdMap.admit`) run in rounds, every `every_steps` training steps, on
+counts every rank agrees on (train.zch gathers them); each round returns the slots it changed,
+whose rows and optimizer state training then resets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rec.config import ZchConfig
+
+_INT64_MAX = 2**63 - 1
+_LO = 2**31
+_MIX = 2**29
+_C_LO, _C_HI, _C_MIX = 1_640_531_527, 1_013_904_223, 2_654_435_761
+CANDIDATE_ROUNDS = 8
+"""Rounds an id may go unseen and still keep its sightings towards `admit_after`."""
+
+
+def home(ids: torch.Tensor, slots: int) -> torch.Tensor:
+    """The first slot of each id's window, int64 [N] in [0, slots) (see the module docstring)."""
+    x = torch.where(ids >= 0, ids, (ids + _INT64_MAX) + 1)
+    lo = torch.remainder(x, _LO)
+    hi = torch.div(x, _LO, rounding_mode="floor")
+    h = lo * _C_LO + hi * _C_HI
+    mixed = torch.div(h, _MIX, rounding_mode="floor") + torch.remainder(h, _MIX) * _C_MIX
+    return torch.remainder(mixed, slots)
+
+
+def windows(ids: torch.Tensor, slots: int, probes: int) -> torch.Tensor:
+    """int64 [N, probes]: the slots each id may hold, in probe order."""
+    steps = torch.arange(probes, dtype=torch.int64, device=ids.device)
+    return torch.remainder(home(ids, slots).unsqueeze(1) + steps.unsqueeze(0), slots)
+
+
+def lookup(ids: torch.Tensor, keys: torch.Tensor, used: torch.Tensor, probes: int) -> torch.Tensor:
+    """Rows of raw ids [N]: the slot that holds each id, or the default row (`slots`)."""
+    slots = keys.shape[0]
+    win = windows(ids, slots, probes)
+    hit = (keys[win] == ids.unsqueeze(1)) & used[win]
+    first = torch.argmax(hit.to(torch.int64), dim=1, keepdim=True)
+    return torch.where(hit.any(dim=1), win.gather(1, first).squeeze(1), slots)
+
+
+@dataclass
+class Changes:
+    """What one round changed: slots whose id left, and slots a new id took (a slot may be in
+    both: evicted for the id that took it). Rows of every slot in `admitted` start fresh."""
+
+    evicted_slots: list[int] = field(default_factory=list)
+    evicted_ids: list[int] = field(default_factory=list)
+    admitted_slots: list[int] = field(default_factory=list)
+    admitted_ids: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.evicted_slots or self.admitted_slots)
+
+
+class IdMap:
+    """One ZCH table's map and the statistics its eviction policy reads; the same on every rank.
+
+    Every tensor is in `state()`, which the checkpoint holds, so a resumed run (at any world
+    size: nothing here is per rank) continues with the same map and counts.
+    """
+
+    def __init__(self, cfg: ZchConfig) -> None:
+        self.cfg = cfg
+        n = cfg.slots
+        self.keys = torch.zeros(n, dtype=torch.int64)
+        self.used = torch.zeros(n, dtype=torch.bool)
+        self.counts = torch.zeros(n, dtype=torch.float64)  # lfu: sightings, halved each round
+        self.last_step = torch.zeros(n, dtype=torch.int64)  # lru: the last step that saw it
+        self.last_seen = torch.zeros(n, dtype=torch.float64)  # ttl: unix seconds
+        # Ids not admitted yet: their sightings and the last round that saw them. Fixed-size
+        # tensors (checkpoints load into existing shapes); `candidates` says how many are live.
+        self.cand_ids = torch.zeros(n, dtype=torch.int64)
+        self.cand_counts = torch.zeros(n, dtype=torch.int64)
+        self.cand_round = torch.zeros(n, dtype=torch.int64)
+        # [live candidates, rounds done, the step of the last round]
+        self.meta = torch.zeros(3, dtype=torch.int64)
+
+    @property
+    def slots(self) -> int:
+        return self.cfg.slots
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return lookup(ids, self.keys, self.used, self.cfg.probes)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        names = ("keys", "used", "counts", "last_step", "last_seen", "cand_ids", "cand_counts",
+                 "cand_round", "meta")  # fmt: skip
+        return {name: getattr(self, name) for name in names}
+
+    def live(self) -> int:
+        return int(self.used.sum())
+
+    # ---- a round ----------------------------------------------------------------------------
+    def admit(self, seen_ids: np.ndarray, seen_counts: np.ndarray, hits: torch.Tensor,
+              hit_last_step: torch.Tensor, step: int, now: float) -> Changes:  # fmt: skip
+        """One round, from every rank's sightings since the last one, summed:
+
+        Args:
+            seen_ids, seen_counts: the ids that read the default row, unique, and their
+                sightings (int64 numpy arrays).
+            hits: float64 [slots] sightings of each admitted id.
+            hit_last_step: int64 [slots] the last step that saw each admitted id (0: none).
+            step: the training step the round runs at; now: unix seconds (rank 0's).
+        """
+        cfg = self.cfg
+        round_start = int(self.meta[2])
+        seen = hits > 0
+        self.counts += hits
+        self.last_step = torch.maximum(self.last_step, hit_last_step)
+        self.last_seen[seen] = now
+        changes = Changes()
+        if cfg.eviction == "ttl":
+            self._expire(now, changes)
+        ids, counts = self._merge_candidates(seen_ids, seen_counts)
+        ready = counts >= cfg.admit_after
+        order = np.lexsort((ids[ready], -counts[ready]))  # most seen first, then by id
+        for cid, count in zip(ids[ready][order].tolist(), counts[ready][order].tolist(),
+                              strict=True):  # fmt: skip
+            slot = self._place(cid, count, round_start)
+            if slot is None:
+                continue
+            if bool(self.used[slot]):
+                changes.evicted_slots.append(slot)
+                changes.evicted_ids.append(int(self.keys[slot]))
+            self.keys[slot], self.used[slot] = cid, True
+            self.counts[slot], self.last_step[slot], self.last_seen[slot] = count, step, now
+            changes.admitted_slots.append(slot)
+            changes.admitted_ids.append(cid)
+        self._keep_candidates(ids, counts, set(changes.admitted_ids))
+        self.counts *= 0.5  # lfu: a once-popular id loses its claim within a few rounds
+        self.meta[1] += 1
+        self.meta[2] = step
+        return changes
+
+    def _expire(self, now: float, changes: Changes) -> None:
+        old = self.used & (now - self.last_seen > self.cfg.ttl_hours * 3600.0)
+        for slot in torch.nonzero(old).flatten().tolist():
+            changes.evicted_slots.append(slot)
+            changes.evicted_ids.append(int(self.keys[slot]))
+        self.used[old] = False
+        self.counts[old] = 0.0
+
+    def _place(self, cid: int, count: int, round_start: int) -> int | None:
+        """The slot `cid` takes: a free one in its window, else the policy's victim, or None."""
+        win = windows(torch.tensor([cid]), self.slots, self.cfg.probes)[0]
+        used = self.used[win]
+        if not bool(used.all()):
+            return int(win[int(torch.argmin(used.to(torch.int8)))])
+        policy = self.cfg.eviction
+        if policy == "lfu":
+            at = int(torch.argmin(self.counts[win]))
+            return int(win[at]) if count > float(self.counts[win[at]]) else None
+        if policy == "lru":
+            at = int(torch.argmin(self.last_step[win]))
+            return int(win[at]) if int(self.last_step[win[at]]) < round_start else None
+        return None  # ttl: only expired ids leave, and they already have
+
+    def _merge_candidates(self, seen_ids: np.ndarray, seen_counts: np.ndarray):
+        n = int(self.meta[0])
+        ids = np.concatenate([self.cand_ids[:n].numpy(), seen_ids.astype(np.int64)])
+        counts = np.concatenate([self.cand_counts[:n].numpy(), seen_counts.astype(np.int64)])
+        rounds = np.concatenate([self.cand_round[:n].numpy(),
+                                 np.full(len(seen_ids), int(self.meta[1]), np.int64)])  # fmt: skip
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        total = np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+        last = np.zeros(len(uniq), np.int64)
+        np.maximum.at(last, inverse, rounds)
+        self._cand_last = last
+        return uniq, total
+
+    def _keep_candidates(self, ids: np.ndarray, counts: np.ndarray, admitted: set[int]) -> None:
+        """Candidates not admitted and seen in the last CANDIDATE_ROUNDS rounds, the most seen
+        first, as many as there are slots."""
+        keep = (self._cand_last >= int(self.meta[1]) - CANDIDATE_ROUNDS + 1) & ~np.isin(
+            ids, np.fromiter(admitted, np.int64, len(admitted))
+        )
+        ids, counts, last = ids[keep], counts[keep], self._cand_last[keep]
+        if len(ids) > self.slots:
+            top = np.argsort(-counts, kind="stable")[: self.slots]
+            ids, counts, last = ids[top], counts[top], last[top]
+        n = len(ids)
+        self.cand_ids[:n] = torch.from_numpy(ids)
+        self.cand_counts[:n] = torch.from_numpy(counts)
+        self.cand_round[:n] = torch.from_numpy(last)
+        self.meta[0] = n
