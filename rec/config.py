@@ -449,9 +449,38 @@ class SyntheticConfig:
     """model.arch din: share of samples whose candidate is one of their history's items. The
     teacher's logit rises when it is (as strongly as all its other parts together), so a
     model that reads the history beats one that does not."""
+    live_ids: dict[str, int] = field(default_factory=dict)
+    """Ids live at any time, per table name: drawn from large int64 ids (not 0..rows-1), so
+    that `id % rows` collides as hashed ids do, and the same whatever the table's rows. A
+    table left out has as many as its rows. Empty (with churn and popularity_drift 0): ids
+    are 0..rows-1, each its own row.
+
+    Example: {t0: 20000, t1: 50000}"""
+    churn: float = 0.0
+    """Share of each table's live ids replaced by newly born ids per train_samples positions
+    (a sample's position is its time): an id lives train_samples / churn positions."""
+    popularity_drift: float = 0.0
+    """Times per train_samples positions that the ids' popularity ranks are reshuffled,
+    gradually: an id's rank moves from one period's to the next's."""
+    teacher_drift: float = 0.0
+    """Times per train_samples positions that the hidden teacher's rule (its per-id weights,
+    pairwise and dense parts) turns, gradually, into an independent one."""
+    eval_time: str = "after"
+    """With churn or drift, when the eval samples happen: after (the positions right after
+    training's epoch, what a deployed model meets next) or during (spread over training's
+    epoch: the same ids and rule, held-out samples only)."""
 
     def __post_init__(self) -> None:
         _positive("data.synthetic.train_samples", self.train_samples)
+        for table, live in self.live_ids.items():
+            _check(
+                isinstance(live, int) and not isinstance(live, bool) and 1 <= live <= 2**31,
+                f"data.synthetic.live_ids.{table}={live!r} must be an integer in [1, 2^31]",
+            )
+        for name in ("churn", "popularity_drift", "teacher_drift"):
+            value = getattr(self, name)
+            _check(value >= 0, f"data.synthetic.{name}={value!r} must be >= 0")
+        _one_of("data.synthetic.eval_time", self.eval_time, ("after", "during"))
         _positive("data.synthetic.eval_samples", self.eval_samples)
         _check(
             isinstance(self.seed, int) and self.seed >= 0,
@@ -1110,7 +1139,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 # Mappings keyed by table name are taken whole from the file, not merged with the default's.
-_REPLACE_KEYS = {"constraints", "table_dtypes", "sparse"}
+_REPLACE_KEYS = {"constraints", "table_dtypes", "sparse", "live_ids"}
 
 
 def default_config_dict() -> dict[str, Any]:

@@ -15,6 +15,26 @@ What a sample holds:
 
 The eval split is a second stream of the same distribution and the same teacher.
 
+Churn and drift (all off by default, and then nothing below applies): a sample's position
+is its time, and `data.synthetic` can make the world change with it (rec.data.churn):
+  - live_ids: each table's ids are drawn from its own live set of that many large int64 ids
+    (any value in [0, 2^63), as a real system's hashed ids), independent of its rows, so that
+    `id % rows` collides as it would in production (a table left out: as many as its rows);
+  - churn: the share of the live ids replaced by new ones per train_samples positions;
+  - popularity_drift: how many times per train_samples positions the ids' popularity ranks
+    are reshuffled, smoothly (an id's rank moves from one period's to the next's);
+  - teacher_drift: how many times per train_samples positions the teacher's rule turns into
+    an independent one, smoothly; new ids always get new per-id weights.
+Any of live_ids, churn or popularity_drift switches every table to the live-id space. There
+nothing depends on a table's rows but its live ids' default, so with live_ids given for
+every table, tables of any size see exactly the same samples: what comparing row budgets
+needs (rec.data.churn.modulo_collisions measures what `id % rows` then does).
+The training stream's position p is time p; a second epoch replays the same times. The eval
+stream (`eval_time`) is either the time just `after` training's epoch (position p is time
+train_samples + p: the next events, what a deployed model meets; ids born after training
+are new to it), or spread `during` it (position p is time p * train_samples / eval_samples:
+the same ids and rules as training, held-out samples only).
+
 Example:
     >>> from rec.config import default_config
     >>> src = SyntheticSource(default_config(), "train")
@@ -34,7 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rec.batch import RecBatch
-from rec.config import RecConfig
+from rec.config import ConfigError, RecConfig
+from rec.data.churn import IdSpace, coprime, mix64
 from rec.data.parse import log1p_dense
 from rec.data.source import DataSource, Plan, Rows
 from rec.features import feature_spec
@@ -83,18 +104,9 @@ class Chunk:
         )
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a fast, well-mixed hash of uint64 [n] (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def _id_hash(ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """uint64 [N] hash of (id, key): the teacher's per-id parameters without per-id tables."""
-    return _mix64(ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + keys)
+    return mix64(ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + keys)
 
 
 def _uniform_pm(bits: np.ndarray, width: int) -> np.ndarray:
@@ -120,9 +132,11 @@ class World:
         num_f = len(self.features)
         self.multi_hot = np.zeros(num_f, dtype=bool)
         self.multi_hot[rng.permutation(num_f)[: round(syn.multi_hot_fraction * num_f)]] = True
-        # id = (rank * mult + add) mod rows, mult coprime to rows: a bijection of [0, rows).
-        self.mult = np.array([_coprime(rng, int(r)) for r in self.rows], dtype=np.int64)
-        self.add = np.array([rng.integers(0, r) for r in self.rows], dtype=np.int64)
+        self.ids = _id_space(cfg)
+        if self.ids is None:
+            # id = (rank * mult + add) mod rows, mult coprime to rows: a bijection of [0, rows).
+            self.mult = np.array([coprime(rng, int(r)) for r in self.rows], dtype=np.int64)
+            self.add = np.array([rng.integers(0, r) for r in self.rows], dtype=np.int64)
         self.dense_mu = rng.uniform(0.0, 3.5, self.num_dense)
         self.dense_sigma = rng.uniform(0.5, 1.5, self.num_dense)
         self.dense_missing = rng.uniform(0.0, 0.3, self.num_dense)
@@ -133,22 +147,25 @@ class World:
         self.history_length = syn.history_length
         self.match_rate = syn.match_rate
 
-    def zipf_ranks(self, u: np.ndarray, feat: np.ndarray) -> np.ndarray:
-        """Popularity ranks in [0, rows) for uniforms u [N] of features feat [N].
+    def zipf_ranks(self, u: np.ndarray, feat: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Popularity ranks in [0, size[f]) for uniforms u [N] of features feat [N].
 
-        The inverse CDF of a continuous power law on [1, rows + 1) with exponent alpha, floored:
-        P(rank = k) ~ (k + 1.5)^-alpha, a Zipf law, with O(1) memory per table.
+        The inverse CDF of a continuous power law on [1, size + 1) with exponent alpha,
+        floored: P(rank = k) ~ (k + 1.5)^-alpha, a Zipf law, with O(1) memory per table.
         """
-        top = (self.rows + 1).astype(np.float64)[feat]
+        top = (size + 1).astype(np.float64)[feat]
         if abs(self.alpha - 1.0) < 1e-9:
             x = np.exp(u * np.log(top))
         else:
             e = 1.0 - self.alpha
             x = (1.0 - u * (1.0 - top**e)) ** (1.0 / e)
-        return np.minimum(x.astype(np.int64) - 1, self.rows[feat] - 1)
+        return np.minimum(x.astype(np.int64) - 1, size[feat] - 1)
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
-        """n samples: lengths [n, F] i32, values [N] i64 (batch-major), feat [N], counts [n, D]."""
+    def sample(
+        self, rng: np.random.Generator, n: int, time: np.ndarray | None = None
+    ) -> tuple[np.ndarray, ...]:
+        """n samples at positions `time` [n] (read only when ids churn or drift): lengths
+        [n, F] i32, values [N] i64 (batch-major), feat [N], counts [n, D]."""
         num_f = len(self.features)
         lengths = np.ones((n, num_f), dtype=np.int32)
         n_multi = int(self.multi_hot.sum())
@@ -161,8 +178,13 @@ class World:
             lengths[:, self.history] = rng.integers(0, self.history_length + 1, n)
         # Feature of each id, batch-major: sample by sample, feature by feature.
         feat = np.repeat(np.tile(np.arange(num_f), n), lengths.ravel())
-        ranks = self.zipf_ranks(rng.random(feat.size), feat)
-        values = (ranks * self.mult[feat] + self.add[feat]) % self.rows[feat]
+        if self.ids is None:
+            ranks = self.zipf_ranks(rng.random(feat.size), feat, self.rows)
+            values = (ranks * self.mult[feat] + self.add[feat]) % self.rows[feat]
+        else:
+            ranks = self.zipf_ranks(rng.random(feat.size), feat, self.ids.live_per_feature())
+            at = np.repeat(np.zeros(n) if time is None else time, lengths.sum(axis=1))
+            values = self.ids.ids(ranks, feat, at, rng)
         if self.history >= 0:
             self._plant_matches(rng, lengths, values)
         normal = rng.standard_normal((n, self.num_dense))
@@ -192,13 +214,26 @@ class World:
         return (np.bincount(sample[in_history], weights=equal, minlength=n) > 0).astype(float)
 
 
-def _coprime(rng: np.random.Generator, rows: int) -> int:
-    if rows <= 2:
-        return 1
-    while True:
-        m = int(rng.integers(rows // 3, rows))
-        if math.gcd(m, rows) == 1:
-            return m
+def _id_space(cfg: RecConfig) -> IdSpace | None:
+    """The churning id space of data.synthetic, or None for ids over each table's rows."""
+    syn = cfg.data.synthetic
+    if not (syn.live_ids or syn.churn or syn.popularity_drift):
+        return None
+    names = [t.name for t in cfg.tables]
+    unknown = sorted(set(syn.live_ids) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"data.synthetic.live_ids names {unknown}, not tables; tables are {names}"
+        )
+    owner = cfg.feature_to_table()
+    return IdSpace(
+        seed=syn.seed,
+        feature_tables=[names.index(owner[f]) for f in cfg.features.sparse],
+        live=[syn.live_ids.get(t.name, t.rows) for t in cfg.tables],
+        epoch=syn.train_samples,
+        churn=syn.churn,
+        popularity_drift=syn.popularity_drift,
+    )
 
 
 def _pool(x: np.ndarray, lengths: np.ndarray, mean: np.ndarray) -> np.ndarray:
@@ -213,6 +248,18 @@ def _pool(x: np.ndarray, lengths: np.ndarray, mean: np.ndarray) -> np.ndarray:
     return pooled
 
 
+@dataclass
+class _Rule:
+    """One draw of the teacher's parameters, per task, with its standardisation."""
+
+    importance: list[np.ndarray]
+    dense_coef: list[np.ndarray]
+    keys_w: list[np.ndarray]
+    keys_u: list[np.ndarray]
+    center: np.ndarray | None = None  # [T, 4]
+    weight: np.ndarray | None = None  # [T, 4]
+
+
 class Teacher:
     """The hidden rule behind the labels; one independent head per task.
 
@@ -223,57 +270,101 @@ class Teacher:
         match = 1 if the candidate is one of the history's ids (model.arch din), else 0
         logit = signal * _LOGIT_SCALE * (sum of the four parts, each standardised and
                 weighted by sqrt(_MIX)) + bias_t
-    w and u come from hashing (id, task, feature), so no per-id table is stored; bias_t puts
-    the mean click rate near 0.25. Standardisation and bias are fitted once on a calibration
-    stream, so train and eval share the teacher exactly.
+    w and u come from hashing (id, task, feature), so no per-id table is stored, and an id
+    born later (data.synthetic.churn) has weights of its own; bias_t puts the mean click rate
+    near 0.25. Standardisation and bias are fitted once on a calibration stream, so train and
+    eval share the teacher exactly.
+
+    Drift (data.synthetic.teacher_drift d): time is cut into periods of train_samples / d
+    positions, period k with its own independent draw of (a, w, u, v), rule k, standardised
+    on the same calibration samples. At fraction x into period k the first three parts are
+    cos(pi x / 2) * rule k's + sin(pi x / 2) * rule k+1's: unit variance all along, so the
+    click rate and the Bayes AUC stay put while what predicts a click moves. Rule 0 is the
+    rule without drift, so d = 0 gives the same labels as before drift existed.
     """
 
-    def __init__(self, world: World, num_tasks: int, signal: float) -> None:
+    def __init__(self, world: World, num_tasks: int, signal: float, drift: float = 0.0,
+                 epoch: int = 1) -> None:  # fmt: skip
         num_f = len(world.features)
         self.world = world
+        self.num_tasks = num_tasks
         self.signal = signal * _LOGIT_SCALE
         self.pairs = [(f, f + 1) for f in range(0, num_f - 1, 2)]
-        self.importance, self.dense_coef, self.keys_w, self.keys_u = [], [], [], []
-        for t in range(num_tasks):
-            rng = np.random.default_rng([world.seed, 200, t])
-            self.importance.append(rng.uniform(0.3, 1.5, num_f))
-            self.dense_coef.append(rng.standard_normal(world.num_dense))
-            self.keys_w.append(rng.integers(0, 2**64, num_f, dtype=np.uint64))
-            self.keys_u.append(rng.integers(0, 2**64, num_f, dtype=np.uint64))
+        self.period = epoch / drift if drift > 0 else math.inf
         rng = np.random.default_rng([world.seed, _CALIBRATION_STREAM])
         lengths, values, feat, counts = world.sample(rng, _CALIBRATION_SAMPLES)
-        parts = self._parts(lengths, values, feat, log1p_dense(counts))
-        self.center = parts.mean(axis=0)  # [T, 4]
-        std = parts.std(axis=0)
-        # A part that does not vary (no pairs, no dense features) contributes nothing.
-        self.weight = np.where(std > 1e-12, np.sqrt(_MIX) / np.maximum(std, 1e-12), 0.0)
-        z = self._z(parts)
+        self._calibration = (lengths, values, feat, log1p_dense(counts))
+        self._rules: dict[int, _Rule] = {}
+        z = self._z(self.rule(0), *self._calibration)
         self.bias = np.array([_bias_for_ctr(self.signal * z[:, t]) for t in range(num_tasks)])
 
-    def _parts(self, lengths, values, feat, dense) -> np.ndarray:
+    def rule(self, k: int) -> _Rule:
+        """Rule k (0: the rule at time 0), drawn and standardised on first use."""
+        if k not in self._rules:
+            num_f, num_dense = len(self.world.features), self.world.num_dense
+            rule = _Rule([], [], [], [])
+            for t in range(self.num_tasks):
+                rng = np.random.default_rng([self.world.seed, 200, t] + ([k] if k else []))
+                rule.importance.append(rng.uniform(0.3, 1.5, num_f))
+                rule.dense_coef.append(rng.standard_normal(num_dense))
+                rule.keys_w.append(rng.integers(0, 2**64, num_f, dtype=np.uint64))
+                rule.keys_u.append(rng.integers(0, 2**64, num_f, dtype=np.uint64))
+            parts = self._parts(rule, *self._calibration)
+            rule.center = parts.mean(axis=0)
+            std = parts.std(axis=0)
+            # A part that does not vary (no pairs, no dense features) contributes nothing.
+            rule.weight = np.where(std > 1e-12, np.sqrt(_MIX) / np.maximum(std, 1e-12), 0.0)
+            self._rules[k] = rule
+        return self._rules[k]
+
+    def _parts(self, rule: _Rule, lengths, values, feat, dense) -> np.ndarray:
         """[n, T, 4]: the unscaled lin, inter, dense and history-match (din) parts of every
         task's logit; the match part is 0 without a history, and then weighs nothing."""
         mean = self.world.mean_pooled
-        out = np.zeros((lengths.shape[0], len(self.importance), 4))
+        out = np.zeros((lengths.shape[0], self.num_tasks, 4))
         out[:, :, 3] = self.world.matches(lengths, values, feat)[:, None]
-        for t, importance in enumerate(self.importance):
-            w = _uniform_pm(_id_hash(values, self.keys_w[t][feat]) >> np.uint64(11), 53)
+        for t, importance in enumerate(rule.importance):
+            w = _uniform_pm(_id_hash(values, rule.keys_w[t][feat]) >> np.uint64(11), 53)
             out[:, t, 0] = _pool(w, lengths, mean) @ importance
-            h = _id_hash(values, self.keys_u[t][feat])
+            h = _id_hash(values, rule.keys_u[t][feat])
             shifts = np.arange(_LATENT, dtype=np.uint64) * np.uint64(16)
             u = _uniform_pm((h[:, None] >> shifts) & np.uint64(0xFFFF), 16)  # [N, 4]
             pooled = _pool(u, lengths, mean)  # [n, F, 4]
             for f, g in self.pairs:
                 out[:, t, 1] += (pooled[:, f] * pooled[:, g]).sum(axis=1)
-            out[:, t, 2] = dense.astype(np.float64) @ self.dense_coef[t]
+            out[:, t, 2] = dense.astype(np.float64) @ rule.dense_coef[t]
         return out
 
-    def _z(self, parts: np.ndarray) -> np.ndarray:
-        return ((parts - self.center) * self.weight).sum(axis=2)
+    def _standard(self, rule: _Rule, lengths, values, feat, dense) -> np.ndarray:
+        return (self._parts(rule, lengths, values, feat, dense) - rule.center) * rule.weight
 
-    def probs(self, lengths, values, feat, dense) -> np.ndarray:
-        """[n, T] f64 click probabilities of samples given as `World.sample` makes them."""
-        logit = self.signal * self._z(self._parts(lengths, values, feat, dense)) + self.bias
+    def _z(self, rule: _Rule, lengths, values, feat, dense) -> np.ndarray:
+        return self._standard(rule, lengths, values, feat, dense).sum(axis=2)
+
+    def _drifted_z(self, lengths, values, feat, dense, time: np.ndarray) -> np.ndarray:
+        x = np.asarray(time, dtype=np.float64) / self.period
+        period = np.floor(x).astype(np.int64)
+        turn = (x - period) * (math.pi / 2)
+        parts = {k: self._standard(self.rule(k), lengths, values, feat, dense)
+                 for k in np.unique(np.concatenate([period, period + 1])).tolist()}  # fmt: skip
+        z = np.empty((lengths.shape[0], self.num_tasks))
+        for k in np.unique(period).tolist():
+            at = period == k
+            now, then = parts[k][at], parts[k + 1][at]
+            c, s = np.cos(turn[at])[:, None, None], np.sin(turn[at])[:, None, None]
+            mixed = now.copy()
+            mixed[:, :, :3] = c * now[:, :, :3] + s * then[:, :, :3]  # match (din) stays
+            z[at] = mixed.sum(axis=2)
+        return z
+
+    def probs(self, lengths, values, feat, dense, time: np.ndarray | None = None) -> np.ndarray:
+        """[n, T] f64 click probabilities of samples given as `World.sample` makes them, at
+        positions `time` [n] (read only under drift)."""
+        if math.isinf(self.period) or time is None:
+            z = self._z(self.rule(0), lengths, values, feat, dense)
+        else:
+            z = self._drifted_z(lengths, values, feat, dense, time)
+        logit = self.signal * z + self.bias
         return 1.0 / (1.0 + np.exp(-logit))
 
 
@@ -297,8 +388,11 @@ def _world_and_teacher(cfg: RecConfig) -> tuple[World, Teacher]:
     key = repr((cfg.tables, cfg.features, cfg.data.synthetic, cfg.model.num_tasks,
                 cfg.model.arch == "din" and (cfg.model.candidate, cfg.model.history)))  # fmt: skip
     if key not in _TEACHERS:
+        syn = cfg.data.synthetic
         world = World(cfg)
-        _TEACHERS[key] = (world, Teacher(world, cfg.model.num_tasks, cfg.data.synthetic.signal))
+        teacher = Teacher(world, cfg.model.num_tasks, syn.signal, syn.teacher_drift,
+                          syn.train_samples)  # fmt: skip
+        _TEACHERS[key] = (world, teacher)
     return _TEACHERS[key]
 
 
@@ -318,11 +412,22 @@ class SyntheticSource(DataSource):
         self.num_tasks = cfg.model.num_tasks
         self._num = syn.train_samples if split == "train" else syn.eval_samples
         self._stream = [syn.seed, _STREAM[split]]
+        # Time only matters when ids churn or drift, or the teacher drifts (module docstring).
+        self._timed = self.world.ids is not None or syn.teacher_drift > 0
+        self._time_origin, self._time_scale = 0, 1.0
+        if split == "eval" and syn.eval_time == "after":
+            self._time_origin = syn.train_samples
+        elif split == "eval":
+            self._time_scale = syn.train_samples / syn.eval_samples
         self._cache: OrderedDict[int, Chunk] = OrderedDict()
         self.skipped_rows = 0
 
     def num_samples(self) -> int:
         return self._num
+
+    def time(self, pos: np.ndarray) -> np.ndarray:
+        """f64 [n]: the time (a train position) at which the samples at positions pos occur."""
+        return self._time_origin + np.asarray(pos, dtype=np.float64) * self._time_scale
 
     def chunk(self, index: int) -> Chunk:
         """Positions [index * CHUNK, (index + 1) * CHUNK); the last few chunks are cached."""
@@ -330,11 +435,12 @@ class SyntheticSource(DataSource):
             self._cache.move_to_end(index)
             return self._cache[index]
         rng = np.random.default_rng(self._stream + [index])
-        lengths, values, feat, counts = self.world.sample(rng, CHUNK)
-        dense = log1p_dense(counts)
-        probs = self.teacher.probs(lengths, values, feat, dense)
-        labels = (rng.random(probs.shape) < probs).astype(np.float32)
         pos = np.arange(index * CHUNK, (index + 1) * CHUNK, dtype=np.int64)
+        time = self.time(pos) if self._timed else None
+        lengths, values, feat, counts = self.world.sample(rng, CHUNK, time)
+        dense = log1p_dense(counts)
+        probs = self.teacher.probs(lengths, values, feat, dense, time)
+        labels = (rng.random(probs.shape) < probs).astype(np.float32)
         chunk = Chunk(Rows.build(dense, lengths, values, labels, pos), counts, probs)
         self._cache[index] = chunk
         if len(self._cache) > 4:
