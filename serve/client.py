@@ -33,6 +33,8 @@ class Features:
     sparse: tuple[str, ...]
     spec: dict | None = None
     """The model's feature spec (rec.features), when published."""
+    tasks: tuple[str, ...] = ()
+    """The model's task names, one per score column, when published."""
 
 
 @dataclass
@@ -172,4 +174,5 @@ class ScoreClient:
         if not text:
             return None
         spec = json.loads(text)
-        return Features(tuple(spec["dense"]), tuple(spec["sparse"]), spec.get("feature_spec"))
+        return Features(tuple(spec["dense"]), tuple(spec["sparse"]), spec.get("feature_spec"),
+                        tuple(spec.get("tasks") or ()))  # fmt: skip

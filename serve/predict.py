@@ -63,6 +63,8 @@ class PredictConfig:
 class Prediction:
     scores: np.ndarray
     """[n, T]"""
+    columns: list[str]
+    """The score columns' names (score_columns)."""
     quality: dict[str, float] | None
     """AUC and log loss when the file has labels."""
     negative: dict[str, int] | None = None
@@ -107,7 +109,7 @@ def predict(cfg: PredictConfig) -> Prediction:
     if cfg.send not in SEND:
         raise ServeError(f"--send {cfg.send!r} is not one of {SEND}")
     client = ScoreClient(cfg.url, cfg.protocol, cfg.model)
-    labels, negative = None, None
+    labels, negative, tasks = None, None, ()
     try:
         if cfg.input is not None:
             spec = resolve_spec(client, cfg.repo)
@@ -120,11 +122,13 @@ def predict(cfg: PredictConfig) -> Prediction:
         else:
             rows = synthetic_rows(*client.input_sizes(), batch=cfg.synthetic, seed=cfg.seed)
         scores = np.concatenate([client.score(chunk) for chunk in rows.split(cfg.batch_size)])
+        tasks = task_names(client, cfg.repo) if scores.shape[1] > 1 else ()
     except (InferenceServerException, OSError) as e:
         raise ServeError(f"request to {cfg.url} ({cfg.protocol}) failed: {e}") from e
     finally:
         client.close()
-    text = format_scores(scores)
+    columns = score_columns(tasks, scores.shape[1])
+    text = format_scores(scores, columns)
     if cfg.output is None:
         sys.stdout.write(text)
     else:
@@ -145,7 +149,7 @@ def predict(cfg: PredictConfig) -> Prediction:
             print(f"  {task}: AUC {value:.6f}", file=sys.stderr)
     if negative and any(negative.values()):
         print(format_negative(negative), file=sys.stderr)
-    return Prediction(scores, quality, negative)
+    return Prediction(scores, columns, quality, negative)
 
 
 def format_negative(counts: dict[str, int]) -> str:
@@ -157,10 +161,34 @@ def format_negative(counts: dict[str, int]) -> str:
     )
 
 
-def format_scores(scores: np.ndarray) -> str:
+def task_names(client: ScoreClient, repo: Path | None) -> tuple[str, ...]:
+    """The model's task names from --repo's rec.json, else as the server publishes them (Triton
+    started by `rec serve`); () when neither says."""
+    if repo is not None:
+        return load_model(repo, client.model).task_names
+    features = client.features()
+    return features.tasks if features is not None else ()
+
+
+def score_columns(tasks: tuple[str, ...] | list[str], num_tasks: int) -> list[str]:
+    """The score columns: `score` for a single-task model, else `score_<task>` per task (the
+    model's task names: model.tasks, or label_0, label_1, ... by default).
+
+    Example:
+        >>> score_columns(("click", "purchase"), 2), score_columns(("label",), 1)
+        (['score_click', 'score_purchase'], ['score'])
+    """
+    if num_tasks == 1:
+        return ["score"]
+    if len(tasks) != num_tasks:
+        tasks = [f"label_{t}" for t in range(num_tasks)]  # model.task_names' default
+    return [f"score_{task}" for task in tasks]
+
+
+def format_scores(scores: np.ndarray, columns: list[str]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["row", *(f"score_{t}" for t in range(scores.shape[1]))])
+    writer.writerow(["row", *columns])
     for i, row in enumerate(scores):
         writer.writerow([i, *(f"{s:.7g}" for s in row)])
     return out.getvalue()

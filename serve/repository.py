@@ -59,6 +59,9 @@ class ServedModel:
     """rec.json's serving.max_batch_size (0 when absent): the limit of a max_batch_size 0 config."""
     feature_spec: dict | None = None
     """rec.json's feature_spec (rec.features), None for a model exported before it existed."""
+    task_names: tuple[str, ...] = ()
+    """rec.json's tasks: one name per score column (model.task_names); () for a model
+    exported before rec.json named them."""
 
     @property
     def model_path(self) -> Path:
@@ -131,7 +134,7 @@ def load_model(repo: Path, model: str | None = None) -> ServedModel:
     # The `none` form (max_batch_size 0): rec.json's "serving" says how rec-server batches it.
     serving_max = m.serving_max_batch_size if config.max_batch_size == 0 else 0
     return ServedModel(model, model_dir, version, config, m.dense_names, m.sparse_names,
-                       m.num_tasks, serving_max, m.feature_spec)  # fmt: skip
+                       m.num_tasks, serving_max, m.feature_spec, _task_names(m))  # fmt: skip
 
 
 def _maybe_torchscript(model_dir: Path) -> bool:
@@ -165,6 +168,18 @@ def _newest_version(model_dir: Path) -> int:
             "(<version>/model.pt)"
         )
     return max(versions)
+
+
+def _task_names(m: Manifest) -> tuple[str, ...]:
+    """rec.json's "tasks" when it names every score column, else ()."""
+    tasks = m.data.get("tasks")
+    if (
+        isinstance(tasks, list)
+        and len(tasks) == m.num_tasks
+        and all(isinstance(t, str) and t for t in tasks)
+    ):
+        return tuple(tasks)
+    return ()
 
 
 def _read_manifest(model_dir: Path) -> Manifest:

@@ -158,6 +158,7 @@ def python_backend_config(
         "dense": list(model.dense_names),
         "sparse": list(model.sparse_names),
         "feature_spec": model.feature_spec,
+        "tasks": list(model.task_names),
     }
     config.parameters[FEATURES_PARAMETER].string_value = json.dumps(features)
     if model.feature_spec is not None:

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+import shutil
 import urllib.request
 
 import numpy as np
@@ -17,7 +18,7 @@ from rec.cli import main
 from rec.data.raw import read_raw
 from rec.features import FeatureSpec, hash_id
 from rec.serve.client import ScoreClient
-from rec.serve.predict import request_rows
+from rec.serve.predict import request_rows, score_columns
 from rec.serve.repository import load_model
 
 
@@ -29,7 +30,8 @@ def run(*args: str):
 
 def parse_scores(text: str) -> np.ndarray:
     rows = list(csv.reader(io.StringIO(text)))
-    assert rows[0][0] == "row"
+    # The tiny model's two tasks are unnamed: model.task_names label_0, label_1.
+    assert rows[0] == ["row", "score_label_0", "score_label_1"]
     return np.array([[float(x) for x in r[1:]] for r in rows[1:]], dtype=np.float32)
 
 
@@ -199,6 +201,21 @@ def test_cpp_with_repo_features(cpp, triton, tiny_repo, tmp_path):
     code, triton_out = run("--url", triton.endpoints.http, "--input", str(path))
     assert code == 0, triton_out
     np.testing.assert_allclose(parse_scores(cpp_out), parse_scores(triton_out), rtol=0, atol=1e-6)
+
+
+def test_score_columns_are_named_by_task(triton, tiny_repo, tmp_path):
+    """The columns name the tasks of rec.json (from --repo, or as Triton publishes them); a
+    single-task model's one column is `score`."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    manifest = next(repo.glob("*/rec.json"))
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "tasks": ["click", "buy"]}))
+    code, out = run("--url", triton.endpoints.http, "--synthetic", "2", "--repo", str(repo))
+    assert code == 0, out
+    assert out.splitlines()[0] == "row,score_click,score_buy"
+    assert score_columns(("click",), 1) == ["score"]
+    assert score_columns((), 2) == ["score_label_0", "score_label_1"]
 
 
 def test_unreachable_server_is_clear_error():

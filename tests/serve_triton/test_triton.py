@@ -104,6 +104,7 @@ def test_published_features(triton):
     features = client_for(triton, "grpc").features()
     assert features.dense == tuple(f"dense_{i}" for i in range(NUM_DENSE))
     assert features.sparse == ("item", "user", "tags", "city")
+    assert features.tasks == ("label_0", "label_1")  # rec.json's tasks, for rec predict
 
 
 def test_port_in_use_is_clear_error(triton, tiny_repo):
