@@ -24,9 +24,11 @@ time is the sample's position in the stream:
 Every step is a hash or closed-form arithmetic of its inputs: no per-id table is kept, a draw
 costs O(1) whatever L, and an id depends only on (seed, table, lane, generation).
 
-`colliding_share` and `modulo_collisions` measure, on ids a stream actually emits, the share
-of distinct ids that share their row under `id % rows` with another one (about
-1 - e^(-n/m) for n ids hashed into m rows: 39 % at n = m/2, 63 % at n = m).
+`modulo_collisions` measures, on the ids a stream actually emits (any source's rows;
+rec.data.synthetic.stream_collisions for the synthetic stream), the share of distinct ids
+that share their row under `id % rows` with another one, and the share of lookups that read
+such a row; `live_collisions` does the same over a whole live set. Hashing n ids into m rows
+makes about 1 - e^(-n/m) of them collide: 39 % at n = m/2, 63 % at n = m.
 
 Example:
     >>> space = IdSpace(seed=0, feature_tables=[0], live=[1000], epoch=10_000, churn=1.0)
@@ -41,6 +43,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from rec.config import ConfigError, RecConfig
+from rec.data.source import Rows
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _GEN_KEY = np.uint64(0xD1B54A32D192ED03)
@@ -153,6 +158,28 @@ class IdSpace:
         return (raw >> np.uint64(1)).astype(np.int64)  # non-negative: [0, 2^63)
 
 
+def id_space(cfg: RecConfig) -> IdSpace | None:
+    """The churning id space of data.synthetic, or None for ids over each table's rows."""
+    syn = cfg.data.synthetic
+    if not (syn.live_ids or syn.churn or syn.popularity_drift):
+        return None
+    names = [t.name for t in cfg.tables]
+    unknown = sorted(set(syn.live_ids) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"data.synthetic.live_ids names {unknown}, not tables; tables are {names}"
+        )
+    owner = cfg.feature_to_table()
+    return IdSpace(
+        seed=syn.seed,
+        feature_tables=[names.index(owner[f]) for f in cfg.features.sparse],
+        live=[syn.live_ids.get(t.name, t.rows) for t in cfg.tables],
+        epoch=syn.train_samples,
+        churn=syn.churn,
+        popularity_drift=syn.popularity_drift,
+    )
+
+
 def colliding_share(ids: np.ndarray, rows: int) -> float:
     """Share of the distinct `ids` whose row `id % rows` holds another of them too."""
     distinct = np.unique(np.asarray(ids, dtype=np.int64))
@@ -185,7 +212,7 @@ class TableCollisions:
     """expected_colliding_share(ids, rows): what uniform hashing would give."""
 
 
-def modulo_collisions(cfg, rows) -> list[TableCollisions]:
+def modulo_collisions(cfg: RecConfig, rows: Rows) -> list[TableCollisions]:
     """Per table, the collisions under `id % rows` among the ids of `rows` (rec.data.source.Rows
     of any source, e.g. `SyntheticSource(cfg, "train").take(0, n).rows`), as cfg's tables map
     them. Features that share a table share its rows, so their ids are counted together."""
@@ -210,4 +237,20 @@ def modulo_collisions(cfg, rows) -> list[TableCollisions]:
             lookups_colliding=float(shared[inverse].mean()) if ids.size else 0.0,
             expected=expected_colliding_share(int(distinct.size), table.rows),
         ))  # fmt: skip
+    return out
+
+
+def live_collisions(cfg: RecConfig, time: float = 0.0) -> list[TableCollisions]:
+    """Per table, what `id % rows` does to the whole live set at position `time`: every live
+    id counted once, however rarely the stream shows it. lookups_colliding is nan here (the
+    stream's measure, modulo_collisions, weighs ids by how often they come). Ids 0..rows-1
+    (no live_ids, churn or popularity_drift) never collide."""
+    space = id_space(cfg)
+    out = []
+    for index, table in enumerate(cfg.tables):
+        ids = space.live_set(index, time) if space else np.arange(table.rows)
+        n = int(ids.size)
+        expected = expected_colliding_share(n, table.rows)
+        share = colliding_share(ids, table.rows)
+        out.append(TableCollisions(table.name, table.rows, n, share, math.nan, expected))
     return out

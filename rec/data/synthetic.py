@@ -54,8 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rec.batch import RecBatch
-from rec.config import ConfigError, RecConfig
-from rec.data.churn import IdSpace, coprime, mix64
+from rec.config import RecConfig
+from rec.data.churn import TableCollisions, coprime, id_space, mix64, modulo_collisions
 from rec.data.parse import log1p_dense
 from rec.data.source import DataSource, Plan, Rows
 from rec.features import feature_spec
@@ -132,7 +132,7 @@ class World:
         num_f = len(self.features)
         self.multi_hot = np.zeros(num_f, dtype=bool)
         self.multi_hot[rng.permutation(num_f)[: round(syn.multi_hot_fraction * num_f)]] = True
-        self.ids = _id_space(cfg)
+        self.ids = id_space(cfg)
         if self.ids is None:
             # id = (rank * mult + add) mod rows, mult coprime to rows: a bijection of [0, rows).
             self.mult = np.array([coprime(rng, int(r)) for r in self.rows], dtype=np.int64)
@@ -212,28 +212,6 @@ class World:
         in_history = feat == self.history
         equal = values[in_history] == candidate[sample[in_history]]
         return (np.bincount(sample[in_history], weights=equal, minlength=n) > 0).astype(float)
-
-
-def _id_space(cfg: RecConfig) -> IdSpace | None:
-    """The churning id space of data.synthetic, or None for ids over each table's rows."""
-    syn = cfg.data.synthetic
-    if not (syn.live_ids or syn.churn or syn.popularity_drift):
-        return None
-    names = [t.name for t in cfg.tables]
-    unknown = sorted(set(syn.live_ids) - set(names))
-    if unknown:
-        raise ConfigError(
-            f"data.synthetic.live_ids names {unknown}, not tables; tables are {names}"
-        )
-    owner = cfg.feature_to_table()
-    return IdSpace(
-        seed=syn.seed,
-        feature_tables=[names.index(owner[f]) for f in cfg.features.sparse],
-        live=[syn.live_ids.get(t.name, t.rows) for t in cfg.tables],
-        epoch=syn.train_samples,
-        churn=syn.churn,
-        popularity_drift=syn.popularity_drift,
-    )
 
 
 def _pool(x: np.ndarray, lengths: np.ndarray, mean: np.ndarray) -> np.ndarray:
@@ -478,3 +456,12 @@ def teacher_auc(cfg: RecConfig, split: str = "eval", num_samples: int | None = N
     chunk = src.take(0, num_samples or src.num_samples())
     labels = chunk.rows.labels
     return [float(roc_auc_score(labels[:, t], chunk.probs[:, t])) for t in range(src.num_tasks)]
+
+
+def stream_collisions(
+    cfg: RecConfig, split: str = "train", num_samples: int | None = None
+) -> list[TableCollisions]:
+    """Per table, what `id % rows` does to the ids of the split's first num_samples (default:
+    all of them): rec.data.churn.modulo_collisions on the generated stream."""
+    src = SyntheticSource(cfg, split)
+    return modulo_collisions(cfg, src.take(0, num_samples or src.num_samples()).rows)

@@ -8,7 +8,13 @@ import pytest
 
 from rec.config import ConfigError
 from rec.data import make_source, synthetic, teacher_auc
-from rec.data.churn import IdSpace, colliding_share, expected_colliding_share, modulo_collisions
+from rec.data.churn import (
+    IdSpace,
+    colliding_share,
+    expected_colliding_share,
+    live_collisions,
+    modulo_collisions,
+)
 
 EPOCH = 40_000
 
@@ -129,14 +135,19 @@ def test_modulo_collisions_follow_the_hashing_law(util):
     for rows, expected in [(40_000, 0.393), (20_000, 0.632), (10_000, 0.865)]:
         assert abs(colliding_share(live, rows) - expected) < 0.01
         assert abs(expected_colliding_share(20_000, rows) - expected) < 0.001
-    # Measured on the stream: ids 0..rows-1 never collide; hashed live ids do, at the law.
+    # Ids 0..rows-1 never collide, in the live set or the stream; hashed live ids do, at the law.
     plain = util.small_config()
     rows = make_source(plain, "train").take(0, 8192).rows
-    assert all(c.colliding == 0 for c in modulo_collisions(plain, rows))
-    cfg = churned(util, (1000, 50, 1000, 7), live_ids={"t0": 1000, "t2": 1000})
-    stats = modulo_collisions(cfg, make_source(cfg, "train").take(0, 8192).rows)
-    for c in stats[::2]:
-        assert abs(c.colliding - c.expected) < 0.05 and 0.2 < c.lookups_colliding < 0.9
+    assert all(c.colliding == 0 for c in modulo_collisions(plain, rows) + live_collisions(plain))
+    cfg = churned(util, (2000, 50, 500, 7), live_ids={"t0": 1000, "t2": 1000})
+    t0, _, t2, _ = live_collisions(cfg, time=EPOCH / 2)
+    assert (t0.ids, t2.ids) == (1000, 1000)
+    assert abs(t0.colliding - 0.393) < 0.04 and abs(t2.colliding - 0.865) < 0.04  # 2x, 0.5x
+    stream = synthetic.stream_collisions(cfg, num_samples=8192)
+    assert stream == modulo_collisions(cfg, make_source(cfg, "train").take(0, 8192).rows)
+    for c in stream[::2]:  # the ids the stream shows: fewer than live, and they collide so
+        assert c.ids < 1000 and abs(c.colliding - c.expected) < 0.05
+        assert 0.2 < c.lookups_colliding < 0.95
 
 
 def test_bad_churn_settings(util):
