@@ -28,7 +28,8 @@ is its time, and `data.synthetic` can make the world change with it (rec.data.ch
 Any of live_ids, churn or popularity_drift switches every table to the live-id space. There
 nothing depends on a table's rows but its live ids' default, so with live_ids given for
 every table, tables of any size see exactly the same samples: what comparing row budgets
-needs (rec.data.churn.modulo_collisions measures what `id % rows` then does).
+needs (`stream_collisions` and rec.data.churn.live_collisions measure what `id % rows` then
+does). Teacher drift scores each chunk with two rules, about doubling the teacher's cost.
 The training stream's position p is time p; a second epoch replays the same times. The eval
 stream (`eval_time`) is either the time just `after` training's epoch (position p is time
 train_samples + p: the next events, what a deployed model meets; ids born after training
