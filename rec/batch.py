@@ -11,11 +11,15 @@ can do the same inside.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+Remap = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(lengths_fm [F * B], raw ids [N], their rows by modulo [N]) -> rows [N]."""
 
 PAD_LABEL = -1.0
 """The label of rows that only fill a batch up (RecBatch.padded); never a real 0/1 label."""
@@ -55,13 +59,16 @@ class RecBatch:
             labels=self.labels.new_full((pad, self.labels.shape[1]), PAD_LABEL),
         )])  # fmt: skip
 
-    def to_torchrec(self, keys: list[str], rows: torch.Tensor) -> Batch:
+    def to_torchrec(self, keys: list[str], rows: torch.Tensor, remap: Remap | None = None) -> Batch:
         """TorchRec's Batch (what the train pipelines move and feed the model).
 
-        Ids are mapped into their tables (`rows` per feature) exactly as the exported model does.
+        Ids are mapped into their tables (`rows` per feature) exactly as the exported model does:
+        by modulo, then `remap` (rec.train.zch) replaces the rows of collision-free tables.
         """
-        lengths_fm, values_fm = feature_major(self.lengths, self.values)
-        values_fm = map_ids(lengths_fm, values_fm, rows)
+        lengths_fm, raw_fm = feature_major(self.lengths, self.values)
+        values_fm = map_ids(lengths_fm, raw_fm, rows)
+        if remap is not None:
+            values_fm = remap(lengths_fm, raw_fm, values_fm)
         kjt = KeyedJaggedTensor(keys=keys, values=values_fm, lengths=lengths_fm.to(torch.int32))
         return Batch(dense_features=self.dense, sparse_features=kjt, labels=self.labels)
 

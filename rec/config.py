@@ -984,6 +984,7 @@ class RecConfig:
                 f"export.table_dtypes.{t.name}: fp16",
             )
         self._check_sequences(names)
+        self._check_zch()
         refused = _not_keyed_jagged(self.export.format)
         if self.model.factory:
             _check(
@@ -998,6 +999,29 @@ class RecConfig:
             # Named tasks read the label columns of the same names (one task: unless
             # data.columns.label names its column).
             self.data.columns.labels = list(self.model.tasks)
+
+    def _check_zch(self) -> None:
+        """What ZCH tables (tables[].ids.zch) cannot do yet, refused by name (docs/zch.md)."""
+        zch = [t.name for t in self.tables if t.zch]
+        _check(
+            not (zch and self.publish.url),
+            f"publish.url with ZCH tables {zch}: the update log does not carry id-map changes "
+            "yet (issue #50, item 3); train without publishing, or make them ids: modulo",
+        )
+        stored = [t for t in self.export.store.tables if t in zch]
+        _check(
+            not stored,
+            f"export.store.tables names ZCH tables {stored}: the embedding store does not key "
+            "rows by raw id yet (issue #50, item 5); leave them in the model",
+        )
+        for t in self.tables:
+            c = self.sharding.constraints.get(t.name)
+            _check(
+                t.zch is None or c is None or list(c.sharding_types) != ["data_parallel"],
+                f"table {t.name!r} has ids.zch but sharding.constraints allow it only "
+                "data_parallel: a ZCH table's admitted rows and their optimizer state are reset "
+                "in the embedding kernel; allow another sharding type (table_wise, row_wise, ...)",
+            )
 
     def _check_sequences(self, names: list[str]) -> None:
         sequence = [t for t in self.tables if t.pooling == "none"]

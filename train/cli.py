@@ -121,9 +121,11 @@ def plan_command(config, world_size, local_world_size, as_json, store_masters, s
     --store-masters, also the embedding store's memory per node and the row cache a replica
     needs (docs/store.md)."""
     from rec.train.plan_stats import format_report, plan_report_for
+    from rec.train.zch import plan_block as zch_plan_block
 
     report = plan_report_for(config, world_size, local_world_size)
     text = format_report(report)
+    text += zch_plan_block(config)
     if store_masters is not None:
         from rec.config import load_config
         from rec.store.plan import format_store_plan, store_plan

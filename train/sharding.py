@@ -104,9 +104,28 @@ def make_constraints(cfg: RecConfig, compute_device: str) -> dict[str, Parameter
             out[table].pooling_factors = [float(c.pooling_factor)] * len(features)
         if not c.sharding_types and stocks[kind[table]] is not None:
             out[table].sharding_types = list(stocks[kind[table]])
+    _keep_zch_off_data_parallel(cfg, out)
     if cfg.publish.url:
         _keep_whole_rows(cfg, out)
     return out
+
+
+def _keep_zch_off_data_parallel(cfg: RecConfig, constraints: dict[str, ParameterConstraints]):
+    """A ZCH table's admitted rows and their optimizer state are reset in FBGEMM's kernel
+    (rec.train.zch); a data_parallel table is a dense parameter the dense optimizer trains."""
+    for t in cfg.tables:
+        if t.zch is None:
+            continue
+        c = constraints.setdefault(t.name, ParameterConstraints())
+        allowed = c.sharding_types or list(SHARDING_TYPES)
+        kept = [s for s in allowed if s != "data_parallel"]
+        if not kept:
+            raise ConfigError(
+                f"table {t.name!r} has ids.zch but may only be sharded data_parallel; a ZCH "
+                "table's rows and optimizer state must live in the embedding kernel: allow "
+                "another sharding type (table_wise, row_wise, ...)"
+            )
+        c.sharding_types = kept
 
 
 PUBLISHABLE_SHARDING_TYPES = ("table_wise", "row_wise", "table_row_wise")

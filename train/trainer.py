@@ -38,6 +38,7 @@ from rec.train.distributed import (
 from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
 from rec.train.progress import Progress, log, plot_metrics
 from rec.train.step_profile import StepProfiler
+from rec.train.zch import SUMMARY_EVERY_ROUNDS, ZchTables
 from rec.versions import library_versions
 
 # Steps run before the profiled window (train.step_profile): the first ones build the
@@ -69,6 +70,7 @@ class Trainer:
         self.eval_source = make_source(cfg, "eval")
         if self.eval_source.num_samples() == 0:
             raise ValueError("the held-out split has no samples to evaluate on")
+        self.zch = ZchTables.of(cfg, self.keys)
         self._build_model()
         self.checkpointer = Checkpointer(run, cfg.checkpoint, ctx.rank)
 
@@ -109,16 +111,19 @@ class Trainer:
         if ctx.is_main:  # the planner ran here (collective_plan), so its estimates are here
             topology = dataclasses.asdict(cfg.sharding.topology)
             capture = sharding.planner_capture(planner)
-            self.plan_report = plan_stats.plan_report(plan, capture, topology)
+            self.plan_report = plan_stats.plan_report(plan, capture, topology, cfg, measure=False)
             print(sharding.format_plan(self.plan_rows), flush=True)
             sharding.write_plan(self.run / run_dir.PLAN_FILE, self.plan_report)
 
     def _state(self) -> dict[str, Any]:
-        return {
+        state = {
             "model": self.dmp.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "train": {**self.pos.as_tensors(), "rng": torch.get_rng_state()},
         }
+        if self.zch is not None:  # replicated: DCP saves one copy, every rank loads it whole
+            state["zch"] = {name: m.state() for name, m in self.zch.maps.items()}
+        return state
 
     def start_publishing(self) -> None:
         """After any resume: the publisher reads its shards' weights as they are now."""
@@ -148,6 +153,8 @@ class Trainer:
         torch.set_rng_state(t["rng"])
         if self.ctx.is_main:
             log(f"resumed from {step_dir} at step {self.pos.step} (epoch {self.pos.epoch})")
+            if self.zch is not None:
+                log(f"resumed id maps: {self.zch.live_line()}")
         if self.ctx.is_main and fresh:  # the plan moved them to or from data_parallel
             log(f"table(s) {', '.join(fresh)}: rows as saved, optimizer state fresh: this plan "
                 "shards them otherwise, and a data_parallel table is trained by the dense "
@@ -170,13 +177,14 @@ class Trainer:
     def _train_stream(self, positions: deque) -> Iterator[Batch]:
         """Batches from the current position on, across epochs; records where each one ends."""
         epoch, offset = self.pos.epoch, self.pos.offset
+        remap = self.zch.remap_train if self.zch else None
         while self.cfg.training.steps or epoch < self.cfg.training.epochs:
             for batch in self.train_source.batches(
                 self.batch_size, self.ctx.rank, self.ctx.world_size, start=offset
             ):
                 offset += self.global_batch
                 positions.append((epoch, offset))
-                yield batch.to_torchrec(self.keys, self.rows)
+                yield batch.to_torchrec(self.keys, self.rows, remap)
             epoch, offset = epoch + 1, 0
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -215,7 +223,9 @@ class Trainer:
             batch = next(source, None)
             if batch is None:  # this rank's share of the split ended a batch earlier
                 batch = self._empty_batch()
-            yield batch.padded(self.batch_size).to_torchrec(self.keys, self.rows)
+            yield batch.padded(self.batch_size).to_torchrec(
+                self.keys, self.rows, self.zch.remap if self.zch else None
+            )
 
     def _empty_batch(self) -> RecBatch:
         cfg = self.cfg
@@ -239,9 +249,11 @@ class Trainer:
 
     # ---- the loop ---------------------------------------------------------------------------
     def _boundaries(self, total: int) -> list[int]:
-        """Steps where the pipeline drains: evaluations, checkpoints and the end."""
+        """Steps where the pipeline drains: evaluations, checkpoints, ZCH rounds and the end."""
         t, c = self.cfg.training, self.cfg.checkpoint
         marks = {total}
+        if self.zch is not None:  # a batch remapped before a round must be trained before it
+            marks.update(self.zch.round_steps(self.pos.step, total))
         for every in (t.eval_every, c.every_steps):
             if every:
                 marks.update(range(every, total, every))
@@ -258,6 +270,8 @@ class Trainer:
         self.step_profiler = StepProfiler(self.pos.step + PROFILE_WARMUP,
                                           self.cfg.training.profile_steps)  # fmt: skip
         positions: deque = deque()
+        if self.zch is not None:
+            self.zch.step = self.pos.step
         stream = self._train_stream(positions)
         metrics: dict[str, float] = {}
         for boundary in self._boundaries(total):
@@ -265,11 +279,14 @@ class Trainer:
                                 total, progress)  # fmt: skip
             if self.pos.step < boundary:  # the data ran out before `total` steps
                 break
-            t0 = time.perf_counter()
             last = boundary == total
-            if last or (
+            evaluate = last or (
                 self.cfg.training.eval_every and boundary % self.cfg.training.eval_every == 0
-            ):
+            )
+            if self.zch is not None:  # training time, not a pause: every round is a cost of ZCH
+                self._zch_round(boundary, bool(evaluate))
+            t0 = time.perf_counter()
+            if evaluate:
                 metrics = self.evaluate()
                 if progress:
                     progress.eval(self.pos.step, metrics)
@@ -285,6 +302,17 @@ class Trainer:
         if progress:
             progress.close()
         return metrics
+
+    def _zch_round(self, step: int, evaluating: bool) -> None:
+        """The ZCH tables' round at `step` if one is due (rec.train.zch); a summary line every
+        SUMMARY_EVERY_ROUNDS rounds and at evaluations."""
+        assert self.zch is not None
+        ran = self.zch.round(step, self.dmp, self.optimizer, self.ctx.device)
+        rounds = self.zch.rounds_done()
+        if (evaluating or (ran and rounds % SUMMARY_EVERY_ROUNDS == 0)) and rounds:
+            line = self.zch.summary()
+            if self.ctx.is_main:
+                log(f"step {step}: {line}")
 
     def _report_published(self, pub: publish.UpdatePublisher) -> None:
         """The rows every rank published (each publishes its own shards' rows) and the training
@@ -308,7 +336,7 @@ class Trainer:
         if progress:
             planned = [r["host_memory"]["used"] + r["device_memory"]["used"]
                        for r in self.plan_report["ranks"]]  # fmt: skip
-            progress.memory(self.pos.step, [int(p) for p in peaks], planned)
+            progress.memory(self.pos.step, [int(p) for p in peaks], planned, self.plan_report)
 
     def _report_steps(self, progress: Progress | None) -> None:
         """Every rank's profiled step split and bytes sent (train.step_profile), gathered."""

@@ -1,0 +1,110 @@
+"""Training with ZCH tables through real torchrun ranks: rounds reset what they admit, and the
+id maps go into the checkpoint and come back on a resume at the same and another world size."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+
+from rec import run_dir
+from rec.config import load_config
+from rec.train.zch import fresh_rows
+from tests.helpers import TINY, rec_in_process, run_rec, warning_lines, write_config
+from tests.train.test_train_distributed import _flat_checkpoint
+
+# t1 split by rows over both ranks, t2 by columns: a reset writes the part each rank holds.
+ZCH = {
+    "t1": ({"every_steps": 10, "eviction": "lru"}, "row_wise"),
+    "t2": ({"every_steps": 10, "eviction": "lfu", "admit_after": 2}, "column_wise"),
+}
+
+
+@pytest.fixture(scope="module")
+def zch_run(tmp_path_factory):
+    """20 steps on 2 ranks; rounds and checkpoints at steps 10 and 20."""
+    tmp = tmp_path_factory.mktemp("zch")
+    cfg = copy.deepcopy(TINY)
+    for table in cfg["tables"]:
+        if table["name"] in ZCH:
+            table["ids"] = {"zch": ZCH[table["name"]][0]}
+    cfg["sharding"] = {"constraints": {t: {"sharding_types": [s]} for t, (_, s) in ZCH.items()}}
+    cfg["training"].update(steps=20, eval_every=20)
+    cfg["checkpoint"] = {"every_steps": 10, "keep_last": 3}
+    run = tmp / "run"
+    proc = run_rec("train", "--config", str(write_config(tmp / "cfg.yaml", cfg)), "--run-dir",
+                   str(run), "--nproc", "2")  # fmt: skip
+    steps = {p.name: _flat_checkpoint(p, tmp) for p in run_dir.committed_steps(run)}
+    return run, proc.stdout, steps
+
+
+def _table(flat: dict, table: str, suffix: str = "") -> torch.Tensor:
+    """A table's weight (suffix ""), or its optimizer state (suffix ".<table>.momentum1")."""
+    part = "optimizer.state." if suffix else "model."
+    (key,) = [k for k in flat if k.startswith(part) and k.endswith(f".{table}.weight{suffix}")]
+    return flat[key]
+
+
+def test_a_newly_admitted_id_starts_with_a_fresh_row_and_no_optimizer_state(zch_run):
+    run, out, steps = zch_run
+    assert not warning_lines(out), out
+    assert "zch: t1 " in out and "default-row reads" in out  # the summary at the evaluation
+    cfg = load_config(run / run_dir.CONFIG_FILE)
+    before, after = steps["step_10"], steps["step_20"]
+    for name in ZCH:
+        table = next(t for t in cfg.tables if t.name == name)
+        keys, used = after[f"zch.{name}.keys"], after[f"zch.{name}.used"]
+        assert int(used.sum()) > 0 and len(set(keys[used].tolist())) == int(used.sum())
+        new = used & (~before[f"zch.{name}.used"] | (keys != before[f"zch.{name}.keys"]))
+        slots = torch.nonzero(new).flatten()
+        assert len(slots) > 0, f"{name}: the round at step 20 admitted nothing"
+        weight = _table(after, name)
+        momentum = _table(after, name, f".{name}.momentum1")
+        expected = fresh_rows(cfg.training.seed, name, 20, len(slots), table.rows, table.dim)
+        torch.testing.assert_close(weight[slots], expected, rtol=0, atol=0)
+        assert momentum[slots].abs().max() == 0
+        # the ids admitted at step 10 trained since: their rows moved and their state grew
+        old = torch.nonzero(before[f"zch.{name}.used"] & ~new).flatten()
+        assert momentum[old].abs().max() > 0
+        assert not torch.equal(weight[old], _table(before, name)[old])
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_resume_continues_with_the_saved_id_maps(zch_run, tmp_path, nproc):
+    """From 2 ranks to 1 and to 2 again: the maps load whole (every rank holds all of it)."""
+    run, _, steps = zch_run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    saved = steps["step_20"]
+    live = {t: int(saved[f"zch.{t}.used"].sum()) for t in ZCH}
+    out = run_rec("train", "--resume", str(resumed), "--nproc", str(nproc), "--steps",
+                  "10").stdout  # fmt: skip
+    assert f"resumed id maps: t1 {live['t1']}/499 ids after 2 rounds; " \
+           f"t2 {live['t2']}/199 ids after 2 rounds" in out, out  # fmt: skip
+    step_30 = _flat_checkpoint(run_dir.latest_checkpoint(resumed), tmp_path)
+    for t in ZCH:
+        assert int(step_30[f"zch.{t}.meta"][1]) == 3  # the saved map's 2 rounds, then one more
+
+
+def test_rec_plan_lists_the_zch_tables_and_their_map_memory(tmp_path):
+    cfg = copy.deepcopy(TINY)
+    cfg["tables"][1]["ids"] = {"zch": {"probes": 8}}  # t1: 500 rows, 499 slots
+    path = write_config(tmp_path / "cfg.yaml", cfg)
+    out = rec_in_process("plan", "--config", str(path), "--world-size", "2", check=True).stdout
+    assert "ZCH tables (each rank holds every id map, 57 bytes per slot):" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("t1 ") and "KiB" in x]
+    assert line.split() == ["t1", "499", f"{499 * 57 / 1024:.1f}", "KiB", "8", "100"]
+
+
+def test_a_zch_table_is_never_planned_data_parallel():
+    from rec.config import config_from_dict
+    from rec.train.sharding import make_constraints
+
+    cfg = copy.deepcopy(TINY)
+    cfg["tables"][0]["ids"] = {"zch": {}}
+    cfg["sharding"] = {"constraints": {"t0": {"sharding_types": ["data_parallel", "row_wise"]}}}
+    constraints = make_constraints(config_from_dict(cfg), "cpu")
+    assert constraints["t0"].sharding_types == ["row_wise"]
+    assert "data_parallel" in constraints["t1"].sharding_types  # a modulo table keeps it

@@ -1,0 +1,297 @@
+"""Training with collision-free (ZCH) tables: remap, sightings, admission rounds, fresh rows.
+
+Every rank holds every ZCH table's id map (rec.zch.IdMap), whole. A training batch's ids are
+remapped through it as the data path makes the batch (`remap_train`), and the rank counts what
+it saw: the ids that read the default row and the hits of each slot. Every `every_steps` steps,
+at a step where the train pipeline has drained (Trainer._boundaries), the ranks run a round
+(`round`): they sum their sightings (collectives), every rank admits and evicts the same ids
+(IdMap.admit is deterministic), and the rank(s) holding an admitted slot's row reset it to a
+fresh draw of the table's initial distribution, with its fused optimizer state at zero. A batch
+remapped before a round is trained before it, so no slot trains a sample of the id it held
+before.
+
+Sightings since the last round live only in memory: a resume from a checkpoint taken between
+rounds starts them afresh (the map and its statistics are in the checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rec.config import RecConfig, TableConfig, load_config
+from rec.zch import Changes, IdMap
+
+SUMMARY_EVERY_ROUNDS = 10
+"""Rounds between two summary lines in the training log (and at every evaluation)."""
+MAP_BYTES_PER_SLOT = 8 + 1 + 8 + 8 + 8 + 24
+"""keys, used, counts, last_step, last_seen, and a candidate's id, count and round."""
+
+# A table's weight in dmp.state_dict(): "...embedding_bags.<table>.weight" (pooled) or
+# "...embeddings.<table>.weight" (a sequence table).
+_WEIGHT_KEY = re.compile(r"\.(?:embedding_bags|embeddings)\.([^.]+)\.weight$")
+
+
+@dataclass
+class _Sightings:
+    """One rank's sightings of one table since the last round."""
+
+    unseen: list[torch.Tensor] = field(default_factory=list)  # raw ids that read the default row
+    hit_slots: list[torch.Tensor] = field(default_factory=list)
+    hit_steps: list[int] = field(default_factory=list)  # the step of each hit_slots entry
+
+    def clear(self) -> None:
+        self.unseen.clear()
+        self.hit_slots.clear()
+        self.hit_steps.clear()
+
+
+@dataclass
+class _Totals:
+    """A table's counts since the last summary line."""
+
+    admitted: int = 0
+    evicted: int = 0
+    default_reads: int = 0  # summed over ranks
+
+
+class ZchTables:
+    """The id maps of a run's ZCH tables and this rank's sightings of them.
+
+    Args:
+        cfg: the run's config; its ZCH tables are those with `ids: {zch: ...}`.
+        keys: the sparse features in the batch's order (cfg.features.sparse).
+    """
+
+    def __init__(self, cfg: RecConfig, keys: list[str]) -> None:
+        self.cfg = cfg
+        self.tables: dict[str, TableConfig] = {t.name: t for t in cfg.tables if t.zch}
+        self.maps = {name: IdMap(t.zch) for name, t in self.tables.items()}  # type: ignore[arg-type]
+        owner = cfg.feature_to_table()
+        # (feature index, table) of every feature read through a map
+        self.features = [(i, owner[f]) for i, f in enumerate(keys) if owner[f] in self.maps]
+        self.num_features = len(keys)
+        self.seen = {name: _Sightings() for name in self.maps}
+        self.totals = {name: _Totals() for name in self.maps}
+        self.step = 0  # the training step of the last batch remapped by remap_train
+        self._views: dict[str, list[tuple[torch.Tensor, int, int]]] | None = None
+
+    @staticmethod
+    def of(cfg: RecConfig, keys: list[str]) -> ZchTables | None:
+        """The run's ZCH tables, or None when it has none."""
+        return ZchTables(cfg, keys) if any(t.zch for t in cfg.tables) else None
+
+    # ---- the data path ----------------------------------------------------------------------
+    def remap_train(self, lengths_fm: torch.Tensor, raw: torch.Tensor, rows: torch.Tensor):
+        """`remap` for the next training step's batch, counting its sightings."""
+        self.step += 1
+        return self.remap(lengths_fm, raw, rows, count=True)
+
+    def remap(self, lengths_fm: torch.Tensor, raw: torch.Tensor, rows: torch.Tensor,
+              count: bool = False) -> torch.Tensor:  # fmt: skip
+        """`rows` (ids mapped by modulo, feature-major) with each ZCH feature's ids replaced
+        by their rows in the table's map: its slot, or the default row (rec.zch.lookup)."""
+        per_feature = lengths_fm.reshape(self.num_features, -1).sum(1)
+        ends = torch.cumsum(per_feature, 0).tolist()
+        rows = rows.clone()
+        for f, table in self.features:
+            start, end = (ends[f - 1] if f else 0), ends[f]
+            if start == end:
+                continue
+            ids = raw[start:end]
+            mapped = self.maps[table].lookup(ids)
+            rows[start:end] = mapped
+            if count:
+                self._observe(table, ids, mapped)
+        return rows
+
+    def _observe(self, table: str, ids: torch.Tensor, mapped: torch.Tensor) -> None:
+        slots = self.maps[table].slots
+        default = mapped == slots
+        seen = self.seen[table]
+        seen.unseen.append(ids[default])
+        seen.hit_slots.append(mapped[~default])
+        seen.hit_steps.append(self.step)
+
+    # ---- rounds -----------------------------------------------------------------------------
+    def round_steps(self, after: int, total: int) -> set[int]:
+        """Steps in (after, total] where some table runs a round: the multiples of its
+        every_steps, the same for any run length or resume point."""
+        out: set[int] = set()
+        for t in self.tables.values():
+            every = t.zch.every_steps  # type: ignore[union-attr]
+            out.update(range(every * (after // every + 1), total + 1, every))
+        return out
+
+    def round(self, step: int, dmp, optimizer, device: torch.device) -> dict[str, Changes]:
+        """Every rank, at a drained step: sums the sightings, admits and evicts, and resets
+        the admitted slots' rows and optimizer state this rank holds."""
+        due = [n for n, t in self.tables.items() if step % t.zch.every_steps == 0]  # type: ignore[union-attr]
+        if not due:
+            return {}
+        local = {name: self._local_counts(name) for name in due}
+        payload = (time.time(), {name: c[0] for name, c in local.items()})
+        every: list = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+        if dist.is_initialized():
+            dist.all_gather_object(every, payload)
+        else:
+            every[0] = payload
+        now = every[0][0]  # rank 0's clock, so ttl decides alike everywhere
+        out = {}
+        for name in due:
+            ids, counts = _sum_unseen([p[1][name] for p in every])
+            hits, last = local[name][1].to(device), local[name][2].to(device)
+            if dist.is_initialized():
+                dist.all_reduce(hits, op=dist.ReduceOp.SUM)
+                dist.all_reduce(last, op=dist.ReduceOp.MAX)
+            changes = self.maps[name].admit(ids, counts, hits.cpu(), last.cpu(), step, now)
+            self.seen[name].clear()
+            tot = self.totals[name]
+            tot.admitted += len(changes.admitted_slots)
+            tot.evicted += len(changes.evicted_slots)
+            tot.default_reads += int(counts.sum())
+            if changes.admitted_slots:
+                self._reset(name, sorted(changes.admitted_slots), step, dmp, optimizer)
+            out[name] = changes
+        return out
+
+    def _local_counts(self, name: str):
+        """((unseen ids, their counts) as numpy, hits float64 [slots], last step int64 [slots])."""
+        seen, slots = self.seen[name], self.maps[name].slots
+        unseen = torch.cat(seen.unseen) if seen.unseen else torch.zeros(0, dtype=torch.int64)
+        ids, counts = torch.unique(unseen, return_counts=True)
+        hits = torch.zeros(slots, dtype=torch.float64)
+        last = torch.zeros(slots, dtype=torch.int64)
+        for chunk, step in zip(seen.hit_slots, seen.hit_steps, strict=True):
+            last[chunk] = step  # steps only grow, so the last write is the latest
+        if seen.hit_slots:
+            hits += torch.bincount(torch.cat(seen.hit_slots), minlength=slots).to(torch.float64)
+        return (ids.numpy(), counts.numpy()), hits, last
+
+    # ---- fresh rows -------------------------------------------------------------------------
+    def _reset(self, name: str, slots: list[int], step: int, dmp, optimizer) -> None:
+        """Admitted `slots` (sorted) of table `name`: rows to a fresh init draw, optimizer state
+        to zero, in every local shard that holds them (row and column ranges)."""
+        table = self.tables[name]
+        fresh = fresh_rows(self.cfg.training.seed, name, step, len(slots), table.rows, table.dim)
+        want = torch.tensor(slots, dtype=torch.int64)
+        for tensor, row_at, col_at in self._shard_views(dmp, optimizer)[name]:
+            inside = (want >= row_at) & (want < row_at + tensor.shape[0])
+            if not bool(inside.any()):
+                continue
+            local = want[inside] - row_at
+            with torch.no_grad():
+                if col_at < 0:  # optimizer state: rowwise_adagrad's momentum1 [rows]
+                    tensor[local] = 0
+                else:
+                    cols = slice(col_at, col_at + tensor.shape[1])
+                    tensor[local] = fresh[inside][:, cols].to(tensor.dtype)
+
+    def _shard_views(self, dmp, optimizer) -> dict[str, list[tuple[torch.Tensor, int, int]]]:
+        """Per ZCH table: (local shard tensor, its first row, its first column or -1 for
+        optimizer state). The tensors are views into FBGEMM's weights and optimizer buffers,
+        found once (a resume loads into the same buffers)."""
+        if self._views is not None:
+            return self._views
+        views: dict[str, list[tuple[torch.Tensor, int, int]]] = {n: [] for n in self.maps}
+        params = {}
+        for key, weight in dmp.state_dict().items():
+            m = _WEIGHT_KEY.search(key)
+            if m and m.group(1) in views:
+                params[key] = m.group(1)
+                for shard in _local_shards(weight, key):
+                    rows_at, cols_at = shard.metadata.shard_offsets
+                    views[m.group(1)].append((shard.tensor, int(rows_at), int(cols_at)))
+        state = optimizer.state_dict()["state"]
+        for key, name in params.items():
+            for value in state.get(key, {}).values():
+                if isinstance(value, torch.Tensor):
+                    for shard in _local_shards(value, key):
+                        views[name].append((shard.tensor, int(shard.metadata.shard_offsets[0]), -1))
+        self._views = views
+        return views
+
+    # ---- reporting --------------------------------------------------------------------------
+    def summary(self) -> str:
+        """Per table: live ids / slots, admitted and evicted, and default-row reads since the
+        last summary; the counters restart."""
+        parts = []
+        for name, m in self.maps.items():
+            tot = self.totals[name]
+            parts.append(f"{name} {m.live()}/{m.slots} ids, +{tot.admitted} -{tot.evicted}, "
+                         f"{tot.default_reads} default-row reads")  # fmt: skip
+            self.totals[name] = _Totals()
+        return "zch: " + "; ".join(parts)
+
+    def live_line(self) -> str:
+        """Per table: live ids / slots and the rounds done."""
+        return "; ".join(f"{n} {m.live()}/{m.slots} ids after {int(m.meta[1])} rounds"
+                         for n, m in self.maps.items())  # fmt: skip
+
+    def rounds_done(self) -> int:
+        return max(int(m.meta[1]) for m in self.maps.values())
+
+
+def _local_shards(tensor, key: str):
+    if not hasattr(tensor, "local_shards"):
+        raise ValueError(
+            f"{key}: a ZCH table must be sharded (not data_parallel) so that its rows and "
+            "optimizer state live in FBGEMM's kernel"
+        )
+    return tensor.local_shards()
+
+
+def _sum_unseen(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    counts = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+
+
+def fresh_rows(seed: int, table: str, step: int, n: int, rows: int, dim: int) -> torch.Tensor:
+    """float32 [n, dim]: the rows a round at `step` gives the n slots it admitted (in slot
+    order), drawn as TorchRec initialises a table, uniform(-sqrt(1/rows), sqrt(1/rows)), from a
+    generator seeded by (seed, table, step): the same values on every rank."""
+    gen = torch.Generator().manual_seed(_seed(seed, table, step))
+    bound = math.sqrt(1.0 / rows)
+    return torch.rand(n, dim, generator=gen, dtype=torch.float32) * (2 * bound) - bound
+
+
+def _seed(seed: int, table: str, step: int) -> int:
+    h = seed
+    for ch in f"{table}:{step}".encode():
+        h = (h * 1_000_003 + ch) % (2**61 - 1)  # no Python hash(): it changes per process
+    return h
+
+
+def plan_block(config: str | Path) -> str:
+    """`rec plan`'s lines for the config's ZCH tables (after a blank line; "" with none):
+    slots, the id map's memory on every rank, probes."""
+    zch = [t for t in load_config(config).tables if t.zch]
+    if not zch:
+        return ""
+    lines = [
+        f"ZCH tables (each rank holds every id map, {MAP_BYTES_PER_SLOT} bytes per slot):",
+        f"{'table':<16} {'slots':>12} {'map memory':>12} {'probes':>6} {'every_steps':>11}",
+    ]
+    for t in zch:
+        z = t.zch
+        assert z is not None
+        size = _bytes(z.slots * MAP_BYTES_PER_SLOT)
+        lines.append(f"{t.name:<16} {z.slots:>12} {size:>12} {z.probes:>6} {z.every_steps:>11}")
+    return "\n\n" + "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.2f} GiB"
