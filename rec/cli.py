@@ -19,6 +19,7 @@ from rec.resources import ResourceError
 
 # Stage modules that define click commands in a `COMMANDS` list.
 _STAGE_CLI_MODULES = ("rec.train.cli", "rec.export.cli", "rec.serve.cli", "rec.store.cli",
+                      "rec.data.stream_cli",
                       "rec.config_doc")  # fmt: skip
 
 

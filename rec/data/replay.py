@@ -1,0 +1,311 @@
+"""`rec stream replay`: feed an event stream (rec.contract.events) from a file or the synthetic
+generator, so that stream training can be tried without an application producing events.
+
+Sources, each read in file order (a file must already be in time order: the replayer does not
+sort), and turned into events keyed by the feature spec's columns (rec.features.feature_spec of
+the config), the same cells the file readers take:
+  - CSV (data.source: csv): each row's cells as text, as the CSV reader sees them;
+  - Parquet (data.source: parquet): each row's values (numbers, strings, lists, nulls);
+  - Criteo TSV (data.source: criteo_tsv): label, I1..I13, C1..C26 as text;
+  - synthetic: positions [start, start + n) of the generator's train split (its churn and drift
+    included, as data.synthetic sets them): labels 0/1, the dense values, the ids as integers.
+A row with a missing or extra cell is sent as it is; the reader refuses and parks it, which is
+how a bad row looks in a stream.
+
+Pacing: `rate` sends R events per second on a fixed schedule; `speed` replays a file's own
+clock X times faster, from its `time_column` (seconds, e.g. Unix time): an event is sent
+(t - t_first) / X after the start. Neither: as fast as the broker takes them. An entry holds
+up to `per_entry` events (64) or 50 ms of the schedule, whichever comes first, so a paced
+replay adds at most 50 ms to an event's delay.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rec.config import RecConfig
+from rec.contract.events import MAX_EVENTS, encode, parse_url
+from rec.data.errors import DataError
+from rec.features import feature_spec
+
+CHUNK = 4096
+"""Events read from a source at a time."""
+PIPELINE = 1024
+"""Events sent in one round trip at most, when they are already due."""
+SPAN_S = 0.05
+"""An entry holds at most this much of the schedule (with --rate or --speed)."""
+
+Chunk = tuple[list[dict[str, Any]], list[float] | None]
+"""Events, and each one's file time in seconds (None without a time column)."""
+
+
+@dataclass
+class ReplayStats:
+    events: int = 0
+    entries: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+
+def spec_columns(cfg: RecConfig) -> list[str]:
+    spec = feature_spec(cfg)
+    return list(spec.labels) + [d.column for d in spec.dense] + [s.column for s in spec.sparse]
+
+
+def file_events(cfg: RecConfig, path: Path, time_column: str = "") -> tuple[int, Iterator[Chunk]]:
+    """(events in the file, its chunks) of a CSV, Parquet or Criteo TSV file as data.source
+    says; DataError for a missing file or column."""
+    if not Path(path).is_file():
+        raise DataError(f"{path}: no such file")
+    source = cfg.data.source
+    if source == "csv":
+        return _csv(cfg, Path(path), time_column)
+    if source == "parquet":
+        return _parquet(cfg, Path(path), time_column)
+    if source == "criteo_tsv":
+        if time_column:
+            raise DataError("Criteo TSV has no time column; replay it with --rate")
+        return _criteo(cfg, Path(path))
+    raise DataError(
+        f"data.source={source!r}: a file replays as csv, parquet or criteo_tsv; for the "
+        "synthetic generator use --synthetic N"
+    )
+
+
+def _need(path: Path, have: list[str], need: list[str]) -> None:
+    missing = [c for c in need if c not in have]
+    if missing:
+        raise DataError(
+            f"{path}: no column {missing[0]!r} (it has {have}); the config's "
+            "data.columns maps the features to columns"
+        )
+
+
+def _csv(cfg: RecConfig, path: Path, time_column: str) -> tuple[int, Iterator[Chunk]]:
+    from rec.data.text import count_lines
+
+    cols = spec_columns(cfg)
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        header = [h.strip() for h in next(csv.reader(f, delimiter=cfg.data.delimiter), [])]
+    _need(path, header, cols + ([time_column] if time_column else []))
+    keep = [(c, header.index(c)) for c in cols]
+
+    def chunks() -> Iterator[Chunk]:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            rows = csv.reader(f, delimiter=cfg.data.delimiter)
+            next(rows)
+            t = header.index(time_column) if time_column else -1
+            events, times = [], []
+            for row in rows:
+                events.append({c: row[j] for c, j in keep if j < len(row)})
+                if t >= 0:
+                    times.append(_seconds(path, row[t] if t < len(row) else "", len(times)))
+                if len(events) == CHUNK:
+                    yield events, times if t >= 0 else None
+                    events, times = [], []
+            if events:
+                yield events, times if t >= 0 else None
+
+    return count_lines(str(path), header=True), chunks()
+
+
+def _seconds(path: Path, cell: Any, i: int) -> float:
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise DataError(f"{path}: event {i + 1}: time {cell!r} is not a number of seconds")
+    return value
+
+
+def _parquet(cfg: RecConfig, path: Path, time_column: str) -> tuple[int, Iterator[Chunk]]:
+    import pyarrow.parquet as pq
+
+    cols = spec_columns(cfg)
+    pf = pq.ParquetFile(path)
+    _need(path, pf.schema_arrow.names, cols + ([time_column] if time_column else []))
+    read = list(dict.fromkeys(cols + ([time_column] if time_column else [])))
+
+    def chunks() -> Iterator[Chunk]:
+        done = 0
+        for batch in pf.iter_batches(CHUNK, columns=read):
+            rows = batch.to_pylist()
+            events = [{c: _json_safe(r[c]) for c in cols} for r in rows]
+            times = None
+            if time_column:
+                times = [_seconds(path, r[time_column], done + i) for i, r in enumerate(rows)]
+            done += len(rows)
+            yield events, times
+
+    return pf.metadata.num_rows, chunks()
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities have no JSON form: sent as text, the reader refuses them by name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _criteo(cfg: RecConfig, path: Path) -> tuple[int, Iterator[Chunk]]:
+    from rec.data.text import count_lines
+
+    cols = spec_columns(cfg)
+
+    def chunks() -> Iterator[Chunk]:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            events = []
+            for line in f:
+                cells = line.rstrip("\n").split("\t")
+                events.append(dict(zip(cols, cells, strict=False)))
+                if len(events) == CHUNK:
+                    yield events, None
+                    events = []
+            if events:
+                yield events, None
+
+    return count_lines(str(path), header=False), chunks()
+
+
+def synthetic_events(cfg: RecConfig, n: int, start: int = 0) -> tuple[int, Iterator[Chunk]]:
+    """Positions [start, start + n) of the synthetic train split, as events."""
+    from rec.data.synthetic import SyntheticSource
+
+    spec = feature_spec(cfg)
+    src = SyntheticSource(cfg, "train")
+    labels, dense = spec.labels, [d.column for d in spec.dense]
+    sparse = [s.column for s in spec.sparse]
+
+    def chunks() -> Iterator[Chunk]:
+        for lo in range(start, start + n, CHUNK):
+            rows = src.take(lo, min(lo + CHUNK, start + n)).rows
+            yield _rows_to_events(rows, labels, dense, sparse), None
+
+    return n, chunks()
+
+
+def _rows_to_events(rows, labels, dense, sparse) -> list[dict[str, Any]]:
+    lab = rows.labels.astype(int).tolist()
+    den = rows.dense.astype(float).tolist()  # an f32 widened to f64 prints exactly
+    lengths = rows.lengths.tolist()
+    values = rows.values.tolist()
+    out, at = [], 0
+    for i in range(len(lab)):
+        event = dict(zip(labels, lab[i], strict=True))
+        event.update(zip(dense, den[i], strict=True))
+        for column, k in zip(sparse, lengths[i], strict=True):
+            event[column] = values[at : at + k]
+            at += k
+        out.append(event)
+    return out
+
+
+def replay(
+    chunks: Iterator[Chunk],
+    url: str,
+    rate: float | None = None,
+    speed: float | None = None,
+    per_entry: int = 64,
+    progress: Callable[[ReplayStats], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> ReplayStats:
+    """Sends the chunks' events to the stream at `url`, paced as the module docstring says;
+    `progress(stats)` about once a second and at the end."""
+    import redis
+
+    if rate is not None and speed is not None:
+        raise ValueError("give --rate or --speed, not both")
+    if not 0 < per_entry <= MAX_EVENTS:
+        raise ValueError(f"per_entry={per_entry} must be in [1, {MAX_EVENTS}]")
+    where = parse_url(url)
+    client = redis.Redis(host=where.host, port=where.port, socket_connect_timeout=2)
+    stats, t0 = ReplayStats(), clock()
+    shown, first_time = t0, None
+    try:
+        for events, times in chunks:
+            if speed is not None and times is None:
+                raise DataError("--speed replays the file's clock: name its --time-column")
+            if speed is not None and first_time is None and times:
+                first_time = times[0]
+            due = _schedule(len(events), stats.events, times, t0, rate, speed, first_time)
+            _send(client, where.stream, events, due, per_entry, stats, clock)
+            stats.seconds = clock() - t0
+            if progress is not None and clock() - shown >= 1.0:
+                shown = clock()
+                progress(stats)
+    finally:
+        client.close()
+    stats.seconds = clock() - t0
+    if progress is not None:
+        progress(stats)
+    return stats
+
+
+def _send(
+    client,
+    stream: str,
+    events: list,
+    due: list[float],
+    per_entry: int,
+    stats: ReplayStats,
+    clock: Callable[[], float],
+) -> None:
+    """XADDs the events as entries, each when its last event is due; entries already due go
+    in one pipelined round trip (up to PIPELINE events)."""
+    pipe, queued = client.pipeline(transaction=False), 0
+    for lo, hi in _entries(due, per_entry):
+        if queued and (due[hi - 1] > clock() or queued >= PIPELINE):
+            pipe.execute()
+            queued = 0
+        _sleep_until(due[hi - 1], clock)
+        pipe.xadd(stream, encode(events[lo:hi]))
+        queued += hi - lo
+        stats.events += hi - lo
+        stats.entries += 1
+    if queued:
+        pipe.execute()
+
+
+def _schedule(n: int, sent: int, times, t0: float, rate, speed, first_time) -> list[float]:
+    """When each of the next n events is due, on the clock."""
+    if rate is not None:
+        return [t0 + (sent + i) / rate for i in range(n)]
+    if speed is not None:
+        return [t0 + (t - first_time) / speed for t in times]
+    return [t0] * n
+
+
+def _entries(due: list[float], per_entry: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) events per entry: up to per_entry, spanning at most SPAN_S of the schedule."""
+    lo = 0
+    while lo < len(due):
+        hi = lo + 1
+        while hi < len(due) and hi - lo < per_entry and due[hi] - due[lo] <= SPAN_S:
+            hi += 1
+        yield lo, hi
+        lo = hi
+
+
+def _sleep_until(when: float, clock: Callable[[], float]) -> None:
+    left = when - clock()
+    if left > 0:
+        time.sleep(left)
+
+
+def progress_line(stats: ReplayStats, total: int) -> str:
+    """`12,800/100,000 events in 200 entries, 3,200 events/s, ETA 27 s`."""
+    rate = stats.rate
+    left = max(total - stats.events, 0)
+    eta = f"ETA {left / rate:,.0f} s" if rate > 0 and left else "done" if not left else "ETA ?"
+    done = f"{stats.events:,}/{total:,} events in {stats.entries:,} entries"
+    return f"{done}, {rate:,.0f} events/s, {eta}"

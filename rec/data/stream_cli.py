@@ -1,0 +1,109 @@
+"""Click commands of the event stream: `rec stream replay` (docs/stream.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.group("stream")
+def stream() -> None:
+    """The event stream that training reads (format rec.events/1, docs/stream.md)."""
+
+
+@stream.command("replay")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False), required=False)
+@click.option(
+    "--to",
+    "url",
+    required=True,
+    help="The stream: redis://HOST:PORT[/STREAM] (default stream rec:events).",
+)
+@click.option(
+    "--config",
+    "-c",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="YAML config: its data.source says FILE's format, its features and "
+    "data.columns which cells an event carries (default: the embedded config).",
+)
+@click.option(
+    "--synthetic",
+    "synthetic",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Send N events of the config's synthetic train split instead of a FILE.",
+)
+@click.option(
+    "--start",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="With --synthetic: the first position sent.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Events per second (default: as fast as the broker takes them).",
+)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Replay the file's own clock X times faster (needs --time-column).",
+)
+@click.option(
+    "--time-column",
+    default="",
+    help="The CSV or Parquet column holding each event's time, in seconds.",
+)
+@click.option(
+    "--per-entry",
+    type=click.IntRange(1, 4096),
+    default=64,
+    show_default=True,
+    help="Events per stream entry at most.",
+)
+def replay_command(file, url, config, synthetic, start, rate, speed, time_column,
+                   per_entry) -> None:  # fmt: skip
+    """Feed the stream at --to from FILE (a time-ordered CSV, Parquet or Criteo TSV file, in
+    the config's data.source format) or from the synthetic generator (--synthetic N), printing
+    events/s and the ETA about once a second."""
+    from rec.config import load_config
+    from rec.contract.events import parse_url
+    from rec.data.replay import file_events, progress_line, replay, synthetic_events
+
+    if (file is None) == (synthetic is None):
+        raise click.UsageError("give a FILE or --synthetic N, not both and not neither")
+    if rate is not None and speed is not None:
+        raise click.UsageError("give --rate or --speed, not both")
+    if speed is not None and not time_column:
+        raise click.UsageError("--speed replays the file's clock: name its --time-column")
+    try:
+        parse_url(url)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--to") from None
+    cfg = load_config(config)
+    if synthetic is not None:
+        total, chunks = synthetic_events(cfg, synthetic, start)
+    else:
+        total, chunks = file_events(cfg, file, time_column)
+
+    def show(stats) -> None:
+        click.echo(f"replay: {progress_line(stats, total)}", err=True)
+
+    import redis
+
+    try:
+        stats = replay(chunks, url, rate=rate, speed=speed, per_entry=per_entry, progress=show)
+    except redis.RedisError as e:
+        click.echo(f"error: the stream {url} failed: {e}", err=True)
+        sys.exit(1)
+    click.echo(f"sent {stats.events:,} events in {stats.entries:,} entries to {url} "
+               f"in {stats.seconds:.1f} s ({stats.rate:,.0f} events/s)")  # fmt: skip
+
+
+COMMANDS = [stream]

@@ -1,0 +1,118 @@
+"""`rec stream replay` (rec.data.replay) into a real redis-server: a CSV file and the synthetic
+generator arrive in the stream as the events the file readers read, number for number, paced
+by --rate or by the file's clock with --speed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from rec.broker import RedisBroker, redis_server_path
+from rec.config import config_from_dict
+from rec.data import make_source, write_csv
+from rec.data.replay import file_events, progress_line, replay, synthetic_events
+from rec.data.stream import StreamConfig
+from rec.data.stream_redis import RedisEventReader
+from rec.data.synthetic import SyntheticSource
+from rec.features import feature_spec
+from tests.data.conftest import small_config
+from tests.helpers import rec_in_process, write_config
+
+pytestmark = pytest.mark.skipif(
+    redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with RedisBroker(tmp_path_factory.mktemp("redis")) as b:
+        yield b
+
+
+def _read_all(cfg, url: str, n: int):
+    """Every event of the stream, as one batch read by a fresh group."""
+    reader = RedisEventReader(StreamConfig(url=url, wait_s=0.2), feature_spec(cfg), 0)
+    batch = reader.next_batch(n + 1).batch
+    reader.close()
+    return batch
+
+
+def _same(a, b) -> None:
+    for name in ("labels", "dense", "lengths", "values"):
+        assert np.array_equal(getattr(a, name).numpy(), getattr(b, name).numpy()), name
+
+
+def _csv_config(tmp_path, n: int):
+    data = {"source": "csv", "train_paths": [str(tmp_path / "train.csv")],
+            "eval_paths": [str(tmp_path / "train.csv")]}  # fmt: skip
+    synthetic = small_config()
+    write_csv(synthetic, tmp_path / "train.csv", n=n)
+    raw = {
+        "tables": [{"name": f"t{i}", "rows": r, "dim": 8, "features": [f"cat_{i}"]}
+                   for i, r in enumerate([300, 50, 1000, 7])],
+        "features": {"dense": 3},
+        "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+        "data": data,
+    }  # fmt: skip
+    return raw, config_from_dict(raw)
+
+
+def test_a_csv_file_replays_into_the_events_the_csv_reader_reads(broker, tmp_path):
+    raw, cfg = _csv_config(tmp_path, n=300)
+    url = broker.url("csv")
+    config = str(write_config(tmp_path / "c.yaml", raw))
+    out = rec_in_process("stream", "replay", str(tmp_path / "train.csv"), "--to", url,
+                         "--config", config, check=True)  # fmt: skip
+    assert "sent 300 events in 5 entries" in out.stdout
+    from_file = next(make_source(cfg, "train").batches(300, 0, 1, drop_last=False))
+    _same(_read_all(cfg, url, 300), from_file)
+
+
+def test_the_synthetic_generator_replays_number_for_number(broker, tmp_path):
+    cfg = small_config()
+    url = broker.url("synthetic")
+    total, chunks = synthetic_events(cfg, 500, start=100)
+    stats = replay(chunks, url, per_entry=100)
+    assert (total, stats.events, stats.entries) == (500, 500, 5)
+    rows = SyntheticSource(cfg, "train").take(100, 600).rows
+    got = _read_all(cfg, url, 500)
+    assert got.values.tolist() == rows.values.tolist()
+    assert got.lengths.tolist() == rows.lengths.tolist()
+    assert got.dense.tolist() == rows.dense.tolist() and got.labels.tolist() == rows.labels.tolist()
+
+
+def test_rate_paces_events_and_speed_follows_the_files_clock(broker, tmp_path):
+    cfg = small_config()
+    t0 = time.monotonic()
+    replay(synthetic_events(cfg, 100)[1], broker.url("rate"), rate=400.0)
+    assert 0.2 <= time.monotonic() - t0 < 2.0  # 100 events at 400/s: 0.25 s less one entry's
+
+    raw, cfg = _csv_config(tmp_path, n=20)
+    lines = (tmp_path / "train.csv").read_text().splitlines()
+    timed = [lines[0] + ",ts"] + [f"{line},{1000 + 0.05 * i}" for i, line in enumerate(lines[1:])]
+    (tmp_path / "timed.csv").write_text("\n".join(timed) + "\n")
+    total, chunks = file_events(cfg, tmp_path / "timed.csv", time_column="ts")
+    t0 = time.monotonic()
+    seen = []
+    stats = replay(chunks, broker.url("speed"), speed=2.0, progress=seen.append)
+    # 20 events 0.05 s apart, twice as fast: the last is due 19 * 0.025 s after the first.
+    assert 0.45 <= time.monotonic() - t0 < 2.5 and stats.events == total == 20
+    assert progress_line(seen[-1], total).startswith("20/20 events") and stats.entries > 1
+
+
+def test_replay_refuses_what_it_cannot_do(broker, tmp_path):
+    raw, cfg = _csv_config(tmp_path, n=5)
+    path = str(write_config(tmp_path / "c.yaml", raw))
+    both = rec_in_process("stream", "replay", str(tmp_path / "train.csv"), "--synthetic", "5",
+                          "--to", broker.url("x"), "--config", path)  # fmt: skip
+    assert both.returncode == 2 and "not both" in both.stdout
+    speed = rec_in_process("stream", "replay", str(tmp_path / "train.csv"), "--speed", "2",
+                           "--to", broker.url("x"), "--config", path)  # fmt: skip
+    assert speed.returncode == 2 and "--time-column" in speed.stdout
+    url = rec_in_process("stream", "replay", "--synthetic", "5", "--to", "redis://h:1/0")
+    assert url.returncode == 2 and "database number" in url.stdout
+    column = rec_in_process("stream", "replay", str(tmp_path / "train.csv"), "--time-column",
+                            "when", "--to", broker.url("x"), "--config", path)  # fmt: skip
+    assert column.returncode == 2 and "no column 'when'" in column.stdout
