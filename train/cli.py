@@ -99,6 +99,11 @@ def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, p
 )
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON, for scripts.")
 @click.option(
+    "--calibrate",
+    is_flag=True,
+    help="Measure this CPU's costs again (a few seconds; otherwise measured once and cached).",
+)
+@click.option(
     "--store-masters",
     type=click.IntRange(min=3),
     default=None,
@@ -114,16 +119,16 @@ def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, p
 )
 @click.option("--zipf", "alpha", type=click.FloatRange(min=0.0, min_open=True), default=1.05,
               show_default=True, help="Each stored table's ids taken as Zipf(ALPHA).")  # fmt: skip
-def plan_command(config, world_size, local_world_size, as_json, store_masters, store_replicas,
-                 cache_hit_rate, alpha) -> None:  # fmt: skip
-    """The sharding plan for a config and world size, with memory per rank against capacity,
-    estimated step time and bytes per collective within and across hosts; no training. With
-    --store-masters, also the embedding store's memory per node and the row cache a replica
-    needs (docs/store.md)."""
+def plan_command(config, world_size, local_world_size, as_json, calibrate, store_masters,
+                 store_replicas, cache_hit_rate, alpha) -> None:  # fmt: skip
+    """The sharding plan for a config and world size, with each rank's step time and memory
+    estimated from this CPU's measured costs (train/calibration.py), TorchRec's own numbers and
+    bytes per collective within and across hosts; no training. With --store-masters, also the
+    embedding store's memory per node and the row cache a replica needs (docs/store.md)."""
     from rec.train.plan_stats import format_report, plan_report_for
     from rec.train.zch import plan_block as zch_plan_block
 
-    report = plan_report_for(config, world_size, local_world_size)
+    report = plan_report_for(config, world_size, local_world_size, calibrate, quiet=as_json)
     text = format_report(report)
     text += zch_plan_block(config)
     if store_masters is not None:

@@ -232,8 +232,11 @@ def _host_totals(ranks: list[dict], flows: list[Flow], local: int) -> list[dict[
     return [hosts[k] for k in sorted(hosts)]
 
 
-def plan_report(plan, capture: PlanCapture, topology_cfg: dict[str, Any]) -> dict[str, Any]:
-    """Everything `rec plan --json` prints: plan rows with traffic, ranks, hosts, totals."""
+def plan_report(plan, capture: PlanCapture, topology_cfg: dict[str, Any],
+                cfg: RecConfig | None = None, measure: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Everything `rec plan --json` prints: plan rows with traffic, ranks, hosts, totals, and
+    with `cfg` the step and memory per rank this CPU's calibration estimates (train.
+    plan_estimate; `calibrated`, None if not calibrated and not `measure`)."""
     topology = capture.topology
     assert topology is not None, "the planner did not report (no shardable tables?)"
     world, local, batch = topology.world_size, topology.local_world_size, capture.batch_size
@@ -246,8 +249,15 @@ def plan_report(plan, capture: PlanCapture, topology_cfg: dict[str, Any]) -> dic
         tables.append({**row, "ids_per_sample": sum(so.input_lengths),
                        "traffic": _traffic(flows, local)})  # fmt: skip
     ranks = _rank_stats(capture, topology)
-    for rank, buffers in zip(ranks, send_buffers(all_flows, world), strict=True):
-        rank["send_buffer_bytes"] = buffers
+    buffers = send_buffers(all_flows, world)
+    for rank, sends in zip(ranks, buffers, strict=True):
+        rank["send_buffer_bytes"] = sends
+    calibrated = None
+    if cfg is not None:
+        from rec.train.plan_estimate import estimate
+
+        calibrated = estimate(cfg, capture.best_plan, world, local, batch,
+                              [sum(b.values()) for b in buffers], measure)  # fmt: skip
     return {
         "world_size": world,
         "local_world_size": local,
@@ -255,7 +265,9 @@ def plan_report(plan, capture: PlanCapture, topology_cfg: dict[str, Any]) -> dic
         "batch_size_per_rank": batch,
         "compute_device": topology.compute_device,
         "topology": topology_cfg,
+        # TorchRec's planner's (its perf model: a GPU's bandwidths); `calibrated` has this CPU's
         "estimated_step_ms": max(r["time_ms"]["total"] for r in ranks),
+        "calibrated": calibrated,
         "tables": tables,
         "ranks": ranks,
         "host_totals": _host_totals(ranks, all_flows, local),
@@ -288,10 +300,19 @@ def _bytes(n: float) -> str:
 def format_report(report: dict[str, Any]) -> str:
     """The report as text: the plan's memory, time and traffic tables (what `rec plan` prints)."""
     r = report
+    cal = r.get("calibrated")
+    step = (f"estimated step (slowest rank) on this CPU: {cal['step_ms']:.3g} ms" if cal else
+            "no calibration of this CPU")  # fmt: skip
     out = [f"{r['world_size']} ranks = {r['hosts']} host(s) x {r['local_world_size']}, "
            f"{r['batch_size_per_rank']} samples per rank per step, {r['compute_device']}; "
-           f"estimated step (slowest rank): {r['estimated_step_ms']:.3g} ms", ""]  # fmt: skip
+           f"{step}", ""]  # fmt: skip
     out += [format_plan(r["tables"]), ""]
+    if cal:
+        out += [format_calibrated(cal), ""]
+    out.append(
+        "TorchRec's planner's own numbers (its perf model is a GPU's bandwidths, not this "
+        f"CPU's: {r['estimated_step_ms']:.3g} ms a step; memory: its shards only)"
+    )
     out.append(_table(
         ("rank", "host", "host mem GiB used/avail", "device mem GiB used/avail", "compute ms",
          "ids a2a ms", "fwd comms ms", "bwd comms ms", "total ms"),
@@ -314,6 +335,26 @@ def format_report(report: dict[str, Any]) -> str:
           _gib(h["device_memory_used"]), _bytes(h["sent_within_host"]),
           _bytes(h["sent_cross_host"])) for h in r["host_totals"]])]  # fmt: skip
     return "\n".join(out)
+
+
+STEP_PARTS = ("loop", "data", "embeddings", "dense", "optimizer", "communication")
+MEMORY_PARTS = ("process", "tables_and_optimizer", "dense", "activations", "data")
+
+
+def format_calibrated(cal: dict[str, Any]) -> str:
+    """The calibrated step and memory per rank (train.plan_estimate), part by part."""
+    ids = cal.get("ids_per_feature")
+    head = (f"this CPU's estimate ({cal['cpu']}, calibrated {cal['measured_at']}: "
+            f"{cal['calibration']}; ids per sample per feature "
+            f"{f'{ids:.2f}, measured' if ids else 'as planned'}; docs: rec plan)")  # fmt: skip
+    rows = [(str(k), f"{x['step_ms']['total']:.1f}",
+             *(f"{x['step_ms'][p]:.2f}" for p in STEP_PARTS),
+             f"{_gib(x['memory_bytes']['total'])}",
+             *(_gib(x["memory_bytes"][p]) for p in MEMORY_PARTS))
+            for k, x in enumerate(cal["ranks"])]  # fmt: skip
+    header = ("rank", "step ms", *(f"{p} ms" for p in STEP_PARTS), "memory GiB",
+              *(f"{p} GiB" for p in MEMORY_PARTS))  # fmt: skip
+    return head + "\n" + _table(header, rows)
 
 
 _KINDS = (("hbm", "device memory", "device_memory_gib"), ("ddr", "host memory", "host_memory_gib"))
@@ -375,18 +416,28 @@ def plan_or_refuse(cfg: RecConfig, model: nn.Module, world_size: int,
 
 
 def check_plan_fits(cfg: RecConfig, world_size: int) -> None:
-    """`rec train` before launch: the planner must find a plan for this many ranks."""
+    """`rec train` before launch: the planner must find a plan for this many ranks. Also
+    makes sure this CPU's calibration and the config's data probe are cached, for the ranks'
+    estimate at the end of the run (a rank never measures: its peers would slow it)."""
     from rec.model import TrainModel, build_model
+    from rec.train import calibration
+    from rec.train.plan_estimate import cached_probe
 
     plan_or_refuse(cfg, TrainModel(build_model(cfg, "meta")), world_size)
+    calibration.load(cfg.training.embedding_optimizer, cfg.training.dense_optimizer)
+    cached_probe(cfg, measure=True)
 
 
-def plan_report_for(config: Path | None, world_size: int, local_world_size: int | None = None):
-    """The library function behind `rec plan`: load, plan (or refuse), report."""
+def plan_report_for(config: Path | None, world_size: int, local_world_size: int | None = None,
+                    calibrate: bool = False, quiet: bool = False):  # fmt: skip
+    """The library function behind `rec plan`: load, plan (or refuse), report. This CPU's
+    calibration is measured first if not cached, or if `calibrate`; its progress lines go to
+    stderr unless `quiet`."""
     import dataclasses
 
     from rec.config import load_config
     from rec.model import TrainModel, build_model
+    from rec.train import calibration
 
     cfg = load_config(config)
     if local_world_size:
@@ -394,4 +445,7 @@ def plan_report_for(config: Path | None, world_size: int, local_world_size: int 
     elif not cfg.sharding.topology.local_world_size:
         cfg.sharding.topology.local_world_size = world_size  # one host, not the caller's env
     plan, capture = plan_or_refuse(cfg, TrainModel(build_model(cfg, "meta")), world_size)
-    return plan_report(plan, capture, dataclasses.asdict(cfg.sharding.topology))
+    t = cfg.training
+    calibration.load(t.embedding_optimizer, t.dense_optimizer, force=calibrate,
+                     progress=(lambda _: None) if quiet else None)  # fmt: skip
+    return plan_report(plan, capture, dataclasses.asdict(cfg.sharding.topology), cfg)

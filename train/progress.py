@@ -105,15 +105,37 @@ class Progress:
             log(f"rank {rank}: step {r['step_ms']:.2f} ms = {split} ms "
                 f"({r['steps']} steps profiled); sends per step: {sent}")  # fmt: skip
 
-    def memory(self, step: int, peak_rss: list[int], planned: list[int]) -> None:
-        """Per rank: peak RSS against the plan's estimate for the rank's shards (tables,
-        optimizer state, buffers); the rest is the process (torch, the dense model, data)."""
+    def mean_step_ms(self) -> float | None:
+        """The run's mean step so far, evaluations, checkpoints and profiling left out."""
+        done = (self._step_last or 0) - (self._step_start or 0)
+        return (self._t_last - self._t_start) * 1e3 / done if done > 0 else None
+
+    def memory(self, step: int, peak_rss: list[int], planned: list[int],
+               report: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """Per rank: peak RSS next to this CPU's calibrated estimate (the plan report's
+        `calibrated`, train.plan_estimate) part by part, and TorchRec's planner's estimate for
+        its shards (`planned`); the run's mean step next to the estimated one."""
+        cal = (report or {}).get("calibrated")
+        estimated = [r["memory_bytes"] for r in cal["ranks"]] if cal else [None] * len(planned)
+        measured_ms = self.mean_step_ms()
         self.write({"kind": "memory", "step": step, "peak_rss_bytes": peak_rss,
-                    "plan_shard_bytes": planned})  # fmt: skip
-        for rank, (peak, plan) in enumerate(zip(peak_rss, planned, strict=True)):
+                    "plan_shard_bytes": planned,
+                    "estimated_bytes": [e["total"] for e in estimated] if cal else None,
+                    "estimated_step_ms": cal["step_ms"] if cal else None,
+                    "measured_step_ms": measured_ms})  # fmt: skip
+        if cal and measured_ms:
+            log(f"step: estimated {cal['step_ms']:.1f} ms (slowest rank, this CPU's calibration: "
+                f"rec plan), measured {measured_ms:.1f} ms (the run's mean, evaluations and "
+                f"checkpoints left out): {cal['step_ms'] / measured_ms:.2f}x")  # fmt: skip
+        for rank, (peak, plan, est) in enumerate(zip(peak_rss, planned, estimated, strict=True)):
+            mine = "no calibration of this CPU (rec plan makes one)"
+            if est is not None:
+                parts = " + ".join(f"{k.replace('_', ' ')} {_gib(est[k])[:-4]}"
+                                   for k in est if k != "total")  # fmt: skip
+                mine = f"estimated {_gib(est['total'])} ({est['total'] / peak:.2f}x: {parts})"
             log(
-                f"rank {rank}: peak RSS {_gib(peak)}; the plan's estimate for its shards "
-                f"{_gib(plan)}"
+                f"rank {rank}: peak RSS {_gib(peak)}, {mine}; TorchRec's planner: "
+                f"the plan's estimate for its shards {_gib(plan)}"
             )
 
 
