@@ -143,16 +143,21 @@ class IdMap:
         ids, counts = self._merge_candidates(seen_ids, seen_counts)
         ready = counts >= cfg.admit_after
         order = np.lexsort((ids[ready], -counts[ready]))  # most seen first, then by id
-        for cid, count in zip(ids[ready][order].tolist(), counts[ready][order].tolist(),
-                              strict=True):  # fmt: skip
-            slot = self._place(cid, count, round_start)
-            if slot is None:
+        ready_ids, ready_counts = ids[ready][order], counts[ready][order]
+        wins = windows(torch.from_numpy(ready_ids), self.slots, cfg.probes).numpy()
+        # numpy views of the map: one candidate at a time (each sees the slots the ones before
+        # it took), at numpy's cost per element rather than torch's per op
+        keys, used, cnt = self.keys.numpy(), self.used.numpy(), self.counts.numpy()
+        last_step, last_seen = self.last_step.numpy(), self.last_seen.numpy()
+        for cid, count, win in zip(ready_ids.tolist(), ready_counts.tolist(), wins, strict=True):
+            slot = self._place(win, count, round_start, used, cnt, last_step)
+            if slot < 0:
                 continue
-            if bool(self.used[slot]):
+            if used[slot]:
                 changes.evicted_slots.append(slot)
-                changes.evicted_ids.append(int(self.keys[slot]))
-            self.keys[slot], self.used[slot] = cid, True
-            self.counts[slot], self.last_step[slot], self.last_seen[slot] = count, step, now
+                changes.evicted_ids.append(int(keys[slot]))
+            keys[slot], used[slot] = cid, True
+            cnt[slot], last_step[slot], last_seen[slot] = count, step, now
             changes.admitted_slots.append(slot)
             changes.admitted_ids.append(cid)
         self._keep_candidates(ids, counts, set(changes.admitted_ids))
@@ -163,26 +168,26 @@ class IdMap:
 
     def _expire(self, now: float, changes: Changes) -> None:
         old = self.used & (now - self.last_seen > self.cfg.ttl_hours * 3600.0)
-        for slot in torch.nonzero(old).flatten().tolist():
-            changes.evicted_slots.append(slot)
-            changes.evicted_ids.append(int(self.keys[slot]))
+        changes.evicted_slots.extend(torch.nonzero(old).flatten().tolist())
+        changes.evicted_ids.extend(self.keys[old].tolist())
         self.used[old] = False
         self.counts[old] = 0.0
 
-    def _place(self, cid: int, count: int, round_start: int) -> int | None:
-        """The slot `cid` takes: a free one in its window, else the policy's victim, or None."""
-        win = windows(torch.tensor([cid]), self.slots, self.cfg.probes)[0]
-        used = self.used[win]
-        if not bool(used.all()):
-            return int(win[int(torch.argmin(used.to(torch.int8)))])
+    def _place(self, win: np.ndarray, count: int, round_start: int, used: np.ndarray,
+               counts: np.ndarray, last_step: np.ndarray) -> int:  # fmt: skip
+        """The slot an id of window `win` takes: a free one (the first in probe order), else
+        the policy's victim, or -1."""
+        taken = used[win]
+        if not taken.all():
+            return int(win[int(np.argmin(taken))])
         policy = self.cfg.eviction
         if policy == "lfu":
-            at = int(torch.argmin(self.counts[win]))
-            return int(win[at]) if count > float(self.counts[win[at]]) else None
+            at = int(np.argmin(counts[win]))
+            return int(win[at]) if count > counts[win[at]] else -1
         if policy == "lru":
-            at = int(torch.argmin(self.last_step[win]))
-            return int(win[at]) if int(self.last_step[win[at]]) < round_start else None
-        return None  # ttl: only expired ids leave, and they already have
+            at = int(np.argmin(last_step[win]))
+            return int(win[at]) if last_step[win[at]] < round_start else -1
+        return -1  # ttl: only expired ids leave, and they already have
 
     def _merge_candidates(self, seen_ids: np.ndarray, seen_counts: np.ndarray):
         n = int(self.meta[0])

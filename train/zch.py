@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from rec.config import RecConfig, TableConfig, load_config
-from rec.zch import Changes, IdMap
+from rec.zch import Changes, IdMap, home
 
 SUMMARY_EVERY_ROUNDS = 10
 """Rounds between two summary lines in the training log (and at every evaluation)."""
@@ -41,16 +41,12 @@ _WEIGHT_KEY = re.compile(r"\.(?:embedding_bags|embeddings)\.([^.]+)\.weight$")
 
 @dataclass
 class _Sightings:
-    """One rank's sightings of one table since the last round."""
+    """This rank's sightings of every ZCH table since their last rounds, a chunk per batch."""
 
-    unseen: list[torch.Tensor] = field(default_factory=list)  # raw ids that read the default row
-    hit_slots: list[torch.Tensor] = field(default_factory=list)
-    hit_steps: list[int] = field(default_factory=list)  # the step of each hit_slots entry
-
-    def clear(self) -> None:
-        self.unseen.clear()
-        self.hit_slots.clear()
-        self.hit_steps.clear()
+    unseen: list[torch.Tensor] = field(default_factory=list)  # raw ids that read a default row
+    unseen_table: list[torch.Tensor] = field(default_factory=list)  # their table's index
+    hits: list[torch.Tensor] = field(default_factory=list)  # slots read, in the flat map
+    hit_steps: list[torch.Tensor] = field(default_factory=list)  # the step of each hit
 
 
 @dataclass
@@ -74,11 +70,26 @@ class ZchTables:
         self.cfg = cfg
         self.tables: dict[str, TableConfig] = {t.name: t for t in cfg.tables if t.zch}
         self.maps = {name: IdMap(t.zch) for name, t in self.tables.items()}  # type: ignore[arg-type]
-        owner = cfg.feature_to_table()
-        # (feature index, table) of every feature read through a map
-        self.features = [(i, owner[f]) for i, f in enumerate(keys) if owner[f] in self.maps]
+        # Every map's keys and used are views into one flat pair (table i's slots from base[i]),
+        # so one lookup serves all tables: torch's cost per op, not per id, dominates a batch's
+        # few thousand ids. Admission and checkpoint loads write the views in place.
+        slots = [m.slots for m in self.maps.values()]
+        self.base = torch.tensor([0, *np.cumsum(slots)[:-1].tolist()], dtype=torch.int64)
+        self.slots = torch.tensor(slots, dtype=torch.int64)
+        self.probes = torch.tensor([m.cfg.probes for m in self.maps.values()], dtype=torch.int64)
+        self.steps = torch.arange(int(self.probes.max()), dtype=torch.int64)
+        self.same_probes = bool((self.probes == self.probes[0]).all())
+        self.flat_keys = torch.zeros(sum(slots), dtype=torch.int64)
+        self.flat_used = torch.zeros(sum(slots), dtype=torch.bool)
+        for i, m in enumerate(self.maps.values()):
+            at = int(self.base[i])
+            m.keys, m.used = self.flat_keys[at : at + m.slots], self.flat_used[at : at + m.slots]
+        owner, index = cfg.feature_to_table(), {n: i for i, n in enumerate(self.maps)}
+        self.is_zch = torch.tensor([owner[f] in self.maps for f in keys])
+        self.feature_table = torch.tensor([index[owner[f]] for f in keys if owner[f] in index],
+                                          dtype=torch.int64)  # fmt: skip
         self.num_features = len(keys)
-        self.seen = {name: _Sightings() for name in self.maps}
+        self.seen = _Sightings()
         self.totals = {name: _Totals() for name in self.maps}
         self.step = 0  # the training step of the last batch remapped by remap_train
         self._views: dict[str, list[tuple[torch.Tensor, int, int]]] | None = None
@@ -97,28 +108,36 @@ class ZchTables:
     def remap(self, lengths_fm: torch.Tensor, raw: torch.Tensor, rows: torch.Tensor,
               count: bool = False) -> torch.Tensor:  # fmt: skip
         """`rows` (ids mapped by modulo, feature-major) with each ZCH feature's ids replaced
-        by their rows in the table's map: its slot, or the default row (rec.zch.lookup)."""
+        by their rows in the table's map: its slot, or the default row. The same rows as
+        rec.zch.lookup per table, in one pass over all of them."""
         per_feature = lengths_fm.reshape(self.num_features, -1).sum(1)
-        ends = torch.cumsum(per_feature, 0).tolist()
+        mask = torch.repeat_interleave(self.is_zch, per_feature)
+        ids = raw[mask]
+        if ids.numel() == 0:
+            return rows
+        table = torch.repeat_interleave(self.feature_table, per_feature[self.is_zch])
+        slots, base = self.slots[table], self.base[table]
+        first_slot = home(ids, slots)
+        # (home + k) mod slots with k < probes <= slots: one subtraction, no division
+        win = first_slot.unsqueeze(1) + self.steps
+        win = torch.where(win >= slots.unsqueeze(1), win - slots.unsqueeze(1), win)
+        at = win + base.unsqueeze(1)
+        hit = (self.flat_keys[at] == ids.unsqueeze(1)) & self.flat_used[at]
+        if not self.same_probes:
+            hit &= self.steps < self.probes[table].unsqueeze(1)
+        first = torch.argmax(hit.to(torch.int8), dim=1) + first_slot
+        first = torch.where(first >= slots, first - slots, first)
+        mapped = torch.where(hit.any(dim=1), first, slots)
         rows = rows.clone()
-        for f, table in self.features:
-            start, end = (ends[f - 1] if f else 0), ends[f]
-            if start == end:
-                continue
-            ids = raw[start:end]
-            mapped = self.maps[table].lookup(ids)
-            rows[start:end] = mapped
-            if count:
-                self._observe(table, ids, mapped)
+        rows[mask] = mapped
+        if count:
+            default = mapped == slots
+            self.seen.unseen.append(ids[default])
+            self.seen.unseen_table.append(table[default])
+            hits = (mapped + base)[~default]
+            self.seen.hits.append(hits)
+            self.seen.hit_steps.append(torch.full_like(hits, self.step))
         return rows
-
-    def _observe(self, table: str, ids: torch.Tensor, mapped: torch.Tensor) -> None:
-        slots = self.maps[table].slots
-        default = mapped == slots
-        seen = self.seen[table]
-        seen.unseen.append(ids[default])
-        seen.hit_slots.append(mapped[~default])
-        seen.hit_steps.append(self.step)
 
     # ---- rounds -----------------------------------------------------------------------------
     def round_steps(self, after: int, total: int) -> set[int]:
@@ -136,7 +155,7 @@ class ZchTables:
         due = [n for n, t in self.tables.items() if step % t.zch.every_steps == 0]  # type: ignore[union-attr]
         if not due:
             return {}
-        local = {name: self._local_counts(name) for name in due}
+        local = self._local_counts(due)
         payload = (time.time(), {name: c[0] for name, c in local.items()})
         every: list = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
         if dist.is_initialized():
@@ -152,7 +171,6 @@ class ZchTables:
                 dist.all_reduce(hits, op=dist.ReduceOp.SUM)
                 dist.all_reduce(last, op=dist.ReduceOp.MAX)
             changes = self.maps[name].admit(ids, counts, hits.cpu(), last.cpu(), step, now)
-            self.seen[name].clear()
             tot = self.totals[name]
             tot.admitted += len(changes.admitted_slots)
             tot.evicted += len(changes.evicted_slots)
@@ -162,18 +180,26 @@ class ZchTables:
             out[name] = changes
         return out
 
-    def _local_counts(self, name: str):
-        """((unseen ids, their counts) as numpy, hits float64 [slots], last step int64 [slots])."""
-        seen, slots = self.seen[name], self.maps[name].slots
-        unseen = torch.cat(seen.unseen) if seen.unseen else torch.zeros(0, dtype=torch.int64)
-        ids, counts = torch.unique(unseen, return_counts=True)
-        hits = torch.zeros(slots, dtype=torch.float64)
-        last = torch.zeros(slots, dtype=torch.int64)
-        for chunk, step in zip(seen.hit_slots, seen.hit_steps, strict=True):
-            last[chunk] = step  # steps only grow, so the last write is the latest
-        if seen.hit_slots:
-            hits += torch.bincount(torch.cat(seen.hit_slots), minlength=slots).to(torch.float64)
-        return (ids.numpy(), counts.numpy()), hits, last
+    def _local_counts(self, due: list[str]):
+        """Per due table: ((unseen ids, their counts) as numpy, hits float64 [slots], last step
+        int64 [slots]) of this rank; the other tables' sightings stay for their rounds."""
+        seen, total = self.seen, int(self.flat_keys.numel())
+        cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)  # noqa: E731
+        unseen, unseen_table = cat(seen.unseen), cat(seen.unseen_table)
+        hits, hit_steps = cat(seen.hits), cat(seen.hit_steps)
+        all_hits = torch.bincount(hits, minlength=total).to(torch.float64)
+        last = torch.zeros(total, dtype=torch.int64).scatter_reduce_(0, hits, hit_steps, "amax")
+        out, index = {}, {n: i for i, n in enumerate(self.maps)}
+        for name in due:
+            i = index[name]
+            ids, counts = torch.unique(unseen[unseen_table == i], return_counts=True)
+            part = slice(int(self.base[i]), int(self.base[i] + self.slots[i]))
+            out[name] = ((ids.numpy(), counts.numpy()), all_hits[part], last[part])
+        later = torch.tensor([n not in due for n in self.maps])
+        keep_unseen, keep_hits = later[unseen_table], later[_table_of(hits, self.base)]
+        self.seen = _Sightings([unseen[keep_unseen]], [unseen_table[keep_unseen]],
+                               [hits[keep_hits]], [hit_steps[keep_hits]])  # fmt: skip
+        return out
 
     # ---- fresh rows -------------------------------------------------------------------------
     def _reset(self, name: str, slots: list[int], step: int, dmp, optimizer) -> None:
@@ -237,6 +263,11 @@ class ZchTables:
 
     def rounds_done(self) -> int:
         return max(int(m.meta[1]) for m in self.maps.values())
+
+
+def _table_of(flat_slots: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """The table index of each slot of the flat map."""
+    return torch.searchsorted(base, flat_slots, right=True) - 1
 
 
 def _local_shards(tensor, key: str):

@@ -108,3 +108,46 @@ def test_a_zch_table_is_never_planned_data_parallel():
     constraints = make_constraints(config_from_dict(cfg), "cpu")
     assert constraints["t0"].sharding_types == ["row_wise"]
     assert "data_parallel" in constraints["t1"].sharding_types  # a modulo table keeps it
+
+
+def test_one_pass_remap_reads_what_each_tables_lookup_reads():
+    """ZchTables.remap serves every ZCH table in one pass; it must give rec.zch.lookup's rows,
+    table by table (different slots and probes), and leave the modulo table's ids alone."""
+    import numpy as np
+
+    from rec.batch import RecBatch, feature_major
+    from rec.config import config_from_dict
+    from rec.tables import table_rows
+    from rec.train.zch import ZchTables
+    from rec.zch import lookup
+
+    cfg = copy.deepcopy(TINY)
+    cfg["tables"][0]["ids"] = {"zch": {"probes": 3}}
+    cfg["tables"][2]["ids"] = {"zch": {"probes": 16}}
+    cfg = config_from_dict(cfg)
+    keys = list(cfg.features.sparse)
+    zch = ZchTables(cfg, keys)
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.randint(-(2**40), 2**40, (4000,), generator=gen)
+    for m in zch.maps.values():  # admit half of the ids the batch holds
+        ids = np.unique(raw[:150].numpy())
+        none = torch.zeros(m.slots, dtype=torch.float64)
+        m.admit(ids, np.ones(len(ids), np.int64), none, none.long(), 1, 0.0)
+        assert 0 < m.live() < m.slots
+    lengths = torch.randint(0, 4, (64, len(keys)), generator=gen, dtype=torch.int32)
+    values = raw[torch.randint(0, 300, (int(lengths.sum()),), generator=gen)]
+    batch = RecBatch(torch.zeros(64, 4), lengths, values, torch.zeros(64, 1))
+    rows = table_rows(cfg)
+    got = batch.to_torchrec(keys, rows, zch.remap_train).sparse_features.to_dict()
+    plain = batch.to_torchrec(keys, rows).sparse_features.to_dict()
+    lengths_fm, raw_fm = feature_major(lengths, values)
+    ends = torch.cumsum(lengths_fm.reshape(len(keys), -1).sum(1), 0).tolist()
+    for i, f in enumerate(keys):
+        table = cfg.feature_to_table()[f]
+        if table in zch.maps:
+            m = zch.maps[table]
+            want = lookup(raw_fm[(ends[i - 1] if i else 0) : ends[i]], m.keys, m.used, m.cfg.probes)
+            assert torch.equal(got[f].values(), want), f
+            assert (want < m.slots).any() and (want == m.slots).any()
+        else:
+            assert torch.equal(got[f].values(), plain[f].values()), f
