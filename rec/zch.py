@@ -85,7 +85,9 @@ class IdMap:
     """One ZCH table's map and the statistics its eviction policy reads; the same on every rank.
 
     Every tensor is in `state()`, which the checkpoint holds, so a resumed run (at any world
-    size: nothing here is per rank) continues with the same map and counts.
+    size: nothing here is per rank) continues with the same map and counts. `keys` and `used`
+    are only ever written in place (training makes them views into one buffer for all tables,
+    rec.train.zch).
     """
 
     def __init__(self, cfg: ZchConfig) -> None:

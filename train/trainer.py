@@ -284,7 +284,7 @@ class Trainer:
                 self.cfg.training.eval_every and boundary % self.cfg.training.eval_every == 0
             )
             if self.zch is not None:  # training time, not a pause: every round is a cost of ZCH
-                self._zch_round(boundary, bool(evaluate))
+                self._zch_round(boundary, bool(evaluate), progress)
             t0 = time.perf_counter()
             if evaluate:
                 metrics = self.evaluate()
@@ -303,16 +303,17 @@ class Trainer:
             progress.close()
         return metrics
 
-    def _zch_round(self, step: int, evaluating: bool) -> None:
-        """The ZCH tables' round at `step` if one is due (rec.train.zch); a summary line every
-        SUMMARY_EVERY_ROUNDS rounds and at evaluations."""
+    def _zch_round(self, step: int, evaluating: bool, progress: Progress | None) -> None:
+        """The ZCH tables' round at `step` if one is due (rec.train.zch); a summary (log line,
+        metrics.jsonl record of kind "zch") every SUMMARY_EVERY_ROUNDS rounds and at evaluations."""
         assert self.zch is not None
         ran = self.zch.round(step, self.dmp, self.optimizer, self.ctx.device)
         rounds = self.zch.rounds_done()
         if (evaluating or (ran and rounds % SUMMARY_EVERY_ROUNDS == 0)) and rounds:
-            line = self.zch.summary()
-            if self.ctx.is_main:
+            line, numbers = self.zch.summary()
+            if progress:
                 log(f"step {step}: {line}")
+                progress.write({"kind": "zch", "step": step, **numbers})
 
     def _report_published(self, pub: publish.UpdatePublisher) -> None:
         """The rows every rank published (each publishes its own shards' rows) and the training

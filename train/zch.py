@@ -155,22 +155,22 @@ class ZchTables:
         due = [n for n, t in self.tables.items() if step % t.zch.every_steps == 0]  # type: ignore[union-attr]
         if not due:
             return {}
-        local = self._local_counts(due)
-        payload = (time.time(), {name: c[0] for name, c in local.items()})
-        every: list = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
-        if dist.is_initialized():
+        unseen, hits, last = self._local_counts(due)
+        payload = (time.time(), unseen)
+        every: list = [payload]
+        if dist.is_initialized():  # one gather of the unseen ids, one sum and one max of hits
+            every = [None] * dist.get_world_size()
             dist.all_gather_object(every, payload)
-        else:
-            every[0] = payload
+            hits, last = hits.to(device), last.to(device)
+            dist.all_reduce(hits, op=dist.ReduceOp.SUM)
+            dist.all_reduce(last, op=dist.ReduceOp.MAX)
+            hits, last = hits.cpu(), last.cpu()
         now = every[0][0]  # rank 0's clock, so ttl decides alike everywhere
         out = {}
         for name in due:
             ids, counts = _sum_unseen([p[1][name] for p in every])
-            hits, last = local[name][1].to(device), local[name][2].to(device)
-            if dist.is_initialized():
-                dist.all_reduce(hits, op=dist.ReduceOp.SUM)
-                dist.all_reduce(last, op=dist.ReduceOp.MAX)
-            changes = self.maps[name].admit(ids, counts, hits.cpu(), last.cpu(), step, now)
+            part = self._part(name)
+            changes = self.maps[name].admit(ids, counts, hits[part], last[part], step, now)
             tot = self.totals[name]
             tot.admitted += len(changes.admitted_slots)
             tot.evicted += len(changes.evicted_slots)
@@ -180,26 +180,31 @@ class ZchTables:
             out[name] = changes
         return out
 
+    def _part(self, name: str) -> slice:
+        """Table `name`'s slots in the flat map."""
+        i = list(self.maps).index(name)
+        return slice(int(self.base[i]), int(self.base[i] + self.slots[i]))
+
     def _local_counts(self, due: list[str]):
-        """Per due table: ((unseen ids, their counts) as numpy, hits float64 [slots], last step
-        int64 [slots]) of this rank; the other tables' sightings stay for their rounds."""
+        """This rank's sightings: per due table its unseen ids and their counts (numpy), and
+        every slot's hits (float64) and last step (int64) in the flat map. The tables not due
+        keep theirs for their own rounds."""
         seen, total = self.seen, int(self.flat_keys.numel())
         cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)  # noqa: E731
         unseen, unseen_table = cat(seen.unseen), cat(seen.unseen_table)
         hits, hit_steps = cat(seen.hits), cat(seen.hit_steps)
         all_hits = torch.bincount(hits, minlength=total).to(torch.float64)
         last = torch.zeros(total, dtype=torch.int64).scatter_reduce_(0, hits, hit_steps, "amax")
-        out, index = {}, {n: i for i, n in enumerate(self.maps)}
-        for name in due:
-            i = index[name]
-            ids, counts = torch.unique(unseen[unseen_table == i], return_counts=True)
-            part = slice(int(self.base[i]), int(self.base[i] + self.slots[i]))
-            out[name] = ((ids.numpy(), counts.numpy()), all_hits[part], last[part])
+        out = {}
+        for i, name in enumerate(self.maps):
+            if name in due:
+                ids, counts = torch.unique(unseen[unseen_table == i], return_counts=True)
+                out[name] = (ids.numpy(), counts.numpy())
         later = torch.tensor([n not in due for n in self.maps])
         keep_unseen, keep_hits = later[unseen_table], later[_table_of(hits, self.base)]
         self.seen = _Sightings([unseen[keep_unseen]], [unseen_table[keep_unseen]],
                                [hits[keep_hits]], [hit_steps[keep_hits]])  # fmt: skip
-        return out
+        return out, all_hits, last
 
     # ---- fresh rows -------------------------------------------------------------------------
     def _reset(self, name: str, slots: list[int], step: int, dmp, optimizer) -> None:
@@ -245,16 +250,19 @@ class ZchTables:
         return views
 
     # ---- reporting --------------------------------------------------------------------------
-    def summary(self) -> str:
+    def summary(self) -> tuple[str, dict[str, int]]:
         """Per table: live ids / slots, admitted and evicted, and default-row reads since the
-        last summary; the counters restart."""
-        parts = []
+        last summary (the counters restart), as a log line and as metrics.jsonl's numbers."""
+        parts, numbers = [], {}
         for name, m in self.maps.items():
             tot = self.totals[name]
             parts.append(f"{name} {m.live()}/{m.slots} ids, +{tot.admitted} -{tot.evicted}, "
                          f"{tot.default_reads} default-row reads")  # fmt: skip
+            numbers.update({f"{name}_live": m.live(), f"{name}_slots": m.slots,
+                            f"{name}_admitted": tot.admitted, f"{name}_evicted": tot.evicted,
+                            f"{name}_default_reads": tot.default_reads})  # fmt: skip
             self.totals[name] = _Totals()
-        return "zch: " + "; ".join(parts)
+        return "zch: " + "; ".join(parts), numbers
 
     def live_line(self) -> str:
         """Per table: live ids / slots and the rounds done."""

@@ -13,7 +13,7 @@ from rec import run_dir
 from rec.config import load_config
 from rec.train.zch import fresh_rows
 from tests.helpers import TINY, rec_in_process, run_rec, warning_lines, write_config
-from tests.train.test_train_distributed import _flat_checkpoint
+from tests.train.test_train_distributed import _flat_checkpoint, _metrics
 
 # t1 split by rows over both ranks, t2 by columns: a reset writes the part each rank holds.
 ZCH = {
@@ -51,6 +51,10 @@ def test_a_newly_admitted_id_starts_with_a_fresh_row_and_no_optimizer_state(zch_
     run, out, steps = zch_run
     assert not warning_lines(out), out
     assert "zch: t1 " in out and "default-row reads" in out  # the summary at the evaluation
+    (record,) = [m for m in _metrics(run) if m["kind"] == "zch"]
+    assert record["step"] == 20 and record["t1_slots"] == 499
+    assert record["t1_live"] == int(steps["step_20"]["zch.t1.used"].sum())
+    assert record["t2_default_reads"] > 0
     cfg = load_config(run / run_dir.CONFIG_FILE)
     before, after = steps["step_10"], steps["step_20"]
     for name in ZCH:
