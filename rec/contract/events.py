@@ -217,16 +217,24 @@ def decode_events(events: list[Any], spec: FeatureSpec) -> Events:
         if not isinstance(event, dict):
             bad[i] = Refusal(i, "not_an_object", f"event {i} is a {type(event).__name__}")
     rows = [e if isinstance(e, dict) else {} for e in events]
-    labels = [_numbers(rows, c, bad, label=True) for c in spec.labels]
-    dense = [_numbers(rows, d.column, bad, label=False) for d in spec.dense]
-    bags = [_bags(rows, s.column, s.separator, s.encoding, bad) for s in spec.sparse]
+    t = len(spec.labels)
+    numeric = _numeric_matrix(rows, spec.labels + [d.column for d in spec.dense], t)
+    if numeric is None:  # some cell is missing, refused or of a rarer form: column by column
+        labels = [_numbers(rows, c, bad, label=True) for c in spec.labels]
+        dense = [_numbers(rows, d.column, bad, label=False) for d in spec.dense]
+        numeric = np.stack(labels + dense, axis=1).reshape(n, t + len(dense))
+    bags = _hex_matrix(rows, spec)
+    for f, s in enumerate(spec.sparse):
+        if f not in bags:
+            bags[f] = _bags(rows, s.column, s.separator, s.encoding, bad)
     good = np.array([i not in bad for i in range(n)], dtype=bool)
-    lengths = np.stack([b[0] for b in bags], axis=1).reshape(n, len(bags))[good]
-    per_feature = [ids[np.repeat(good, lens)] for lens, ids in bags]
+    lengths = np.stack([bags[f][0] for f in range(len(bags))], axis=1).reshape(n, len(bags))
+    per_feature = [ids[np.repeat(good, lens)] for lens, ids in (bags[f] for f in range(len(bags)))]
+    lengths = lengths[good]
     values = _batch_major(lengths, per_feature)
     return Events(
-        labels=np.stack(labels, axis=1).reshape(n, -1)[good].astype(np.float32),
-        dense=np.stack(dense, axis=1).reshape(n, len(dense))[good].astype(np.float32),
+        labels=numeric[good, :t].astype(np.float32),
+        dense=numeric[good, t:].astype(np.float32),
         lengths=lengths.astype(np.int32),
         values=values,
         index=np.flatnonzero(good).astype(np.int64),
@@ -288,6 +296,31 @@ def _decimal_cells(cells: list[str], empty: float | None) -> np.ndarray | None:
         return None
     out[blank] = empty or 0.0
     return out if np.isfinite(out).all() else None
+
+
+def _numeric_matrix(rows: list[dict], columns: list[str], labels: int) -> np.ndarray | None:
+    """f64 [n, C] of the label and dense columns in one pass, when every cell is a JSON number
+    or every cell is DECIMAL text (a label not empty) and all are good; else None."""
+    n, c = len(rows), len(columns)
+    cells = [r.get(col, _MISSING) for r in rows for col in columns]
+    if all(type(x) is float or type(x) is int for x in cells):
+        try:
+            out = np.array(cells, dtype=np.float64).reshape(n, c)
+        except OverflowError:
+            return None
+        if not np.isfinite(out).all():
+            return None
+    elif all(type(x) is str for x in cells):
+        text = np.array(cells, dtype=str).reshape(n, c)
+        if labels and (text[:, :labels] == "").any():
+            return None
+        flat = _decimal_cells(text.ravel().tolist(), empty=0.0)
+        if flat is None:
+            return None
+        out = flat.reshape(n, c)
+    else:
+        return None
+    return out if _binary(out[:, :labels]).all() else None
 
 
 def _binary(x: np.ndarray) -> np.ndarray:
@@ -380,9 +413,26 @@ for _i, _c in enumerate("0123456789abcdef"):
     _HEX_DIGIT[ord(_c)] = _HEX_DIGIT[ord(_c.upper())] = _i
 
 
+def _hex_matrix(rows: list[dict], spec: FeatureSpec) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{feature: (lengths, ids)} of every single-token hex feature (Criteo's) in one pass, when
+    all their cells are text and good; else {} (they go column by column)."""
+    hexes = [f for f, s in enumerate(spec.sparse) if s.encoding == "hex" and s.separator is None]
+    if not hexes:
+        return {}
+    cells = [r.get(spec.sparse[f].column, _MISSING) for r in rows for f in hexes]
+    if not all(type(x) is str for x in cells):
+        return {}
+    ids = _hex_ids(cells)
+    if ids is None:
+        return {}
+    present = np.array([x != "" for x in cells], dtype=bool).reshape(len(rows), len(hexes))
+    ids = ids.reshape(len(rows), len(hexes))
+    return {f: (present[:, h].astype(np.int32), ids[present[:, h], h]) for h, f in enumerate(hexes)}
+
+
 def _hex_ids(tokens: list[str]) -> np.ndarray | None:
-    """`hex` ids of non-empty tokens, vectorised (rec.features.hex_id's values), or None if
-    one is not 1 to 16 hex digits (the caller then finds and names it)."""
+    """`hex` ids of tokens, vectorised (rec.features.hex_id's values; "" gives 0), or None if
+    one is not 0 to 16 hex digits (the caller then finds and names it)."""
     if not tokens:
         return np.zeros(0, dtype=np.int64)
     if max(map(len, tokens)) > 16:
