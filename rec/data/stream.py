@@ -278,7 +278,7 @@ def refused_entry() -> Events:
 
 def decode_entry(fields: dict | None, spec: FeatureSpec) -> tuple[Events, list[dict[str, str]]]:
     """An entry's Events and its dead letters' fields (reason, message, index, event)."""
-    if fields is None:  # re-read from the pending list after the stream was trimmed
+    if not fields:  # a pending entry deleted (trimmed) since: Redis returns it without fields
         why = EventError("malformed_entry", "the entry was deleted before it was trained")
         return refused_entry(), [_dead(-1, why.reason, why.detail, None)]
     try:

@@ -122,6 +122,19 @@ def test_refused_events_are_counted_parked_with_their_reason_and_never_trained(b
     assert reader.ack(batch.position) == 4, "the refused entry is consumed like the others"
 
 
+def test_a_pending_entry_deleted_before_it_was_trained_is_parked_not_a_crash(broker):
+    client = redis.Redis(port=broker.port, decode_responses=True)
+    ids = [client.xadd("trim", encode([_event(n)])) for n in range(3)]
+    first = _reader(broker, "trim")
+    assert _numbers(first.next_batch(3, wait_s=0.1)) == [0, 1, 2]
+    first.close()  # died before its checkpoint
+    client.xdel("trim", ids[1])
+    again = _reader(broker, "trim")
+    assert _numbers(again.next_batch(3, wait_s=0.1)) == [0, 2]
+    assert dict(again.refused) == {"malformed_entry": 1}
+    assert "deleted" in client.xrange("trim:dead")[0][1]["message"]
+
+
 def test_a_dry_rank_returns_an_empty_batch_by_its_deadline(broker):
     _produce(broker.port, "dry", entries=1, per_entry=3)
     ranks = [_reader(broker, "dry", r) for r in (0, 1)]
