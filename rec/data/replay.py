@@ -229,8 +229,8 @@ def replay(
         raise ValueError(f"per_entry={per_entry} must be in [1, {MAX_EVENTS}]")
     where = parse_url(url)
     client = redis.Redis(host=where.host, port=where.port, socket_connect_timeout=2)
-    stats, t0 = ReplayStats(), clock()
-    shown, first_time = t0, None
+    stats, t0, first_time = ReplayStats(), clock(), None
+    ticker = _Ticker(stats, t0, progress, clock)
     try:
         for events, times in chunks:
             if speed is not None and times is None:
@@ -238,42 +238,46 @@ def replay(
             if speed is not None and first_time is None and times:
                 first_time = times[0]
             due = _schedule(len(events), stats.events, times, t0, rate, speed, first_time)
-            _send(client, where.stream, events, due, per_entry, stats, clock)
-            stats.seconds = clock() - t0
-            if progress is not None and clock() - shown >= 1.0:
-                shown = clock()
-                progress(stats)
+            _send(client, where.stream, events, due, per_entry, ticker)
     finally:
         client.close()
-    stats.seconds = clock() - t0
-    if progress is not None:
-        progress(stats)
+    ticker(final=True)
     return stats
 
 
-def _send(
-    client,
-    stream: str,
-    events: list,
-    due: list[float],
-    per_entry: int,
-    stats: ReplayStats,
-    clock: Callable[[], float],
-) -> None:
+class _Ticker:
+    """Keeps stats.seconds current and calls progress about once a second, and at the end."""
+
+    def __init__(self, stats: ReplayStats, t0: float, progress, clock) -> None:
+        self.stats, self.t0, self.progress, self.clock = stats, t0, progress, clock
+        self.shown = t0
+
+    def __call__(self, final: bool = False) -> None:
+        now = self.clock()
+        self.stats.seconds = now - self.t0
+        if self.progress is not None and (final or now - self.shown >= 1.0):
+            self.shown = now
+            self.progress(self.stats)
+
+
+def _send(client, stream: str, events: list, due: list[float], per_entry: int,
+          tick: _Ticker) -> None:  # fmt: skip
     """XADDs the events as entries, each when its last event is due; entries already due go
     in one pipelined round trip (up to PIPELINE events)."""
     pipe, queued = client.pipeline(transaction=False), 0
     for lo, hi in _entries(due, per_entry):
-        if queued and (due[hi - 1] > clock() or queued >= PIPELINE):
+        if queued and (due[hi - 1] > tick.clock() or queued >= PIPELINE):
             pipe.execute()
             queued = 0
-        _sleep_until(due[hi - 1], clock)
+            tick()
+        _sleep_until(due[hi - 1], tick.clock)
         pipe.xadd(stream, encode(events[lo:hi]))
         queued += hi - lo
-        stats.events += hi - lo
-        stats.entries += 1
+        tick.stats.events += hi - lo
+        tick.stats.entries += 1
     if queued:
         pipe.execute()
+        tick()
 
 
 def _schedule(n: int, sent: int, times, t0: float, rate, speed, first_time) -> list[float]:
