@@ -62,6 +62,7 @@ def _numbers(batch) -> list[int]:
 def test_two_ranks_of_a_group_share_every_event_exactly_once(broker):
     sent = _produce(broker.port, "share", entries=40, per_entry=10)
     ranks = [_reader(broker, "share", r) for r in (0, 1)]
+    assert ranks[0].lag() == 40, "entries no rank has read yet: the head's lead"
     got: list[list[int]] = [[], []]
     while True:
         batches = [r.next_batch(32, wait_s=0.1) for r in ranks]
