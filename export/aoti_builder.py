@@ -13,6 +13,14 @@ second time. Here they are inputs of the compiled graph: a loader memory-maps ta
 (read-only pages shared with the page cache, loaded as ids touch them) and hands the mapped
 tensors to every call, which costs a pointer. The dense weights (MBs) stay compiled in.
 
+ZCH tables' id maps (rec.export.id_maps) go the same way, after the tables: tables.bin holds
+their bytes and the graph views them as int64 keys and bool flags. Not constants: a map is as
+large as 9 bytes a slot (90 MB at 10M slots), which would go through the compiler into the
+library; as inputs it loads with the tables, memory-mapped, and a server that applies the update
+log can change a slot in place as it changes a row, which a compiled-in constant would not
+allow. rec-server and rec's Triton model pass tables.json's spans in order, so they need no
+change for it.
+
 The ISA: Inductor compiles for the CPU it runs on (-march=native) unless told otherwise, and a
 package compiled for AVX-512 dies with SIGILL on a CPU without it. export.cpu_isa picks the
 target (`avx2`: x86-64-v3, any x86-64 server since 2013; `avx512`: x86-64-v4); rec.json
@@ -49,6 +57,7 @@ from rec.config import ConfigError, RecConfig
 from rec.contract.repository import aoti_tables_in
 from rec.cpu import cpu_info
 from rec.export.dense import PackedLinear
+from rec.export.id_maps import map_buffers
 from rec.export.module import sample_batch
 from rec.export.served import table_buffers
 
@@ -88,14 +97,19 @@ def export_program(module: nn.Module, cfg: RecConfig) -> torch.export.ExportedPr
     nothing reads their values before run time, and AOTInductor keeps a copy of its example
     inputs, which for real tables doubled the export's memory. The module's own table buffers
     are swapped for the stand-ins too while it is traced, then put back."""
-    names = table_buffers(module)
+    names = input_buffers(module)
+    maps = set(map_buffers(module))
     real = {n: module.get_buffer(n) for n in names}
-    stand_ins = tuple(torch.zeros(_ALIGN, dtype=torch.uint8) for _ in names)
+    # A map's stand-in is its bytes' size: static, so that Inductor knows the slots (the
+    # remainder's divisor) as a constant.
+    stand_ins = tuple(torch.zeros(_nbytes(real[n]) if n in maps else _ALIGN, dtype=torch.uint8)
+                      for n in names)  # fmt: skip
     # An example of 8 samples: export specializes sizes 0 and 1, so neither may appear.
     sample = sample_batch(cfg.features.dense, len(cfg.features.sparse), 8, seed=3)
     batch = torch.export.Dim("batch", min=1, max=max(2, cfg.export.max_batch_size))
     ids = torch.export.Dim("ids")
-    sizes = tuple({0: torch.export.Dim(f"table_bytes_{i}", min=2)} for i in range(len(names)))
+    sizes = tuple(None if n in maps else {0: torch.export.Dim(f"table_bytes_{i}", min=2)}
+                  for i, n in enumerate(names))  # fmt: skip
     try:
         for name, t in zip(names, stand_ins, strict=True):
             _set_buffer(module, name, t)
@@ -107,6 +121,16 @@ def export_program(module: nn.Module, cfg: RecConfig) -> torch.export.ExportedPr
     finally:
         for name, t in real.items():
             _set_buffer(module, name, t)
+
+
+def input_buffers(module: nn.Module) -> list[str]:
+    """The buffers the package takes as inputs, in order: the tables, then the ZCH tables' id
+    maps (keys, used; rec.export.id_maps), all as raw bytes from tables.bin."""
+    return table_buffers(module) + map_buffers(module)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _set_buffer(module: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -166,7 +190,7 @@ def write_tables(module: nn.Module, directory: Path) -> list[dict[str, Any]]:
     index, offset = [], 0
     tables_file, index_file = aoti_tables_in(directory)
     with open(tables_file, "wb") as f:
-        for name in table_buffers(module):
+        for name in input_buffers(module):
             data = module.get_buffer(name).contiguous().view(torch.uint8).numpy()
             pad = -offset % _ALIGN
             f.write(b"\0" * pad)

@@ -19,8 +19,8 @@ from rec.config import RecConfig
 from rec.contract.sections import BatchProbe, DenseSection, UpdatesSection
 from rec.contract.updates import FORMAT as UPDATES_FORMAT
 from rec.cpu import cpu_info
+from rec.export import id_maps, stream, verify, zch_checks
 from rec.export import reference as reference_lib
-from rec.export import stream, verify
 from rec.export.dcp_reader import CheckpointReader
 from rec.export.dense import DENSE_DTYPES, Int8Linear, InvariantLinear, PackedLinear
 from rec.export.load import LoadedRun
@@ -48,9 +48,26 @@ class Source:
     """Gathers the rows verification's float reference needs, on the first streaming pass."""
     extra_sinks: list[stream.TableSink] = field(default_factory=list)
     """Also fed by the next streaming pass (the reference rows, on the first one)."""
+    maps: dict[str, Any] = field(default_factory=dict)
+    """The ZCH tables' id maps out of the checkpoint (rec.export.id_maps.read_maps), which
+    every format's model holds; {} without ZCH tables."""
+    zch_probe: Any = None
+    """rec.export.zch_checks.ZchProbe: the requests every format scores for the ZCH checks."""
     store: Any = None
     """rec.json's `store` section when export.store puts tables in the embedding store (their
     rows go there on the first streaming pass; rec.export.tiered), else None."""
+
+    def zch_sections(self, module: torch.nn.Module) -> dict[str, Any]:
+        """Fills the ZCH tables' maps into a format's `module`; rec.json's `zch` section of it
+        ({} without ZCH tables)."""
+        if not self.maps:
+            return {}
+        id_maps.fill(module, self.maps)
+        return {"zch": id_maps.section(self.cfg, self.maps, module)}
+
+    def score_zch(self, scorer: verify.Scorer) -> dict[str, Any]:
+        """Built.checks' "zch_probe": the reloaded model's scores of the ZCH probe."""
+        return {"zch_probe": zch_checks.score_probe(scorer, self.zch_probe)} if self.maps else {}
 
     def stream_into(self, *sinks: stream.TableSink) -> None:
         extra, self.extra_sinks = self.extra_sinks, []

@@ -169,6 +169,18 @@ class CheckpointReader:
             del blob
         return self._loaded[1]
 
+    def read_tensor(self, fqn: str) -> torch.Tensor:
+        """A whole small tensor of any dtype and rank (a ZCH table's id map), its stored chunks
+        loaded DCP's way and put in place; KeyError when the checkpoint holds none."""
+        md = self._tensor_md(fqn)
+        out = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for chunk in md.chunks:
+            part = self._load_chunk(fqn, tuple(chunk.offsets))
+            where = tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))
+            out[where] = part
+        self._loaded = None
+        return out
+
     def read_rows(self, fqn: str, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of a 2-D tensor as a new fp32 tensor [stop - start, cols]."""
         md = self._tensor_md(fqn)

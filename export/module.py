@@ -6,8 +6,9 @@ requests in that layout.
 
 `FloatReference` is the reference the exported models are compared with: batch-major ids to
 TorchRec's feature-major KeyedJaggedTensor, every raw id mapped into its table (non-negative
-modulo), the float DLRM with its EmbeddingBagCollection, a sigmoid. It is not exported: the
-served module (rec.export.served) computes the same without the KeyedJaggedTensor.
+modulo; a ZCH table's by its id map), the float DLRM with its EmbeddingBagCollection, a
+sigmoid. It is not exported: the served module (rec.export.served) computes the same without
+the KeyedJaggedTensor.
 """
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.batch import feature_major, map_ids, split_requests  # noqa: F401 (re-exported)
+from rec.export.id_maps import IdMaps, remap
 
 
 class FloatReference(nn.Module):
@@ -24,6 +26,8 @@ class FloatReference(nn.Module):
         model: DLRM or DLRM_DCN taking (dense [B, D], KeyedJaggedTensor) and returning logits.
         feature_names: sparse feature names in `sparse_lengths` column order.
         rows: [F] int64 row count of each feature's table, same order.
+        id_maps: the ZCH tables' maps over `feature_names` (rec.export.id_maps.reference_maps),
+            or None: a ZCH feature's ids read the slot their map gives, or the default row.
 
     Example:
         >>> from rec.config import default_config
@@ -34,11 +38,13 @@ class FloatReference(nn.Module):
         torch.Size([2, 1])
     """
 
-    def __init__(self, model: nn.Module, feature_names: list[str], rows: torch.Tensor) -> None:
+    def __init__(self, model: nn.Module, feature_names: list[str], rows: torch.Tensor,
+                 id_maps: IdMaps | None = None) -> None:  # fmt: skip
         super().__init__()
         self.model = model
         self.feature_names: list[str] = list(feature_names)
         self.register_buffer("rows", rows.to(torch.int64).clone())
+        self.id_maps = id_maps
 
     def forward(
         self,
@@ -47,7 +53,7 @@ class FloatReference(nn.Module):
         sparse_values: torch.Tensor,
     ) -> torch.Tensor:
         lengths_fm, values_fm = feature_major(sparse_lengths, sparse_values)
-        ids = map_ids(lengths_fm, values_fm, self.rows)
+        ids = remap(self.id_maps, lengths_fm, values_fm, map_ids(lengths_fm, values_fm, self.rows))
         features = KeyedJaggedTensor(
             keys=self.feature_names, values=ids, lengths=lengths_fm.to(torch.int32)
         )

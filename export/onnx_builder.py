@@ -9,6 +9,9 @@ dequantize (`code * scale + bias`), sum (or average) each bag with index_add. Th
 float model's own dense, interaction and over arches, plain fp32 (ONNX Runtime is not batch
 invariant whatever the layers are).
 
+A ZCH table's ids (rec.export.id_maps) are looked up in its map in the same plain ops (gather,
+equal, argmax, where, remainder, div), every id of the request at once (IdMap.masked).
+
 Bags are found without repeat_interleave (its output size is data-dependent): `ends` =
 cumsum of the lengths; counting, for every value position j, how many bags end at or before j
 gives j's bag. That is one index_add into a histogram and one cumsum, both plain ONNX ops, and
@@ -25,6 +28,7 @@ from torch import nn
 
 from rec.config import RecConfig
 from rec.contract import DENSE, INPUT_NAMES, LENGTHS, OUTPUT_NAME, VALUES
+from rec.export.id_maps import IdMaps
 from rec.export.served import ServedModule, flat_lookup, make_head
 from rec.features import feature_spec
 from rec.model import table_rows
@@ -116,6 +120,7 @@ class GatherLookup(nn.Module):
         self.group_dim = [self.dims.index(dim) for _, dim in kinds]  # each group's sum
         mean = [tables[owner[f]].pooling == "mean" for f in feats]
         self.register_buffer("rows", table_rows(cfg))
+        self.id_maps = IdMaps(cfg, feats)  # ZCH tables' maps, by request column
         self.register_buffer("row_offset", torch.tensor(offset_of, dtype=torch.int64))
         self.register_buffer("group_of", torch.tensor(group_of, dtype=torch.int64))
         self.register_buffer("is_mean", torch.tensor(mean, dtype=torch.bool))
@@ -132,7 +137,8 @@ class GatherLookup(nn.Module):
         hist = torch.zeros(n + 1, dtype=torch.int64).index_add(0, ends, torch.ones_like(ends))
         bag = torch.cumsum(hist, 0)[:n]
         feat = torch.remainder(bag, self.num_features)
-        rows = torch.remainder(values, self.rows[feat]) + self.row_offset[feat]
+        local = self.id_maps.masked(values, feat, torch.remainder(values, self.rows[feat]))
+        rows = local + self.row_offset[feat]
         group = self.group_of[feat]
         sums = [torch.zeros(flat.shape[0], dim) for dim in self.dims]
         for g, table_group in enumerate(self.groups):

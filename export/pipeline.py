@@ -39,7 +39,7 @@ from rec import versions as rec_versions
 from rec.batch import RecBatch
 from rec.config import ConfigError, RecConfig, load_config
 from rec.contract import EMBEDDING_DTYPES, ModelDir, io_manifest
-from rec.export import formats, stream, verify
+from rec.export import formats, id_maps, stream, verify, zch_checks
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
 from rec.export import store as store_lib
@@ -49,6 +49,10 @@ from rec.export.load import LoadedRun, load_dense
 from rec.export.module import sample_batch
 from rec.features import feature_spec
 from rec.store.writer import delete_prefix
+
+
+def cfg_has_zch(cfg: RecConfig) -> bool:
+    return any(t.zch is not None for t in cfg.tables)
 
 
 @dataclass
@@ -171,7 +175,12 @@ def manifest(
         "feature_spec": feature_spec(cfg).to_dict(),
         "num_tasks": num_tasks,
         "tasks": cfg.model.task_names,
-        "id_mapping": "row = raw_id mod rows (non-negative), inside the model",
+        "id_mapping": "row = raw_id mod rows (non-negative), inside the model"
+        + (
+            "; a ZCH table's (the `zch` section): the slot its id map gives, or the default row"
+            if cfg_has_zch(cfg)
+            else ""
+        ),
         "load_requires": fmt.load_requires,
         "tables": tables,
         "embedding_bytes": {
@@ -296,15 +305,18 @@ def _source(cfg: RecConfig, loaded: LoadedRun, labelled: Iterable[RecBatch] | No
             names: list[str], repo: Path, log: Log) -> Source:  # fmt: skip
     """The builders' input; refuses an export this machine cannot hold before any work."""
     batches = labelled if labelled is not None else _synthetic_batches(cfg)
-    touched = reference_lib.touched_rows(cfg, batches)
+    reader = CheckpointReader(loaded.step_dir)
+    maps = id_maps.read_maps(reader, cfg)
+    probe = zch_checks.make_probe(cfg, maps)
+    probed = itertools.chain(batches, probe.batches() if probe else [])
+    touched = reference_lib.touched_rows(cfg, probed, id_maps.reference_maps(cfg, maps))
     dim = max(t.dim for t in cfg.tables)
     chunk = stream.chunk_rows_for(dim, cfg.export.chunk_rows) * dim * 4
     ref_rows = sum(r.numel() for r in touched.values())
     resources.check_export(cfg, names, stored_bytes(cfg), ref_rows, chunk, repo)
     ref_sink = reference_lib.ReferenceSink(cfg, touched)
     sample = sample_batch(cfg.features.dense, len(cfg.features.sparse))
-    reader = CheckpointReader(loaded.step_dir)
-    return Source(cfg, loaded, reader, sample, batches, log, ref_sink, [ref_sink])
+    return Source(cfg, loaded, reader, sample, batches, log, ref_sink, [ref_sink], maps, probe)
 
 
 def _stage_manifest(cfg: RecConfig, loaded: LoadedRun, t: repo_lib.Target, built: Built,
@@ -390,13 +402,18 @@ def export_run(
             staged.version(t.version).mkdir(parents=True)
             built[t.fmt] = formats.get(t.fmt).build(src, staged.model_file(t.version, t.fmt))
             log(f"{t.fmt}: built, scored and reloaded {t.model_dir.name}/{t.version}")
-        reference = score(
-            reference_lib.ReferenceModule(loaded.model, cfg, src.reference), src.batches
+        float_model = reference_lib.ReferenceModule(
+            loaded.model, cfg, src.reference, id_maps.reference_maps(cfg, src.maps)
         )
+        reference = score(float_model, src.batches)
         labels = (
             torch.cat([b.labels.float() for b in src.batches]) if labelled is not None else None
         )
         checks = run_checks(cfg, reference, labels, built)
+        if src.zch_probe is not None:
+            float_probe = zch_checks.score_probe(float_model, src.zch_probe)
+            dtypes = set(table_dtypes(cfg).values())
+            checks["zch"] = zch_checks.check(src.zch_probe, float_probe, built, dtypes)
         if store_sink is not None:
             store_sink.finish(store_lib.run_tag(run), int(loaded.meta.get("step", 0)))
             log(f"store: {store_sink.rows_written} rows written in {store_sink.seconds:.1f} s")

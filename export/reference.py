@@ -21,19 +21,24 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.batch import RecBatch, feature_major, map_ids
 from rec.config import RecConfig
+from rec.export.id_maps import IdMaps, remap
 from rec.export.load import dense_copy
 from rec.features import feature_spec
 from rec.model import embedding_modules, replace_submodule, table_rows
 
 
-def touched_rows(cfg: RecConfig, batches: Iterable[RecBatch]) -> dict[str, torch.Tensor]:
-    """Per table, the sorted distinct rows (after the id mapping) that `batches` read."""
+def touched_rows(
+    cfg: RecConfig, batches: Iterable[RecBatch], id_maps: IdMaps | None = None
+) -> dict[str, torch.Tensor]:
+    """Per table, the sorted distinct rows (after the id mapping: the modulo, or a ZCH table's
+    map in `id_maps`, rec.export.id_maps.reference_maps) that `batches` read."""
     rows = table_rows(cfg)
     owner = cfg.feature_to_table()
     features = list(cfg.features.sparse)
     found: dict[str, list[torch.Tensor]] = {t.name: [] for t in cfg.tables}
     for b in batches:
-        for f, part in zip(features, _rows_per_feature(b.lengths, b.values, rows), strict=True):
+        parts = _rows_per_feature(b.lengths, b.values, rows, id_maps)
+        for f, part in zip(features, parts, strict=True):
             found[owner[f]].append(part)
     return {t: torch.unique(torch.cat(p)) if p else torch.zeros(0, dtype=torch.int64)
             for t, p in found.items()}  # fmt: skip
@@ -70,9 +75,11 @@ class ReferenceModule(nn.Module):
         dense_model: the DLRM with the checkpoint's dense weights (its tables may be on meta).
         cfg: the run's config.
         sink: a complete ReferenceSink.
+        id_maps: the ZCH tables' maps (rec.export.id_maps.reference_maps), or None.
     """
 
-    def __init__(self, dense_model: nn.Module, cfg: RecConfig, sink: ReferenceSink) -> None:
+    def __init__(self, dense_model: nn.Module, cfg: RecConfig, sink: ReferenceSink,
+                 id_maps: IdMaps | None = None) -> None:  # fmt: skip
         super().__init__()
         if not sink.complete():
             raise RuntimeError("the reference rows were not all gathered from the checkpoint")
@@ -83,12 +90,13 @@ class ReferenceModule(nn.Module):
         owner = cfg.feature_to_table()
         self.touched = [sink.touched[owner[f]] for f in self.features]
         self.register_buffer("rows", table_rows(cfg))
+        self.id_maps = id_maps
         self.transform = feature_spec(cfg).dense_transform()
 
     @torch.no_grad()
     def forward(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
         compact = []
-        for f, part in enumerate(_rows_per_feature(lengths, values, self.rows)):
+        for f, part in enumerate(_rows_per_feature(lengths, values, self.rows, self.id_maps)):
             table = self.touched[f]
             pos = torch.searchsorted(table, part)
             inside = bool((pos < table.numel()).all())
@@ -116,8 +124,9 @@ def _compact(tables: nn.Module, weights: dict[str, torch.Tensor]) -> nn.Module:
     return module
 
 
-def _rows_per_feature(lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
+def _rows_per_feature(lengths: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+                      id_maps: IdMaps | None):  # fmt: skip
     """The table rows a batch-major request reads, split by feature (feature-major order)."""
     lengths_fm, values_fm = feature_major(lengths, values)
-    ids = map_ids(lengths_fm, values_fm, rows)
+    ids = remap(id_maps, lengths_fm, values_fm, map_ids(lengths_fm, values_fm, rows))
     return torch.split(ids, lengths_fm.reshape(rows.numel(), -1).sum(1).tolist())

@@ -11,8 +11,9 @@ their dense layers packed for oneDNN in TorchScript (rec.export.dense).
 
 What TbeLookup does per call, and nothing more: the batch-major ids reordered feature-major
 (into the order the DLRM's SparseArch emits features) with their offsets, every raw id mapped
-into its table by a non-negative modulo, one FBGEMM IntNBit TBE call over all tables (any mix
-of int8 / int4 / fp16 / fp32) returning [B, F * D]. TorchRec's quantized EBC, which the export
+into its table by a non-negative modulo (a ZCH table's: the slot its id map gives, or the
+default row; rec.export.id_maps), one FBGEMM IntNBit TBE call over all tables (any mix of
+int8 / int4 / fp16 / fp32) returning [B, F * D]. TorchRec's quantized EBC, which the export
 used before, builds and permutes a KeyedJaggedTensor and a KeyedTensor per call (~150 us here).
 The TBE's bounds check is off: the modulo already guarantees every row it reads is inside its
 table (tests/export/test_served.py holds that guarantee on extreme ids).
@@ -36,6 +37,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from rec.config import CONCAT_ARCHS, RecConfig
 from rec.contract import INPUT_NAMES, OUTPUT_NAME  # noqa: F401  (the I/O the module has)
 from rec.export.dense import padding_rows
+from rec.export.id_maps import IdMaps
 from rec.model import table_rows
 from rec.quantize import quantize_rows
 
@@ -153,7 +155,19 @@ def table_indices(
     rows: torch.Tensor,
     column_of: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A request's ids as the TBE reads them: (indices, offsets) of F * B feature-major bags.
+    """(indices, offsets) of `feature_major_ids`: the modulo only, no id map."""
+    _, indices, offsets = feature_major_ids(lengths, values, rows, column_of)
+    return indices, offsets
+
+
+def feature_major_ids(
+    lengths: torch.Tensor,
+    values: torch.Tensor,
+    rows: torch.Tensor,
+    column_of: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A request's ids as the TBE reads them: (raw ids, indices, offsets) of F * B
+    feature-major bags (a ZCH table's IdMap then replaces its features' indices).
 
     Args:
         lengths: [B, C] int32 ids per sample per request column. values: [N] int64 raw ids,
@@ -161,6 +175,7 @@ def table_indices(
         rows: [F] rows of the table each TBE feature reads.
         column_of: [F] request column of each TBE feature; None when feature k is column k.
     Returns:
+        ids [N]: the raw ids, feature-major.
         indices [N]: every id mapped into its table, `id mod rows` (non-negative), so each is
         in [0, rows) whatever the request holds: the TBE runs without bounds checks on this.
         offsets [F * B + 1] int64: bag k * B + b (feature k, sample b) is
@@ -184,7 +199,7 @@ def table_indices(
     # (repeat_interleave costs ~12 us a call here, this ~3).
     feature_ends = offsets[batch::batch].contiguous()
     feature = torch.bucketize(torch.arange(ids.shape[0]), feature_ends, right=True)
-    return torch.remainder(ids, rows[feature]), offsets
+    return ids, torch.remainder(ids, rows[feature]), offsets
 
 
 def make_tbe(
@@ -273,10 +288,22 @@ class TbeLookup(nn.Module):
         self.keys, self.dims = list(feature_order), dims  # TbeBagCollection's KeyedTensor
         column = torch.repeat_interleave(torch.arange(len(dims)), torch.tensor(dims))
         self.register_buffer("column_feature", column)
+        # ZCH tables' maps (rec.export.id_maps); none where the ids come mapped already.
+        self.id_maps = IdMaps(cfg, feature_order if self.maps_ids else [])
+
+    maps_ids = True
+    """Whether forward maps raw ids (TbeBagCollection gets them mapped by KjtLookup)."""
+
+    def indices(
+        self, lengths: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's (indices, offsets): the modulo, or a ZCH table's map."""
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        ids, indices, offsets = feature_major_ids(lengths, values, self.rows, column_of)
+        return self.id_maps(ids, indices, offsets, lengths.shape[0]), offsets
 
     def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
-        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        indices, offsets = self.indices(lengths, values)
         return self.pool(indices, offsets, lengths.shape[0])
 
     def lookup(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -350,8 +377,7 @@ class TbeSequenceLookup(TbeLookup):
     def forward(  # type: ignore[override]
         self, lengths: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
-        indices, offsets = table_indices(lengths, values, self.rows, column_of)
+        indices, offsets = self.indices(lengths, values)
         return candidate_and_history(self.lookup(indices, offsets), offsets, lengths.shape[0])
 
 
@@ -442,9 +468,11 @@ class KjtLookup(nn.Module):
         super().__init__()
         self.keys = list(cfg.features.sparse)
         self.register_buffer("rows", table_rows(cfg))
+        self.id_maps = IdMaps(cfg, self.keys)
 
     def forward(self, lengths: torch.Tensor, values: torch.Tensor) -> KeyedJaggedTensor:
-        indices, offsets = table_indices(lengths, values, self.rows, None)
+        ids, indices, offsets = feature_major_ids(lengths, values, self.rows, None)
+        indices = self.id_maps(ids, indices, offsets, lengths.shape[0])
         return KeyedJaggedTensor(keys=self.keys, values=indices, offsets=offsets)
 
 
@@ -452,6 +480,8 @@ class TbeBagCollection(TbeLookup):
     """What a factory's model holds in place of its EmbeddingBagCollection in the export:
     KeyedJaggedTensor of table rows -> KeyedTensor of pooled embeddings, by one TBE call over
     every table (KjtLookup has mapped the ids already)."""
+
+    maps_ids = False
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:  # type: ignore[override]
         if features.keys() != self.keys:  # the model passed its own order: the EBC's, as TorchRec

@@ -48,6 +48,14 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
             "export.store.min_bytes; every table stays in the model (export.store.tables: "
             "[NAME, ...] in a --config file names the tables to store)")  # fmt: skip
         return None
+    zch = [t.name for t in cfg.tables if t.name in tables and t.zch is not None]
+    if zch:
+        raise contract.StoreError(
+            f"export.store: tables {', '.join(zch)} are ZCH tables (ids: zch), and the embedding "
+            "store keys rows by slot, so a server would read a slot's row for a raw id; ZCH "
+            "tables in the store come with issue #50 item 5. Keep them in the model: list the "
+            "other tables in export.store.tables, or raise export.store.min_bytes above their size"
+        )
     if cfg.export.format != "torchscript" or cfg.model.factory:
         raise contract.StoreError(
             f"export.store: tables {', '.join(tables)} would go to the embedding store, which "

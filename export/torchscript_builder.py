@@ -21,6 +21,7 @@ from torchrec.fx import symbolic_trace
 
 from rec.config import ConfigError, RecConfig
 from rec.export.dense import PackedLinear, swap_dense
+from rec.export.id_maps import map_buffers
 from rec.export.load import dense_copy
 from rec.export.served import (
     DinHead,
@@ -149,6 +150,7 @@ def freeze(scripted: torch.jit.ScriptModule, module: nn.Module) -> torch.jit.Scr
     submodules are inlined, so the interpreter runs no attribute lookups per call (about 10 %
     of a B = 1 call on the small model; the same bits). The tables stay attributes
     (preserved): freezing them would copy them, one more copy of the tables in export's memory.
+    So do ZCH tables' id maps (rec.export.id_maps), which the update log will write in place.
     Not for a model with oneDNN-packed layers (PackedLinear: bf16, or plain fp32 when not batch
     invariant), whose packed weights must be repacked on the CPU that loads them (their
     __setstate__), which a frozen graph would skip.
@@ -161,5 +163,7 @@ def freeze(scripted: torch.jit.ScriptModule, module: nn.Module) -> torch.jit.Scr
     # A tiered model (rec.export.tiered) is called through its two exported methods.
     methods = [m for m in ("store_ids", "forward_with_rows") if hasattr(module, m)]
     return torch.jit.freeze(
-        scripted.eval(), preserved_attrs=table_buffers(module) + methods, optimize_numerics=False
+        scripted.eval(),
+        preserved_attrs=table_buffers(module) + map_buffers(module) + methods,
+        optimize_numerics=False,
     )

@@ -26,6 +26,7 @@ def build(src: b.Source, out: Path) -> b.Built:
 
     cfg = src.cfg
     module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    zch = src.zch_sections(module)
     aoti_builder.refuse_unexportable(module, cfg)
     aoti_builder.require_target(cfg.export.cpu_isa)
     layers = b.dense_layer_dtypes(module)
@@ -52,8 +53,9 @@ def build(src: b.Source, out: Path) -> b.Built:
                "max_abs_diff_vs_module": diff, "tolerance": v.AOTI_TOLERANCE}  # fmt: skip
     return b.Built(
         scores, reloaded_scores, batching, tables,
-        sections={**b.dense_sections(cfg, layers, request), "aoti": section, "updates": updates},
-        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded)},
+        sections={**b.dense_sections(cfg, layers, request), "aoti": section, "updates": updates,
+                  **zch},
+        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded), **src.score_zch(reloaded)},
     )  # fmt: skip
 
 

@@ -26,6 +26,7 @@ def build(src: b.Source, out: Path) -> b.Built:
 
     cfg = src.cfg
     module = onnx_builder.onnx_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    zch = src.zch_sections(module)
     src.stream_into(onnx_builder.OnnxSink(module.lookup))
     onnx_builder.export_onnx(module, src.sample, out)
     with torch.no_grad():
@@ -48,7 +49,8 @@ def build(src: b.Source, out: Path) -> b.Built:
         run(*src.sample), sample_scores, v.ONNX_TOLERANCE,
     )  # fmt: skip
     batching = b.check_batching("onnx", run, b.batching_request(cfg), False)
-    return b.Built(scores, b.score(run, src.batches), batching, tables)
+    return b.Built(scores, b.score(run, src.batches), batching, tables, sections=zch,
+                   checks=src.score_zch(run))  # fmt: skip
 
 
 def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ def build(src: b.Source, out: Path) -> b.Built:
                                                   stored)  # fmt: skip
     else:
         module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
+    zch = src.zch_sections(module)
     layers = b.dense_layer_dtypes(module)
     if cfg.export.dense_dtype != "fp32" and not layers.get(cfg.export.dense_dtype):
         src.log(
@@ -77,8 +78,8 @@ def build(src: b.Source, out: Path) -> b.Built:
     batching = b.check_batching("torchscript", reloaded, request, cfg.export.batch_invariant, hint)
     return b.Built(
         scores, b.score(reloaded, src.batches), batching, tables,
-        sections={**b.dense_sections(cfg, layers, request), "updates": updates},
-        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded)},
+        sections={**b.dense_sections(cfg, layers, request), "updates": updates, **zch},
+        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded), **src.score_zch(reloaded)},
     )  # fmt: skip
 
 

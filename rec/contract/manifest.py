@@ -25,6 +25,7 @@ server that never reads one is not refused for it):
     updates      format, url, run, step, gen, tables (rec.contract.updates)  (UpdatesSection)
     store        format, url, prefix, tables (rec.contract.store)       (StoreSection)
     aoti         the package's CPU target, its tables file and index    (AotiSection)
+    zch          the id map layout and each ZCH table's slots, policy   (ZchSection)
 
 Example:
     >>> m = parse_manifest({"features": {"dense": ["d0"], "sparse": ["s0"]}, "num_tasks": 1})
@@ -54,6 +55,7 @@ from rec.contract.sections import (
     ManifestError,
     StoreSection,
     UpdatesSection,
+    ZchSection,
 )
 
 ROLE_NAMES = tuple(ROLES.values())
@@ -102,6 +104,10 @@ class Manifest:
     @cached_property
     def aoti(self) -> AotiSection | None:
         return self._section("aoti", AotiSection)
+
+    @cached_property
+    def zch(self) -> ZchSection | None:
+        return self._section("zch", ZchSection)
 
     def has(self, section: str) -> bool:
         """rec.json has `section` (not null), before it is checked."""
@@ -190,7 +196,7 @@ def read_manifest(path: str | Path) -> Manifest:
     return parse_manifest(data, str(path))
 
 
-SECTIONS = ("dense", "batch_probe", "updates", "store", "aoti")
+SECTIONS = ("dense", "batch_probe", "updates", "store", "aoti", "zch")
 
 
 def write_manifest(path: str | Path, data: dict[str, Any]) -> None:

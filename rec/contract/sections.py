@@ -1,4 +1,4 @@
-"""rec.json's sections, typed: `dense`, `batch_probe`, `updates`, `store` and `aoti`.
+"""rec.json's sections, typed: `dense`, `batch_probe`, `updates`, `store`, `aoti` and `zch`.
 
 Each is a frozen dataclass with `from_dict` (check a loaded section; ManifestError names the
 field at fault, as rec.contract.manifest's reader does, and a store section is checked by
@@ -240,3 +240,81 @@ class AotiSection:
     def to_dict(self) -> dict[str, Any]:
         return {"cpu_isa": self.cpu_isa, "march": self.march,
                 "required_cpu_flags": list(self.required_cpu_flags), **self.extra}  # fmt: skip
+
+
+ZCH_MAP_LAYOUT = "rec.zch.map/1"
+"""How a ZCH table's id map lies in a model, version 1: `keys` int64 [slots] (the raw id each
+slot holds) and `used` bool [slots] (whether it holds one); an id may hold only the `probes`
+slots from rec.zch.home(id, slots) on (home version 1), so a lookup reads those. A reader
+refuses any other layout: another hash or another encoding would read other rows, silently."""
+ZCH_MAP_LAYOUT_TEXT = "keys int64 [slots], used bool [slots]; home() version 1"
+
+
+@dataclass(frozen=True)
+class ZchTable:
+    """One ZCH table of the model (rec.zch): its map's size and policy, where the map is."""
+
+    slots: int
+    default_row: int
+    """The row every id reads that holds no slot: the table's last, `slots`."""
+    eviction: str
+    probes: int
+    admit_after: int
+    live: int = 0
+    """Slots holding an id at export."""
+    buffers: list[str] = field(default_factory=list)
+    """The map's buffers in the model (keys, used per lookup that reads the table)."""
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str, key: str) -> ZchTable:
+        data = _object(data, source, key)
+        slots = get(data, "slots")
+        if not integer(slots, 1, 1 << 62):
+            raise ManifestError(source, f"{key}.slots", "an integer >= 1", slots)
+        if get(data, "default_row") != slots:
+            want = f"the table's last row, slots={slots}"
+            raise ManifestError(source, f"{key}.default_row", want, get(data, "default_row"))
+        if not isinstance(get(data, "eviction"), str):
+            raise ManifestError(source, f"{key}.eviction", "a string", get(data, "eviction"))
+        probes = get(data, "probes")
+        if not integer(probes, 1, slots):
+            raise ManifestError(source, f"{key}.probes", f"an integer in [1, {slots}]", probes)
+        admit = get(data, "admit_after")
+        if not integer(admit, 1):
+            raise ManifestError(source, f"{key}.admit_after", "an integer >= 1", admit)
+        live = _optional(data, source, f"{key}.live", _count, "an integer >= 0", 0)
+        buffers = _optional(data, source, f"{key}.buffers",
+                            lambda v: isinstance(v, list) and all(map(_str, v)),
+                            "a list of strings", [])  # fmt: skip
+        return cls(slots, slots, data["eviction"], probes, admit, live, list(buffers))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slots": self.slots, "default_row": self.default_row, "eviction": self.eviction,
+                "probes": self.probes, "admit_after": self.admit_after, "live": self.live,
+                "buffers": self.buffers}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ZchSection:
+    """The model's collision-free tables (docs/zch.md): the map layout the model was built
+    with (ZCH_MAP_LAYOUT) and each ZCH table. The remap runs inside the model."""
+
+    layout: str
+    tables: dict[str, ZchTable]
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "rec.json") -> ZchSection:
+        data = _object(data, source, "zch")
+        layout = get(data, "layout")
+        if layout != ZCH_MAP_LAYOUT:
+            want = f"{ZCH_MAP_LAYOUT} (the id map layout this reader knows: {ZCH_MAP_LAYOUT_TEXT})"
+            raise ManifestError(source, "zch.layout", want, layout)
+        tables = get(data, "tables")
+        if not isinstance(tables, dict) or not tables:
+            raise ManifestError(source, "zch.tables", "an object of ZCH tables", tables)
+        parsed = {n: ZchTable.from_dict(t, source, f"zch.tables.{n}") for n, t in tables.items()}
+        return cls(layout, parsed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": self.layout, "layout_text": ZCH_MAP_LAYOUT_TEXT,
+                "tables": {n: t.to_dict() for n, t in self.tables.items()}}  # fmt: skip

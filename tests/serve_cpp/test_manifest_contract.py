@@ -20,6 +20,7 @@ from rec.contract import (
     ModelDir,
     parse_manifest,
 )
+from rec.contract.sections import ZCH_MAP_LAYOUT
 
 LAYOUT_H = Path(__file__).resolve().parents[2] / "cpp" / "src" / "contract" / "repository_layout.h"
 
@@ -104,3 +105,36 @@ def test_cpp_file_names_are_the_contracts():
         "kTorchScriptFile": FORMATS["torchscript"].file,
         "kAotiFile": FORMATS["aoti"].file,
     }
+
+
+def _zch(m: dict, layout: str = ZCH_MAP_LAYOUT, **table) -> None:
+    t0 = {"slots": 99, "default_row": 99, "eviction": "lfu", "probes": 16, "admit_after": 1,
+          **table}  # fmt: skip
+    m["zch"] = {"layout": layout, "tables": {"t0": t0}}
+
+
+# The `zch` section (a typed section: Python checks it when read, rec-server at load).
+ZCH_MALFORMED = [
+    ("zch.layout", lambda m: _zch(m, layout="rec.zch.map/2")),
+    ("zch.tables", lambda m: m.update(zch={"layout": ZCH_MAP_LAYOUT, "tables": {}})),
+    ("zch.tables.t0.default_row", lambda m: _zch(m, default_row=0)),
+    ("zch.tables.t0.probes", lambda m: _zch(m, probes=100)),
+]
+
+
+def test_both_readers_refuse_a_bad_zch_section_in_the_same_words(tiny_repo):
+    path = ModelDir.of(tiny_repo, "rec").manifest
+    good = tiny_manifest()
+    _zch(good)
+    assert parse_manifest(good).zch.tables["t0"].default_row == 99
+    for field, breakage in ZCH_MALFORMED:
+        manifest = tiny_manifest()
+        breakage(manifest)
+        path.write_text(json.dumps(manifest))
+        with pytest.raises(ManifestError) as e:
+            parse_manifest(manifest, str(path)).zch  # noqa: B018  (read: checked)
+        assert e.value.field == field
+        out = run_to_exit("--model-repository", str(tiny_repo), "--http-port", "0",
+                          "--grpc-port", "0", "--metrics-port", "0")  # fmt: skip
+        assert out.returncode == 1, (field, out.stderr)
+        assert str(e.value) in out.stderr, (field, str(e.value), out.stderr[-600:])

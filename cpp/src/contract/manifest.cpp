@@ -1,5 +1,6 @@
 #include "contract/manifest.h"
 
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -273,6 +274,77 @@ Status ParseFeatureSpec(const json& manifest, const Where& where,
   return Status::Ok();
 }
 
+bool IntegerIn(const json& v, int64_t low, int64_t high) {
+  return v.is_number_integer() && v.get<int64_t>() >= low && v.get<int64_t>() <= high;
+}
+
+// One table of "zch.tables", checked in the Python reader's order (ZchTable.from_dict).
+Status ParseZchTable(const json& t, const std::string& name, const Where& where,
+                     ZchTableSpec* out) {
+  const std::string key = "zch.tables." + name;
+  if (!t.is_object()) return where.BadField(key, "an object", &t);
+  auto field = [&](const char* k) { return t.contains(k) ? &t[k] : nullptr; };
+  auto bad = [&](const char* k, const std::string& want) {
+    return where.BadField(key + "." + k, want, field(k));
+  };
+  const json* slots = field("slots");
+  if (!slots || !IntegerIn(*slots, 1, int64_t{1} << 62)) return bad("slots", "an integer >= 1");
+  out->name = name;
+  out->slots = slots->get<int64_t>();
+  const json* row = field("default_row");
+  if (!row || !row->is_number_integer() || row->get<int64_t>() != out->slots) {
+    return bad("default_row", "the table's last row, slots=" + std::to_string(out->slots));
+  }
+  out->default_row = out->slots;
+  if (!field("eviction") || !t["eviction"].is_string()) return bad("eviction", "a string");
+  out->eviction = t["eviction"].get<std::string>();
+  const json* probes = field("probes");
+  if (!probes || !IntegerIn(*probes, 1, out->slots)) {
+    return bad("probes", "an integer in [1, " + std::to_string(out->slots) + "]");
+  }
+  out->probes = probes->get<int64_t>();
+  const json* admit = field("admit_after");
+  if (!admit || !IntegerIn(*admit, 1, int64_t{1} << 30))
+    return bad("admit_after", "an integer >= 1");
+  out->admit_after = admit->get<int64_t>();
+  const json* live = field("live");
+  if (live && !live->is_null()) {
+    if (!IntegerIn(*live, 0, INT64_MAX)) return bad("live", "an integer >= 0");
+    out->live = live->get<int64_t>();
+  }
+  const json* buffers = field("buffers");
+  if (buffers && !buffers->is_null() && !IsStringList(*buffers)) {
+    return bad("buffers", "a list of strings");
+  }
+  return Status::Ok();
+}
+
+// "zch": present only for a model with ZCH tables; an unknown map layout is refused by name.
+Status ParseZch(const json& manifest, const Where& where, ZchSection* out) {
+  if (!manifest.contains("zch") || manifest["zch"].is_null()) return Status::Ok();
+  const json& zch = manifest["zch"];
+  if (!zch.is_object()) return where.BadField("zch", "an object", &zch);
+  const json* layout = zch.contains("layout") ? &zch["layout"] : nullptr;
+  if (!layout || !layout->is_string() || layout->get<std::string>() != kZchMapLayout) {
+    return where.BadField("zch.layout",
+                          std::string(kZchMapLayout) +
+                              " (the id map layout this reader knows: " + kZchMapLayoutText + ")",
+                          layout);
+  }
+  out->layout = kZchMapLayout;
+  const json* tables = zch.contains("tables") ? &zch["tables"] : nullptr;
+  if (!tables || !tables->is_object() || tables->empty()) {
+    return where.BadField("zch.tables", "an object of ZCH tables", tables);
+  }
+  for (const auto& item : tables->items()) {
+    ZchTableSpec t;
+    REC_RETURN_IF_ERROR(ParseZchTable(item.value(), item.key(), where, &t));
+    out->tables.push_back(std::move(t));
+  }
+  out->present = true;
+  return Status::Ok();
+}
+
 // The text as a JSON object, and `parse` run on it with nlohmann's exceptions turned into a
 // refusal naming the file.
 Status WithObject(const std::string& text, const Where& where,
@@ -299,6 +371,7 @@ Status ParseManifest(const std::string& text, const std::string& model, const st
     REC_RETURN_IF_ERROR(ParseUpdates(manifest, where, &out->updates));
     REC_RETURN_IF_ERROR(ParseNames(manifest, where, out));
     REC_RETURN_IF_ERROR(ParseRoles(manifest, where, &out->inputs));
+    REC_RETURN_IF_ERROR(ParseZch(manifest, where, &out->zch));
     return ParseFeatureSpec(manifest, where, out->sparse_features, &out->feature_spec);
   });
 }

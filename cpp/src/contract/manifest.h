@@ -37,8 +37,33 @@ struct FeatureSpecSection {
   std::vector<SparseEncoding> sparse;
 };
 
+// "zch": the model's collision-free tables (rec/contract/sections.py, ZchSection). The remap
+// runs inside the model; the server checks the map layout it was built with, so that a model of
+// another layout (another hash, another encoding) is refused rather than served reading other
+// rows. kZchMapLayout and its text are the Python contract's ZCH_MAP_LAYOUT(_TEXT).
+inline constexpr char kZchMapLayout[] = "rec.zch.map/1";
+inline constexpr char kZchMapLayoutText[] =
+    "keys int64 [slots], used bool [slots]; home() version 1";
+
+struct ZchTableSpec {
+  std::string name;
+  int64_t slots = 0;
+  int64_t default_row = 0;  // always `slots`: the table's last row
+  std::string eviction;
+  int64_t probes = 0;
+  int64_t admit_after = 0;
+  int64_t live = 0;
+};
+
+struct ZchSection {
+  bool present = false;
+  std::string layout;
+  std::vector<ZchTableSpec> tables;
+};
+
 struct Manifest {
   ServingSection serving;
+  ZchSection zch;
   UpdatesSpec updates;  // "updates" (its `stored` tables come from "store": contract/store_spec.h)
   bool has_features = false;  // "features": the dense and sparse feature names
   std::vector<std::string> dense_features;

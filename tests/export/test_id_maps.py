@@ -1,0 +1,217 @@
+"""ZCH tables in the export (rec.export.id_maps): the served module reads an admitted id's own
+row and the default row for any other id, the same in eager, TorchScript, AOTInductor and ONNX,
+verified at export; a checkpoint whose map does not fit its table is refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rec import zch
+from rec.config import config_from_dict
+from rec.contract import ManifestError, ModelDir, parse_manifest
+from rec.contract.store import StoreError
+from rec.export import id_maps, served, torchscript_builder
+from rec.export.id_maps import _plain_lookup
+from rec.export.module import FloatReference
+from rec.export.pipeline import export_run
+from rec.model import build_model, table_keys, table_rows
+from tests.export.zch_run import I64, admitted_ids, hand_made_map, write_zch_run, zch_dict
+
+MIX = (zch._INT64_MAX, zch._LO, zch._MIX, zch._C_LO, zch._C_HI, zch._C_MIX)
+EXTREME = [I64.min, I64.min + 1, -(2**31) - 1, -1, 0, 1, 2**31 - 1, 2**31, 2**62, I64.max - 1,
+           I64.max]  # fmt: skip
+
+
+@pytest.mark.parametrize("slots,probes", [(1, 1), (2, 2), (7, 3), (299, 4), (4099, 16)])
+def test_the_plain_lookup_is_rec_zch_lookup_in_eager_and_torchscript(slots, probes):
+    """TorchScript and ONNX run export's copy of rec.zch.lookup: the same rows for every id."""
+    g = torch.Generator().manual_seed(slots)
+    held = torch.randint(-(2**63), 2**63 - 1, (slots // 2,), generator=g).tolist()
+    keys, used = hand_made_map(slots, probes, EXTREME[: slots // 2] + held, strict=False)
+    ids = torch.cat([torch.tensor(EXTREME), torch.tensor(held, dtype=torch.int64),
+                     torch.randint(-(2**63), 2**63 - 1, (2000,), generator=g)])  # fmt: skip
+    want = zch.lookup(ids, keys, used, probes)
+    scripted = torch.jit.script(_plain_lookup)
+    assert torch.equal(_plain_lookup(ids, keys, used, probes, MIX), want)
+    assert torch.equal(scripted(ids, keys, used, probes, MIX), want)
+    assert set(want[torch.isin(ids, keys[used])].tolist()) <= set(range(slots))
+
+
+def _module_and_reference(maps):
+    """The served module (fp32 tables) of zch_dict's seeded model, and its float reference."""
+    cfg = config_from_dict(zch_dict())
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    module, tbe = torchscript_builder.served_module(
+        model, cfg, {t.name: "fp32" for t in cfg.tables}
+    )
+    sink = served.TbeSink(tbe)
+    for name, key in table_keys(model).items():
+        sink.write(name, 0, model.state_dict()[key])
+    id_maps.fill(module, maps)
+    ref = FloatReference(model, cfg.features.sparse, table_rows(cfg),
+                         id_maps.reference_maps(cfg, maps)).eval()  # fmt: skip
+    return cfg, module, ref
+
+
+def test_admitted_ids_read_their_own_rows_and_other_ids_the_default_row():
+    """Feature a (table t0, 300 rows: 299 slots and the default row): 5, 305 and 605 share a
+    remainder but read three rows, each the slot holding it; never-admitted ids read row 299."""
+    ids = admitted_ids(300)
+    maps = {"t0": id_maps.TableMap(*hand_made_map(299, 4, ids)),
+            "t1": id_maps.TableMap(*hand_made_map(119, 4, admitted_ids(120, 1)))}  # fmt: skip
+    cfg, module, ref = _module_and_reference(maps)
+    unknown = [6, 306, -8, 2**40 + 1]
+    column = list(cfg.features.sparse).index("a")
+    lengths = torch.zeros(1, len(cfg.features.sparse), dtype=torch.int32)
+    lengths[0, column] = len(ids) + len(unknown)
+    values = torch.tensor(ids + unknown)
+    rows, _ = module.lookup.indices(lengths, values)  # only feature a has ids
+    keys = maps["t0"].keys
+    assert torch.equal(keys[rows[: len(ids)]], values[: len(ids)])  # each its own slot
+    assert len(set(rows[:3].tolist())) == 3  # one remainder, three rows
+    assert rows[len(ids):].tolist() == [299] * len(unknown)  # fmt: skip
+    # Scores: eager and scripted equal, and the float model's with the same map.
+    dense = torch.randn(1, 4).repeat(len(values), 1)  # one dense row: only the ids differ
+    request = (dense, *_one_id_per_sample(cfg, values, column))
+    eager = module(*request)
+    scripted = torchscript_builder.to_torchscript(module, request)
+    assert torch.equal(scripted(*request), eager)
+    assert (eager - ref(*request)).abs().max() < 1e-5
+    # An unknown id scores as every other unknown id: the default row, whatever its remainder.
+    unknown_scores = eager[len(ids) :]
+    assert torch.equal(unknown_scores, unknown_scores[:1].expand_as(unknown_scores))
+
+
+def _one_id_per_sample(cfg, values, column):
+    """Samples of one id each in feature `column` (the others empty)."""
+    lengths = torch.zeros(len(values), len(cfg.features.sparse), dtype=torch.int32)
+    lengths[:, column] = 1
+    return lengths, values
+
+
+@pytest.fixture(scope="module")
+def zch_exported(tmp_path_factory):
+    """A seeded ZCH run (t0, and t1 shared by b and c) exported in every format."""
+    tmp = tmp_path_factory.mktemp("zch")
+    run = write_zch_run(tmp / "run")
+    repo = tmp / "repo"
+    export_run(run, repo, fmt="all", log=lambda _: None)
+    return run, repo
+
+
+@pytest.mark.parametrize("model", ["rec", "rec_onnx", "rec_aoti"])
+def test_export_verifies_admitted_and_unknown_ids_in_every_format(zch_exported, model):
+    _, repo = zch_exported
+    manifest = json.loads(ModelDir.of(repo, model).manifest.read_text())
+    fmt = manifest["format"]
+    checks = manifest["verification"]["zch"]
+    assert checks["tables_with_admitted_ids"] == ["t0", "t1"]
+    assert checks[fmt]["admitted_max_abs_diff_vs_float"] <= checks["tolerance"]
+    assert checks[fmt]["unknown_max_abs_diff_vs_float"] <= checks["tolerance"]
+    section = parse_manifest(manifest).zch
+    assert sorted(section.tables) == ["t0", "t1"]
+    t0 = section.tables["t0"]
+    assert (t0.slots, t0.default_row, t0.probes, t0.admit_after, t0.eviction) == (
+        299, 299, 4, 2, "lru")  # fmt: skip
+    assert t0.live == len(admitted_ids(300))
+    if fmt == "aoti":  # the maps ride in tables.bin after the tables, as raw bytes
+        names = [t["name"] for t in manifest["aoti"]["tables"]]
+        maps = [
+            f"lookup.id_maps.maps.{t}.{part}" for t in ("t0", "t1") for part in ("keys", "used")
+        ]
+        assert names[-4:] == maps
+
+
+def test_an_unknown_map_layout_is_refused_by_name():
+    manifest = {"features": {"dense": [], "sparse": ["a"]}, "num_tasks": 1,
+                "zch": {"layout": "rec.zch.map/2", "tables": {}}}  # fmt: skip
+    with pytest.raises(ManifestError, match=r'"zch.layout" must be rec.zch.map/1 \(the id map'):
+        parse_manifest(manifest, "rec.json").zch  # noqa: B018  (read: checked)
+
+
+def test_a_map_of_the_wrong_size_is_refused_at_export(tmp_path):
+    """A checkpoint whose t0 map has 200 slots, for a table of 300 rows (299 slots)."""
+    keys, used = hand_made_map(200, 4, [5, 7])
+    maps = {"t0": (keys, used), "t1": hand_made_map(119, 4, [1])}
+    run = write_zch_run(tmp_path / "run", maps=maps)
+    with pytest.raises(id_maps.IdMapError, match=r"'zch.t0.keys' is torch.int64 \[200\], but ZCH "
+                       r"table 't0' has 299 slots"):  # fmt: skip
+        export_run(run, tmp_path / "repo", fmt="torchscript", log=lambda _: None)
+    assert not (tmp_path / "repo").exists()
+
+
+def test_a_checkpoint_without_the_map_is_refused_at_export(tmp_path):
+    run = write_zch_run(tmp_path / "run", maps={"t0": hand_made_map(299, 4, [5])})
+    with pytest.raises(id_maps.IdMapError, match=r"holds no id map for ZCH table 't1'"):
+        export_run(run, tmp_path / "repo", fmt="torchscript", log=lambda _: None)
+
+
+def test_a_zch_table_the_store_would_take_by_size_is_refused_by_name(tmp_path):
+    """export.store.min_bytes 0 picks every table, t0 and t1 with them (the config refuses a ZCH
+    table named in export.store.tables): refused before any connection, since the store keys
+    rows by slot, not by raw id."""
+    run = write_zch_run(tmp_path / "run")
+    config = tmp_path / "export.yaml"
+    config.write_text("export:\n  store:\n    url: redis://127.0.0.1:1\n    min_bytes: 0\n")
+    with pytest.raises(StoreError, match=r"tables t0, t1 are ZCH tables .*issue #50 item 5"):
+        export_run(run, tmp_path / "repo", fmt="torchscript", config=config, log=lambda _: None)
+
+
+def _probe_rows(run):
+    """zch_checks' probe of the run's maps as wire rows: (admitted, unknown, unknown_other)."""
+    from rec.export.dcp_reader import CheckpointReader
+    from rec.export.load import load_run
+    from rec.export.zch_checks import make_probe
+    from rec.serve.client import Rows
+
+    loaded = load_run(run)
+    maps = id_maps.read_maps(CheckpointReader(loaded.step_dir), loaded.cfg)
+    probe = make_probe(loaded.cfg, maps, seed=5)
+    return [Rows(b.dense.numpy(), b.lengths.numpy(), b.values.numpy()) for b in probe.batches()]
+
+
+def _in_process(model, rows) -> np.ndarray:
+    with torch.inference_mode():
+        return model(*(torch.from_numpy(a) for a in (rows.dense, rows.lengths, rows.values)))
+
+
+def test_rec_server_and_triton_score_admitted_and_unknown_ids_as_the_artifact(zch_exported):
+    """rec-server (TorchScript and AOTInductor, HTTP) and Triton (TorchScript) return the
+    scores the artifacts have in process, bit for bit; an unknown id scores as any other."""
+    from rec.export.aoti_builder import AotiModel
+    from rec.serve.client import ScoreClient
+    from rec.serve.cpp import start_cpp
+    from rec.serve.triton import start_triton
+
+    run, repo = zch_exported
+    torch.set_num_threads(1)
+    probes = _probe_rows(run)
+    models = {"rec": torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1))),
+              "rec_aoti": AotiModel(ModelDir.of(repo, "rec_aoti").version(1))}  # fmt: skip
+    want = {name: [_in_process(m, rows).numpy() for rows in probes] for name, m in models.items()}
+    for name in models:  # the default row, whatever the unknown id
+        assert np.array_equal(want[name][1], want[name][2]), name
+    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+    with start_cpp(repo, **ports) as server:
+        for name in models:
+            client = ScoreClient(server.endpoints.http, "http", model=name)
+            try:
+                for rows, expected in zip(probes, want[name], strict=True):
+                    assert np.array_equal(client.score(rows), expected), name
+            finally:
+                client.close()
+    with start_triton(repo, model="rec", **ports) as server:
+        client = ScoreClient(server.endpoints.grpc, "grpc", model="rec")
+        try:
+            for rows, expected in zip(probes, want["rec"], strict=True):
+                assert np.array_equal(client.score(rows), expected)
+        finally:
+            client.close()

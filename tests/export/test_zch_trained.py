@@ -1,0 +1,61 @@
+"""A ZCH model from training to rec-server: `rec train` (torchrun, a few steps, admission rounds)
+-> `rec export` -> rec-server over HTTP, scored against the trained float model on ids its map
+admitted and on ids it never saw."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from rec.contract import ModelDir
+from rec.export import id_maps
+from rec.export.dcp_reader import CheckpointReader
+from rec.export.load import load_run
+from rec.export.module import FloatReference
+from rec.export.zch_checks import TOLERANCE, make_probe
+from rec.model import table_rows
+from rec.serve.client import Rows, ScoreClient
+from rec.serve.cpp import start_cpp
+from tests.export.conftest import tiny_dict
+from tests.helpers import run_rec, write_config
+
+
+def test_a_trained_zch_model_serves_the_scores_it_trained(tmp_path):
+    data = tiny_dict()
+    data["tables"][0]["ids"] = {"zch": {"every_steps": 4, "probes": 4}}  # t0: feature a
+    data["data"]["synthetic"].update(live_ids={"t0": 600}, train_samples=2048, eval_samples=512)
+    data["training"].update(steps=8, eval_every=0)
+    data["checkpoint"] = {"every_steps": 8}
+    config = write_config(tmp_path / "cfg.yaml", data)
+    run, repo = tmp_path / "run", tmp_path / "repo"
+    run_rec("train", "--config", str(config), "--run-dir", str(run), "--nproc", "1")
+    run_rec("export", str(run), "--repo", str(repo), "--format", "torchscript")
+    manifest = json.loads(ModelDir.of(repo, "rec").manifest.read_text())
+    assert manifest["zch"]["tables"]["t0"]["live"] > 0  # the rounds admitted ids
+
+    loaded = load_run(run)
+    cfg = loaded.cfg
+    maps = id_maps.read_maps(CheckpointReader(loaded.step_dir), cfg)
+    trained = FloatReference(loaded.model, cfg.features.sparse, table_rows(cfg),
+                             id_maps.reference_maps(cfg, maps)).eval()  # fmt: skip
+    probe = make_probe(cfg, maps, seed=3)
+    assert probe.admitted_tables == ["t0"]
+    torch.set_num_threads(1)
+    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+    with start_cpp(repo, **ports) as server:
+        client = ScoreClient(server.endpoints.http, "http", model="rec")
+        try:
+            served = [client.score(Rows(b.dense.numpy(), b.lengths.numpy(), b.values.numpy()))
+                      for b in probe.batches()]  # fmt: skip
+        finally:
+            client.close()
+    with torch.no_grad():
+        want = [trained(b.dense, b.lengths, b.values).numpy() for b in probe.batches()]
+    admitted, unknown, unknown_other = served
+    assert np.array_equal(unknown, unknown_other)  # the default row, whatever the id
+    for got, expected in zip(served[:2], want[:2], strict=True):
+        assert np.abs(got - expected).max() <= TOLERANCE["int8"]
+    # An admitted id reads its own row, not the default one: its scores are not the unknowns'.
+    assert not np.allclose(admitted, unknown, atol=1e-6)
