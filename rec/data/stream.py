@@ -238,7 +238,9 @@ class Assembler:
                 break
             self.held.popleft()
             self.at = StreamPosition(head.entry, head.events.size, head.events.size)
-            if n == 0 and (not self.held or len(self.held[0].events)):
+            # A full batch still passes the entries after it that have nothing left to give
+            # (refused whole, or skipped on a resume), so the position covers them.
+            if n == 0 and (not self.held or len(self.held[0].events) > self.held[0].next):
                 break
         rows = Rows.concat(parts) if parts else _empty(self.spec)
         if not self.raw_dense:
