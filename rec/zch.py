@@ -151,6 +151,8 @@ class IdMap:
         # it took), at numpy's cost per element rather than torch's per op
         keys, used, cnt = self.keys.numpy(), self.used.numpy(), self.counts.numpy()
         last_step, last_seen = self.last_step.numpy(), self.last_seen.numpy()
+        may = self._may_place(wins, ready_counts, round_start, used, cnt, last_step)
+        ready_ids, ready_counts, wins = ready_ids[may], ready_counts[may], wins[may]
         for cid, count, win in zip(ready_ids.tolist(), ready_counts.tolist(), wins, strict=True):
             slot = self._place(win, count, round_start, used, cnt, last_step)
             if slot < 0:
@@ -174,6 +176,21 @@ class IdMap:
         changes.evicted_ids.extend(self.keys[old].tolist())
         self.used[old] = False
         self.counts[old] = 0.0
+
+    def _may_place(self, wins: np.ndarray, counts: np.ndarray, round_start: int,
+                   used: np.ndarray, slot_counts: np.ndarray,
+                   last_step: np.ndarray) -> np.ndarray:  # fmt: skip
+        """Which candidates `_place` could place, judged for all at once before any is placed.
+
+        Exact, not a guess: while a round places ids, slots only become used, a slot's count
+        only grows (lfu replaces an id by one seen more often) and a slot's last step becomes
+        this round's, so a window that has no free slot and no victim now never gets one."""
+        may = ~used[wins].all(axis=1)
+        if self.cfg.eviction == "lfu":
+            may |= slot_counts[wins].min(axis=1) < counts
+        elif self.cfg.eviction == "lru":
+            may |= (last_step[wins] < round_start).any(axis=1)
+        return may
 
     def _place(self, win: np.ndarray, count: int, round_start: int, used: np.ndarray,
                counts: np.ndarray, last_step: np.ndarray) -> int:  # fmt: skip

@@ -118,16 +118,14 @@ class ZchTables:
         table = torch.repeat_interleave(self.feature_table, per_feature[self.is_zch])
         slots, base = self.slots[table], self.base[table]
         first_slot = home(ids, slots)
-        # (home + k) mod slots with k < probes <= slots: one subtraction, no division
-        win = first_slot.unsqueeze(1) + self.steps
-        win = torch.where(win >= slots.unsqueeze(1), win - slots.unsqueeze(1), win)
-        at = win + base.unsqueeze(1)
-        hit = (self.flat_keys[at] == ids.unsqueeze(1)) & self.flat_used[at]
-        if not self.same_probes:
-            hit &= self.steps < self.probes[table].unsqueeze(1)
-        first = torch.argmax(hit.to(torch.int8), dim=1) + first_slot
-        first = torch.where(first >= slots, first - slots, first)
-        mapped = torch.where(hit.any(dim=1), first, slots)
+        # Most admitted ids hold their home slot: look there first, the whole window only for
+        # the rest (the same slot as a full-window lookup: an id holds at most one slot).
+        at_home = first_slot + base
+        mapped = torch.where((self.flat_keys[at_home] == ids) & self.flat_used[at_home],
+                             first_slot, slots)  # fmt: skip
+        rest = torch.nonzero(mapped == slots).flatten()
+        if rest.numel():
+            mapped[rest] = self._window_lookup(ids[rest], first_slot[rest], table[rest])
         rows = rows.clone()
         rows[mask] = mapped
         if count:
@@ -138,6 +136,21 @@ class ZchTables:
             self.seen.hits.append(hits)
             self.seen.hit_steps.append(torch.full_like(hits, self.step))
         return rows
+
+    def _window_lookup(self, ids: torch.Tensor, first_slot: torch.Tensor,
+                       table: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """rec.zch.lookup's rows of `ids` (tables `table`), their home slots given."""
+        slots, base = self.slots[table], self.base[table]
+        # (home + k) mod slots with k < probes <= slots: one subtraction, no division
+        win = first_slot.unsqueeze(1) + self.steps
+        win = torch.where(win >= slots.unsqueeze(1), win - slots.unsqueeze(1), win)
+        at = win + base.unsqueeze(1)
+        hit = (self.flat_keys[at] == ids.unsqueeze(1)) & self.flat_used[at]
+        if not self.same_probes:
+            hit &= self.steps < self.probes[table].unsqueeze(1)
+        first = torch.argmax(hit.to(torch.int8), dim=1) + first_slot
+        first = torch.where(first >= slots, first - slots, first)
+        return torch.where(hit.any(dim=1), first, slots)
 
     # ---- rounds -----------------------------------------------------------------------------
     def round_steps(self, after: int, total: int) -> set[int]:
