@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+import rec.ops  # noqa: F401  (rec::zch_remap, which the served module calls)
 from rec import zch
 from rec.config import ConfigError, RecConfig
 from rec.contract.sections import ZCH_MAP_LAYOUT, ZchSection, ZchTable
@@ -97,11 +98,7 @@ class IdMap(nn.Module):
     ) -> torch.Tensor:
         """indices with the rows of this map's features' ids replaced (feature k's ids are
         ids[offsets[k * batch] : offsets[(k + 1) * batch]], feature-major)."""
-        keys, used = self.keys, self.used
-        if not torch.jit.is_scripting():  # an AOTInductor loader hands raw bytes (tables.bin)
-            # `!= 0`, not view(torch.bool): Inductor's vectorized uint8 -> bool bitcast does not
-            # compile (torch 2.13).
-            keys, used = keys.view(torch.int64), used.view(torch.uint8) != 0
+        keys, used = self.typed()
         for k in self.features:
             if torch.jit.is_scripting():
                 start, stop = int(offsets[k * batch]), int(offsets[(k + 1) * batch])
@@ -113,6 +110,15 @@ class IdMap(nn.Module):
             indices[start:stop] = self.rows(ids[start:stop], keys, used)
         return indices
 
+    def typed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys int64, used as bool or its bytes): an AOTInductor loader hands the buffers as
+        raw bytes (tables.bin), TorchScript has them typed."""
+        if torch.jit.is_scripting():
+            return self.keys, self.used
+        # Not view(torch.bool): Inductor's vectorized uint8 -> bool bitcast does not compile
+        # (torch 2.13); rec::zch_remap reads either, the plain ops compare with 0.
+        return self.keys.view(torch.int64), self.used.view(torch.uint8)
+
     def masked(self, ids: torch.Tensor, feature: torch.Tensor, indices: torch.Tensor):
         """`indices` with the rows of the ids whose feature (`feature`, per id) reads this map:
         every id looked up, no data-dependent sizes (ONNX's GatherLookup)."""
@@ -121,9 +127,10 @@ class IdMap(nn.Module):
         return torch.where(mine, rows, indices)
 
     def rows(self, ids: torch.Tensor, keys: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+        """rec.zch.lookup itself (the float reference's, eager) or its copy (scripted)."""
         if not torch.jit.is_scripting():
-            return zch.lookup(ids, keys, used, self.probes)
-        return _plain_lookup(ids, keys, used, self.probes, self.mix)
+            return zch.lookup(ids, keys, used != 0, self.probes)
+        return _plain_lookup(ids, keys, used != 0, self.probes, self.mix)
 
 
 def _plain_lookup(
@@ -159,24 +166,59 @@ def _plain_lookup(
 
 class IdMaps(nn.Module):
     """The maps of the ZCH tables that features `feature_order` (a TBE's, in its order) read,
-    empty for a model without ZCH tables (then forward is the identity)."""
+    empty for a model without ZCH tables (then forward is the identity).
 
-    def __init__(self, cfg: RecConfig, feature_order: list[str]) -> None:
+    fused: the served module's, one rec::zch_remap call (cpp/ops/zch.cpp) for every ZCH
+    feature: up to `probes` compares per id in one loop, where rec.zch.lookup's ops make a dozen
+    [ids, probes] tensors (benchmarks/zch_serve_bench.py, the default model at B = 512 with 16
+    probes: 69 us fused against 1625 us in plain ops). Not fused: rec.zch.lookup per feature,
+    what the float reference runs."""
+
+    # Typed here: TorchScript cannot type an empty list attribute (a model without ZCH tables).
+    probes: list[int]
+    table_of: list[int]
+
+    def __init__(self, cfg: RecConfig, feature_order: list[str], fused: bool = True) -> None:
         super().__init__()
         owner = cfg.feature_to_table()
         self.num_features = len(feature_order)
+        self.fused = fused
         self.maps = nn.ModuleDict()
         for name, z in zch_tables(cfg).items():
             features = [k for k, f in enumerate(feature_order) if owner[f] == name]
             if features:
                 self.maps[name] = IdMap(z.slots, z.probes, features, len(feature_order))
+        self.any_maps = len(self.maps) > 0
+        self.probes = [m.probes for m in self.maps.values()]
+        index = {name: i for i, name in enumerate(self.maps)}
+        self.table_of = [index.get(owner[f], -1) for f in feature_order]
 
     def forward(
         self, ids: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, batch: int
     ) -> torch.Tensor:
+        if not self.any_maps:
+            return indices
+        if self.fused:
+            keys: list[torch.Tensor] = []
+            used: list[torch.Tensor] = []
+            for m in self.maps.values():
+                k, u = m.typed()
+                keys.append(k)
+                used.append(u)
+            return torch.ops.rec.zch_remap(ids, indices, offsets, keys, used, self.probes,
+                                           self.table_of)  # fmt: skip
         for m in self.maps.values():
             indices = m(ids, indices, offsets, batch)
         return indices
+
+    def typed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys int64, used as bool or its bytes): an AOTInductor loader hands the buffers as
+        raw bytes (tables.bin), TorchScript has them typed."""
+        if torch.jit.is_scripting():
+            return self.keys, self.used
+        # Not view(torch.bool): Inductor's vectorized uint8 -> bool bitcast does not compile
+        # (torch 2.13); rec::zch_remap reads either, the plain ops compare with 0.
+        return self.keys.view(torch.int64), self.used.view(torch.uint8)
 
     def masked(self, ids: torch.Tensor, feature: torch.Tensor, indices: torch.Tensor):
         """As forward, for ids in any order with each one's feature given (IdMap.masked)."""
@@ -206,7 +248,7 @@ def reference_maps(cfg: RecConfig, maps: dict[str, TableMap]) -> IdMaps | None:
     reference maps ids with; None without ZCH tables."""
     if not maps:
         return None
-    holder = IdMaps(cfg, list(cfg.features.sparse))
+    holder = IdMaps(cfg, list(cfg.features.sparse), fused=False)
     fill(holder, maps)
     return holder
 

@@ -94,8 +94,8 @@ def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:
 
 FORMAT = Format(
     spec=FORMATS["torchscript"],
-    load_requires="FBGEMM's ops and classes and rec's dense-layer ops (rec::linear, "
-    "rec::linear_int8) registered before torch.jit.load: `import fbgemm_gpu` and `import rec.ops` "
+    load_requires="FBGEMM's ops and classes and rec's ops (rec::linear, rec::linear_int8, "
+    "rec::zch_remap) registered before torch.jit.load: `import fbgemm_gpu` and `import rec.ops` "
     "in Python; in C++ dlopen the fbgemm_gpu package's .so files and rec's rec/_ops.so with "
     "RTLD_GLOBAL",
     build=build,

@@ -27,8 +27,9 @@ EXTREME = [I64.min, I64.min + 1, -(2**31) - 1, -1, 0, 1, 2**31 - 1, 2**31, 2**62
 
 
 @pytest.mark.parametrize("slots,probes", [(1, 1), (2, 2), (7, 3), (299, 4), (4099, 16)])
-def test_the_plain_lookup_is_rec_zch_lookup_in_eager_and_torchscript(slots, probes):
-    """TorchScript and ONNX run export's copy of rec.zch.lookup: the same rows for every id."""
+def test_the_served_lookups_are_rec_zch_lookup(slots, probes):
+    """The served module runs rec::zch_lookup (TorchScript, AOTInductor) and ONNX a copy of
+    rec.zch.lookup in plain ops: the same rows for every id."""
     g = torch.Generator().manual_seed(slots)
     held = torch.randint(-(2**63), 2**63 - 1, (slots // 2,), generator=g).tolist()
     keys, used = hand_made_map(slots, probes, EXTREME[: slots // 2] + held, strict=False)
@@ -38,6 +39,8 @@ def test_the_plain_lookup_is_rec_zch_lookup_in_eager_and_torchscript(slots, prob
     scripted = torch.jit.script(_plain_lookup)
     assert torch.equal(_plain_lookup(ids, keys, used, probes, MIX), want)
     assert torch.equal(scripted(ids, keys, used, probes, MIX), want)
+    assert torch.equal(torch.ops.rec.zch_lookup(ids, keys, used, probes), want)  # cpp/ops/zch.cpp
+    assert torch.equal(torch.ops.rec.zch_lookup(ids, keys, used.view(torch.uint8), probes), want)
     assert set(want[torch.isin(ids, keys[used])].tolist()) <= set(range(slots))
 
 

@@ -1,0 +1,172 @@
+"""ZCH tables served: what the id maps' remap costs rec-server, against the same model with
+modulo tables (issue #50 item 7's serving part), on the default model, one run.
+
+    .venv/bin/python benchmarks/zch_serve_bench.py          # ~2 min
+
+The default config twice: as it is (modulo) and with every table `ids: {zch: {}}` (16 probes),
+each from a seeded checkpoint (latency does not depend on training), its maps half full of
+random ids, exported to TorchScript (int8 tables). For each, with one intra-op thread:
+- in process (Python): the scripted model's forward at B = 1 and B = 512 (median of many
+  calls), on requests whose ids are half admitted, half unknown;
+- the remap alone at B = 512: the model's own IdMaps module (one rec::zch_remap call),
+  scripted, on the same batch's feature-major ids, against the whole forward (issue #50's
+  target: <= 10 %);
+- rec-bench's in-process C++ forward and rec-server over HTTP, B = 1 and B = 512 p50 with one
+  client. rec-bench's ids are random, so a ZCH table reads its default row for nearly all of
+  them: every probe of the window is compared, the remap's worst case.
+Writes benchmarks/results/zch_serve.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from rec import run_dir
+from rec.benchmarking import RESULTS, Server, bench
+from rec.config import config_from_dict, default_config
+from rec.contract import ModelDir
+from rec.cpu import cpu_info
+from rec.export import id_maps
+from rec.export.pipeline import export_run
+from rec.export.served import feature_major_ids
+from rec.model import TrainModel, build_model, ebc_features, ebc_path
+from rec.zch import windows
+
+LOAD = 0.5  # share of each map's slots that hold an id
+
+
+def _config(zch: bool):
+    data = default_config().to_dict()
+    if zch:
+        for t in data["tables"]:
+            t["ids"] = {"zch": {}}
+    return config_from_dict(data)
+
+
+def _maps(cfg, g: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each ZCH table's map, LOAD of its slots holding random ids (first free slot in each id's
+    window, as training places them)."""
+    out = {}
+    for t in cfg.tables:
+        slots, probes = t.zch.slots, t.zch.probes
+        keys, used = torch.zeros(slots, dtype=torch.int64), torch.zeros(slots, dtype=torch.bool)
+        ids = torch.randint(-(2**62), 2**62, (int(slots * LOAD),), generator=g)
+        for i, win in zip(ids.tolist(), windows(ids, slots, probes).tolist(), strict=True):
+            free = [s for s in win if not used[s]]
+            if free:
+                keys[free[0]], used[free[0]] = i, True
+        out[t.name] = (keys, used)
+    return out
+
+
+def _run(cfg, path: Path, maps) -> Path:
+    torch.manual_seed(0)
+    model = TrainModel(build_model(cfg))
+    state = {"model": model.state_dict()}
+    if maps:
+        state["zch"] = {n: {"keys": k, "used": u} for n, (k, u) in maps.items()}
+    dcp.save(state, checkpoint_id=str(run_dir.checkpoints_dir(path) / "step_1"))
+    run_dir.commit_checkpoint(path, 1, {"world_size": 1})
+    (path / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
+    return path
+
+
+def _request(cfg, maps, batch: int, g: torch.Generator):
+    """One id per feature per sample: half the ZCH ids admitted, the rest random."""
+    f = len(cfg.features.sparse)
+    values = torch.randint(-(2**62), 2**62, (batch, f), generator=g)
+    owner = cfg.feature_to_table()
+    for k, feat in enumerate(cfg.features.sparse):
+        if owner[feat] in maps:
+            keys, used = maps[owner[feat]]
+            held = keys[used]
+            pick = held[torch.randint(0, held.numel(), (batch,), generator=g)]
+            values[: batch // 2, k] = pick[: batch // 2]
+    dense = torch.rand(batch, cfg.features.dense, generator=g)
+    return dense, torch.ones(batch, f, dtype=torch.int32), values.reshape(-1)
+
+
+def _median_us(fn, reps: int) -> float:
+    for _ in range(min(20, reps)):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _remap_us(cfg, maps, request) -> float:
+    """The model's IdMaps, scripted, on the request's feature-major ids (its TBE order)."""
+    model = build_model(cfg)
+    order = ebc_features(model.get_submodule(ebc_path(model)))
+    holder = id_maps.IdMaps(cfg, order)
+    id_maps.fill(holder, {n: id_maps.TableMap(*m) for n, m in maps.items()})
+    scripted = torch.jit.script(holder)
+    _, lengths, values = request
+    columns = list(cfg.features.sparse)
+    column_of = torch.tensor([columns.index(f) for f in order])
+    rows = torch.tensor([next(t.rows for t in cfg.tables if f in t.features) for f in order])
+    ids, indices, offsets = feature_major_ids(lengths, values, rows, column_of)
+    batch = lengths.shape[0]
+    return _median_us(lambda: scripted(ids, indices.clone(), offsets, batch), 200)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    out: dict = {"cpu": cpu_info(), "python": platform.python_version(), "load": LOAD}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("modulo", "zch"):
+            cfg = _config(name == "zch")
+            maps = _maps(cfg, g) if name == "zch" else {}
+            run = _run(cfg, Path(tmp) / name / "run", maps)
+            repo = Path(tmp) / name / "repo"
+            export_run(run, repo, fmt="torchscript", log=lambda _: None)
+            model = torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1)))
+            r: dict = {}
+            with torch.inference_mode():
+                for batch, reps in ((1, 2000), (512, 200)):
+                    req = _request(cfg, maps, batch, g)
+                    r[f"forward_b{batch}_us"] = _median_us(lambda m=model, q=req: m(*q), reps)
+            if maps:
+                r["remap_b512_us"] = _remap_us(cfg, maps, _request(cfg, maps, 512, g))
+                r["remap_share_of_b512_forward"] = r["remap_b512_us"] / r["forward_b512_us"]
+            for batch in (1, 512):  # rec-bench's own in-process forward (C++), its requests
+                res = bench("forward", repo, "rec", batch, 1, 3.0, "--intra-op-threads", 1)
+                r[f"cpp_forward_b{batch}_p50_us"] = res["p50_us"]
+            server = Server(repo, "rec", intra_op_threads=1)
+            try:
+                for batch in (1, 512):
+                    res = bench("http", repo, "rec", batch, 1, 3.0, "--target", server.http)
+                    r[f"server_http_b{batch}_p50_us"] = res["p50_us"]
+            finally:
+                server.stop()
+            out[name] = r
+    (RESULTS / "zch_serve.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"CPU: {out['cpu'].get('model')}")
+    print("| tables | forward B=1 | forward B=512 | remap B=512 | C++ forward B=1 / B=512 p50 "
+          "| rec-server HTTP B=1 / B=512 p50 |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for name in ("modulo", "zch"):
+        r = out[name]
+        remap = (f"{r['remap_b512_us']:.0f} us ({100 * r['remap_share_of_b512_forward']:.1f} %)"
+                 if "remap_b512_us" in r else "-")  # fmt: skip
+        print(
+            f"| {name} | {r['forward_b1_us']:.0f} us | {r['forward_b512_us']:.0f} us | {remap} "
+            f"| {r['cpp_forward_b1_p50_us']:.0f} / {r['cpp_forward_b512_p50_us']:.0f} us "
+            f"| {r['server_http_b1_p50_us']:.0f} / {r['server_http_b512_p50_us']:.0f} us |"
+        )
+
+
+if __name__ == "__main__":
+    main()

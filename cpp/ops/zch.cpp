@@ -1,0 +1,144 @@
+// rec::zch_lookup: a ZCH table's id map lookup (rec/zch.py's `lookup`), one fused loop; and
+// rec::zch_remap, every ZCH feature of a served request in one call (rec/export/id_maps.py).
+//
+// rows[i] = the slot s of ids[i]'s window that holds it (used[s] and keys[s] == ids[i]), or
+// `slots` (the table's default row) when none does. The window is `probes` slots from
+// home(id, slots) on, wrapping at `slots`; home is rec/zch.py's integer hash, version 1, in the
+// same int64 operations (none overflows: see rec/zch.py). The unfused ops cost ~16 int64
+// tensors per id; this reads the window's keys in place, ~`probes` compares per id.
+// tests/export/test_id_maps.py holds it equal to rec.zch.lookup on int64's extremes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace rec_ops {
+namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kLo = int64_t{1} << 31;
+constexpr int64_t kMix = int64_t{1} << 29;
+constexpr int64_t kCLo = 1640531527, kCHi = 1013904223, kCMix = 2654435761;
+
+// rec.zch.home: every operand is non-negative, so C++'s / and % are Python's floor ones.
+inline int64_t Home(int64_t id, int64_t slots) {
+  const int64_t x = id >= 0 ? id : (id + kInt64Max) + 1;
+  const int64_t h = (x % kLo) * kCLo + (x / kLo) * kCHi;
+  return (h / kMix + (h % kMix) * kCMix) % slots;
+}
+
+at::Tensor ZchLookup(const at::Tensor& ids, const at::Tensor& keys, const at::Tensor& used,
+                     int64_t probes) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong && keys.scalar_type() == at::kLong,
+              "rec::zch_lookup: ids and keys must be int64");
+  TORCH_CHECK(used.scalar_type() == at::kBool || used.scalar_type() == at::kByte,
+              "rec::zch_lookup: used must be bool (or its bytes, uint8)");
+  TORCH_CHECK(keys.dim() == 1 && used.dim() == 1 && keys.numel() == used.numel(),
+              "rec::zch_lookup: keys and used must be [slots] each");
+  const int64_t slots = keys.numel();
+  TORCH_CHECK(slots >= 1 && probes >= 1 && probes <= slots,
+              "rec::zch_lookup: needs 1 <= probes <= slots, got probes ", probes, " and slots ",
+              slots);
+  const at::Tensor in = ids.contiguous(), k = keys.contiguous(), u = used.contiguous();
+  at::Tensor rows = at::empty_like(in, in.options().dtype(at::kLong));
+  const int64_t* id = in.data_ptr<int64_t>();
+  const int64_t* key = k.data_ptr<int64_t>();
+  const auto* held = static_cast<const uint8_t*>(u.data_ptr());
+  int64_t* row = rows.data_ptr<int64_t>();
+  at::parallel_for(0, in.numel(), 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t x = id[i];
+      const int64_t home = Home(x, slots);
+      // Keys first: a key equal to the id is rare, so this branch is well predicted; testing
+      // `held` first (a coin toss on a half-full map) cost 3x. The window wraps at most once.
+      const int64_t first = std::min(probes, slots - home);
+      int64_t found = slots;
+      for (int64_t s = home; s < home + first; ++s) {
+        if (key[s] == x && held[s]) {
+          found = s;
+          break;
+        }
+      }
+      if (found == slots) {
+        for (int64_t s = 0; s < probes - first; ++s) {
+          if (key[s] == x && held[s]) {
+            found = s;
+            break;
+          }
+        }
+      }
+      row[i] = found;
+    }
+  });
+  return rows;
+}
+
+// rec::zch_remap: the served model's whole remap in one call. `indices` are a request's rows by
+// modulo, feature-major: TBE feature k's ids at [offsets[k * B], offsets[(k + 1) * B]), B the
+// batch (offsets: [features * B + 1]). table_of[k] is the map (index into keys, used, probes)
+// feature k reads, or -1 for a modulo feature. Returns a copy of `indices` with every ZCH feature's
+// ids looked up in its map.
+at::Tensor ZchRemap(const at::Tensor& ids, const at::Tensor& indices, const at::Tensor& offsets,
+                    at::TensorList keys, at::TensorList used, at::IntArrayRef probes,
+                    at::IntArrayRef table_of) {
+  TORCH_CHECK(keys.size() == used.size() && keys.size() == probes.size(),
+              "rec::zch_remap: one keys, used and probes per map");
+  const auto features = static_cast<int64_t>(table_of.size());
+  TORCH_CHECK(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && features > 0 &&
+                  (offsets.numel() - 1) % features == 0,
+              "rec::zch_remap: offsets must be int64 [features * batch + 1]");
+  // The batch from the offsets, not an argument: under torch.export it is symbolic.
+  const int64_t batch = (offsets.numel() - 1) / features;
+  TORCH_CHECK(ids.numel() == indices.numel(), "rec::zch_remap: one index per id");
+  at::Tensor out = indices.contiguous().clone();
+  const at::Tensor off = offsets.contiguous();
+  const int64_t* bounds = off.data_ptr<int64_t>();
+  const int64_t n = ids.numel();
+  for (size_t k = 0; k < table_of.size(); ++k) {
+    const int64_t t = table_of[k];
+    if (t < 0) continue;
+    TORCH_CHECK(t < static_cast<int64_t>(keys.size()), "rec::zch_remap: no map ", t);
+    const int64_t start = bounds[k * batch], stop = bounds[(k + 1) * batch];
+    TORCH_CHECK(0 <= start && start <= stop && stop <= n, "rec::zch_remap: offsets out of range");
+    if (start == stop) continue;
+    out.narrow(0, start, stop - start)
+        .copy_(ZchLookup(ids.narrow(0, start, stop - start), keys[t], used[t], probes[t]));
+  }
+  return out;
+}
+
+at::Tensor ZchRemapMeta(const at::Tensor& ids, const at::Tensor& indices, const at::Tensor& offsets,
+                        at::TensorList keys, at::TensorList used, at::IntArrayRef probes,
+                        at::IntArrayRef table_of) {
+  return at::empty_symint(indices.sym_sizes(), indices.options());
+}
+
+at::Tensor ZchLookupMeta(const at::Tensor& ids, const at::Tensor& keys, const at::Tensor& used,
+                         int64_t probes) {
+  // Symbolic sizes: under torch.export the id count is dynamic.
+  return at::empty_symint(ids.sym_sizes(), ids.options().dtype(at::kLong));
+}
+
+}  // namespace
+}  // namespace rec_ops
+
+TORCH_LIBRARY_FRAGMENT(rec, m) {
+  m.def("zch_lookup(Tensor ids, Tensor keys, Tensor used, int probes) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "zch_remap(Tensor ids, Tensor indices, Tensor offsets, Tensor[] keys, Tensor[] used, "
+      "int[] probes, int[] table_of) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(rec, CPU, m) {
+  m.impl("zch_lookup", &rec_ops::ZchLookup);
+  m.impl("zch_remap", &rec_ops::ZchRemap);
+}
+TORCH_LIBRARY_IMPL(rec, Meta, m) {
+  m.impl("zch_lookup", &rec_ops::ZchLookupMeta);
+  m.impl("zch_remap", &rec_ops::ZchRemapMeta);
+}
