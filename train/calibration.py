@@ -1,41 +1,51 @@
 """This CPU's training costs, measured once and cached: what `rec plan` and the end of every
-`rec train` estimate a step's time and a rank's memory with, instead of TorchRec's planner
-numbers (its perf model is a GPU's bandwidths: 0.02 ms for a step that takes 50 ms here).
+`rec train` estimate a step's time and a rank's memory with (train.plan_estimate), instead of
+TorchRec's planner's numbers (its perf model is a GPU's bandwidths: 0.04 ms for the default
+model's step, which takes tens of ms here).
 
-Measured (about 5 s, once per CPU; `rec plan --calibrate` measures again):
+Measured (5-20 s, once per cache key; `rec plan --calibrate` measures again):
 
-- loop: the real training step of a tiny model (the model, planner, DistributedModelParallel,
-  fused optimizer, train pipeline and synthetic data `rec train` uses) on 2 gloo ranks forked
-  from this process, at 2 and at 8 tables, for both train pipelines: a step's fixed cost
-  (Python, TorchRec's input and output dists, gloo's round trips, DDP) and its cost per
-  feature, with the tiny model's own compute (the terms below) taken out; also each rank's
-  peak RSS, the process baseline of torch, TorchRec and FBGEMM.
-- tbe: FBGEMM's CPU TBE forward and backward with the fused optimizer of the config, per call,
-  per table and per (id x dim), for a table that fits the cache and one that does not.
-- dense: a Linear's forward and backward, FLOP/s (B = 512, 512 x 512) and the fixed cost of a
-  small one; the dense optimizer's cost per parameter.
-- data: rec's synthetic source and `to_torchrec` per sample and id.
-- comm: gloo all-to-all bytes per second between the 2 ranks.
+- loop: the real training step of a tiny model (rec's model, planner, DistributedModelParallel,
+  fused optimizer, train pipeline and synthetic data, built as rec.train.trainer builds them)
+  on 2 gloo ranks forked from this process, with the threads a rank has, at 2 and at 8 tables,
+  for both train pipelines, in turns; the median step, its own compute taken out, is a step's
+  fixed cost (Python, TorchRec's input and output dists, gloo's round trips, DDP, threads that
+  wait on each other) at 2 and 8 features. Then what else a rank does (a profiled window, an
+  evaluation's forward, a checkpoint) and each rank's peak RSS: the process baseline.
+- comm: gloo's all-to-all, bytes per second one rank sends (4 MB buffers, 2 ranks).
+- tbe: FBGEMM's CPU TBE forward and backward with a fused optimizer (each one a config uses),
+  one thread: us per call and per table, ns per (id x dim) in a table that fits the cache and
+  in one that does not (1M x 64).
+- dense: a Linear's forward and backward on one thread, FLOP/s (B = 512, 512 x 512) and the
+  fixed cost of a small one; the dense optimizer's ns per parameter.
+- data: rec's synthetic source and `to_torchrec`, us per sample and per id.
 
 A step on rank r, in ms (the estimate is the slowest rank's):
 
-    step = loop_fixed[pipeline] + loop_per_feature x F
-         + data_per_sample x B + data_per_id x B x ids
-         + sum over TBE groups on r: tbe_call + tbe_table x T + ids_r x D x ns(cache or DRAM)
-         + (6 x B x dense_matmul_params / FLOP/s) x (matmul share) + layer x linears
-         + dense_optimizer_per_param x dense params
-         + (bytes r sends per step) / gloo bandwidth
+    step = fixed(pipeline, F)
+         + (B x data_per_sample + B x F x ids x data_per_id) x slow
+         + (tbe_call x sharding types on r + sum over r's shards: tbe_table
+            + ids_r x dim x ns(cache or DRAM)) x slow
+         + (6 x B x matmul_params / (FLOP/s x fast) + matmuls x layer) x slow
+         + dense_params x dense_optimizer_per_param x slow
+         + (bytes r sends per step + DDP's all-reduce) / gloo's rate
 
-with B the batch per rank, F the sparse features, ids the ids per sample per feature (the
-synthetic data's mean, measured; the planner's pooling factor for files), ids_r the ids rank
-r's shards look up (a table-wise shard: every rank's, W x B x ids; a row-wise one: its share).
-Ranks share the host's cores: compute is measured on one thread and a rank gets
-cores / local ranks of them (matmul speeds up, the rest does not; fewer than one slows all).
+fixed(pipeline, F) is on the line through the loop's two points, held at their values outside
+them (plan_estimate._loop_ms says why); B the batch per rank, F the sparse features, ids the
+ids per sample per feature (the synthetic data's mean, measured; the planner's pooling factor
+for files), ids_r the ids rank r's shard looks up (a table-wise or column-wise shard: every
+rank's, W x B x ids; a row-wise one: its rows' share; a data-parallel table: its own B x ids).
+Ranks on one host share its cores: a rank gets cores / local ranks of them; below one
+everything is that much slower (`slow`), above one its matmuls are faster, up to its threads
+(`fast`).
 
-A rank's memory, in bytes: baseline (the loop's peak RSS, minus its tiny model) + its shards'
-rows x dim x 4 + their optimizer state (row-wise Adagrad: rows x 4; Adam: 2 x rows x dim x 4)
-+ data-parallel tables whole with their gradient and dense optimizer state + the dense
-model's parameters, gradients and optimizer state.
+A rank's memory, in bytes:
+
+    memory = baseline + sum over r's shards: rows x dim x 4 + optimizer state
+             (row-wise Adagrad rows x 4, Adam 2 x rows x dim x 4; a data-parallel table adds
+             its gradient) + dense_params x 4 x (parameter, gradient, DDP bucket, optimizer
+             state) + 3 x B x layer widths x 4 (activations) + the arrays the config's
+             synthetic sources hold (measured; files: not counted)
 """
 
 from __future__ import annotations
@@ -59,7 +69,7 @@ import torch
 from rec.config import RecConfig, config_from_dict
 from rec.cpu import cpu_info
 
-CACHE_VERSION = 1  # raise when what is measured or how changes: old entries are re-measured
+CACHE_VERSION = 2  # raise when what is measured or how changes: old entries are re-measured
 LOOP_TABLES = (2, 8)  # the tiny model's tables: the loop's cost per feature from two points
 LOOP_BATCH = 32
 LOOP_STEPS = 20
@@ -301,6 +311,13 @@ def measure_data(progress: Progress) -> dict[str, Any]:
                      "ids_per_feature": ids8 / (512 * 8)}}  # fmt: skip
 
 
+def _vm_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -313,6 +330,7 @@ def _loop_worker(rank: int, port: int, out) -> None:
 
     import torch.distributed as dist
 
+    start_rss = _vm_rss()
     # TorchRec's and DDP's lines from two ranks would interleave with the caller's output.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -330,10 +348,19 @@ def _loop_worker(rank: int, port: int, out) -> None:
                 step()
                 if i >= 3:  # the first steps build the pipeline and warm caches
                     times[k].append(time.perf_counter() - t)
-        result: dict[str, Any] = {k: statistics.median(v) for k, v in times.items()}
+        result: dict[str, Any] = {}
+        small, large = LOOP_TABLES
+        for p in PIPELINES:
+            # The larger model's cost over the smaller's from the same rounds' pairs: a burst
+            # of other work that slows a round slows both of its steps, and cancels out.
+            pairs = zip(times[f"{p}/{large}"], times[f"{p}/{small}"], strict=True)
+            result[f"{p}/{small}"] = statistics.median(times[f"{p}/{small}"])
+            result[f"{p}/{large}"] = result[f"{p}/{small}"] + statistics.median(
+                a - b for a, b in pairs
+            )
         result["a2a_bytes_per_s"] = _a2a_rate()
         _rest_of_a_run(steps[f"base/{LOOP_TABLES[0]}"])  # sparse_dist owns its forward
-        result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        result["rss_growth"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start_rss
         out.send(result)
         dist.destroy_process_group()
     except BaseException:
@@ -421,6 +448,7 @@ def measure_loop(progress: Progress) -> dict[str, Any]:
 
     progress("  a training step on 2 gloo ranks (tiny model, both train pipelines)")
     ctx = multiprocessing.get_context("fork")  # spawn would pay torch's imports again
+    parent_rss = _vm_rss()
     port = _free_port()
     pipes, procs = [], []
     for rank in range(2):
@@ -438,5 +466,9 @@ def measure_loop(progress: Progress) -> dict[str, Any]:
         if "error" in results[-1]:
             error = results[-1]["error"]
             raise RuntimeError(f"calibration: a 2-rank training step failed:\n{error}")
-    loop = {k: max(r[k] for r in results) for k in results[0] if k not in ("peak_rss",)}
-    return {"loop": loop, "baseline_rss": max(r["peak_rss"] for r in results)}
+    loop = {k: max(r[k] for r in results) for k in results[0] if k != "rss_growth"}
+    # A fork starts with the pages of the caller's heap but not those of the libraries'
+    # code and data it has touched (the kernel maps those in again on use), which a rank
+    # importing torch, TorchRec and FBGEMM holds: the caller's RSS plus what a rank grew by.
+    growth = max(r["rss_growth"] for r in results)
+    return {"loop": loop, "baseline_rss": parent_rss + growth}

@@ -114,20 +114,23 @@ def _tbe_ms(shards: list[tuple[ShardingOption, Any]], tbe: dict[str, float], wor
 
 
 def _loop_ms(cal: dict[str, Any], pipeline: str, features: int) -> float:
-    """The measured tiny step's fixed cost at `features`, its own compute taken out, on a
-    line through the two tiny models (LOOP_TABLES features)."""
+    """The measured tiny step's fixed cost at `features`, its own compute taken out: on the
+    line through the two tiny models (LOOP_TABLES features), and outside them the nearer one's.
+    The tiny model's cost per feature is mostly threads waiting on each other, which a
+    contended machine inflates: extrapolated 3x to Criteo's 26 features it overshot the
+    Kaggle-size step 2-4x, while staying at 8 features' cost the estimate held."""
     from rec.train.calibration import LOOP_BATCH, LOOP_TABLES, tiny_config
 
     points = []
     for n in LOOP_TABLES:
         d = dense_shape(tiny_config(n, pipeline))
-        own = (cal["dense"]["layer_us"] * d["matmuls"] + next(iter(cal["tbe"].values()))["call_us"]
-               + n / 2 * next(iter(cal["tbe"].values()))["table_us"]) / 1e3  # fmt: skip
-        own += LOOP_BATCH * cal["data"]["us_per_sample"] / 1e3
-        points.append(max(0.0, cal["loop"][f"{pipeline}/{n}"] * 1e3 - own))
+        tbe = cal["tbe"]["rowwise_adagrad"]  # the tiny models' optimizer
+        own = d["matmuls"] * cal["dense"]["layer_us"] + tbe["call_us"] + n / 2 * tbe["table_us"]
+        own += LOOP_BATCH * cal["data"]["us_per_sample"]
+        points.append(max(0.0, cal["loop"][f"{pipeline}/{n}"] * 1e3 - own / 1e3))
     (x0, y0), (x1, y1) = zip(LOOP_TABLES, points, strict=True)
-    slope = max(0.0, (y1 - y0) / (x1 - x0))
-    return max(0.0, y0 + slope * (features - x0))
+    x = min(max(features, x0), x1)
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def _shares(local: int, threads: int) -> tuple[float, float]:
@@ -258,6 +261,9 @@ def estimate(cfg: RecConfig, plan: list[ShardingOption], world: int, local: int,
         "calibration": str(calibration.cache_path(cal["key"])),
         "measured_at": cal.get("measured_at"),
         "ids_per_feature": probe.get("ids_per_feature"),
+        # Not in the memory estimate: what torch.profiler holds over the profiled window
+        # (train.step_profile), up to 1.4 GiB per rank on the Kaggle-size model.
+        "profile_steps": t.profile_steps,
         "step_ms": max(s["total"] for s in steps),
         "ranks": [{"step_ms": s, "memory_bytes": m} for s, m in zip(steps, memory, strict=True)],
     }

@@ -130,7 +130,7 @@ def test_end_of_run_prints_the_estimate_beside_the_measured(tmp_path, capsys):
     gib = 1024**3
     est = {"process": gib // 4, "tables_and_optimizer": gib // 4, "dense": 0, "activations": 0,
            "data": 0, "total": gib // 2}  # fmt: skip
-    report = {"calibrated": {"step_ms": 2 * measured,
+    report = {"calibrated": {"step_ms": 2 * measured, "profile_steps": 10,
                              "ranks": [{"memory_bytes": est}, {"memory_bytes": est}]}}  # fmt: skip
     progress.memory(4, [gib, gib // 2], [1000, 1000], report)
     out = capsys.readouterr().out
@@ -138,6 +138,7 @@ def test_end_of_run_prints_the_estimate_beside_the_measured(tmp_path, capsys):
     assert "rank 0: peak RSS 1.000 GiB, estimated 0.500 GiB (0.50x: process 0.250 + " in out
     assert "rank 1: peak RSS 0.500 GiB, estimated 0.500 GiB (1.00x" in out
     assert "the plan's estimate for its shards" in out  # TorchRec's, named as such
+    assert "leaves out what torch.profiler holds over the 10 profiled steps" in out
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["kind"] == "memory" and record["estimated_bytes"] == [gib // 2, gib // 2]
     assert record["measured_step_ms"] == pytest.approx(measured)
