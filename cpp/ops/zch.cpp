@@ -9,11 +9,13 @@
 // tests/export/test_id_maps.py holds it equal to rec.zch.lookup on int64's extremes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace rec_ops {
 namespace {
@@ -30,57 +32,97 @@ inline int64_t Home(int64_t id, int64_t slots) {
   return (h / kMix + (h % kMix) * kCMix) % slots;
 }
 
-at::Tensor ZchLookup(const at::Tensor& ids, const at::Tensor& keys, const at::Tensor& used,
-                     int64_t probes) {
-  TORCH_CHECK(ids.scalar_type() == at::kLong && keys.scalar_type() == at::kLong,
-              "rec::zch_lookup: ids and keys must be int64");
-  TORCH_CHECK(used.scalar_type() == at::kBool || used.scalar_type() == at::kByte,
-              "rec::zch_lookup: used must be bool (or its bytes, uint8)");
-  TORCH_CHECK(keys.dim() == 1 && used.dim() == 1 && keys.numel() == used.numel(),
-              "rec::zch_lookup: keys and used must be [slots] each");
-  const int64_t slots = keys.numel();
-  TORCH_CHECK(slots >= 1 && probes >= 1 && probes <= slots,
-              "rec::zch_lookup: needs 1 <= probes <= slots, got probes ", probes, " and slots ",
-              slots);
-  const at::Tensor in = ids.contiguous(), k = keys.contiguous(), u = used.contiguous();
-  at::Tensor rows = at::empty_like(in, in.options().dtype(at::kLong));
-  const int64_t* id = in.data_ptr<int64_t>();
-  const int64_t* key = k.data_ptr<int64_t>();
-  const auto* held = static_cast<const uint8_t*>(u.data_ptr());
-  int64_t* row = rows.data_ptr<int64_t>();
-  at::parallel_for(0, in.numel(), 16384, [&](int64_t begin, int64_t end) {
+// The first slot of [start, start + count) holding x, or -1. Keys first: a key equal to x is
+// rare, so the branch is well predicted; testing `held` first (a coin toss on a half-full map)
+// cost 3x.
+int64_t ScanScalar(const int64_t* key, const uint8_t* held, int64_t start, int64_t count,
+                   int64_t x) {
+  for (int64_t s = start; s < start + count; ++s) {
+    if (key[s] == x && held[s]) return s;
+  }
+  return -1;
+}
+
+// The same, 8 keys to a compare (16 probes: 2); masked loads read nothing past the window.
+__attribute__((target("avx512f"))) int64_t ScanAvx512(const int64_t* key, const uint8_t* held,
+                                                      int64_t start, int64_t count, int64_t x) {
+  const __m512i want = _mm512_set1_epi64(x);
+  for (int64_t s = start; s < start + count; s += 8) {
+    const int64_t n = std::min<int64_t>(8, start + count - s);
+    const auto lanes = static_cast<__mmask8>((1u << n) - 1);
+    auto hit = static_cast<unsigned>(
+        _mm512_mask_cmpeq_epi64_mask(lanes, _mm512_maskz_loadu_epi64(lanes, key + s), want));
+    for (; hit != 0; hit &= hit - 1) {  // lowest lane first: probe order
+      const int64_t slot = s + __builtin_ctz(hit);
+      if (held[slot]) return slot;
+    }
+  }
+  return -1;
+}
+
+using Scan = int64_t (*)(const int64_t*, const uint8_t*, int64_t, int64_t, int64_t);
+
+Scan ChosenScan() {
+  static const Scan scan = __builtin_cpu_supports("avx512f") ? &ScanAvx512 : &ScanScalar;
+  return scan;
+}
+
+// rows[i] for ids[0, n): the slot of ids[i]'s window holding it, or `slots`.
+void LookupInto(const int64_t* id, int64_t n, const int64_t* key, const uint8_t* held,
+                int64_t slots, int64_t probes, int64_t* row) {
+  const Scan scan = ChosenScan();
+  at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t x = id[i];
       const int64_t home = Home(x, slots);
-      // Keys first: a key equal to the id is rare, so this branch is well predicted; testing
-      // `held` first (a coin toss on a half-full map) cost 3x. The window wraps at most once.
+      // The window wraps at most once.
       const int64_t first = std::min(probes, slots - home);
-      int64_t found = slots;
-      for (int64_t s = home; s < home + first; ++s) {
-        if (key[s] == x && held[s]) {
-          found = s;
-          break;
-        }
-      }
-      if (found == slots) {
-        for (int64_t s = 0; s < probes - first; ++s) {
-          if (key[s] == x && held[s]) {
-            found = s;
-            break;
-          }
-        }
-      }
-      row[i] = found;
+      int64_t found = scan(key, held, home, first, x);
+      if (found < 0) found = scan(key, held, 0, probes - first, x);
+      row[i] = found < 0 ? slots : found;
     }
   });
+}
+
+// A map's keys and used, checked, contiguous.
+struct Map {
+  at::Tensor keys, used;
+  int64_t slots, probes;
+};
+
+Map CheckedMap(const at::Tensor& keys, const at::Tensor& used, int64_t probes) {
+  TORCH_CHECK(keys.scalar_type() == at::kLong, "rec::zch: keys must be int64");
+  TORCH_CHECK(used.scalar_type() == at::kBool || used.scalar_type() == at::kByte,
+              "rec::zch: used must be bool (or its bytes, uint8)");
+  TORCH_CHECK(keys.dim() == 1 && used.dim() == 1 && keys.numel() == used.numel(),
+              "rec::zch: keys and used must be [slots] each");
+  const int64_t slots = keys.numel();
+  TORCH_CHECK(slots >= 1 && probes >= 1 && probes <= slots,
+              "rec::zch: needs 1 <= probes <= slots, got probes ", probes, " and slots ", slots);
+  return {keys.contiguous(), used.contiguous(), slots, probes};
+}
+
+void LookupInto(const int64_t* id, int64_t n, const Map& m, int64_t* row) {
+  LookupInto(id, n, m.keys.data_ptr<int64_t>(), static_cast<const uint8_t*>(m.used.data_ptr()),
+             m.slots, m.probes, row);
+}
+
+at::Tensor ZchLookup(const at::Tensor& ids, const at::Tensor& keys, const at::Tensor& used,
+                     int64_t probes) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "rec::zch_lookup: ids must be int64");
+  const Map m = CheckedMap(keys, used, probes);
+  const at::Tensor in = ids.contiguous();
+  at::Tensor rows = at::empty_like(in);
+  LookupInto(in.data_ptr<int64_t>(), in.numel(), m, rows.data_ptr<int64_t>());
   return rows;
 }
 
 // rec::zch_remap: the served model's whole remap in one call. `indices` are a request's rows by
 // modulo, feature-major: TBE feature k's ids at [offsets[k * B], offsets[(k + 1) * B]), B the
 // batch (offsets: [features * B + 1]). table_of[k] is the map (index into keys, used, probes)
-// feature k reads, or -1 for a modulo feature. Returns a copy of `indices` with every ZCH feature's
-// ids looked up in its map.
+// feature k reads, or -1 for a modulo feature. Returns a copy of `indices` with every ZCH
+// feature's ids looked up in its map. Raw pointers per feature: ATen ops per feature (narrow,
+// copy, an allocation) cost more than the lookups at B = 1.
 at::Tensor ZchRemap(const at::Tensor& ids, const at::Tensor& indices, const at::Tensor& offsets,
                     at::TensorList keys, at::TensorList used, at::IntArrayRef probes,
                     at::IntArrayRef table_of) {
@@ -90,22 +132,25 @@ at::Tensor ZchRemap(const at::Tensor& ids, const at::Tensor& indices, const at::
   TORCH_CHECK(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && features > 0 &&
                   (offsets.numel() - 1) % features == 0,
               "rec::zch_remap: offsets must be int64 [features * batch + 1]");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && indices.scalar_type() == at::kLong &&
+                  ids.numel() == indices.numel(),
+              "rec::zch_remap: one int64 index per int64 id");
   // The batch from the offsets, not an argument: under torch.export it is symbolic.
   const int64_t batch = (offsets.numel() - 1) / features;
-  TORCH_CHECK(ids.numel() == indices.numel(), "rec::zch_remap: one index per id");
-  at::Tensor out = indices.contiguous().clone();
-  const at::Tensor off = offsets.contiguous();
+  std::vector<Map> maps;
+  for (size_t t = 0; t < keys.size(); ++t) maps.push_back(CheckedMap(keys[t], used[t], probes[t]));
+  at::Tensor out = indices.clone(at::MemoryFormat::Contiguous);
+  const at::Tensor in = ids.contiguous(), off = offsets.contiguous();
   const int64_t* bounds = off.data_ptr<int64_t>();
-  const int64_t n = ids.numel();
-  for (size_t k = 0; k < table_of.size(); ++k) {
+  const int64_t n = in.numel();
+  for (int64_t k = 0; k < features; ++k) {
     const int64_t t = table_of[k];
     if (t < 0) continue;
-    TORCH_CHECK(t < static_cast<int64_t>(keys.size()), "rec::zch_remap: no map ", t);
+    TORCH_CHECK(t < static_cast<int64_t>(maps.size()), "rec::zch_remap: no map ", t);
     const int64_t start = bounds[k * batch], stop = bounds[(k + 1) * batch];
     TORCH_CHECK(0 <= start && start <= stop && stop <= n, "rec::zch_remap: offsets out of range");
-    if (start == stop) continue;
-    out.narrow(0, start, stop - start)
-        .copy_(ZchLookup(ids.narrow(0, start, stop - start), keys[t], used[t], probes[t]));
+    LookupInto(in.data_ptr<int64_t>() + start, stop - start, maps[t],
+               out.data_ptr<int64_t>() + start);
   }
   return out;
 }
