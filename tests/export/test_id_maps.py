@@ -5,6 +5,10 @@ verified at export; a checkpoint whose map does not fit its table is refused."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +46,38 @@ def test_the_served_lookups_are_rec_zch_lookup(slots, probes):
     assert torch.equal(torch.ops.rec.zch_lookup(ids, keys, used, probes), want)  # cpp/ops/zch.cpp
     assert torch.equal(torch.ops.rec.zch_lookup(ids, keys, used.view(torch.uint8), probes), want)
     assert set(want[torch.isin(ids, keys[used])].tolist()) <= set(range(slots))
+
+
+_SCAN_SCRIPT = """
+import json, sys
+import torch
+import rec.ops
+from rec import zch
+from tests.export.test_id_maps import EXTREME
+from tests.export.zch_run import hand_made_map
+ok = []
+for slots, probes in [(1, 1), (7, 3), (20, 16), (33, 9), (4099, 16)]:
+    g = torch.Generator().manual_seed(slots)
+    held = torch.randint(-(2**63), 2**63 - 1, (slots // 2,), generator=g).tolist()
+    keys, used = hand_made_map(slots, probes, EXTREME[: slots // 2] + held, strict=False)
+    ids = torch.cat([torch.tensor(EXTREME), torch.tensor(held, dtype=torch.int64),
+                     torch.randint(-(2**63), 2**63 - 1, (500,), generator=g)])
+    ok.append(torch.equal(torch.ops.rec.zch_lookup(ids, keys, used, probes),
+                          zch.lookup(ids, keys, used, probes)))
+json.dump(ok, sys.stdout)
+"""
+
+
+@pytest.mark.parametrize("cap", ["scalar"])
+def test_the_ops_scalar_scan_is_rec_zch_lookup(cap):
+    """rec::zch_lookup's one-key-at-a-time scan (CPUs without AVX-512, REC_MAX_CPU_ISA) gives
+    the rows the AVX-512 one does (the test above, on this CPU): rec.zch.lookup's."""
+    env = {**os.environ, "REC_MAX_CPU_ISA": cap}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _SCAN_SCRIPT], env=env, cwd=root,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [True] * 5
 
 
 def _module_and_reference(maps):
