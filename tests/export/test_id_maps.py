@@ -173,7 +173,7 @@ def test_an_unknown_map_layout_is_refused_by_name():
     manifest = {"features": {"dense": [], "sparse": ["a"]}, "num_tasks": 1,
                 "zch": {"layout": "rec.zch.map/2", "tables": {}}}  # fmt: skip
     with pytest.raises(ManifestError, match=r'"zch.layout" must be rec.zch.map/1 \(the id map'):
-        parse_manifest(manifest, "rec.json").zch  # noqa: B018  (read: checked)
+        parse_manifest(manifest).zch  # noqa: B018  (read: checked)
 
 
 def test_a_map_of_the_wrong_size_is_refused_at_export(tmp_path):

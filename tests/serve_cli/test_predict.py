@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from rec.cli import main
+from rec.contract import ModelDir
 from rec.data.raw import read_raw
 from rec.features import FeatureSpec, hash_id
 from rec.serve.client import ScoreClient
@@ -208,7 +209,7 @@ def test_score_columns_are_named_by_task(triton, tiny_repo, tmp_path):
     single-task model's one column is `score`."""
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
-    manifest = next(repo.glob("*/rec.json"))
+    manifest = ModelDir(next(p for p in repo.iterdir() if p.is_dir())).manifest
     data = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**data, "tasks": ["click", "buy"]}))
     code, out = run("--url", triton.endpoints.http, "--synthetic", "2", "--repo", str(repo))
