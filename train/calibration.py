@@ -153,7 +153,8 @@ def load(
         t0, changed = time.perf_counter(), cal is None
         if cal is None:
             progress(f"calibrating this CPU ({key['cpu']}), once; cached in {path}")
-            cal = {"key": key, "tbe": {}, "dense_optimizer_ns": {}}
+            # The machine's load then: a step's time moves with it (a shared machine).
+            cal = {"key": key, "tbe": {}, "dense_optimizer_ns": {}, "load_avg": os.getloadavg()[0]}
             cal.update(measure_loop(progress))  # first: its ranks are forked from here
             cal.update(measure_dense(progress))
             cal.update(measure_data(progress))

@@ -260,6 +260,7 @@ def estimate(cfg: RecConfig, plan: list[ShardingOption], world: int, local: int,
         "cpu": cal["key"]["cpu"],
         "calibration": str(calibration.cache_path(cal["key"])),
         "measured_at": cal.get("measured_at"),
+        "load_avg": cal.get("load_avg"),
         "ids_per_feature": probe.get("ids_per_feature"),
         # Not in the memory estimate: what torch.profiler holds over the profiled window
         # (train.step_profile), up to 1.4 GiB per rank on the Kaggle-size model.

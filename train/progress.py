@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -124,9 +125,11 @@ class Progress:
                     "estimated_step_ms": cal["step_ms"] if cal else None,
                     "measured_step_ms": measured_ms})  # fmt: skip
         if cal and measured_ms:
+            loads = f"{os.getloadavg()[0]:.1f} now, {cal.get('load_avg') or 0:.1f} when calibrated"
             log(f"step: estimated {cal['step_ms']:.1f} ms (slowest rank, this CPU's calibration: "
                 f"rec plan), measured {measured_ms:.1f} ms (the run's mean, evaluations and "
-                f"checkpoints left out): {cal['step_ms'] / measured_ms:.2f}x")  # fmt: skip
+                f"checkpoints left out): {cal['step_ms'] / measured_ms:.2f}x; load average "
+                f"{loads}")  # fmt: skip
         for rank, (peak, plan, est) in enumerate(zip(peak_rss, planned, estimated, strict=True)):
             mine = "no calibration of this CPU (rec plan makes one)"
             if est is not None:
