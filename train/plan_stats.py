@@ -344,9 +344,12 @@ MEMORY_PARTS = ("process", "tables_and_optimizer", "dense", "activations", "data
 def format_calibrated(cal: dict[str, Any]) -> str:
     """The calibrated step and memory per rank (train.plan_estimate), part by part."""
     ids = cal.get("ids_per_feature")
-    head = (f"this CPU's estimate ({cal['cpu']}, calibrated {cal['measured_at']}: "
-            f"{cal['calibration']}; ids per sample per feature "
-            f"{f'{ids:.2f}, measured' if ids else 'as planned'}; docs: rec plan)")  # fmt: skip
+    load = cal.get("load_avg")
+    head = (f"this CPU's estimate ({cal['cpu']}, calibrated {cal['measured_at']}"
+            f"{f' at load average {load:.1f}' if load is not None else ''}: "
+            f"{cal['calibration']}, rec plan --calibrate measures again; ids per sample per "
+            f"feature {f'{ids:.2f}, measured' if ids else 'as planned'}; the README's rec plan "
+            "says what is measured)")  # fmt: skip
     rows = [(str(k), f"{x['step_ms']['total']:.1f}",
              *(f"{x['step_ms'][p]:.2f}" for p in STEP_PARTS),
              f"{_gib(x['memory_bytes']['total'])}",
