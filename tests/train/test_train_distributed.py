@@ -98,6 +98,12 @@ def test_run_records_the_plans_numbers_and_memory_per_rank(mixed_run):
     # a rank's process (torch, torchrec, fbgemm) is far above its few KiB of tables
     assert all(peak > 100 * 2**20 for peak in memory["peak_rss_bytes"])
     assert "rank 1: peak RSS" in out and "the plan's estimate for its shards" in out
+    # ...and beside this CPU's calibrated estimate (train.plan_estimate), the run's mean step
+    # beside the estimated one
+    assert all(e > 100 * 2**20 for e in memory["estimated_bytes"])
+    assert memory["estimated_step_ms"] > 0 and memory["measured_step_ms"] > 0
+    assert plan["calibrated"]["step_ms"] == memory["estimated_step_ms"]
+    assert "step: estimated" in out and "rank 1: peak RSS" in out and "GiB, estimated" in out
 
 
 def test_tensorboard_reads_the_runs_numbers(mixed_run):
