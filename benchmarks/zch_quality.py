@@ -30,8 +30,10 @@ machine, 24 runs: 14 minutes on the Xeon of the results.
     .venv/bin/python benchmarks/zch_quality.py --quick    # 2 budgets, 200 steps, no tuned run
     .venv/bin/python benchmarks/zch_quality.py --report   # the table again from the results
 
-Writes benchmarks/results/zch_quality.json (after every run) and zch_quality.png (AUC against
-the budget, with matplotlib), and prints a Markdown table.
+Writes benchmarks/results/zch_quality.json (after every run; --quick: zch_quality_quick.json,
+or --out) and the plot beside it (AUC against the budget, with matplotlib), and prints a
+Markdown table. `--train-seed` changes training's seed only (the data stay the same): a
+second seed shows how far two runs of one cell differ.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ from rec.data.synthetic import SyntheticSource
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "zch_quality.json"
-PLOT = RESULTS.with_suffix(".png")
 REC = str(Path(sys.executable).parent / "rec")
 NPROC = 2
 BATCH = 256  # per rank
@@ -74,7 +75,7 @@ def live_ids() -> dict[str, int]:
     return {t.name: t.rows for t in default_config().tables}
 
 
-def config(dataset: str, budget: float, ids, steps: int, eval_samples: int) -> dict:
+def config(dataset: str, budget: float, ids, steps: int, eval_samples: int, seed: int = 0) -> dict:
     """The default config with rows = budget x live ids and `ids` on every table."""
     live = live_ids()
     cfg = yaml.safe_load(default_config().to_yaml())
@@ -86,7 +87,7 @@ def config(dataset: str, budget: float, ids, steps: int, eval_samples: int) -> d
         **DATASETS[dataset],
     )  # fmt: skip
     # One final evaluation over the whole eval split, no checkpoints but the last.
-    cfg["training"].update(steps=steps, batch_size=BATCH, eval_every=0, eval_batches=0,
+    cfg["training"].update(steps=steps, batch_size=BATCH, eval_every=0, eval_batches=0, seed=seed,
                            log_every=max(50, steps // 4))  # fmt: skip
     cfg["checkpoint"] = {"every_steps": 0, "keep_last": 1}
     return cfg
@@ -188,7 +189,7 @@ def markdown(doc: dict) -> str:
     return "\n".join(out)
 
 
-def plot(doc: dict) -> None:
+def plot(doc: dict, path: Path) -> None:
     try:
         import matplotlib
 
@@ -213,8 +214,8 @@ def plot(doc: dict) -> None:
         ax.legend()
     fig.suptitle(f"ZCH vs modulo, {doc['steps']} steps ({doc['cpu']})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
-    log(f"plot: {PLOT}")
+    fig.savefig(path, dpi=110)
+    log(f"plot: {path}")
 
 
 def main() -> None:
@@ -226,13 +227,18 @@ def main() -> None:
     p.add_argument("--datasets", default="churn,criteo")
     p.add_argument("--tuned", default='{"every_steps": 25}',
                    help="JSON ids.zch settings of a labelled extra run ('' for none)")  # fmt: skip
+    p.add_argument("--train-seed", type=int, default=0, help="training.seed (the data's is 0)")
+    p.add_argument("--out", default="", help="results JSON (default: results/zch_quality.json;"
+                   " --quick: zch_quality_quick.json); the plot beside it")  # fmt: skip
     p.add_argument("--report", action="store_true", help="print the table of the last results")
     args = p.parse_args()
     if args.report:
-        print(markdown(json.loads(RESULTS.read_text())))
+        print(markdown(json.loads(Path(args.out or RESULTS).read_text())))
         return
     if args.quick:
         args.steps, args.budgets, args.tuned = 200, "0.5,2", ""
+        args.out = args.out or str(RESULTS.with_name("zch_quality_quick.json"))
+    out = Path(args.out) if args.out else RESULTS
     budgets = [float(b) for b in args.budgets.split(",")]
     datasets = [d for d in args.datasets.split(",") if d]
     unknown = set(datasets) - DATASETS.keys()
@@ -245,7 +251,8 @@ def main() -> None:
     (ROOT / "runs").mkdir(exist_ok=True)
     doc = {
         "cpu": describe(cpu_info()), "cpu_info": cpu_info(), "date": time.strftime("%Y-%m-%d"),
-        "steps": args.steps, "nproc": NPROC, "batch_size_per_rank": BATCH,
+        "steps": args.steps, "train_seed": args.train_seed, "nproc": NPROC,
+        "batch_size_per_rank": BATCH,
         "eval_samples": args.eval_samples, "live_ids": live_ids(), "datasets": DATASETS,
         "tuned": tuned, "results": [],
     }  # fmt: skip
@@ -262,14 +269,15 @@ def main() -> None:
                 eta = (time.perf_counter() - t0) / done * (todo - done) if done else 0
                 log(f"[{done + 1}/{todo}] {dataset} {budget}x {mode}"
                     + (f", ETA {eta:.0f} s" if done else ""))  # fmt: skip
-                row[mode] = train(config(dataset, budget, ids, args.steps, args.eval_samples))
+                cfg = config(dataset, budget, ids, args.steps, args.eval_samples, args.train_seed)
+                row[mode] = train(cfg)
                 done += 1
                 log(f"  {row[mode]}")
             doc["results"].append(row)
-            RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+            out.write_text(json.dumps(doc, indent=2) + "\n")
     print("\n" + markdown(doc))
-    plot(doc)
-    print(f"\nwritten: {RESULTS}")
+    plot(doc, out.with_suffix(".png"))
+    print(f"\nwritten: {out}")
 
 
 if __name__ == "__main__":
