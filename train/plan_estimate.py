@@ -46,8 +46,11 @@ def data_probe(cfg: RecConfig) -> dict[str, float | None]:
     from rec.data import make_source
 
     train, held_out = make_source(cfg, "train"), make_source(cfg, "eval")
-    batch = next(iter(train.batches(cfg.training.batch_size, 0, 1)))
-    next(iter(held_out.batches(cfg.training.batch_size, 0, 1)))
+    # Short final batches too: a split smaller than one batch (a tiny held-out set) has one.
+    batch = next(iter(train.batches(cfg.training.batch_size, 0, 1, drop_last=False)), None)
+    next(iter(held_out.batches(cfg.training.batch_size, 0, 1, drop_last=False)), None)
+    if batch is None or not len(batch):
+        return {"ids_per_feature": None, "source_bytes": _held_bytes([train, held_out], set())}
     ids = batch.values.numel() / (len(batch) * max(1, batch.lengths.shape[1]))
     return {"ids_per_feature": ids, "source_bytes": _held_bytes([train, held_out], set())}
 
