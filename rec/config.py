@@ -111,9 +111,11 @@ class ZchConfig:
     admit_after: int = 1
     """Sightings in training before an id gets a row of its own (Monolith's occurrence
     threshold); until then it reads the default row."""
-    every_steps: int = 100
+    every_steps: int = 25
     """Steps between admission rounds. The ranks agree on admissions and evictions at each
-    round (a collective), so each round costs one pipeline drain."""
+    round (a collective), so each round costs one pipeline drain. Until the next round a new
+    id reads the default row, so this should be a small share of an id's life: at 100, ZCH
+    lost to modulo on churning ids (benchmarks/zch_quality.py); at 25 it won at every budget."""
     probes: int = 16
     """Slots an id may take: `probes` consecutive slots from its hash. Lookups read exactly
     these, so a lookup costs `probes` comparisons whatever the load."""
