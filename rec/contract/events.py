@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from rec.data.parse import to_batch_major
 from rec.features import FeatureSpec, TokenError, encode_tokens, hex_id, string_id
 
 FORMAT = "rec.events/1"
@@ -231,7 +232,7 @@ def decode_events(events: list[Any], spec: FeatureSpec) -> Events:
     lengths = np.stack([bags[f][0] for f in range(len(bags))], axis=1).reshape(n, len(bags))
     per_feature = [ids[np.repeat(good, lens)] for lens, ids in (bags[f] for f in range(len(bags)))]
     lengths = lengths[good]
-    values = _batch_major(lengths, per_feature)
+    values = to_batch_major(lengths, per_feature)
     return Events(
         labels=numeric[good, :t].astype(np.float32),
         dense=numeric[good, t:].astype(np.float32),
@@ -482,19 +483,6 @@ def _token_id(token: str, encoding: str) -> int:
         except TokenError as e:
             raise EventError("bad_sparse", str(e)) from None
     return string_id(token)
-
-
-def _batch_major(lengths: np.ndarray, per_feature: list[np.ndarray]) -> np.ndarray:
-    """Per-feature ids (each sample after sample) -> batch-major values, as a RecBatch holds."""
-    flat = lengths.reshape(-1).astype(np.int64)
-    starts = (np.cumsum(flat) - flat).reshape(lengths.shape)
-    values = np.empty(int(flat.sum()), dtype=np.int64)
-    for f, ids in enumerate(per_feature):
-        n_f = lengths[:, f].astype(np.int64)
-        if ids.size:
-            shift = np.repeat(starts[:, f] - (np.cumsum(n_f) - n_f), n_f)
-            values[shift + np.arange(ids.size)] = ids
-    return values
 
 
 __all__ = [
