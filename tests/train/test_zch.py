@@ -94,12 +94,12 @@ def test_a_resume_continues_with_the_saved_id_maps(zch_run, tmp_path, nproc):
 
 def test_rec_plan_lists_the_zch_tables_and_their_map_memory(tmp_path):
     cfg = copy.deepcopy(TINY)
-    cfg["tables"][1]["ids"] = {"zch": {"probes": 8}}  # t1: 500 rows, 499 slots
+    cfg["tables"][1]["ids"] = {"zch": {"probes": 8, "every_steps": 40}}  # t1: 499 slots
     path = write_config(tmp_path / "cfg.yaml", cfg)
     out = rec_in_process("plan", "--config", str(path), "--world-size", "2", check=True).stdout
     assert "ZCH tables (each rank holds every id map, 57 bytes per slot):" in out
     (line,) = [x for x in out.splitlines() if x.startswith("t1 ") and "KiB" in x]
-    assert line.split() == ["t1", "499", f"{499 * 57 / 1024:.1f}", "KiB", "8", "100"]
+    assert line.split() == ["t1", "499", f"{499 * 57 / 1024:.1f}", "KiB", "8", "40"]
 
 
 def test_a_zch_table_is_never_planned_data_parallel():
