@@ -211,15 +211,6 @@ class IdMaps(nn.Module):
             indices = m(ids, indices, offsets, batch)
         return indices
 
-    def typed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(keys int64, used as bool or its bytes): an AOTInductor loader hands the buffers as
-        raw bytes (tables.bin), TorchScript has them typed."""
-        if torch.jit.is_scripting():
-            return self.keys, self.used
-        # Not view(torch.bool): Inductor's vectorized uint8 -> bool bitcast does not compile
-        # (torch 2.13); rec::zch_remap reads either, the plain ops compare with 0.
-        return self.keys.view(torch.int64), self.used.view(torch.uint8)
-
     def masked(self, ids: torch.Tensor, feature: torch.Tensor, indices: torch.Tensor):
         """As forward, for ids in any order with each one's feature given (IdMap.masked)."""
         for m in self.maps.values():
