@@ -15,6 +15,12 @@ tests, benchmarks, the demo and a resuming publisher look into a stream) all rea
       is applied again (the publisher re-sends after a broker error: a row is its whole value);
     - a record for a table the served model lacks, of the wrong dtype or dim, or with ids outside
       the table, is refused whole and counted, never applied in part;
+    - a record's id map changes (format version 2, a ZCH table's) are checked against the map the
+      replica holds before anything is written: a slot outside the table's slots or the
+      admitted id's window (slot_range), an admitted id another slot holds after the record's
+      evictions or admitted twice (id_held), an eviction of an id the slot does not hold or an
+      admission into a slot still held (map_mismatch) refuse the record whole. An accepted
+      record's rows, evictions and admissions are written under the same lock, in that order;
     - rows of records at or before the export's (gen, step) are skipped: the export holds them;
     - the watermark is the smallest (gen, step) over the run's ranks of their newest complete
       publish (`last`), once every rank has completed one; the first record of a newer
@@ -29,8 +35,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rec.contract.updates import UpdateError, UpdateRecord, decode, parse_url
+
+if TYPE_CHECKING:
+    import torch
 
 Entry = tuple[str, UpdateRecord | UpdateError]
 """One log entry: its id and its record, or why it is malformed."""
@@ -154,6 +164,71 @@ class ServedTable:
     dtype: str
 
 
+@dataclass
+class ServedMap:
+    """A ZCH table's id map as a replica serves it (rec.contract.sections.ZCH_MAP_LAYOUT): every
+    copy the model holds of its `keys` (int64 [slots]) and `used` (bool or uint8 [slots]),
+    written in place together; the first copy is the one read."""
+
+    probes: int
+    copies: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def empty(cls, slots: int, probes: int) -> ServedMap:
+        import torch
+
+        return cls(probes, [(torch.zeros(slots, dtype=torch.int64),
+                             torch.zeros(slots, dtype=torch.bool))])  # fmt: skip
+
+    @property
+    def slots(self) -> int:
+        return int(self.copies[0][0].shape[0])
+
+    def held(self, slot: int) -> int | None:
+        """The id `slot` holds, or None."""
+        keys, used = self.copies[0]
+        return int(keys[slot]) if bool(used[slot]) else None
+
+    def check(self, table: str, rec: UpdateRecord) -> str | None:
+        """Why `rec`'s map changes do not fit this map (Applier's module docstring), or None."""
+        import torch
+
+        from rec.zch import windows
+
+        for slot, _ in rec.evicted + rec.admitted:
+            if slot >= self.slots:
+                return f"slot range: slot {slot} is outside {table!r}'s {self.slots} slots"
+        for slot, raw in rec.evicted:
+            if self.held(slot) != raw:
+                return (f"map mismatch: slot {slot} of {table!r} holds id {self.held(slot)}, "
+                        f"the record evicts id {raw}")  # fmt: skip
+        freed = {slot for slot, _ in rec.evicted}
+        admitted: set[int] = set()
+        for slot, raw in rec.admitted:
+            if slot not in freed and self.held(slot) is not None:
+                return (f"map mismatch: slot {slot} of {table!r} holds id {self.held(slot)}, "
+                        f"which the record does not evict, and admits id {raw}")  # fmt: skip
+            window = windows(torch.tensor([raw]), self.slots, self.probes)[0].tolist()
+            if slot not in window:
+                return (f"slot range: slot {slot} is not in id {raw}'s window of {table!r} "
+                        f"({self.probes} slots from {window[0]})")  # fmt: skip
+            if raw in admitted:
+                return f"id held: id {raw} is admitted twice to {table!r}"
+            holder = [s for s in window if s not in freed and s != slot and self.held(s) == raw]
+            if holder:
+                return f"id held: id {raw} is already held by slot {holder[0]} of {table!r}"
+            admitted.add(raw)
+        return None
+
+    def write(self, rec: UpdateRecord) -> None:
+        """The evictions, then the admissions, into every copy."""
+        for keys, used in self.copies:
+            for slot, _ in rec.evicted:
+                used[slot] = False
+            for slot, raw in rec.admitted:
+                keys[slot], used[slot] = raw, True
+
+
 class Applier:
     """The replica rules (module docstring) over the served model's `tables` and the embedding
     store's `stored` ones (rec.contract.store: their records are checked and count toward the
@@ -163,12 +238,17 @@ class Applier:
     and tools. rec's Triton model (ServedTables) writes them into its buffers, the store's
     follower (rec.store.follow) into the store.
 
+    `maps`: the ZCH tables' id maps (ServedMap), which a record's map changes are checked
+    against and written into, with its rows.
+
     `lock` is held by apply() for a whole record; a reader that must not see a record half
     applied holds it too."""
 
     def __init__(self, tables: dict[str, ServedTable], export: tuple[int, int] = (0, 0),
-                 run: str = "", stored: dict[str, ServedTable] | None = None) -> None:  # fmt: skip
+                 run: str = "", stored: dict[str, ServedTable] | None = None,
+                 maps: dict[str, ServedMap] | None = None) -> None:  # fmt: skip
         self.tables, self.stored, self.export, self.run = tables, stored or {}, export, run
+        self.maps = maps or {}
         self.lock = threading.Lock()
         self.rows: dict[str, dict[int, bytes]] = {}
         self.rank_version: dict[int, tuple[int, int]] = {}
@@ -201,10 +281,19 @@ class Applier:
             if why is not None:
                 self.refused[outcome] += 1
                 return outcome, why
-            if rec.count and rec.version <= self.export:
+            changes = rec.count or rec.evicted or rec.admitted
+            if changes and rec.version <= self.export:
                 outcome = "skipped"
-            elif rec.count:
-                self.write(rec)
+            elif changes:
+                why = self._check_map(rec)
+                if why is not None:
+                    outcome = why.split(":")[0].replace(" ", "_")
+                    self.refused[outcome] += 1
+                    return outcome, why
+                if rec.count:
+                    self.write(rec)
+                if rec.evicted or rec.admitted:
+                    self.maps[rec.table].write(rec)
                 self.applied_rows += rec.count
             self.run = self.run or rec.run
             self._advance(rec)
@@ -214,7 +303,7 @@ class Applier:
         seen = self.rank_version.get(rec.rank)
         if seen is not None and rec.version < seen:
             return f"backwards: rank {rec.rank} sent {rec.version} after {seen}"
-        if rec.count == 0:
+        if rec.count == 0 and not (rec.evicted or rec.admitted):
             return None
         served = self.tables.get(rec.table) or self.stored.get(rec.table)
         if served is None:
@@ -222,9 +311,18 @@ class Applier:
         if (rec.dtype, rec.dim) != (served.dtype, served.dim):
             return (f"row format: {rec.table!r} is served as {served.dtype} dim {served.dim}, "
                     f"the record has {rec.dtype} dim {rec.dim}")  # fmt: skip
-        if rec.ids[-1] >= served.rows:
+        if rec.ids and rec.ids[-1] >= served.rows:
             return f"id range: id {rec.ids[-1]} is outside {rec.table!r}'s {served.rows} rows"
         return None
+
+    def _check_map(self, rec: UpdateRecord) -> str | None:
+        """Why the map changes of `rec` (checked, newer than the export) cannot apply, or None;
+        after the export's records are skipped, since the export's map already holds theirs."""
+        if not (rec.evicted or rec.admitted):
+            return None
+        if rec.table not in self.maps:
+            return f"slot range: {rec.table!r} is not a ZCH table of the served model: no slots"
+        return self.maps[rec.table].check(rec.table, rec)
 
     def _advance(self, rec: UpdateRecord) -> None:
         self.rank_version[rec.rank] = rec.version

@@ -21,8 +21,11 @@ parameter `updates_url` (rec-server's `--updates URL|none`: a URL overrides it, 
 log off); rec.serve.triton.start_triton(updates=...) writes that parameter. The rules are
 rec.update_log.Applier's, which are rec-server's (a record is applied whole or refused whole:
 other run, unknown table, wrong dtype or dim, id out of range, backwards, malformed), the writer is
-rec.update_log.write_rows. A forward pass and the applying of a record exclude each other, so a
-batch never sees a half-written row. The counts and the watermark are Triton custom metrics
+rec.update_log.write_rows. A ZCH table's id map changes (format version 2) are checked by the same
+rules (slot_range, id_held, map_mismatch) and written into model.pt's map buffers
+(rec.json "zch.tables.<t>.buffers") with the rows, under the same lock. A forward pass and the
+applying of a record exclude each other, so a batch never sees a half-written row, nor a slot's
+new id with its old row. The counts and the watermark are Triton custom metrics
 (rec-server's names): rec_update_records_total{outcome}, rec_update_rows_applied_total,
 rec_update_watermark_step, rec_update_watermark_wall_ms, rec_update_log_connected. Each model
 instance (its own stub process) keeps its own copy of the tables and its own reader.
@@ -69,7 +72,7 @@ from rec.contract.updates import UpdateError, parse_url, row_bytes
 from rec.cpu import cpu_info, describe
 from rec.features import FeatureSpec, TokenError
 from rec.malloc import keep_freed_memory
-from rec.update_log import Applier, LogReader, ServedTable, write_rows
+from rec.update_log import Applier, LogReader, ServedMap, ServedTable, write_rows
 
 STORE_CACHE_PARAMETER = "store_cache_bytes"
 """Config parameter: the row cache's bound in bytes (rec-server's --store-cache-bytes)."""
@@ -224,7 +227,7 @@ class ServedTables(Applier):
     one writer that each release it after one pass or one record neither can starve the other.
     """
 
-    def __init__(self, updates, buffers, stored=None, refresh=None):
+    def __init__(self, updates, buffers, stored=None, refresh=None, zch=None):
         places, stored = updates["tables"], stored or {}
         self.refresh = refresh  # a stored table's fresh rows into the store reader's cache
         super().__init__(
@@ -232,6 +235,7 @@ class ServedTables(Applier):
             export=(int(updates.get("gen") or 0), int(updates.get("step") or 0)),
             run=updates.get("run") or "",
             stored={n: ServedTable(t["rows"], t["dim"], t["dtype"]) for n, t in stored.items()},
+            maps={n: _served_map(n, t, buffers) for n, t in (zch or {}).items()},
         )
         self.places = places
         self.buffers = {}
@@ -260,6 +264,32 @@ class ServedTables(Applier):
             write_rows(self.buffers[rec.table], self.places[rec.table], rec.ids, rec.rows)
         elif self.refresh is not None:
             self.refresh(rec.table, rec.ids, rec.rows)
+
+
+def _served_map(name, table, buffers):
+    """ZCH table `name`'s id map in model.pt (rec.json "zch.tables.<name>": its buffers, keys
+    and used of every lookup reading it), which the update log's map changes write in place."""
+    names = table["buffers"]
+    copies = []
+    for keys_name in (b for b in names if b.endswith(".keys")):
+        used_name = keys_name[: -len(".keys")] + ".used"
+        keys, used = buffers.get(keys_name), buffers.get(used_name)
+        if keys is None or used is None or used_name not in names:
+            raise ValueError(f'rec.json: "zch.tables.{name}.buffers" names {keys_name!r} and '
+                             f"{used_name!r}, which the model does not hold")  # fmt: skip
+        slots = table["slots"]
+        if (keys.dtype, used.dtype, keys.shape, used.shape) != (
+            torch.int64,
+            torch.bool,
+            (slots,),
+            (slots,),
+        ):
+            raise ValueError(f"ZCH table {name!r}: the model's map is not int64 and bool "
+                             f"[{slots}] (zch.tables.{name}.slots)")  # fmt: skip
+        copies.append((keys, used))
+    if not copies:
+        raise ValueError(f'rec.json: "zch.tables.{name}.buffers" names no id map')
+    return ServedMap(table["probes"], copies)
 
 
 class UpdateReader:
@@ -459,8 +489,9 @@ class TritonPythonModel:
         try:
             stored = manifest.store.to_dict()["tables"] if manifest.has("store") else None
             refresh = self._refresh if self.store is not None else None
+            zch = manifest.zch.to_dict()["tables"] if manifest.has("zch") else None
             self.tables = ServedTables(updates.to_dict(), dict(self.model.named_buffers()),
-                                       stored, refresh)  # fmt: skip
+                                       stored, refresh, zch)  # fmt: skip
         except (KeyError, ValueError) as e:
             raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
         self.reader = UpdateReader(name, url, self.tables, UpdateMetrics(name, version))

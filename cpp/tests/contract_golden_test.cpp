@@ -13,6 +13,7 @@
 #include "contract/row_bytes.h"
 #include "contract/store_spec.h"
 #include "contract/update_record.h"
+#include "contract/zch_home.h"
 
 namespace rec {
 namespace {
@@ -73,6 +74,7 @@ StreamFields Entry(const json& c, const std::set<std::string>& binary) {
 TEST(Golden, UpdateRecordsDecodeOrAreRefusedWithTheirReason) {
   const json g = Golden("update_record_golden.json");
   EXPECT_EQ(g.value("format", ""), kUpdateFormat);
+  EXPECT_EQ(g["formats"], json({kUpdateFormatV1, kUpdateFormat}));
   EXPECT_EQ(g.value("max_rows", int64_t{0}), kMaxUpdateRows);
   EXPECT_EQ(g.value("max_dim", int64_t{0}), kMaxUpdateDim);
   const std::set<std::string> binary = g.contains("binary_fields")
@@ -95,6 +97,14 @@ TEST(Golden, UpdateRecordsDecodeOrAreRefusedWithTheirReason) {
     EXPECT_EQ(r.dim, want["dim"].get<int64_t>()) << c["name"];
     EXPECT_EQ(r.ids, want["ids"].get<std::vector<int64_t>>()) << c["name"];
     EXPECT_EQ(Hex(r.rows), want["rows"].get<std::string>()) << c["name"];
+    for (const auto& [key, got] :
+         {std::make_pair("evicted", &r.evicted), std::make_pair("admitted", &r.admitted)}) {
+      std::vector<UpdateRecord::SlotId> pairs;
+      for (const json& p : want.value(key, json::array())) {
+        pairs.push_back({p[0].get<int64_t>(), p[1].get<int64_t>()});
+      }
+      EXPECT_EQ(*got, pairs) << c["name"] << " " << key;
+    }
   }
   for (const json& c : Cases(g, "refused")) {
     UpdateRecord r;
@@ -102,6 +112,14 @@ TEST(Golden, UpdateRecordsDecodeOrAreRefusedWithTheirReason) {
     ASSERT_FALSE(st.ok()) << c["name"];
     EXPECT_TRUE(Contains(st, c["error"].get<std::string>()))
         << c["name"] << ": " << st.message() << "\n  want: " << c["error"];
+  }
+}
+
+TEST(Golden, ZchHomeIsRecZchHome) {
+  const json g = Golden("update_record_golden.json");
+  for (const json& c : Cases(g, "zch_home")) {
+    EXPECT_EQ(ZchHome(c["id"].get<int64_t>(), c["slots"].get<int64_t>()), c["home"].get<int64_t>())
+        << c["id"] << " " << c["slots"];
   }
 }
 

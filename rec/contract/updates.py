@@ -12,9 +12,10 @@ row sizes and URLs). This docstring is the one description of the fields.
 The URL: `redis://HOST:PORT[/STREAM]`; the stream key defaults to DEFAULT_STREAM. The path names
 the stream, not a database number (a number is refused, so `redis://h:6379/0` fails loudly).
 
-One stream entry is one record, format FORMAT, every field a string or raw bytes:
+One stream entry is one record, every field a string or raw bytes:
 
-    format    "rec.updates/1"
+    format    "rec.updates/2" (FORMAT) for a record that changes an id map, else "rec.updates/1"
+              (FORMAT_V1); a reader takes both, so logs written before version 2 still read
     run       the run's id: the same for every publisher of one training run
     gen       the publisher's generation: 1 for a fresh run, +1 on every resume. Steps go back on
               a resume (it restarts at its checkpoint); a replica orders records by (gen, step)
@@ -33,6 +34,23 @@ One stream entry is one record, format FORMAT, every field a string or raw bytes
               bytes a full export of that step stores for the row. An int4 row of odd dim is
               refused (row_bytes): its codes are not whole bytes, and FBGEMM neither quantizes
               nor serves such a table, so no export holds one
+
+Version 2 adds a ZCH table's id map changes (rec.zch: slot <-> raw id), each slot's change in
+the same record as its row, so a replica applies a slot's new id and its row together:
+
+    evicts    slots whose id leaves, at most MAX_ROWS
+    evicted   evicts pairs (slot, raw id), each two little-endian int64, slots strictly
+              increasing: the slot held that id and holds none after the record
+    admits    slots a new id takes, at most MAX_ROWS
+    admitted  admits pairs (slot, raw id), slots strictly increasing: the slot holds that id
+              after the record. Every admitted slot is one of `ids`, its row (the fresh row the
+              id starts from) in `rows`. A slot both evicted and admitted changes hands
+
+A replica writes the rows, then the evictions, then the admissions, all under the lock a forward
+pass holds. It refuses the whole record (nothing changed) when a slot is not one of the table's
+slots or not in the admitted id's window (rec.zch.windows), when an admitted id is held by another
+slot of the table after the record's evictions (or admitted twice in it), or when an eviction
+names an id the slot does not hold or an admission a slot still held (rec.update_log.Applier).
 
 A rank's rows at one step are one publish: records with that (gen, step) from that rank, the last
 one marked `last`. The ranks own disjoint rows, so a replica's watermark is the smallest
@@ -53,12 +71,16 @@ from typing import Any
 
 from rec.contract.io import EMBEDDING_DTYPES
 
-FORMAT = "rec.updates/1"
+FORMAT = "rec.updates/2"
+FORMAT_V1 = "rec.updates/1"
+"""Rows only: what a record with no id map change is written as (any reader takes it)."""
+FORMATS = (FORMAT_V1, FORMAT)
 MAX_ROWS = 1 << 20
 """Rows in one record at most (the publisher sends 16,384); a reader refuses more."""
 MAX_DIM = 1 << 16
 DEFAULT_STREAM = "rec:updates"
 _INT_FIELDS = ("gen", "rank", "world", "step", "wall_ns", "dim", "count")
+_MAP_FIELDS = ("evicts", "admits")
 _URL = re.compile(r"^redis://(?P<host>[^/:?#\s]+):(?P<port>\d{1,5})(?:/(?P<stream>[^?#\s]*))?$")
 
 
@@ -121,6 +143,10 @@ class UpdateRecord:
     dim: int
     ids: tuple[int, ...]
     rows: bytes
+    evicted: tuple[tuple[int, int], ...] = ()
+    """(slot, raw id) pairs: the id leaves the slot (format version 2)."""
+    admitted: tuple[tuple[int, int], ...] = ()
+    """(slot, raw id) pairs: the id takes the slot, with the slot's row in `ids`/`rows`."""
 
     @property
     def count(self) -> int:
@@ -132,10 +158,15 @@ class UpdateRecord:
         return (self.gen, self.step)
 
 
+def _pairs(pairs: tuple[tuple[int, int], ...]) -> bytes:
+    return struct.pack(f"<{2 * len(pairs)}q", *(v for pair in pairs for v in pair))
+
+
 def encode(rec: UpdateRecord) -> dict[str, Any]:
-    """The record's stream-entry fields (what XADD takes)."""
-    return {
-        "format": FORMAT,
+    """The record's stream-entry fields (what XADD takes): version 2 only when it changes an
+    id map, so a log of rows alone stays readable by version 1 readers."""
+    fields = {
+        "format": FORMAT if rec.evicted or rec.admitted else FORMAT_V1,
         "run": rec.run,
         "gen": str(rec.gen),
         "rank": str(rec.rank),
@@ -150,6 +181,10 @@ def encode(rec: UpdateRecord) -> dict[str, Any]:
         "ids": struct.pack(f"<{rec.count}q", *rec.ids),
         "rows": rec.rows,
     }
+    if rec.evicted or rec.admitted:
+        fields.update(evicts=str(len(rec.evicted)), evicted=_pairs(rec.evicted),
+                      admits=str(len(rec.admitted)), admitted=_pairs(rec.admitted))  # fmt: skip
+    return fields
 
 
 def _text(fields: dict[str, bytes], key: str) -> str:
@@ -166,10 +201,10 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
     raw = {(k.decode() if isinstance(k, bytes) else k): (v.encode() if isinstance(v, str) else v)
            for k, v in fields.items()}  # fmt: skip
     fmt = _text(raw, "format")
-    if fmt != FORMAT:
-        raise UpdateError(f'update record: "format" must be {FORMAT!r}, got {fmt!r}')
+    if fmt not in FORMATS:
+        raise UpdateError(f'update record: "format" must be one of {list(FORMATS)}, got {fmt!r}')
     ints: dict[str, int] = {}
-    for key in _INT_FIELDS:
+    for key in _INT_FIELDS + (_MAP_FIELDS if fmt == FORMAT else ()):
         text = _text(raw, key)
         if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) >= 1 << 63:
             raise UpdateError(
@@ -193,6 +228,9 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
                           f"got {dtype!r}")  # fmt: skip
     if count and not table:
         raise UpdateError('update record: "table" is empty but "count" is not 0')
+    for key in _MAP_FIELDS:
+        if ints.get(key, 0) > MAX_ROWS:
+            raise UpdateError(f'update record: "{key}" {ints[key]} is over {MAX_ROWS} slots')
     ids_raw, rows = raw.get("ids", b""), raw.get("rows", b"")
     if len(ids_raw) != 8 * count:
         raise UpdateError(f'update record: "ids" holds {len(ids_raw)} bytes, {count} ids need '
@@ -207,7 +245,30 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
     ids = struct.unpack(f"<{count}q", ids_raw)
     if any(b <= a for a, b in zip(ids, ids[1:], strict=False)) or (ids and ids[0] < 0):
         raise UpdateError('update record: "ids" must be non-negative and strictly increasing')
+    evicted = _decode_pairs(raw, "evicted", ints.get("evicts", 0))
+    admitted = _decode_pairs(raw, "admitted", ints.get("admits", 0))
+    if (evicted or admitted) and not table:
+        raise UpdateError('update record: "table" is empty but the record changes an id map')
+    rowed = set(ids)
+    for slot, _ in admitted:
+        if slot not in rowed:
+            raise UpdateError(f'update record: "admitted" slot {slot} has no row in "ids": a '
+                              "slot's new id comes with its row")  # fmt: skip
     return UpdateRecord(
         _text(raw, "run"), ints["gen"], ints["rank"], ints["world"], ints["step"],
-        ints["wall_ns"], last == "1", table, dtype, ints["dim"], ids, rows,
+        ints["wall_ns"], last == "1", table, dtype, ints["dim"], ids, rows, evicted, admitted,
     )  # fmt: skip
+
+
+def _decode_pairs(raw: dict[str, bytes], key: str, n: int) -> tuple[tuple[int, int], ...]:
+    """`n` (slot, raw id) pairs of field `key`: slots non-negative and strictly increasing."""
+    data = raw.get(key, b"")
+    if len(data) != 16 * n:
+        raise UpdateError(f'update record: "{key}" holds {len(data)} bytes, {n} (slot, id) pairs '
+                          f"need {16 * n}")  # fmt: skip
+    flat = struct.unpack(f"<{2 * n}q", data)
+    slots = flat[0::2]
+    if any(b <= a for a, b in zip(slots, slots[1:], strict=False)) or (slots and slots[0] < 0):
+        raise UpdateError(f'update record: "{key}" slots must be non-negative and strictly '
+                          "increasing")  # fmt: skip
+    return tuple(zip(slots, flat[1::2], strict=True))

@@ -11,9 +11,12 @@ import struct
 from pathlib import Path
 
 import pytest
+import torch
 
 from rec.contract.store import row_bytes as store_row_bytes
 from rec.contract.updates import (
+    FORMAT,
+    FORMATS,
     MAX_DIM,
     MAX_ROWS,
     UpdateError,
@@ -24,7 +27,8 @@ from rec.contract.updates import (
     parse_url,
     row_bytes,
 )
-from rec.update_log import Applier, ServedTable
+from rec.update_log import Applier, ServedMap, ServedTable
+from rec.zch import home
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -57,8 +61,9 @@ def _entry(case: dict) -> dict:
 
 @pytest.mark.parametrize("case", GOLDEN["valid"], ids=lambda c: c["name"])
 def test_a_golden_record_decodes_to_its_values(case):
+    pairs = {k: tuple(map(tuple, case["record"].get(k, []))) for k in ("evicted", "admitted")}
     want = dict(case["record"], ids=tuple(case["record"]["ids"]),
-                rows=bytes.fromhex(case["record"]["rows"]))  # fmt: skip
+                rows=bytes.fromhex(case["record"]["rows"]), **pairs)  # fmt: skip
     assert decode(_entry(case)) == UpdateRecord(**want)
 
 
@@ -71,6 +76,20 @@ def test_a_malformed_record_is_refused_naming_the_field(case):
 
 def test_the_golden_bounds_are_the_readers():
     assert (GOLDEN["max_rows"], GOLDEN["max_dim"]) == (MAX_ROWS, MAX_DIM)
+    assert (GOLDEN["format"], tuple(GOLDEN["formats"])) == (FORMAT, FORMATS)
+
+
+def test_a_record_without_map_changes_stays_version_1_and_one_with_them_is_version_2():
+    assert encode(_rec())["format"] == "rec.updates/1" and "evicts" not in encode(_rec())
+    rec = _rec(evicted=((7, 42),), admitted=((7, -5),))
+    fields = encode(rec)
+    assert fields["format"] == "rec.updates/2" and fields["admitted"] == struct.pack("<2q", 7, -5)
+    assert decode(fields) == rec
+
+
+@pytest.mark.parametrize("case", GOLDEN["zch_home"], ids=lambda c: f"{c['id']}-{c['slots']}")
+def test_the_golden_home_slots_are_rec_zch_home(case):
+    assert home(torch.tensor([case["id"]]), case["slots"]).item() == case["home"]
 
 
 @pytest.mark.parametrize("case", ROW_BYTES["rows"], ids=lambda c: f"{c['dtype']}-{c['dim']}")
@@ -154,3 +173,71 @@ def test_rows_the_export_holds_are_skipped_and_another_run_is_refused():
     assert replica.apply(_rec(step=11))[0] == "applied" and set(replica.rows["t0"]) == {1, 7}
     outcome, why = replica.apply(_rec(step=12, run="other"))
     assert outcome == "other_run" and "'other'" in why
+
+
+SLOTS = 16
+_HOMES = home(torch.arange(1, 5000), SLOTS)
+
+
+def _id_at(slot: int, nth: int = 0) -> int:
+    """The nth id (from 1 up) whose window starts at `slot`."""
+    return int(torch.nonzero(slot == _HOMES)[nth]) + 1
+
+
+def _zch(held: dict[int, int] | None = None) -> Applier:
+    """A replica of t0 (16 slots, probes 4, and the default row) whose map holds `held`
+    {id: slot}, and of t1, a modulo table."""
+    served = ServedMap.empty(SLOTS, 4)
+    keys, used = served.copies[0]
+    for raw, slot in (held or {}).items():
+        keys[slot], used[slot] = raw, True
+    tables = {"t0": ServedTable(SLOTS + 1, 4, "int8"), "t1": ServedTable(100, 4, "int8")}
+    return Applier(tables, maps={"t0": served})
+
+
+def _map(ids=(), evicted=(), admitted=(), **kw) -> UpdateRecord:
+    return _rec(ids=tuple(ids), rows=bytes(range(8)) * len(ids), evicted=tuple(evicted),
+                admitted=tuple(admitted), **kw)  # fmt: skip
+
+
+def test_a_slot_changes_hands_with_its_row_and_a_lone_eviction_frees_it():
+    a, b = _id_at(3), _id_at(3, 1)  # both may hold slots 3-6
+    replica = _zch(held={a: 3})
+    m = replica.maps["t0"]
+    assert replica.apply(_map([3, 16], [(3, a)], [(3, b)])) == ("applied", "")
+    assert m.held(3) == b and replica.rows["t0"][3] == bytes(range(8)) and 16 in replica.rows["t0"]
+    assert replica.apply(_map([4], [], [(4, a)], step=11)) == ("applied", "")  # a's window
+    assert replica.apply(_map([], [(3, b)], [], step=12)) == ("applied", "")
+    assert m.held(3) is None and m.held(4) == a and replica.applied_rows == 3
+
+
+BAD_MAPS = {
+    # slot 16 is t0's default row, not a slot
+    "a slot past the slots": (_map([16], [], [(16, 5)]), "slot_range"),
+    "a slot outside the id's window": (_map([9], [], [(9, _id_at(3))]), "slot_range"),
+    "a table without a map": (_map([], [(0, 1)], [], table="t1"), "slot_range"),
+    "an id another slot holds": (_map([4], [], [(4, _id_at(3))]), "id_held"),
+    "an id admitted twice": (_map([5, 6], [], [(5, _id_at(5)), (6, _id_at(5))]), "id_held"),
+    "an eviction of another id": (_map([], [(3, _id_at(3) + 1)], []), "map_mismatch"),
+    "an eviction from a free slot": (_map([], [(8, 5)], []), "map_mismatch"),
+    "an admission into a held slot": (_map([3], [], [(3, _id_at(3, 1))]), "map_mismatch"),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_MAPS)
+def test_a_bad_map_change_is_refused_whole_counted_and_changes_nothing(bad):
+    replica = _zch(held={_id_at(3): 3})
+    before = [t.clone() for t in replica.maps["t0"].copies[0]]
+    rec, outcome = BAD_MAPS[bad]
+    got, why = replica.apply(rec)
+    assert (got, replica.refused[got]) == (outcome, 1), why
+    assert why.startswith(outcome.replace("_", " ")), why
+    assert all(torch.equal(x, y) for x, y in zip(before, replica.maps["t0"].copies[0], strict=True))
+    assert replica.rows == {} and replica.applied_rows == 0 and replica.rank_version == {}
+
+
+def test_map_changes_the_export_holds_are_skipped_unchecked():
+    replica = _zch()
+    replica.export = (1, 10)
+    assert replica.apply(_map([], [(3, 99)], []))[0] == "skipped"
+    assert replica.maps["t0"].held(3) is None and replica.refused == {}

@@ -26,6 +26,28 @@ bool ParseCount(const std::string& text, int64_t* out) {
 
 std::string Quoted(const std::string& s) { return "'" + s + "'"; }
 
+// `n` (slot, raw id) pairs of field `key` (empty when absent): slots >= 0, strictly increasing.
+Status DecodePairs(const std::map<std::string, const std::string*>& by_name, const char* key,
+                   int64_t n, std::vector<UpdateRecord::SlotId>* out) {
+  static const std::string kEmpty;
+  auto it = by_name.find(key);
+  const std::string& data = it == by_name.end() ? kEmpty : *it->second;
+  const std::string name = std::string("\"") + key + "\"";
+  if (data.size() != static_cast<size_t>(16 * n)) {
+    return Bad(name + " holds " + std::to_string(data.size()) + " bytes, " + std::to_string(n) +
+               " (slot, id) pairs need " + std::to_string(16 * n));
+  }
+  out->resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {  // little-endian host
+    std::memcpy(&(*out)[i].slot, data.data() + 16 * i, 8);
+    std::memcpy(&(*out)[i].id, data.data() + 16 * i + 8, 8);
+    if ((*out)[i].slot < 0 || (i > 0 && (*out)[i].slot <= (*out)[i - 1].slot)) {
+      return Bad(name + " slots must be non-negative and strictly increasing");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
@@ -39,10 +61,13 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
   };
   const std::string* v = nullptr;
   REC_RETURN_IF_ERROR(text("format", &v));
-  if (*v != kUpdateFormat) {
-    return Bad(std::string("\"format\" must be '") + kUpdateFormat + "', got " + Quoted(*v));
+  if (*v != kUpdateFormat && *v != kUpdateFormatV1) {
+    return Bad(std::string("\"format\" must be one of ['") + kUpdateFormatV1 + "', '" +
+               kUpdateFormat + "'], got " + Quoted(*v));
   }
-  const char* int_fields[] = {"gen", "rank", "world", "step", "wall_ns", "dim", "count"};
+  const bool v2 = *v == kUpdateFormat;
+  std::vector<const char*> int_fields = {"gen", "rank", "world", "step", "wall_ns", "dim", "count"};
+  if (v2) int_fields.insert(int_fields.end(), {"evicts", "admits"});
   std::map<std::string, int64_t> ints;
   for (const char* key : int_fields) {
     REC_RETURN_IF_ERROR(text(key, &v));
@@ -79,6 +104,12 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
                std::to_string(kMaxUpdateDim));
   }
   if (count > 0 && out->table.empty()) return Bad("\"table\" is empty but \"count\" is not 0");
+  for (const char* key : {"evicts", "admits"}) {
+    if (ints[key] > kMaxUpdateRows) {
+      return Bad(std::string("\"") + key + "\" " + std::to_string(ints[key]) + " is over " +
+                 std::to_string(kMaxUpdateRows) + " slots");
+    }
+  }
   static const std::string kEmpty;
   auto ids_it = by_name.find("ids");
   auto rows_it = by_name.find("rows");
@@ -102,6 +133,17 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
   for (int64_t i = 0; i < count; ++i) {
     if (out->ids[i] < 0 || (i > 0 && out->ids[i] <= out->ids[i - 1])) {
       return Bad("\"ids\" must be non-negative and strictly increasing");
+    }
+  }
+  REC_RETURN_IF_ERROR(DecodePairs(by_name, "evicted", ints["evicts"], &out->evicted));
+  REC_RETURN_IF_ERROR(DecodePairs(by_name, "admitted", ints["admits"], &out->admitted));
+  if (out->changes_map() && out->table.empty()) {
+    return Bad("\"table\" is empty but the record changes an id map");
+  }
+  for (const auto& a : out->admitted) {  // ids are sorted: a binary search each
+    if (!std::binary_search(out->ids.begin(), out->ids.end(), a.slot)) {
+      return Bad("\"admitted\" slot " + std::to_string(a.slot) +
+                 " has no row in \"ids\": a slot's new id comes with its row");
     }
   }
   out->rows = rows;

@@ -1,5 +1,7 @@
-// The update log's record (rec.contract.updates, format "rec.updates/1"): decoding one Redis
-// stream entry and checking it, with the same refusal sentences as the Python reader.
+// The update log's record (rec.contract.updates, formats "rec.updates/1" and "/2"): decoding one
+// Redis stream entry and checking it, with the same refusal sentences as the Python reader.
+// Version 2 adds a ZCH table's id map changes (evicted and admitted (slot, raw id) pairs), each
+// admitted slot's row in the same record.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +14,8 @@
 
 namespace rec {
 
-inline constexpr const char* kUpdateFormat = "rec.updates/1";
+inline constexpr const char* kUpdateFormat = "rec.updates/2";
+inline constexpr const char* kUpdateFormatV1 = "rec.updates/1";  // rows only: still read
 inline constexpr const char* kDefaultUpdateStream = "rec:updates";
 // Bounds of one record (rec.contract.updates MAX_ROWS, MAX_DIM): a reader refuses more before
 // it allocates anything for it.
@@ -32,6 +35,16 @@ struct UpdateRecord {
   int64_t dim = 0;
   std::vector<int64_t> ids;  // strictly increasing
   std::string rows;          // ids.size() rows of RowBytes(dim, dtype): codes, then scale, bias
+  // Version 2: the id map changes of a ZCH table, slots strictly increasing in each; every
+  // admitted slot is one of `ids`. A replica writes rows, evictions, admissions, in that order.
+  struct SlotId {
+    int64_t slot = 0;
+    int64_t id = 0;  // the raw id (any int64)
+    bool operator==(const SlotId& o) const { return slot == o.slot && id == o.id; }
+  };
+  std::vector<SlotId> evicted;
+  std::vector<SlotId> admitted;
+  bool changes_map() const { return !evicted.empty() || !admitted.empty(); }
 };
 
 using StreamFields = std::vector<std::pair<std::string, std::string>>;
