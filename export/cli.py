@@ -59,11 +59,39 @@ from rec.config import QUANT_DTYPES, export_formats
     help="Write nothing if the newest version already holds this checkpoint (for deployments "
     "that export on every start).",
 )
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Run until stopped: export each new committed checkpoint of RUN (still training) as "
+    "the repository's next version (docs/follow.md).",
+)
+@click.option(
+    "--keep",
+    type=click.IntRange(min=2),
+    default=3,
+    show_default=True,
+    help="With --follow: versions kept per model; older ones are deleted (at least 2: the one "
+    "a server serves and the one it is about to load).",
+)
 def export_command(
-    run, repo, checkpoint, quantize, fmt, config, version, force, store, skip_exported
-):
+    run, repo, checkpoint, quantize, fmt, config, version, force, store, skip_exported, follow,
+    keep,
+):  # fmt: skip
     """Export RUN's checkpoint, verify it, and write it into the model repository."""
     from rec.export.pipeline import export_run
+
+    if follow:
+        given = {"--checkpoint": checkpoint, "--version": version, "--force": force,
+                 "--store": store, "--skip-exported": skip_exported}  # fmt: skip
+        clash = [name for name, value in given.items() if value]
+        if clash:
+            raise click.UsageError(f"--follow exports every new checkpoint as the next version; "
+                                   f"it does not take {', '.join(clash)}")  # fmt: skip
+        from rec.export.follow import follow as follow_run
+
+        follow_run(run, repo, keep=keep, quantize=quantize, fmt=fmt, config=config,
+                   log=click.echo)  # fmt: skip
+        return
 
     result = export_run(run, repo, checkpoint=checkpoint, quantize=quantize, fmt=fmt,
                         config=config, version=version, force=force,
