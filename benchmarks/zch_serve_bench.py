@@ -8,9 +8,10 @@ each from a seeded checkpoint (latency does not depend on training), its maps ha
 random ids, exported to TorchScript (int8 tables). For each, with one intra-op thread:
 - in process (Python): the scripted model's forward at B = 1 and B = 512 (median of many
   calls), on requests whose ids are half admitted, half unknown;
-- the remap alone at B = 512: the model's own IdMaps module (one rec::zch_remap call),
-  scripted, on the same batch's feature-major ids, against the whole forward (issue #50's
-  target: <= 10 %);
+- the remap alone at B = 512: the model's own IdMaps module (one rec::zch_remap_counted
+  call), scripted, on the same batch's feature-major ids, against the whole forward (issue #50's
+  target: <= 10 %); and what counting unknown ids adds to it (`--counting` measures only that,
+  into zch_serve_counting.json);
 - rec-bench's in-process C++ forward and rec-server over HTTP, B = 1 and B = 512 p50 with one
   client. rec-bench's ids are random, so a ZCH table reads its default row for nearly all of
   them: every probe of the window is compared, the remap's worst case.
@@ -121,6 +122,56 @@ def _remap_us(cfg, maps, request) -> float:
     return _median_us(lambda: scripted(ids, indices.clone(), offsets, batch), 200)
 
 
+def _counting_us(cfg, maps, request, rounds: int = 15) -> dict[str, float]:
+    """What counting the unknown ids costs the remap (docs/zch.md, "Unknown ids"): the model's
+    remap, rec::zch_remap_counted, against the same call of rec::zch_remap (no counts), and the
+    server's take of the counts after a forward, at B = 512. Interleaved rounds of 200 calls
+    each, so that the shared machine's drift hits both alike; medians of the rounds."""
+    model = build_model(cfg)
+    order = ebc_features(model.get_submodule(ebc_path(model)))
+    holder = id_maps.IdMaps(cfg, order)
+    id_maps.fill(holder, {n: id_maps.TableMap(*m) for n, m in maps.items()})
+    _, lengths, values = request
+    columns = list(cfg.features.sparse)
+    column_of = torch.tensor([columns.index(f) for f in order])
+    rows = torch.tensor([next(t.rows for t in cfg.tables if f in t.features) for f in order])
+    ids, indices, offsets = feature_major_ids(lengths, values, rows, column_of)
+    keys = [m.keys for m in holder.maps.values()]
+    used = [m.used for m in holder.maps.values()]
+    args = (ids, indices, offsets, keys, used, holder.probes, holder.table_of)
+    ops = torch.ops.rec
+    calls = {
+        "counted": lambda: ops.zch_remap_counted(*args, holder.columns),
+        "uncounted": lambda: ops.zch_remap(*args),
+        "take": ops.zch_take_unknowns,
+    }
+    rounds_us: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            rounds_us[name].append(_median_us(fn, 200))
+    out = {f"remap_{k}_b512_us": statistics.median(v) for k, v in rounds_us.items()}
+    counted, uncounted = out["remap_counted_b512_us"], out["remap_uncounted_b512_us"]
+    out["counting_share_of_remap"] = counted / uncounted - 1
+    return out
+
+
+def counting_only() -> None:
+    """`--counting`: only _counting_us, on the ZCH default model (no export; ~1 min)."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    cfg = _config(True)
+    maps = _maps(cfg, g)
+    r = _counting_us(cfg, maps, _request(cfg, maps, 512, g))
+    r["cpu"] = cpu_info()
+    (RESULTS / "zch_serve_counting.json").write_text(json.dumps(r, indent=1) + "\n")
+    print(f"CPU: {r['cpu'].get('model')}")
+    print(
+        f"remap B=512: counted {r['remap_counted_b512_us']:.1f} us, uncounted "
+        f"{r['remap_uncounted_b512_us']:.1f} us ({100 * r['counting_share_of_remap']:+.1f} %); "
+        f"the server's take {r['remap_take_b512_us']:.2f} us"
+    )
+
+
 def main() -> None:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -139,8 +190,10 @@ def main() -> None:
                     req = _request(cfg, maps, batch, g)
                     r[f"forward_b{batch}_us"] = _median_us(lambda m=model, q=req: m(*q), reps)
             if maps:
-                r["remap_b512_us"] = _remap_us(cfg, maps, _request(cfg, maps, 512, g))
+                req = _request(cfg, maps, 512, g)
+                r["remap_b512_us"] = _remap_us(cfg, maps, req)
                 r["remap_share_of_b512_forward"] = r["remap_b512_us"] / r["forward_b512_us"]
+                r.update(_counting_us(cfg, maps, req, rounds=5))
             for batch in (1, 512):  # rec-bench's own in-process forward (C++), its requests
                 res = bench("forward", repo, "rec", batch, 1, 3.0, "--intra-op-threads", 1)
                 r[f"cpp_forward_b{batch}_p50_us"] = res["p50_us"]
@@ -169,4 +222,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    counting_only() if "--counting" in sys.argv[1:] else main()

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-import rec.ops  # noqa: F401  (rec::zch_remap, which the served module calls)
+import rec.ops  # noqa: F401  (rec::zch_remap_counted, which the served module calls)
 from rec import zch
 from rec.config import ConfigError, RecConfig
 from rec.contract.sections import ZCH_MAP_LAYOUT, ZchSection, ZchTable
@@ -168,15 +168,18 @@ class IdMaps(nn.Module):
     """The maps of the ZCH tables that features `feature_order` (a TBE's, in its order) read,
     empty for a model without ZCH tables (then forward is the identity).
 
-    fused: the served module's, one rec::zch_remap call (cpp/ops/zch.cpp) for every ZCH
+    fused: the served module's, one rec::zch_remap_counted call (cpp/ops/zch.cpp) for every ZCH
     feature: up to `probes` compares per id in one loop, where rec.zch.lookup's ops make a dozen
     [ids, probes] tensors (benchmarks/zch_serve_bench.py, the default model at B = 512 with 16
-    probes: 48 us fused against 1625 us in plain ops). Not fused: rec.zch.lookup per feature,
-    what the float reference runs."""
+    probes: 48 us fused against 1625 us in plain ops). It also counts each feature's unknown
+    ids (read as the default row) for the server, which takes them after the forward with
+    rec::zch_take_unknowns (docs/zch.md, "Unknown ids"). Not fused: rec.zch.lookup per
+    feature, what the float reference runs."""
 
     # Typed here: TorchScript cannot type an empty list attribute (a model without ZCH tables).
     probes: list[int]
     table_of: list[int]
+    columns: list[int]
 
     def __init__(self, cfg: RecConfig, feature_order: list[str], fused: bool = True) -> None:
         super().__init__()
@@ -192,6 +195,10 @@ class IdMaps(nn.Module):
         self.probes = [m.probes for m in self.maps.values()]
         index = {name: i for i, name in enumerate(self.maps)}
         self.table_of = [index.get(owner[f], -1) for f in feature_order]
+        # Each feature's request column (features.sparse), under which rec::zch_remap_counted
+        # counts its unknown ids for the server (rec_questionable_ids_total{reason="unknown"}).
+        sparse = list(cfg.features.sparse)
+        self.columns = [sparse.index(f) for f in feature_order]
 
     def forward(
         self, ids: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, batch: int
@@ -205,8 +212,8 @@ class IdMaps(nn.Module):
                 k, u = m.typed()
                 keys.append(k)
                 used.append(u)
-            return torch.ops.rec.zch_remap(ids, indices, offsets, keys, used, self.probes,
-                                           self.table_of)  # fmt: skip
+            return torch.ops.rec.zch_remap_counted(ids, indices, offsets, keys, used, self.probes,
+                                                   self.table_of, self.columns)  # fmt: skip
         for m in self.maps.values():
             indices = m(ids, indices, offsets, batch)
         return indices

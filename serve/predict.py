@@ -7,7 +7,9 @@ a header, and JSON lines (one object per row, keyed by column). Dense values are
 model applies its transforms); sparse values are sent as ids mapped here with the spec
 (`--send ids`, INT64 sparse_values) or as the file's text (`--send strings`, BYTES
 sparse_strings, mapped by the server). When the file has the label column(s), AUC and log loss
-are printed too, computed as export's verification computes them.
+are printed too, computed as export's verification computes them. A stderr line names, per
+feature, negative values in categorical columns, and with `--repo`, ids the model's ZCH maps do
+not hold (rec.serve.unknown_ids: counted here, as the server returns only scores).
 
 The spec comes from `--repo` (its rec.json) or else from the server, when its model config
 publishes it (Triton started by `rec serve` does); synthetic rows need only the input sizes.
@@ -24,11 +26,13 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from rec.contract import ModelDir
 from rec.data.errors import DataError
 from rec.data.raw import FORMATS, RawRows, read_raw
 from rec.features import FeatureSpec, TokenError
 from rec.serve.client import Rows, ScoreClient, synthetic_rows
 from rec.serve.repository import ServeError, load_model
+from rec.serve.unknown_ids import artifact_maps, format_unknown, unknown_counts
 
 SEND = ("ids", "strings")
 
@@ -70,6 +74,9 @@ class Prediction:
     negative: dict[str, int] | None = None
     """Negative integer values per sparse feature in the file (features.negative); None for
     synthetic rows."""
+    unknown: dict[str, int] | None = None
+    """Ids per ZCH feature that the model's id maps do not hold (rec.serve.unknown_ids); None
+    without --repo, for synthetic rows and for a model without ZCH tables."""
 
 
 def resolve_spec(client: ScoreClient, repo: Path | None) -> FeatureSpec:
@@ -109,7 +116,7 @@ def predict(cfg: PredictConfig) -> Prediction:
     if cfg.send not in SEND:
         raise ServeError(f"--send {cfg.send!r} is not one of {SEND}")
     client = ScoreClient(cfg.url, cfg.protocol, cfg.model)
-    labels, negative, tasks = None, None, ()
+    labels, negative, unknown, tasks = None, None, None, ()
     try:
         if cfg.input is not None:
             spec = resolve_spec(client, cfg.repo)
@@ -119,6 +126,7 @@ def predict(cfg: PredictConfig) -> Prediction:
                 raise InputError(str(e)) from None
             rows, labels = request_rows(raw, spec, cfg.send, cfg.input), raw.labels
             negative = spec.negative_counts(raw.lengths, raw.tokens)
+            unknown = count_unknown(cfg, client.model, spec, raw, rows)
         else:
             rows = synthetic_rows(*client.input_sizes(), batch=cfg.synthetic, seed=cfg.seed)
         scores = np.concatenate([client.score(chunk) for chunk in rows.split(cfg.batch_size)])
@@ -149,7 +157,30 @@ def predict(cfg: PredictConfig) -> Prediction:
             print(f"  {task}: AUC {value:.6f}", file=sys.stderr)
     if negative and any(negative.values()):
         print(format_negative(negative), file=sys.stderr)
-    return Prediction(scores, columns, quality, negative)
+    if unknown and any(unknown.values()):
+        print(format_unknown(unknown), file=sys.stderr)
+    return Prediction(scores, columns, quality, negative, unknown)
+
+
+def count_unknown(
+    cfg: PredictConfig, model: str, spec: FeatureSpec, raw: RawRows, rows: Rows
+) -> dict[str, int] | None:
+    """The file's unknown ids per ZCH feature, against the maps of --repo's version of the
+    model (the server only returns scores); None without --repo or ZCH tables."""
+    if cfg.repo is None:
+        return None
+    served = load_model(cfg.repo, model)
+    maps, feature_tables = artifact_maps(ModelDir(served.dir).version(served.version))
+    if not maps:
+        return None
+    values = rows.values
+    if values is None:  # --send strings: the server maps the text; the ids are the same
+        try:
+            values = spec.encode_values(raw.lengths, raw.tokens)
+        except TokenError:
+            return None  # the server refuses the request with the token's error
+    names = [s.name for s in spec.sparse]
+    return unknown_counts(maps, feature_tables, names, raw.lengths, values)
 
 
 def format_negative(counts: dict[str, int]) -> str:

@@ -82,7 +82,7 @@ UPDATES_PARAMETER = "updates_url"
 STORE_RETRY_NOTE = "the load is retried every 2 s"
 """Ends a load failure that the launcher retries (rec.serve.triton.STORE_RETRY_NOTE)."""
 OUTCOMES = ("applied", "skipped", "other_run", "unknown_table", "row_format", "id_range",
-            "backwards", "malformed")  # fmt: skip
+            "backwards", "malformed", "slot_range", "id_held", "map_mismatch")  # fmt: skip
 """What became of a log entry: rec-server's rec_update_records_total outcomes."""
 _BLOCK_MS = 300  # how long one XREAD waits for news; bounds how long finalize() waits
 _BATCH_ENTRIES = 256
@@ -346,7 +346,8 @@ class UpdateReader:
 class NegativeIds:
     """rec_questionable_ids_total{reason="negative"} per sparse feature, as rec-server counts
     them: negative integer tokens of `sparse_strings` requests. (Ids sent as `sparse_values`
-    are encoded already, where a hashed string is negative half the time: not counted.)"""
+    are encoded already, where a hashed string is negative half the time: not counted.) And
+    {reason="unknown"}: ids of a ZCH feature that the model's map does not hold (count_unknown)."""
 
     def __init__(self, model, version, spec):
         self.spec = spec
@@ -354,17 +355,31 @@ class NegativeIds:
         self.family = pb_utils.MetricFamily(
             name="rec_questionable_ids_total",
             description="Sparse values the model maps but may not expect, by feature and reason "
-            "(negative: a negative integer token, mapped by modulo)",
+            "(negative: a negative integer token, mapped by modulo; unknown: an id of a ZCH "
+            "table that its map does not hold, read as the default row; a modulo table has no "
+            "id memory, so its unseen ids are not counted: use ids: zch)",
             kind=pb_utils.MetricFamily.COUNTER,
         )
-        labels = {"model": model, "version": str(version), "reason": "negative"}
+        self.labels = {"model": model, "version": str(version)}
+        labels = {**self.labels, "reason": "negative"}
         self.counters = {s.name: self.family.Metric(labels={**labels, "feature": s.name})
                          for s in spec.sparse if s.encoding == "int_or_hash"}  # fmt: skip
+        self.unknown = {}
 
     def count(self, lengths, tokens):
         for name, n in self.spec.negative_counts(lengths, tokens).items():
             if n:
                 self.counters[name].increment(n)
+
+    def count_unknown(self, per_column):
+        """A forward's unknown ids per request column (rec::zch_take_unknowns; -1: not a ZCH
+        feature). Counting 0 declares the feature, as rec-server does."""
+        for s, n in zip(self.spec.sparse, per_column, strict=False):
+            if n >= 0 and s.name not in self.unknown:
+                labels = {**self.labels, "reason": "unknown", "feature": s.name}
+                self.unknown[s.name] = self.family.Metric(labels=labels)
+            if n > 0:
+                self.unknown[s.name].increment(n)
 
 
 class UpdateMetrics:
@@ -611,7 +626,10 @@ class TritonPythonModel:
             # Copies (Triton's input buffers are read-only), which from_numpy wants anyway.
             return torch.from_numpy(np.concatenate([b[k] for b in batch]))
 
+        torch.ops.rec.zch_take_unknowns()  # drops what the load-time probe left (per thread)
         scores = self._score(cat(1), cat(2), cat(3))
+        if self.negative_ids is not None:  # the remap's counts, taken on the thread that ran it
+            self.negative_ids.count_unknown(torch.ops.rec.zch_take_unknowns().tolist())
         return scores.numpy().astype(np.float32, copy=False)
 
     def _score(self, dense, lengths, values):

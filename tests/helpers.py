@@ -94,3 +94,21 @@ TINY = {
     "training": {"batch_size": 64, "steps": 40, "eval_every": 20, "log_every": 10},
     "checkpoint": {"every_steps": 20, "keep_last": 3},
 }
+
+
+def questionable_ids(
+    address: str, reason: str = "negative", model: str = "rec"
+) -> dict[str, float]:
+    """rec_questionable_ids_total{reason=...} of `model`, by feature, from a server's /metrics
+    at `address` (labels in any order: Triton sorts them, rec-server does not)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    counts = {}
+    for line in text.splitlines():
+        m = re.match(r"^rec_questionable_ids_total\{(.*)\} (\S+)$", line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            if labels["model"] == model and labels["reason"] == reason:
+                counts[labels["feature"]] = float(m.group(2))
+    return counts

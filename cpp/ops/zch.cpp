@@ -1,5 +1,7 @@
-// rec::zch_lookup: a ZCH table's id map lookup (rec/zch.py's `lookup`), one fused loop; and
-// rec::zch_remap, every ZCH feature of a served request in one call (rec/export/id_maps.py).
+// rec::zch_lookup: a ZCH table's id map lookup (rec/zch.py's `lookup`), one fused loop;
+// rec::zch_remap, every ZCH feature of a served request in one call (rec/export/id_maps.py);
+// rec::zch_remap_counted, the same counting each feature's unknown ids for the server, which
+// takes the counts with rec::zch_take_unknowns (or rec_zch_take_unknowns, its C form).
 //
 // rows[i] = the slot s of ids[i]'s window that holds it (used[s] and keys[s] == ids[i]), or
 // `slots` (the table's default row) when none does. The window is `probes` slots from
@@ -13,6 +15,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -77,11 +80,14 @@ Scan ChosenScan() {
   return scan;
 }
 
-// rows[i] for ids[0, n): the slot of ids[i]'s window holding it, or `slots`.
-void LookupInto(const int64_t* id, int64_t n, const int64_t* key, const uint8_t* held,
-                int64_t slots, int64_t probes, int64_t* row) {
+// rows[i] for ids[0, n): the slot of ids[i]'s window holding it, or `slots`. Returns how many
+// read `slots` (the unknown ids).
+int64_t LookupInto(const int64_t* id, int64_t n, const int64_t* key, const uint8_t* held,
+                   int64_t slots, int64_t probes, int64_t* row) {
   const Scan scan = ChosenScan();
+  std::atomic<int64_t> unknown{0};
   at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+    int64_t missed = 0;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t x = id[i];
       const int64_t home = Home(x, slots);
@@ -89,9 +95,23 @@ void LookupInto(const int64_t* id, int64_t n, const int64_t* key, const uint8_t*
       const int64_t first = std::min(probes, slots - home);
       int64_t found = scan(key, held, home, first, x);
       if (found < 0) found = scan(key, held, 0, probes - first, x);
+      missed += found < 0;
       row[i] = found < 0 ? slots : found;
     }
+    unknown.fetch_add(missed, std::memory_order_relaxed);
   });
+  return unknown.load(std::memory_order_relaxed);
+}
+
+// The unknown ids of this thread's remaps since the last take, per request column (a feature
+// of features.sparse); -1 for a column no map read. Per thread, because a server runs a forward
+// on the thread that asks for its counts afterwards (the op runs on its caller's thread; only
+// its inner loop may fan out), and two threads' forwards must not mix.
+thread_local std::vector<int64_t> t_unknown;
+
+void CountUnknown(int64_t column, int64_t n) {
+  if (static_cast<int64_t>(t_unknown.size()) <= column) t_unknown.resize(column + 1, -1);
+  t_unknown[column] = std::max<int64_t>(t_unknown[column], 0) + n;
 }
 
 // A map's keys and used, checked, contiguous.
@@ -112,9 +132,9 @@ Map CheckedMap(const at::Tensor& keys, const at::Tensor& used, int64_t probes) {
   return {keys.contiguous(), used.contiguous(), slots, probes};
 }
 
-void LookupInto(const int64_t* id, int64_t n, const Map& m, int64_t* row) {
-  LookupInto(id, n, m.keys.data_ptr<int64_t>(), static_cast<const uint8_t*>(m.used.data_ptr()),
-             m.slots, m.probes, row);
+int64_t LookupInto(const int64_t* id, int64_t n, const Map& m, int64_t* row) {
+  return LookupInto(id, n, m.keys.data_ptr<int64_t>(),
+                    static_cast<const uint8_t*>(m.used.data_ptr()), m.slots, m.probes, row);
 }
 
 at::Tensor ZchLookup(const at::Tensor& ids, const at::Tensor& keys, const at::Tensor& used,
@@ -133,12 +153,18 @@ at::Tensor ZchLookup(const at::Tensor& ids, const at::Tensor& keys, const at::Te
 // feature k reads, or -1 for a modulo feature. Returns a copy of `indices` with every ZCH
 // feature's ids looked up in its map. Raw pointers per feature: ATen ops per feature (narrow,
 // copy, an allocation) cost more than the lookups at B = 1.
-at::Tensor ZchRemap(const at::Tensor& ids, const at::Tensor& indices, const at::Tensor& offsets,
-                    at::TensorList keys, at::TensorList used, at::IntArrayRef probes,
-                    at::IntArrayRef table_of) {
+// `columns` (zch_remap_counted): feature k's request column, under which its unknown ids are
+// counted (CountUnknown); empty: not counted (zch_remap, what artifacts exported before the
+// counts call).
+at::Tensor RemapCounting(const at::Tensor& ids, const at::Tensor& indices,
+                         const at::Tensor& offsets, at::TensorList keys, at::TensorList used,
+                         at::IntArrayRef probes, at::IntArrayRef table_of,
+                         at::IntArrayRef columns) {
   TORCH_CHECK(keys.size() == used.size() && keys.size() == probes.size(),
               "rec::zch_remap: one keys, used and probes per map");
   const auto features = static_cast<int64_t>(table_of.size());
+  TORCH_CHECK(columns.empty() || static_cast<int64_t>(columns.size()) == features,
+              "rec::zch_remap_counted: one column per feature");
   TORCH_CHECK(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && features > 0 &&
                   (offsets.numel() - 1) % features == 0,
               "rec::zch_remap: offsets must be int64 [features * batch + 1]");
@@ -159,15 +185,46 @@ at::Tensor ZchRemap(const at::Tensor& ids, const at::Tensor& indices, const at::
     TORCH_CHECK(t < static_cast<int64_t>(maps.size()), "rec::zch_remap: no map ", t);
     const int64_t start = bounds[k * batch], stop = bounds[(k + 1) * batch];
     TORCH_CHECK(0 <= start && start <= stop && stop <= n, "rec::zch_remap: offsets out of range");
-    LookupInto(in.data_ptr<int64_t>() + start, stop - start, maps[t],
-               out.data_ptr<int64_t>() + start);
+    const int64_t unknown = LookupInto(in.data_ptr<int64_t>() + start, stop - start, maps[t],
+                                       out.data_ptr<int64_t>() + start);
+    if (!columns.empty()) {
+      TORCH_CHECK(columns[k] >= 0, "rec::zch_remap_counted: negative column");
+      CountUnknown(columns[k], unknown);
+    }
   }
   return out;
+}
+
+at::Tensor ZchRemap(const at::Tensor& ids, const at::Tensor& indices, const at::Tensor& offsets,
+                    at::TensorList keys, at::TensorList used, at::IntArrayRef probes,
+                    at::IntArrayRef table_of) {
+  return RemapCounting(ids, indices, offsets, keys, used, probes, table_of, {});
+}
+
+at::Tensor ZchRemapCounted(const at::Tensor& ids, const at::Tensor& indices,
+                           const at::Tensor& offsets, at::TensorList keys, at::TensorList used,
+                           at::IntArrayRef probes, at::IntArrayRef table_of,
+                           at::IntArrayRef columns) {
+  return RemapCounting(ids, indices, offsets, keys, used, probes, table_of, columns);
+}
+
+// This thread's counts since the last take (int64 [columns], -1: no map read the column), reset.
+at::Tensor ZchTakeUnknowns() {
+  std::vector<int64_t> counts;
+  counts.swap(t_unknown);
+  return at::tensor(counts, at::kLong);
 }
 
 at::Tensor ZchRemapMeta(const at::Tensor& ids, const at::Tensor& indices, const at::Tensor& offsets,
                         at::TensorList keys, at::TensorList used, at::IntArrayRef probes,
                         at::IntArrayRef table_of) {
+  return at::empty_symint(indices.sym_sizes(), indices.options());
+}
+
+at::Tensor ZchRemapCountedMeta(const at::Tensor& ids, const at::Tensor& indices,
+                               const at::Tensor& offsets, at::TensorList keys, at::TensorList used,
+                               at::IntArrayRef probes, at::IntArrayRef table_of,
+                               at::IntArrayRef columns) {
   return at::empty_symint(indices.sym_sizes(), indices.options());
 }
 
@@ -180,6 +237,17 @@ at::Tensor ZchLookupMeta(const at::Tensor& ids, const at::Tensor& keys, const at
 }  // namespace
 }  // namespace rec_ops
 
+// rec::zch_take_unknowns for a C++ server without the dispatcher's boxing: copies up to
+// `capacity` of this thread's counts (-1: no map read the column) into `out`, resets them, and
+// returns how many columns there were. rec-server finds it with dlsym (model/zch_unknowns.cpp).
+extern "C" __attribute__((visibility("default"))) int64_t rec_zch_take_unknowns(int64_t* out,
+                                                                                int64_t capacity) {
+  const auto n = static_cast<int64_t>(rec_ops::t_unknown.size());
+  std::copy_n(rec_ops::t_unknown.begin(), std::min(n, capacity), out);
+  rec_ops::t_unknown.clear();
+  return n;
+}
+
 TORCH_LIBRARY_FRAGMENT(rec, m) {
   m.def("zch_lookup(Tensor ids, Tensor keys, Tensor used, int probes) -> Tensor",
         {at::Tag::pt2_compliant_tag});
@@ -187,13 +255,22 @@ TORCH_LIBRARY_FRAGMENT(rec, m) {
       "zch_remap(Tensor ids, Tensor indices, Tensor offsets, Tensor[] keys, Tensor[] used, "
       "int[] probes, int[] table_of) -> Tensor",
       {at::Tag::pt2_compliant_tag});
+  // A new op, not an argument more to zch_remap: artifacts exported before it call zch_remap by
+  // its schema (AOTInductor's calls are compiled in), so that one stays as it was.
+  m.def(
+      "zch_remap_counted(Tensor ids, Tensor indices, Tensor offsets, Tensor[] keys, "
+      "Tensor[] used, int[] probes, int[] table_of, int[] columns) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  m.def("zch_take_unknowns() -> Tensor", &rec_ops::ZchTakeUnknowns);
 }
 
 TORCH_LIBRARY_IMPL(rec, CPU, m) {
   m.impl("zch_lookup", &rec_ops::ZchLookup);
   m.impl("zch_remap", &rec_ops::ZchRemap);
+  m.impl("zch_remap_counted", &rec_ops::ZchRemapCounted);
 }
 TORCH_LIBRARY_IMPL(rec, Meta, m) {
   m.impl("zch_lookup", &rec_ops::ZchLookupMeta);
   m.impl("zch_remap", &rec_ops::ZchRemapMeta);
+  m.impl("zch_remap_counted", &rec_ops::ZchRemapCountedMeta);
 }

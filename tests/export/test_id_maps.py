@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
 from rec import zch
+from rec.cli import main
 from rec.config import config_from_dict
 from rec.contract import ManifestError, ModelDir, parse_manifest
 from rec.contract.store import StoreError
@@ -24,6 +26,7 @@ from rec.export.module import FloatReference
 from rec.export.pipeline import export_run
 from rec.model import build_model, table_keys, table_rows
 from tests.export.zch_run import I64, admitted_ids, hand_made_map, write_zch_run, zch_dict
+from tests.helpers import questionable_ids
 
 MIX = (zch._INT64_MAX, zch._LO, zch._MIX, zch._C_LO, zch._C_HI, zch._C_MIX)
 EXTREME = [I64.min, I64.min + 1, -(2**31) - 1, -1, 0, 1, 2**31 - 1, 2**31, 2**62, I64.max - 1,
@@ -53,6 +56,7 @@ import json, sys
 import torch
 import rec.ops
 from rec import zch
+from rec.cli import main
 from tests.export.test_id_maps import EXTREME
 from tests.export.zch_run import hand_made_map
 ok = []
@@ -112,7 +116,23 @@ def test_admitted_ids_read_their_own_rows_and_other_ids_the_default_row():
     lengths = torch.zeros(1, len(cfg.features.sparse), dtype=torch.int32)
     lengths[0, column] = len(ids) + len(unknown)
     values = torch.tensor(ids + unknown)
+    torch.ops.rec.zch_take_unknowns()  # this thread's counts start here
     rows, _ = module.lookup.indices(lengths, values)  # only feature a has ids
+    # The op counts the unknown ids per request column for the server; -1: no map read it.
+    counts = torch.ops.rec.zch_take_unknowns().tolist()
+    counted = dict(zip(cfg.features.sparse[: len(counts)], counts, strict=True))
+    assert counted == {"e": -1, "a": len(unknown), "c": 0, "b": 0}  # d's column is after b's
+    assert torch.ops.rec.zch_take_unknowns().numel() == 0  # taken: reset
+    # rec::zch_remap, what artifacts exported before the counts call, is kept as it was: the
+    # same rows, nothing counted.
+    holder = module.lookup.id_maps
+    lookup = module.lookup
+    column_of = None if lookup.columns_in_order else lookup.column_of
+    raw, indices, offsets = served.feature_major_ids(lengths, values, lookup.rows, column_of)
+    maps_args = ([m.keys for m in holder.maps.values()], [m.used for m in holder.maps.values()])
+    old = torch.ops.rec.zch_remap(raw, indices, offsets, *maps_args, holder.probes,
+                                  holder.table_of)  # fmt: skip
+    assert torch.equal(old, rows) and torch.ops.rec.zch_take_unknowns().numel() == 0
     keys = maps["t0"].keys
     assert torch.equal(keys[rows[: len(ids)]], values[: len(ids)])  # each its own slot
     assert len(set(rows[:3].tolist())) == 3  # one remainder, three rows
@@ -122,7 +142,9 @@ def test_admitted_ids_read_their_own_rows_and_other_ids_the_default_row():
     request = (dense, *_one_id_per_sample(cfg, values, column))
     eager = module(*request)
     scripted = torchscript_builder.to_torchscript(module, request)
+    torch.ops.rec.zch_take_unknowns()
     assert torch.equal(scripted(*request), eager)
+    assert torch.ops.rec.zch_take_unknowns()[column] == len(unknown)
     assert (eager - ref(*request)).abs().max() < 1e-5
     # An unknown id scores as every other unknown id: the default row, whatever its remainder.
     unknown_scores = eager[len(ids) :]
@@ -217,6 +239,45 @@ def _probe_rows(run):
     return [Rows(b.dense.numpy(), b.lengths.numpy(), b.values.numpy()) for b in probe.batches()]
 
 
+def _unknowns(run, probes) -> dict[str, int]:
+    """The ids of `probes` (wire rows) that no map holds, per ZCH feature: what a server counts
+    as rec_questionable_ids_total{reason="unknown"} for them (rec.zch.lookup's default row)."""
+    from rec.export.dcp_reader import CheckpointReader
+    from rec.export.load import load_run
+
+    loaded = load_run(run)
+    cfg, maps = loaded.cfg, id_maps.read_maps(CheckpointReader(loaded.step_dir), loaded.cfg)
+    owner, zch_of = cfg.feature_to_table(), id_maps.zch_tables(cfg)
+    counts = {f: 0 for f in cfg.features.sparse if owner[f] in zch_of}
+    for rows in probes:
+        lengths = rows.lengths.reshape(-1).tolist()  # sample-major: sample i's features in order
+        ends = np.cumsum([0, *lengths])
+        for k, n in enumerate(lengths):
+            feature = cfg.features.sparse[k % len(cfg.features.sparse)]
+            if feature in counts and n:
+                z, m = zch_of[owner[feature]], maps[owner[feature]]
+                got = zch.lookup(torch.from_numpy(rows.values[ends[k] : ends[k + 1]]), m.keys,
+                                 m.used, z.probes)  # fmt: skip
+                counts[feature] += int((got == z.slots).sum())
+    return counts
+
+
+def _write_jsonl(path: Path, probes) -> Path:
+    """The wire rows as a JSON lines file `rec predict` reads (zch_dict's columns)."""
+    cfg = config_from_dict(zch_dict())
+    lines = []
+    for rows in probes:
+        ends = np.cumsum([0, *rows.lengths.reshape(-1).tolist()])
+        for i, dense in enumerate(rows.dense.tolist()):
+            record = {f"dense_{j}": x for j, x in enumerate(dense)}
+            for k, feature in enumerate(cfg.features.sparse):
+                at = i * len(cfg.features.sparse) + k
+                record[feature] = rows.values[ends[at] : ends[at + 1]].tolist()
+            lines.append(json.dumps(record) + "\n")
+    path.write_text("".join(lines))
+    return path
+
+
 def _in_process(model, rows) -> np.ndarray:
     with torch.inference_mode():
         return model(*(torch.from_numpy(a) for a in (rows.dense, rows.lengths, rows.values)))
@@ -224,7 +285,9 @@ def _in_process(model, rows) -> np.ndarray:
 
 def test_rec_server_and_triton_score_admitted_and_unknown_ids_as_the_artifact(zch_exported):
     """rec-server (TorchScript and AOTInductor, HTTP) and Triton (TorchScript) return the
-    scores the artifacts have in process, bit for bit; an unknown id scores as any other."""
+    scores the artifacts have in process, bit for bit; an unknown id scores as any other. Each
+    server counts the unknown ids per feature (rec_questionable_ids_total{reason="unknown"}),
+    and `rec predict --repo` names them in its summary."""
     from rec.export.aoti_builder import AotiModel
     from rec.serve.client import ScoreClient
     from rec.serve.cpp import start_cpp
@@ -238,19 +301,40 @@ def test_rec_server_and_triton_score_admitted_and_unknown_ids_as_the_artifact(zc
     want = {name: [_in_process(m, rows).numpy() for rows in probes] for name, m in models.items()}
     for name in models:  # the default row, whatever the unknown id
         assert np.array_equal(want[name][1], want[name][2]), name
+    unknown = _unknowns(run, probes)
+    assert unknown["a"] > 0 and unknown["b"] > 0  # both tables' features have unknown ids
+    rows_file = _write_jsonl(run.parent / "probe.jsonl", probes)
+    summary = "unknown ids (not in the model's ZCH maps, read as the default row), by feature: "
+    summary += ", ".join(f"{f} {n}" for f, n in unknown.items() if n)
     ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
     with start_cpp(repo, **ports) as server:
         for name in models:
+            before = questionable_ids(server.endpoints.metrics, "unknown", name)
             client = ScoreClient(server.endpoints.http, "http", model=name)
             try:
                 for rows, expected in zip(probes, want[name], strict=True):
                     assert np.array_equal(client.score(rows), expected), name
             finally:
                 client.close()
+            # Counted per feature, by exactly the ids no map holds (the warm-up adds nothing).
+            after = questionable_ids(server.endpoints.metrics, "unknown", name)
+            assert {f: n - before.get(f, 0) for f, n in after.items()} == unknown, name
+            # rec predict names them, counted on the artifact's maps; the server counts again.
+            result = CliRunner().invoke(main, [
+                "predict", "--url", server.endpoints.http, "--input", str(rows_file),
+                "--repo", str(repo), "--model", name,
+            ])  # fmt: skip
+            assert result.exit_code == 0, result.output
+            assert summary in result.stderr, result.stderr
+            again = questionable_ids(server.endpoints.metrics, "unknown", name)
+            assert {f: n - after[f] for f, n in again.items()} == unknown, name
     with start_triton(repo, model="rec", **ports) as server:
+        before = questionable_ids(server.endpoints.metrics, "unknown")
         client = ScoreClient(server.endpoints.grpc, "grpc", model="rec")
         try:
             for rows, expected in zip(probes, want["rec"], strict=True):
                 assert np.array_equal(client.score(rows), expected)
         finally:
             client.close()
+        after = questionable_ids(server.endpoints.metrics, "unknown")
+        assert {f: n - before.get(f, 0) for f, n in after.items()} == unknown

@@ -1,6 +1,6 @@
 """A ZCH model from training to rec-server: `rec train` (torchrun, a few steps, admission rounds)
 -> `rec export` -> rec-server over HTTP, scored against the trained float model on ids its map
-admitted and on ids it never saw."""
+admitted and on ids it never saw, which rec-server counts as unknown."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import numpy as np
 import torch
 
+from rec import zch
 from rec.contract import ModelDir
 from rec.export import id_maps
 from rec.export.dcp_reader import CheckpointReader
@@ -19,7 +20,7 @@ from rec.model import table_rows
 from rec.serve.client import Rows, ScoreClient
 from rec.serve.cpp import start_cpp
 from tests.export.conftest import tiny_dict
-from tests.helpers import run_rec, write_config
+from tests.helpers import questionable_ids, run_rec, write_config
 
 
 def test_a_trained_zch_model_serves_the_scores_it_trained(tmp_path):
@@ -45,12 +46,18 @@ def test_a_trained_zch_model_serves_the_scores_it_trained(tmp_path):
     torch.set_num_threads(1)
     ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
     with start_cpp(repo, **ports) as server:
+        before = questionable_ids(server.endpoints.metrics, "unknown")
         client = ScoreClient(server.endpoints.http, "http", model="rec")
         try:
             served = [client.score(Rows(b.dense.numpy(), b.lengths.numpy(), b.values.numpy()))
                       for b in probe.batches()]  # fmt: skip
         finally:
             client.close()
+        after = questionable_ids(server.endpoints.metrics, "unknown")
+    # Feature a's ids that the trained map does not hold, counted by the server as it scored.
+    unknown = sum(_unknown_a(cfg, maps, b) for b in probe.batches())
+    assert unknown > 0
+    assert {f: n - before.get(f, 0) for f, n in after.items()} == {"a": unknown}
     with torch.no_grad():
         want = [trained(b.dense, b.lengths, b.values).numpy() for b in probe.batches()]
     admitted, unknown, unknown_other = served
@@ -59,3 +66,14 @@ def test_a_trained_zch_model_serves_the_scores_it_trained(tmp_path):
         assert np.abs(got - expected).max() <= TOLERANCE["int8"]
     # An admitted id reads its own row, not the default one: its scores are not the unknowns'.
     assert not np.allclose(admitted, unknown, atol=1e-6)
+
+
+def _unknown_a(cfg, maps, batch) -> int:
+    """Feature a's ids of `batch` (batch-major values) that t0's map does not hold."""
+    k = list(cfg.features.sparse).index("a")
+    lengths = batch.lengths.reshape(-1).to(torch.int64)
+    feature = torch.arange(lengths.numel()) % len(cfg.features.sparse)
+    mine = torch.repeat_interleave(feature, lengths) == k
+    z = id_maps.zch_tables(cfg)["t0"]
+    rows = zch.lookup(batch.values[mine], maps["t0"].keys, maps["t0"].used, z.probes)
+    return int((rows == z.slots).sum())

@@ -6,9 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import shutil
-import urllib.request
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from rec.features import FeatureSpec, hash_id
 from rec.serve.client import ScoreClient
 from rec.serve.predict import request_rows, score_columns
 from rec.serve.repository import load_model
+from tests.helpers import questionable_ids
 
 
 def run(*args: str):
@@ -149,20 +148,6 @@ def test_string_categories_score_like_their_ids(cpp, triton, tiny_repo, tmp_path
     spec = FeatureSpec.from_dict(load_model(tiny_repo).feature_spec)
     rows = request_rows(read_raw(path, spec), spec, "ids")
     assert hash_id("alice") in rows.values.tolist()
-
-
-def questionable_ids(address: str) -> dict[str, float]:
-    """rec_questionable_ids_total{reason="negative"} of model rec, by feature, from /metrics
-    (labels in any order: Triton sorts them, rec-server does not)."""
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    counts = {}
-    for line in text.splitlines():
-        m = re.match(r"^rec_questionable_ids_total\{(.*)\} (\S+)$", line)
-        if m:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-            if labels["model"] == "rec" and labels["reason"] == "negative":
-                counts[labels["feature"]] = float(m.group(2))
-    return counts
 
 
 def test_negative_ids_are_counted_by_predict_and_both_servers(cpp, triton, tiny_repo, tmp_path):

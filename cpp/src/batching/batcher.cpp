@@ -242,10 +242,17 @@ void Batcher::Execute(PendingList* batch) {
     std::vector<Tensor> inputs = batch->size() == 1 ? std::move((*batch)[0]->request.inputs)
                                                     : ConcatenateInputs(spec_, requests);
     input_done = NowNs();
+    std::vector<int64_t> unknown;
+    runner->TakeUnknownIds(&unknown);  // drops what another pass on this thread left (a failure)
     status = runner->RunScored(inputs, &outputs, &scored_at);
     infer_done = NowNs();
+    runner->TakeUnknownIds(&unknown);
     if (status.ok()) status = CheckOutputs(spec_, rows, outputs);
     if (status.ok()) RecordForward(infer_done - input_done);
+    // rec_questionable_ids_total{reason="unknown"}; counting 0 declares a ZCH feature.
+    if (status.ok() && !unknown.empty()) {
+      stats_->CountUnknownIds(spec_.sparse_feature_names, unknown);
+    }
   }
   if (scored_at.valid && scored_at.wall_ns > 0) {
     stats_->update_lag_ms.Observe(

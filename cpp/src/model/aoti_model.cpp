@@ -13,6 +13,7 @@
 
 #include "model/aoti_manifest.h"
 #include "model/torch_io.h"
+#include "model/torch_model.h"
 
 namespace rec {
 namespace {
@@ -84,6 +85,10 @@ class AotiRunner : public Runner {
     EmbeddingTables::Reading still(updates_.get());  // no row changes under this pass
     *scored_at = still.watermark();
     return RunOnce(inputs, outputs);
+  }
+
+  void TakeUnknownIds(std::vector<int64_t>* per_column) override {
+    TakeZchUnknowns(spec_.sparse_feature_names.size(), per_column);
   }
 
   std::shared_ptr<EmbeddingTables> tables() const override { return updates_; }

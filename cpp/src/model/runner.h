@@ -2,6 +2,7 @@
 // batching unit compiles and is tested without LibTorch.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ class Runner {
     *scored_at = Watermark{};
     return Run(inputs, outputs);
   }
+  // The unknown ids of ZCH features (read as their table's default row) of this thread's
+  // forward passes since the last call, per request column (-1: not a ZCH feature), reset. Call
+  // it on the thread that ran them: the op counts per thread (model/torch_model.h).
+  virtual void TakeUnknownIds(std::vector<int64_t>* per_column) { per_column->clear(); }
   // The tables the update log writes into, or null when the version cannot take updates.
   virtual std::shared_ptr<EmbeddingTables> tables() const { return nullptr; }
 };

@@ -4,6 +4,8 @@
 #include <dlfcn.h>
 #include <torch/script.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -127,6 +129,10 @@ class TorchRunner : public Runner {
                                        torch::TensorOptions().dtype(c10::kByte)));
     *result = module_.get_method("forward_with_rows")(args);
     return Status::Ok();
+  }
+
+  void TakeUnknownIds(std::vector<int64_t>* per_column) override {
+    TakeZchUnknowns(spec_.sparse_feature_names.size(), per_column);
   }
 
   std::shared_ptr<EmbeddingTables> tables() const override { return tables_; }
@@ -322,16 +328,34 @@ std::string DefaultOpsLibrary() {
 #endif
 }
 
+namespace {
+
+// cpp/ops/zch.cpp's rec_zch_take_unknowns: a plain C call, so a batch pays no boxed dispatch.
+using TakeUnknowns = int64_t (*)(int64_t* out, int64_t capacity);
+std::atomic<TakeUnknowns> take_unknowns{nullptr};
+
+}  // namespace
+
 Status LoadOpsLibrary(const std::string& path) {
   if (path.empty()) return Status::Ok();
   REC_RETURN_IF_ERROR(LoadLibtorch());
   if (!std::filesystem::is_regular_file(path)) {
     return NotFound("rec op library '" + path + "' does not exist (--ops-library)");
   }
-  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
-    return Internal("dlopen " + path + ": " + dlerror());
-  }
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (library == nullptr) return Internal("dlopen " + path + ": " + dlerror());
+  // Absent from an op library built before the counts: then nothing is counted.
+  take_unknowns.store(reinterpret_cast<TakeUnknowns>(dlsym(library, "rec_zch_take_unknowns")));
   return Status::Ok();
+}
+
+void TakeZchUnknowns(size_t columns, std::vector<int64_t>* per_column) {
+  per_column->clear();
+  const TakeUnknowns take = take_unknowns.load(std::memory_order_relaxed);
+  if (take == nullptr) return;
+  per_column->resize(columns, -1);
+  const int64_t n = take(per_column->data(), static_cast<int64_t>(columns));
+  per_column->resize(std::min(columns, static_cast<size_t>(n)));
 }
 
 void ConfigureTorchThreads(int intra_op_threads) {

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "model/model_spec.h"
@@ -26,6 +27,12 @@ std::string DefaultOpsLibrary();
 // dlopen()s rec's op library (rec::linear, which the exported dense layers call) with
 // RTLD_GLOBAL; an empty path loads nothing.
 Status LoadOpsLibrary(const std::string& path);
+
+// This thread's unknown ids of ZCH features since the last call, per request column (the
+// served model's rec::zch_remap_counted counts them; -1: no ZCH map read the column), at most
+// `columns` of them, and resets them. Empty without rec's op library, or with one older than
+// the counts; an artifact exported before them counts nothing (its op is rec::zch_remap).
+void TakeZchUnknowns(size_t columns, std::vector<int64_t>* per_column);
 
 // Sets LibTorch's intra-op and inter-op thread pools; call once, before any model runs.
 void ConfigureTorchThreads(int intra_op_threads);

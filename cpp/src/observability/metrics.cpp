@@ -174,21 +174,39 @@ void ModelStats::CountNegativeIds(const std::string& feature, uint64_t n) {
   negative_ids_[feature] += n;
 }
 
+void ModelStats::CountUnknownIds(const std::vector<std::string>& names,
+                                 const std::vector<int64_t>& per_column) {
+  std::lock_guard<std::mutex> lock(ids_mu_);
+  if (unknown_by_column_.size() < per_column.size()) unknown_by_column_.resize(per_column.size());
+  for (size_t c = 0; c < per_column.size() && c < names.size(); ++c) {
+    if (per_column[c] < 0) continue;
+    // The entry, found once (a model's columns are its config's): a batch pays an add per
+    // feature, not a string lookup.
+    if (unknown_by_column_[c] == nullptr) unknown_by_column_[c] = &unknown_ids_[names[c]];
+    *unknown_by_column_[c] += static_cast<uint64_t>(per_column[c]);
+  }
+}
+
 void Metrics::AppendQuestionableIds(const std::function<std::string(const std::string&)>& labels,
                                     std::string* out) const {
   std::string lines;
   for (const auto& [model, stats] : models_) {
     std::lock_guard<std::mutex> lock(stats->ids_mu_);
-    for (const auto& [feature, count] : stats->negative_ids_) {
-      lines += "rec_questionable_ids_total{" + labels(model) + ",feature=\"" + feature +
-               "\",reason=\"negative\"} " + std::to_string(count) + "\n";
+    for (const auto& [reason, counts] : {std::pair{"negative", &stats->negative_ids_},
+                                         std::pair{"unknown", &stats->unknown_ids_}}) {
+      for (const auto& [feature, count] : *counts) {
+        lines += "rec_questionable_ids_total{" + labels(model) + ",feature=\"" + feature +
+                 "\",reason=\"" + reason + "\"} " + std::to_string(count) + "\n";
+      }
     }
   }
   if (lines.empty()) return;
   *out +=
       "# HELP rec_questionable_ids_total Sparse values the model maps but may not expect, by "
       "feature and reason (negative: a negative integer token of sparse_strings, mapped by "
-      "modulo)\n# TYPE rec_questionable_ids_total counter\n" +
+      "modulo; unknown: an id of a ZCH table that its map does not hold, read as the default "
+      "row; a modulo table has no id memory, so its unseen ids are not counted: use ids: zch)\n"
+      "# TYPE rec_questionable_ids_total counter\n" +
       lines;
 }
 

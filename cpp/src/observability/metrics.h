@@ -56,17 +56,23 @@ struct ModelStats {
   StoreStats store;
 
   // Sparse values the model maps but may not expect, per feature: rec_questionable_ids_total
-  // {reason="negative"}, negative integer tokens. Counting 0 declares a feature, so that its
-  // counter shows from the start.
+  // {reason="negative"}, negative integer tokens; {reason="unknown"}, ids of a ZCH table's
+  // feature that its map does not hold (read as the default row). Counting 0 declares a
+  // feature, so that its counter shows from then on.
   void CountNegativeIds(const std::string& feature, uint64_t n);
+  // per_column[c]: the unknown ids of feature names[c] (-1: not a ZCH feature); one lock.
+  void CountUnknownIds(const std::vector<std::string>& names,
+                       const std::vector<int64_t>& per_column);
 
   void RecordSuccess(uint64_t request_ns);
   void RecordFailure(uint64_t request_ns);
 
  private:
   friend class Metrics;
-  mutable std::mutex ids_mu_;  // rare: only requests that carry such values take it
+  mutable std::mutex ids_mu_;  // requests with negative tokens, batches of a ZCH model
   std::map<std::string, uint64_t> negative_ids_;
+  std::map<std::string, uint64_t> unknown_ids_;
+  std::vector<uint64_t*> unknown_by_column_;  // entries of unknown_ids_ (stable), per column
 };
 
 // HTTP connections the server closed on its own, by reason (HTTP/REST and metrics ports).
