@@ -250,5 +250,46 @@ TEST(Batcher, FailedBatchFailsItsRequestsAndFullQueueRejects) {
   EXPECT_EQ(idle.Enqueue(std::move(r), [](InferResult&&) {}).code(), StatusCode::kUnavailable);
 }
 
+// As the served model's remap does: a pass tallies its unknown ids per request column on the
+// thread that ran it (here y has 3 per pass, x and z are modulo features), and a failed pass
+// leaves its tally behind.
+class UnknownIdsRunner : public EchoRunner {
+ public:
+  Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
+    tally = {-1, 3, -1};
+    return EchoRunner::Run(inputs, outputs);
+  }
+  void TakeUnknownIds(std::vector<int64_t>* per_column) override {
+    per_column->swap(tally);
+    tally.clear();
+  }
+  static thread_local std::vector<int64_t> tally;
+};
+thread_local std::vector<int64_t> UnknownIdsRunner::tally;
+
+TEST(Batcher, UnknownIdsAreCountedPerFeatureForPassesThatSucceed) {
+  ModelSpec spec = testing::MakeSpecWithFeatureSpec();
+  auto runner = std::make_shared<UnknownIdsRunner>();
+  Metrics metrics;
+  ModelStats* stats = metrics.ForModel("m");
+  {
+    Batcher batcher(
+        spec, {1, 1000, 0}, [&] { return runner; }, stats);
+    for (int i = 0; i < 2; ++i) {
+      auto f = Send(&batcher, spec, 1, 0);
+      Await(&f);
+    }
+    runner->fail = true;  // a failed pass counts nothing
+    auto failed = Send(&batcher, spec, 1, 0);
+    EXPECT_FALSE(failed.get().status.ok());
+  }
+  const std::string text = metrics.Prometheus();
+  EXPECT_NE(text.find("rec_questionable_ids_total{model=\"m\",version=\"\",feature=\"y\","
+                      "reason=\"unknown\"} 6\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("feature=\"x\",reason=\"unknown\""), std::string::npos);  // modulo
+}
+
 }  // namespace
 }  // namespace rec
