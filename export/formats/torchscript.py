@@ -95,9 +95,9 @@ def verify(built: dict[str, b.Built], checks: dict[str, Any]) -> None:
 FORMAT = Format(
     spec=FORMATS["torchscript"],
     load_requires="FBGEMM's ops and classes and rec's ops (rec::linear, rec::linear_int8, "
-    "rec::zch_remap) registered before torch.jit.load: `import fbgemm_gpu` and `import rec.ops` "
-    "in Python; in C++ dlopen the fbgemm_gpu package's .so files and rec's rec/_ops.so with "
-    "RTLD_GLOBAL",
+    "rec::zch_remap_counted) registered before torch.jit.load: `import fbgemm_gpu` and `import "
+    "rec.ops` in Python; in C++ dlopen the fbgemm_gpu package's .so files and rec's rec/_ops.so "
+    "with RTLD_GLOBAL",
     build=build,
     verify=verify,
 )
