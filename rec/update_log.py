@@ -190,7 +190,8 @@ class ServedMap:
         return int(keys[slot]) if bool(used[slot]) else None
 
     def check(self, table: str, rec: UpdateRecord) -> str | None:
-        """Why `rec`'s map changes do not fit this map (Applier's module docstring), or None."""
+        """Why `rec`'s map changes do not fit this map (Applier's module docstring), or None.
+        Every admitted id's window at once: a record may change thousands of slots."""
         import torch
 
         from rec.zch import windows
@@ -198,23 +199,31 @@ class ServedMap:
         for slot, _ in rec.evicted + rec.admitted:
             if slot >= self.slots:
                 return f"slot range: slot {slot} is outside {table!r}'s {self.slots} slots"
+        ids = torch.tensor([raw for _, raw in rec.admitted], dtype=torch.int64)
+        wins = windows(ids, self.slots, self.probes) if rec.admitted else torch.zeros(0, 1)
+        # the slots this record reads, gathered once (not the whole map: it may be 10M slots)
+        read = torch.tensor([s for s, _ in rec.evicted + rec.admitted], dtype=torch.int64)
+        read = torch.unique(torch.cat([read, wins.flatten().to(torch.int64)]))
+        keys, used = self.copies[0]
+        state = dict(zip(read.tolist(), zip(keys[read].tolist(), used[read].tolist(),
+                                            strict=True), strict=True))  # fmt: skip
+        held = lambda slot: state[slot][0] if state[slot][1] else None  # noqa: E731
         for slot, raw in rec.evicted:
-            if self.held(slot) != raw:
-                return (f"map mismatch: slot {slot} of {table!r} holds id {self.held(slot)}, "
+            if held(slot) != raw:
+                return (f"map mismatch: slot {slot} of {table!r} holds id {held(slot)}, "
                         f"the record evicts id {raw}")  # fmt: skip
         freed = {slot for slot, _ in rec.evicted}
         admitted: set[int] = set()
-        for slot, raw in rec.admitted:
-            if slot not in freed and self.held(slot) is not None:
-                return (f"map mismatch: slot {slot} of {table!r} holds id {self.held(slot)}, "
+        for (slot, raw), window in zip(rec.admitted, wins.tolist(), strict=True):
+            if slot not in freed and held(slot) is not None:
+                return (f"map mismatch: slot {slot} of {table!r} holds id {held(slot)}, "
                         f"which the record does not evict, and admits id {raw}")  # fmt: skip
-            window = windows(torch.tensor([raw]), self.slots, self.probes)[0].tolist()
             if slot not in window:
                 return (f"slot range: slot {slot} is not in id {raw}'s window of {table!r} "
                         f"({self.probes} slots from {window[0]})")  # fmt: skip
             if raw in admitted:
                 return f"id held: id {raw} is admitted twice to {table!r}"
-            holder = [s for s in window if s not in freed and s != slot and self.held(s) == raw]
+            holder = [s for s in window if s not in freed and s != slot and held(s) == raw]
             if holder:
                 return f"id held: id {raw} is already held by slot {holder[0]} of {table!r}"
             admitted.add(raw)
@@ -222,11 +231,15 @@ class ServedMap:
 
     def write(self, rec: UpdateRecord) -> None:
         """The evictions, then the admissions, into every copy."""
+        import torch
+
+        out = torch.tensor([s for s, _ in rec.evicted], dtype=torch.int64)
+        slots = torch.tensor([s for s, _ in rec.admitted], dtype=torch.int64)
+        ids = torch.tensor([raw for _, raw in rec.admitted], dtype=torch.int64)
         for keys, used in self.copies:
-            for slot, _ in rec.evicted:
-                used[slot] = False
-            for slot, raw in rec.admitted:
-                keys[slot], used[slot] = raw, True
+            used[out] = False
+            keys[slots] = ids
+            used[slots] = True
 
 
 class Applier:

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "contract/update_record.h"
+#include "contract/zch_home.h"
 #include "updates/embedding_tables.h"
 
 namespace rec {
@@ -111,6 +112,123 @@ TEST_F(Tables, TheWatermarkWaitsForEveryRankAndStartsAtTheExport) {
   EXPECT_EQ(tables_->CurrentWatermark().wall_ns, 12000000);
   Apply(Fields(16, {}, "", "", 1, /*last=*/false));  // not complete yet
   EXPECT_EQ(tables_->CurrentWatermark().step, 12);
+}
+
+// (slot, raw id) pairs as a version 2 record holds them.
+std::string Pairs(const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+  std::vector<int64_t> flat;
+  for (const auto& [slot, id] : pairs) flat.insert(flat.end(), {slot, id});
+  return Ids(flat);
+}
+
+StreamFields MapFields(int64_t step, const std::vector<int64_t>& ids,
+                       const std::vector<std::pair<int64_t, int64_t>>& evicted,
+                       const std::vector<std::pair<int64_t, int64_t>>& admitted) {
+  StreamFields f = Fields(step, ids, std::string(8 * ids.size(), 'r'));
+  Set(&f, "format", "rec.updates/2");
+  f.insert(f.end(), {{"evicts", std::to_string(evicted.size())},
+                     {"evicted", Pairs(evicted)},
+                     {"admits", std::to_string(admitted.size())},
+                     {"admitted", Pairs(admitted)}});
+  return f;
+}
+
+// t0 as a ZCH table: 8 slots and the default row, probes 2, its map in two copies (two lookups
+// read it), as rec.json's "zch" section places it.
+class ZchTables : public ::testing::Test {
+ protected:
+  static constexpr int64_t kSlots = 8;
+  void SetUp() override {
+    rows_.assign(16 * (kSlots + 1), 0);
+    for (auto* keys : {&keys_a_, &keys_b_}) keys->assign(kSlots, 0);
+    for (auto* used : {&used_a_, &used_b_}) used->assign(kSlots, 0);
+    UpdatesSpec spec;
+    spec.present = true;
+    spec.run = "r1";
+    spec.step = 10;
+    spec.gen = 1;
+    spec.tables["t0"] = TablePlace{"w", 0, 16, kSlots + 1, 4, "int8", true};
+    spec.maps["t0"] = MapPlace{kSlots, 2, {{"a.keys", "a.used"}, {"b.keys", "b.used"}}};
+    auto buf = [](auto* v) {
+      return EmbeddingTables::Buffer{reinterpret_cast<uint8_t*>(v->data()),
+                                     static_cast<int64_t>(v->size() * sizeof((*v)[0]))};
+    };
+    ASSERT_TRUE(EmbeddingTables::Create(spec,
+                                        {{"w", buf(&rows_)},
+                                         {"a.keys", buf(&keys_a_)},
+                                         {"a.used", buf(&used_a_)},
+                                         {"b.keys", buf(&keys_b_)},
+                                         {"b.used", buf(&used_b_)}},
+                                        nullptr, &tables_)
+                    .ok());
+  }
+  // The nth id (from 1 up) whose window starts at `slot`.
+  static int64_t IdAt(int64_t slot, int n = 0) {
+    for (int64_t id = 1;; ++id) {
+      if (ZchHome(id, kSlots) == slot && n-- == 0) return id;
+    }
+  }
+  UpdateOutcome Apply(const StreamFields& f, std::string* why = nullptr) {
+    UpdateRecord r;
+    Status st = DecodeUpdateRecord(f, &r);
+    EXPECT_TRUE(st.ok()) << st.message();
+    std::string unused;
+    return tables_->Apply(r, why ? why : &unused);
+  }
+  std::vector<uint8_t> rows_, used_a_, used_b_;
+  std::vector<int64_t> keys_a_, keys_b_;
+  std::shared_ptr<EmbeddingTables> tables_;
+};
+
+TEST_F(ZchTables, WritesASlotsRowAndItsIdIntoEveryCopyOfTheMap) {
+  const int64_t a = IdAt(3), b = IdAt(3, 1);
+  EXPECT_EQ(Apply(MapFields(11, {3}, {}, {{3, a}})), UpdateOutcome::kApplied);
+  EXPECT_EQ(rows_[3 * 16 + 4], 'r');
+  EXPECT_EQ(Apply(MapFields(12, {3, 4}, {{3, a}}, {{3, b}, {4, a}})), UpdateOutcome::kApplied);
+  for (const auto* keys : {&keys_a_, &keys_b_}) EXPECT_EQ((*keys)[3], b);
+  for (const auto* keys : {&keys_a_, &keys_b_}) EXPECT_EQ((*keys)[4], a);
+  EXPECT_EQ(Apply(MapFields(13, {}, {{4, a}}, {})), UpdateOutcome::kApplied);  // evicted alone
+  for (const auto* used : {&used_a_, &used_b_}) {
+    EXPECT_EQ(std::vector<uint8_t>(*used), std::vector<uint8_t>({0, 0, 0, 1, 0, 0, 0, 0}));
+  }
+  StreamFields exported = MapFields(10, {}, {{5, 99}}, {});  // the export holds it: unchecked
+  Set(&exported, "rank", "1");
+  EXPECT_EQ(Apply(exported), UpdateOutcome::kSkipped);
+}
+
+TEST_F(ZchTables, RefusesABadMapChangeWholeAndChangesNothing) {
+  const int64_t a = IdAt(3), b = IdAt(3, 1), c = IdAt(5);
+  ASSERT_EQ(Apply(MapFields(11, {3}, {}, {{3, a}})), UpdateOutcome::kApplied);
+  const auto rows = rows_;
+  const auto keys = keys_a_;
+  const auto used = used_a_;
+  struct Bad {
+    StreamFields fields;
+    UpdateOutcome outcome;
+    const char* why;
+  };
+  const std::vector<Bad> bad = {
+      {MapFields(12, {8}, {}, {{8, c}}), UpdateOutcome::kSlotRange, "outside 't0''s 8 slots"},
+      {MapFields(12, {7}, {}, {{7, c}}), UpdateOutcome::kSlotRange, "is not in id"},
+      {MapFields(12, {4}, {}, {{4, a}}), UpdateOutcome::kIdHeld, "already held by slot 3"},
+      {MapFields(12, {5, 6}, {}, {{5, c}, {6, c}}), UpdateOutcome::kIdHeld, "admitted twice"},
+      {MapFields(12, {}, {{3, b}}, {}), UpdateOutcome::kMapMismatch, "the record evicts id"},
+      {MapFields(12, {}, {{6, c}}, {}), UpdateOutcome::kMapMismatch, "holds id None"},
+      {MapFields(12, {3}, {}, {{3, b}}), UpdateOutcome::kMapMismatch, "does not evict"},
+  };
+  for (const Bad& r : bad) {
+    std::string why;
+    EXPECT_EQ(Apply(r.fields, &why), r.outcome) << why;
+    EXPECT_NE(why.find(r.why), std::string::npos) << why;
+  }
+  StreamFields not_zch = MapFields(12, {}, {{0, 1}}, {});
+  Set(&not_zch, "table", "t9");
+  EXPECT_EQ(Apply(not_zch), UpdateOutcome::kUnknownTable);
+  EXPECT_EQ(rows_, rows);
+  EXPECT_EQ(keys_a_, keys);
+  EXPECT_EQ(used_a_, used);
+  EXPECT_EQ(used_b_, used);
+  EXPECT_EQ(tables_->CurrentWatermark().step, 10);
 }
 
 }  // namespace

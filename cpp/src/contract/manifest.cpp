@@ -316,6 +316,7 @@ Status ParseZchTable(const json& t, const std::string& name, const Where& where,
   if (buffers && !buffers->is_null() && !IsStringList(*buffers)) {
     return bad("buffers", "a list of strings");
   }
+  if (buffers && !buffers->is_null()) out->buffers = buffers->get<std::vector<std::string>>();
   return Status::Ok();
 }
 
@@ -361,6 +362,20 @@ Status WithObject(const std::string& text, const Where& where,
   }
 }
 
+// The update log's view of the ZCH tables: each one's map buffers, paired keys with used.
+void ZchMapPlaces(const ZchSection& zch, UpdatesSpec* updates) {
+  const std::string keys = ".keys", used = ".used";
+  for (const ZchTableSpec& t : zch.tables) {
+    MapPlace place{t.slots, t.probes, {}};
+    for (const std::string& b : t.buffers) {
+      if (b.size() > keys.size() && b.compare(b.size() - keys.size(), keys.size(), keys) == 0) {
+        place.buffers.emplace_back(b, b.substr(0, b.size() - keys.size()) + used);
+      }
+    }
+    updates->maps[t.name] = std::move(place);
+  }
+}
+
 }  // namespace
 
 Status ParseManifest(const std::string& text, const std::string& model, const std::string& source,
@@ -372,6 +387,7 @@ Status ParseManifest(const std::string& text, const std::string& model, const st
     REC_RETURN_IF_ERROR(ParseNames(manifest, where, out));
     REC_RETURN_IF_ERROR(ParseRoles(manifest, where, &out->inputs));
     REC_RETURN_IF_ERROR(ParseZch(manifest, where, &out->zch));
+    ZchMapPlaces(out->zch, &out->updates);
     return ParseFeatureSpec(manifest, where, out->sparse_features, &out->feature_spec);
   });
 }
@@ -379,8 +395,13 @@ Status ParseManifest(const std::string& text, const std::string& model, const st
 Status ParseUpdatesSection(const std::string& text, const std::string& model,
                            const std::string& source, UpdatesSpec* out) {
   const Where where{model, source};
-  return WithObject(text, where,
-                    [&](const json& manifest) { return ParseUpdates(manifest, where, out); });
+  return WithObject(text, where, [&](const json& manifest) {
+    REC_RETURN_IF_ERROR(ParseUpdates(manifest, where, out));
+    ZchSection zch;  // the ZCH tables' maps, which a record's map changes write with its rows
+    REC_RETURN_IF_ERROR(ParseZch(manifest, where, &zch));
+    ZchMapPlaces(zch, out);
+    return Status::Ok();
+  });
 }
 
 }  // namespace rec

@@ -53,6 +53,7 @@ struct ZchTableSpec {
   int64_t probes = 0;
   int64_t admit_after = 0;
   int64_t live = 0;
+  std::vector<std::string> buffers;  // the map's buffers in the model: keys, used per lookup
 };
 
 struct ZchSection {
@@ -77,7 +78,8 @@ struct Manifest {
 Status ParseManifest(const std::string& text, const std::string& model, const std::string& source,
                      Manifest* out);
 
-// Only the "updates" section of a rec.json's text (a version's own, read when it loads).
+// Only the "updates" section of a rec.json's text (a version's own, read when it loads), with
+// the ZCH tables' maps of its "zch" section (UpdatesSpec::maps).
 Status ParseUpdatesSection(const std::string& text, const std::string& model,
                            const std::string& source, UpdatesSpec* out);
 

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rec {
 
@@ -28,6 +30,15 @@ struct StoredPlace {
   std::string dtype;
 };
 
+// A ZCH table's id map in the model (rec.json "zch.tables.<t>", layout rec.zch.map/1): keys
+// int64 [slots] and used bool [slots], one pair per lookup that reads the table, which a record's
+// map changes write in place with its rows.
+struct MapPlace {
+  int64_t slots = 0;
+  int64_t probes = 0;
+  std::vector<std::pair<std::string, std::string>> buffers;  // (keys, used) buffer names
+};
+
 // rec.json's "updates" section.
 struct UpdatesSpec {
   bool present = false;
@@ -37,6 +48,7 @@ struct UpdatesSpec {
   int64_t gen = 0;   // the publisher's generation that trained up to it (0: none)
   std::map<std::string, TablePlace> tables;
   std::map<std::string, StoredPlace> stored;  // from rec.json "store", not "updates"
+  std::map<std::string, MapPlace> maps;       // from rec.json "zch", not "updates"
 };
 
 }  // namespace rec

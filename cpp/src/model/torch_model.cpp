@@ -145,14 +145,23 @@ class TorchRunner : public Runner {
     for (const auto& b : module_.named_buffers(/*recurse=*/true)) {
       bool wanted = false;
       for (const auto& [table, place] : updates.tables) wanted = wanted || place.buffer == b.name;
-      if (!wanted) continue;
+      bool map = false;  // a ZCH table's id map (keys int64, used bool), written in place too
+      for (const auto& [table, place] : updates.maps) {
+        for (const auto& [keys, used] : place.buffers) {
+          map = map || b.name == keys || b.name == used;
+        }
+      }
+      if (!wanted && !map) continue;
       const at::Tensor& t = b.value;
-      if (t.scalar_type() != c10::kByte || !t.is_contiguous() || t.device().type() != c10::kCPU) {
-        return InvalidArgument("buffer '" + b.name + "' is not contiguous uint8 on the CPU; " +
+      const bool typed = map ? t.scalar_type() == c10::kLong || t.scalar_type() == c10::kBool
+                             : t.scalar_type() == c10::kByte;
+      if (!typed || !t.is_contiguous() || t.device().type() != c10::kCPU) {
+        return InvalidArgument("buffer '" + b.name + "' is not contiguous " +
+                               (map ? "int64 or bool" : "uint8") + " on the CPU; " +
                                "rec.json's \"updates\" cannot write into it");
       }
       held->push_back(t);
-      buffers[b.name] = {t.data_ptr<uint8_t>(), static_cast<int64_t>(t.numel())};
+      buffers[b.name] = {static_cast<uint8_t*>(t.data_ptr()), static_cast<int64_t>(t.nbytes())};
     }
     if (!store_) return EmbeddingTables::Create(updates, std::move(buffers), held, &tables_);
     UpdatesSpec with_stored = updates;

@@ -218,7 +218,8 @@ void Metrics::AppendUpdates(const std::function<std::string(const std::string&)>
   *out +=
       "# HELP rec_update_records_total Update log records, by what became of them: applied, "
       "skipped (older than the export), or refused (other_run, unknown_table, row_format, "
-      "id_range, backwards, malformed)\n# TYPE rec_update_records_total counter\n";
+      "id_range, backwards, malformed; a ZCH table's map changes: slot_range, id_held, "
+      "map_mismatch)\n# TYPE rec_update_records_total counter\n";
   for (const auto& [model, stats] : models_) {
     if (!stats->has_updates.load()) continue;
     for (int o = 0; o < static_cast<int>(UpdateOutcome::kCount); ++o) {
@@ -340,6 +341,12 @@ const char* OutcomeName(UpdateOutcome outcome) {
       return "backwards";
     case UpdateOutcome::kMalformed:
       return "malformed";
+    case UpdateOutcome::kSlotRange:
+      return "slot_range";
+    case UpdateOutcome::kIdHeld:
+      return "id_held";
+    case UpdateOutcome::kMapMismatch:
+      return "map_mismatch";
     default:
       return "?";
   }

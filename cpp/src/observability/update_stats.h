@@ -17,6 +17,10 @@ enum class UpdateOutcome : int {
   kIdRange,
   kBackwards,
   kMalformed,
+  // A ZCH table's id map changes (format version 2) that do not fit the served map:
+  kSlotRange,    // a slot outside the table's slots or the admitted id's window, or no map
+  kIdHeld,       // an admitted id another slot holds, or admitted twice
+  kMapMismatch,  // an eviction of an id the slot does not hold, an admission into a held slot
   kCount
 };
 const char* OutcomeName(UpdateOutcome outcome);

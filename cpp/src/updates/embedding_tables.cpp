@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <tuple>
+
+#include "contract/zch_home.h"
 
 namespace rec {
 
@@ -40,8 +43,41 @@ Status EmbeddingTables::Create(const UpdatesSpec& spec, std::map<std::string, Bu
           " bytes) does not fit its buffer of " + std::to_string(it->second.size) + " bytes");
     }
   }
+  std::map<std::string, Map> maps;
+  REC_RETURN_IF_ERROR(FindMaps(spec, buffers, &maps));
   out->reset(
       new EmbeddingTables(spec, std::move(buffers), std::move(owner), std::move(stored_rows)));
+  (*out)->maps_ = std::move(maps);
+  return Status::Ok();
+}
+
+Status EmbeddingTables::FindMaps(const UpdatesSpec& spec,
+                                 const std::map<std::string, Buffer>& buffers,
+                                 std::map<std::string, Map>* out) {
+  for (const auto& [name, place] : spec.maps) {
+    Map map{place.slots, place.probes, {}};
+    for (const auto& [keys, used] : place.buffers) {
+      auto k = buffers.find(keys);
+      auto u = buffers.find(used);
+      if (k == buffers.end() || u == buffers.end()) {
+        return InvalidArgument("rec.json: \"zch.tables." + name + ".buffers\" names '" + keys +
+                               "' and '" + used + "', which the model does not hold");
+      }
+      // Divided, not multiplied, as for the tables: no overflow past the check.
+      if (k->second.size / 8 != place.slots || k->second.size % 8 != 0 ||
+          u->second.size != place.slots ||
+          reinterpret_cast<uintptr_t>(k->second.data) % alignof(int64_t) != 0) {
+        return InvalidArgument("rec.json: ZCH table '" + name + "': the model's map ('" + keys +
+                               "', '" + used + "') is not int64 and bool [" +
+                               std::to_string(place.slots) + "] (zch.tables." + name + ".slots)");
+      }
+      map.copies.emplace_back(reinterpret_cast<int64_t*>(k->second.data), u->second.data);
+    }
+    if (map.copies.empty()) {
+      return InvalidArgument("rec.json: \"zch.tables." + name + ".buffers\" names no id map");
+    }
+    (*out)[name] = std::move(map);
+  }
   return Status::Ok();
 }
 
@@ -83,7 +119,7 @@ UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) co
            ", step " + std::to_string(seen->second.second) + ")";
     return UpdateOutcome::kBackwards;
   }
-  if (r.ids.empty()) return UpdateOutcome::kApplied;
+  if (r.ids.empty() && !r.changes_map()) return UpdateOutcome::kApplied;
   auto it = spec_.tables.find(r.table);
   auto stored = spec_.stored.find(r.table);
   if (it == spec_.tables.end() && stored == spec_.stored.end()) {
@@ -99,12 +135,75 @@ UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) co
            ", the record has " + r.dtype + " dim " + std::to_string(r.dim);
     return UpdateOutcome::kRowFormat;
   }
-  if (r.ids.back() >= rows) {
+  if (!r.ids.empty() && r.ids.back() >= rows) {
     *why = "id " + std::to_string(r.ids.back()) + " is outside '" + r.table + "''s " +
            std::to_string(rows) + " rows";
     return UpdateOutcome::kIdRange;
   }
+  // The export's map already holds the changes of what it holds: skipped, not checked.
   if (std::tie(r.gen, r.step) <= std::tie(spec_.gen, spec_.step)) return UpdateOutcome::kSkipped;
+  return CheckMap(r, why);
+}
+
+// rec.update_log.ServedMap.check, rule for rule, in its order and words.
+UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why) const {
+  if (!r.changes_map()) return UpdateOutcome::kApplied;
+  const std::string table = "'" + r.table + "'";
+  auto it = maps_.find(r.table);
+  if (it == maps_.end()) {
+    *why = table + " is not a ZCH table of the served model: no slots";
+    return UpdateOutcome::kSlotRange;
+  }
+  const Map& m = it->second;
+  for (const auto* list : {&r.evicted, &r.admitted}) {
+    for (const auto& c : *list) {
+      if (c.slot >= m.slots) {
+        *why = "slot " + std::to_string(c.slot) + " is outside " + table + "'s " +
+               std::to_string(m.slots) + " slots";
+        return UpdateOutcome::kSlotRange;
+      }
+    }
+  }
+  auto held = [&](int64_t slot) {
+    return m.copies[0].second[slot] != 0 ? std::to_string(m.copies[0].first[slot]) : "None";
+  };
+  std::set<int64_t> freed;
+  for (const auto& e : r.evicted) {
+    if (!m.Holds(e.slot, e.id)) {
+      *why = "slot " + std::to_string(e.slot) + " of " + table + " holds id " + held(e.slot) +
+             ", the record evicts id " + std::to_string(e.id);
+      return UpdateOutcome::kMapMismatch;
+    }
+    freed.insert(e.slot);
+  }
+  std::set<int64_t> admitted;
+  for (const auto& a : r.admitted) {
+    if (freed.count(a.slot) == 0 && m.copies[0].second[a.slot] != 0) {
+      *why = "slot " + std::to_string(a.slot) + " of " + table + " holds id " + held(a.slot) +
+             ", which the record does not evict, and admits id " + std::to_string(a.id);
+      return UpdateOutcome::kMapMismatch;
+    }
+    const int64_t home = ZchHome(a.id, m.slots);
+    const int64_t offset = (a.slot - home + m.slots) % m.slots;  // a.slot's place in the window
+    if (offset >= m.probes) {
+      *why = "slot " + std::to_string(a.slot) + " is not in id " + std::to_string(a.id) +
+             "'s window of " + table + " (" + std::to_string(m.probes) + " slots from " +
+             std::to_string(home) + ")";
+      return UpdateOutcome::kSlotRange;
+    }
+    if (!admitted.insert(a.id).second) {
+      *why = "id " + std::to_string(a.id) + " is admitted twice to " + table;
+      return UpdateOutcome::kIdHeld;
+    }
+    for (int64_t k = 0; k < m.probes; ++k) {
+      const int64_t s = (home + k) % m.slots;
+      if (s != a.slot && freed.count(s) == 0 && m.Holds(s, a.id)) {
+        *why = "id " + std::to_string(a.id) + " is already held by slot " + std::to_string(s) +
+               " of " + table;
+        return UpdateOutcome::kIdHeld;
+      }
+    }
+  }
   return UpdateOutcome::kApplied;
 }
 
@@ -115,27 +214,43 @@ UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
   if (outcome == UpdateOutcome::kApplied && !r.ids.empty() && stored != spec_.stored.end()) {
     stored_rows_(stored->second.index, r.ids, r.rows);
   } else if (outcome == UpdateOutcome::kApplied && !r.ids.empty()) {
-    const TablePlace& p = spec_.tables.at(r.table);
-    uint8_t* base = buffers_.at(p.buffer).data + p.offset;
-    const size_t row_bytes = static_cast<size_t>(RowBytes(r.dim, r.dtype));
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(r.rows.data());
-    for (size_t i = 0; i < r.ids.size(); ++i, src += row_bytes) {
-      uint8_t* dst = base + r.ids[i] * p.row_stride;
-      if (p.scale_bias_first) {  // the log sends codes then scale and bias; FBGEMM stores them
-                                 // first
-        std::memcpy(dst, src + row_bytes - 4, 4);
-        std::memcpy(dst + 4, src, row_bytes - 4);
-      } else {
-        std::memcpy(dst, src, row_bytes);
-      }
-    }
+    WriteRows(r);
   }
+  if (outcome == UpdateOutcome::kApplied && r.changes_map()) WriteMap(r);
   if (outcome == UpdateOutcome::kApplied || outcome == UpdateOutcome::kSkipped) {
     if (run_.empty()) run_ = r.run;
     Advance(r);
   }
   pthread_rwlock_unlock(&lock_);
   return outcome;
+}
+
+void EmbeddingTables::WriteRows(const UpdateRecord& r) {
+  const TablePlace& p = spec_.tables.at(r.table);
+  uint8_t* base = buffers_.at(p.buffer).data + p.offset;
+  const size_t row_bytes = static_cast<size_t>(RowBytes(r.dim, r.dtype));
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(r.rows.data());
+  for (size_t i = 0; i < r.ids.size(); ++i, src += row_bytes) {
+    uint8_t* dst = base + r.ids[i] * p.row_stride;
+    if (p.scale_bias_first) {  // the log sends codes then scale and bias; FBGEMM stores them
+                               // first
+      std::memcpy(dst, src + row_bytes - 4, 4);
+      std::memcpy(dst + 4, src, row_bytes - 4);
+    } else {
+      std::memcpy(dst, src, row_bytes);
+    }
+  }
+}
+
+// Evictions first: a slot both evicted and admitted ends holding its new id.
+void EmbeddingTables::WriteMap(const UpdateRecord& r) {
+  for (const auto& [keys, used] : maps_.at(r.table).copies) {
+    for (const auto& e : r.evicted) used[e.slot] = 0;
+    for (const auto& a : r.admitted) {
+      keys[a.slot] = a.id;
+      used[a.slot] = 1;
+    }
+  }
 }
 
 void EmbeddingTables::Advance(const UpdateRecord& r) {

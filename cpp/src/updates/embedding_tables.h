@@ -2,10 +2,12 @@
 // storage (rec.json "updates"), the rules for applying a record (the Python reference is
 // rec.update_log.ReplicaState), and the lock that keeps a forward pass from seeing a torn row.
 //
-// A forward pass holds a Reading for its whole run; Apply writes a record's rows under the
-// exclusive side of the same reader-writer lock (writer-preferring, so a steady stream of
-// batches cannot starve it). A batch therefore sees each record wholly applied or not at all,
-// and the watermark a Reading reports is exactly the one its rows are at.
+// A forward pass holds a Reading for its whole run; Apply writes a record's rows, and a ZCH
+// table's id map changes (evictions, then admissions, into every copy of the map the model
+// holds), under the exclusive side of the same reader-writer lock (writer-preferring, so a steady
+// stream of batches cannot starve it). A batch therefore sees each record wholly applied or not at
+// all, and the watermark a Reading reports is exactly the one its rows are at; no batch reads a
+// slot's new id with its old row, or the reverse.
 #pragma once
 
 #include <pthread.h>
@@ -51,7 +53,8 @@ class EmbeddingTables {
     int64_t size = 0;
   };
 
-  // Checks that every table lies inside its buffer. `owner` keeps the buffers alive.
+  // Checks that every table, and every ZCH map copy (spec.maps), lies inside its buffer.
+  // `owner` keeps the buffers alive.
   // `stored_rows` takes the rows of spec.stored's tables (required when there are any).
   static Status Create(const UpdatesSpec& spec, std::map<std::string, Buffer> buffers,
                        std::shared_ptr<void> owner, std::shared_ptr<EmbeddingTables>* out,
@@ -82,13 +85,28 @@ class EmbeddingTables {
  private:
   EmbeddingTables(UpdatesSpec spec, std::map<std::string, Buffer> buffers,
                   std::shared_ptr<void> owner, StoredRowsSink stored_rows);
+  // A ZCH table's id map: every copy of its keys and used flags in the model's buffers.
+  struct Map {
+    int64_t slots = 0;
+    int64_t probes = 0;
+    std::vector<std::pair<int64_t*, uint8_t*>> copies;  // the first is read
+    bool Holds(int64_t slot, int64_t id) const {
+      return copies[0].second[slot] != 0 && copies[0].first[slot] == id;
+    }
+  };
+  static Status FindMaps(const UpdatesSpec& spec, const std::map<std::string, Buffer>& buffers,
+                         std::map<std::string, Map>* out);
   UpdateOutcome Check(const UpdateRecord& r, std::string* why) const;
+  UpdateOutcome CheckMap(const UpdateRecord& r, std::string* why) const;
+  void WriteRows(const UpdateRecord& r);
+  void WriteMap(const UpdateRecord& r);
   void Advance(const UpdateRecord& r);
 
   UpdatesSpec spec_;
   std::map<std::string, Buffer> buffers_;
   std::shared_ptr<void> owner_;
   StoredRowsSink stored_rows_;
+  std::map<std::string, Map> maps_;
   pthread_rwlock_t lock_;
   // Under the write lock:
   std::string run_;
