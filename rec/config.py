@@ -550,6 +550,56 @@ class ColumnsConfig:
 
 
 @dataclass
+class StreamConfig:
+    """Where `rec train` reads labelled events from, when it trains from a live stream
+    (`rec train --stream URL` sets url; docs/stream.md). Empty url: the files of data.source."""
+
+    url: str = ""
+    """The event stream, redis://HOST:PORT[/STREAM] (default stream rec:events).
+
+    Example: redis://127.0.0.1:6379/clicks"""
+    group: str = "rec"
+    """The consumer group the ranks read in; one group per training job."""
+    consumer_prefix: str = "rank"
+    """A rank's consumer name is this followed by its rank (rank0, rank1, ...)."""
+    dead_letter: str = ""
+    """The stream refused events are parked in (empty: `<stream>:dead`).
+
+    Example: clicks:refused"""
+    start: str = "0"
+    """Where a new group starts: 0 the stream's first entry, $ only entries added from now."""
+    wait_s: float = 1.0
+    """How long a rank waits for a full batch before it returns what it has."""
+    retry_s: float = 0.2
+    """First wait before reconnecting to a broker that went away; it doubles up to
+    max_retry_s while the broker stays away."""
+    max_retry_s: float = 5.0
+    """The longest wait between reconnection attempts."""
+    idle_exit_s: float = 0.0
+    """Stop (checkpoint and exit) after this many seconds in which no rank received an event;
+    0: run until stopped (SIGTERM or Ctrl-C) or until training.steps.
+
+    Example: 30"""
+    max_lag: int = 100_000
+    """Entries the stream's head may run ahead of training before the progress line reports it
+    (rec does not skip or drop events: what to do is the operator's call); 0: never reported."""
+
+    def __post_init__(self) -> None:
+        if self.url:
+            from rec.contract.events import parse_url  # rec.contract.events imports the spec
+
+            try:
+                parse_url(self.url)
+            except ValueError as e:
+                raise ConfigError(f"data.stream.url: {e}") from None
+        if self.start not in ("0", "$"):
+            raise ConfigError(f"data.stream.start={self.start!r} must be '0' or '$'")
+        for name in ("wait_s", "retry_s", "max_retry_s", "idle_exit_s", "max_lag"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"data.stream.{name}={getattr(self, name)!r} must be >= 0")
+
+
+@dataclass
 class DataConfig:
     """Where samples come from."""
 
@@ -576,6 +626,7 @@ class DataConfig:
     """CSV field delimiter."""
     columns: ColumnsConfig = field(default_factory=ColumnsConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
 
     def __post_init__(self) -> None:
         _one_of("data.source", self.source, ("synthetic", "criteo_tsv", "csv", "parquet"))
@@ -751,9 +802,17 @@ class CheckpointConfig:
     """Save every this many steps (and always at the end); 0: only at the end."""
     keep_last: int = 3
     """Committed checkpoints kept; older ones are deleted after a newer one commits."""
+    every_seconds: float = 0.0
+    """In a run training from a stream (data.stream), also save when this long has passed
+    since the last save: the run acknowledges its events only once a checkpoint holds them.
+    0: by steps only.
+
+    Example: 60"""
 
     def __post_init__(self) -> None:
         _check(self.every_steps >= 0, f"checkpoint.every_steps={self.every_steps!r} must be >= 0")
+        _check(self.every_seconds >= 0,
+               f"checkpoint.every_seconds={self.every_seconds!r} must be >= 0")  # fmt: skip
         _positive("checkpoint.keep_last", self.keep_last)
 
 
@@ -987,6 +1046,13 @@ class RecConfig:
             )
         self._check_sequences(names)
         self._check_zch()
+        _check(
+            not (self.data.stream.url and not self.training.steps
+                 and self.training.lr_schedule != "constant"),
+            f"training.lr_schedule={self.training.lr_schedule!r} decays over training.steps, and "
+            "a run training from a stream (data.stream.url) with steps 0 has no end: use "
+            "constant, or set training.steps",
+        )  # fmt: skip
         refused = _not_keyed_jagged(self.export.format)
         if self.model.factory:
             _check(

@@ -18,6 +18,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from rec.batch import PAD_LABEL
 from rec.config import RecConfig
 from rec.factory import build_custom
 
@@ -362,9 +363,14 @@ class TrainModel(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.loss_fn = nn.BCEWithLogitsLoss(reduction="none")
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         logits = self.model(batch.dense_features, batch.sparse_features)
-        loss = self.loss_fn(logits, batch.labels)
+        # The mean over real rows. Rows labelled PAD_LABEL stand in for a rank that has no event
+        # in a step of stream training (rec.train.stream_loop): they give no loss and no gradient,
+        # and a rank with only them gives 0, not the NaN of an empty mean.
+        real = (batch.labels != PAD_LABEL).to(logits.dtype)
+        per_row = self.loss_fn(logits, batch.labels.clamp(min=0.0)) * real
+        loss = per_row.sum() / real.sum().clamp(min=1.0)
         return loss, (loss.detach(), logits.detach(), batch.labels)

@@ -67,7 +67,16 @@ import click
     "for serving replicas to apply; sets publish.url. Also on a --resume of a run trained "
     "without it (for that start).",
 )
-def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, publish) -> None:
+@click.option(
+    "--stream",
+    metavar="URL",
+    default=None,
+    help="Train from this live event stream (redis://HOST:PORT[/STREAM], docs/stream.md) "
+    "until stopped: sets data.stream.url. SIGTERM or Ctrl-C checkpoints and stops; "
+    "--resume goes on from each rank's position.",
+)
+def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, publish,
+                  stream) -> None:  # fmt: skip
     """Train with TorchRec DistributedModelParallel on NPROC local ranks.
 
     \b
@@ -76,13 +85,14 @@ def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, p
     rec train --resume runs/a --steps 500      500 steps more (a finished run too)
     rec train --resume runs/a -c more.yaml     with more.yaml's training.epochs, intervals...
     rec train --resume runs/a --publish URL    on, publishing the rows it changes
+    rec train --stream redis://h:6379/clicks   from a live stream, until SIGTERM
     """
     from rec.train.launch import TrainingFailedError, train
 
     try:
         run = train(config, resume or run_dir, nproc, resume=resume is not None,
                     max_restarts=max_restarts, publish=publish, steps=steps,
-                    epochs=epochs)  # fmt: skip
+                    epochs=epochs, stream=stream)  # fmt: skip
     except TrainingFailedError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"run directory: {run}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -11,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -85,6 +86,13 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
         args += ["--publish", publish]
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
+    except SignalException as e:
+        # The launcher passed the signal on to the ranks; a rank training from a stream
+        # checkpoints before it exits, any other resumes from its last checkpoint.
+        latest = run_dir.latest_checkpoint(run)
+        where = f"LATEST is {latest.name}" if latest is not None else "no checkpoint yet"
+        print(f"[rec train] stopped by {signal.Signals(e.sigval).name}: {where}; "
+              f"`rec train --resume {run}` goes on from there", flush=True)  # fmt: skip
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         message = failure.message
@@ -116,6 +124,7 @@ def train(
     publish: str | None = None,
     steps: int | None = None,
     epochs: int | None = None,
+    stream: str | None = None,
 ) -> Path:
     """The library function behind `rec train`. Returns the run directory.
 
@@ -128,10 +137,18 @@ def train(
             "--steps and --epochs extend a run with --resume; a new run's length is "
             "training.steps or training.epochs in its config"
         )
+    if resume and stream is not None:
+        raise ConfigError(
+            "--stream starts a run; a --resume reads the stream in the run's config.yaml "
+            "(data.stream.url) from each rank's checkpointed position"
+        )
     run = run or default_run_dir()
-    cfg = None if resume else load_config(config)
-    if cfg is not None and publish is not None:
-        cfg = load_config(config, {"publish": {"url": publish}})
+    overrides: dict = {}
+    if publish is not None:
+        overrides["publish"] = {"url": publish}
+    if stream is not None:
+        overrides["data"] = {"stream": {"url": stream}}
+    cfg = None if resume else load_config(config, overrides or None)
     if cfg is not None:  # before the run directory is made: a refused run leaves nothing
         factory.check(cfg)
         resources.check_training(cfg, nproc, run)

@@ -212,13 +212,23 @@ def plot_metrics(metrics_path: Path, out: Path) -> Path:
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
     # Runs started before rec.metrics named it log_loss logged "logloss".
     losses = [r.get(LOG_LOSS, r.get("logloss")) for r in evals]
-    ax_loss.plot([r["step"] for r in evals], losses, "o-", label="held-out log loss")
+    if evals:
+        ax_loss.plot([r["step"] for r in evals], losses, "o-", label="held-out log loss")
     ax_loss.set_xlabel("step")
     ax_loss.legend()
     ax_auc.plot([r["step"] for r in evals], [r[AUC] for r in evals], "o-", color="C2")
     ax_auc.set_xlabel("step")
     ax_auc.set_ylabel("held-out AUC")
-    if (note := single_eval_note(evals)) is not None:
+    # A run training from a stream validates progressively: each batch scored before its step.
+    online = [r for r in records if r["kind"] == "online" and AUC in r]
+    if online:
+        steps = [r["step"] for r in online]
+        ax_loss.plot(steps, [r[LOG_LOSS] for r in online], label="online log loss")
+        ax_loss.legend()
+        ax_auc.plot(steps, [r[AUC] for r in online], color="C3", label="online AUC")
+        ax_auc.set_ylabel("AUC")
+        ax_auc.legend()
+    if not online and (note := single_eval_note(evals)) is not None:
         ax_auc.set_title(note, fontsize=9)
         ax_auc.set_xlim(ax_loss.get_xlim())  # the point where it is in the run, not alone
     for ax in (ax_loss, ax_auc):

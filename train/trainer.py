@@ -38,6 +38,7 @@ from rec.train.distributed import (
 from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
 from rec.train.progress import Progress, log, plot_metrics
 from rec.train.step_profile import StepProfiler
+from rec.train.stream_loop import Tally, fit_stream, resume_tally, stream_meta
 from rec.train.zch import SUMMARY_EVERY_ROUNDS, ZchTables
 from rec.versions import library_versions
 
@@ -66,10 +67,13 @@ class Trainer:
         self.batch_size = cfg.training.batch_size
         self.global_batch = self.batch_size * ctx.world_size
         self.pos = Position()
-        self.train_source = make_source(cfg, "train")
-        self.eval_source = make_source(cfg, "eval")
-        if self.eval_source.num_samples() == 0:
-            raise ValueError("the held-out split has no samples to evaluate on")
+        self.streaming = bool(cfg.data.stream.url)
+        self.stream_tally = Tally()
+        if not self.streaming:  # a stream run validates online (rec.train.stream_loop)
+            self.train_source = make_source(cfg, "train")
+            self.eval_source = make_source(cfg, "eval")
+            if self.eval_source.num_samples() == 0:
+                raise ValueError("the held-out split has no samples to evaluate on")
         self.zch = ZchTables.of(cfg, self.keys)
         self._build_model()
         self.checkpointer = Checkpointer(run, cfg.checkpoint, ctx.rank)
@@ -130,7 +134,8 @@ class Trainer:
         ident = [publish.next_identity(self.run) if self.ctx.is_main else None]
         dist.broadcast_object_list(ident, src=0)
         self.publisher = publish.UpdatePublisher(self.cfg, self.dmp, self.ctx.rank,
-                                                 self.ctx.world_size, ident[0], log)  # fmt: skip
+                                                 self.ctx.world_size, ident[0], log,
+                                                 zch=self.zch)  # fmt: skip
         if self.ctx.is_main:
             log(f"publishing changed rows to {self.publisher.url} (run {ident[0].run}, "
                 f"generation {ident[0].gen})")  # fmt: skip
@@ -151,6 +156,8 @@ class Trainer:
         t = state["train"]
         self.pos = Position(int(t["step"]), int(t["epoch"]), int(t["offset"]))
         torch.set_rng_state(t["rng"])
+        if self.streaming:
+            self.stream_tally = resume_tally(step_dir, self.ctx.rank, self.ctx.world_size)
         if self.ctx.is_main:
             log(f"resumed from {step_dir} at step {self.pos.step} (epoch {self.pos.epoch})")
             if self.zch is not None:
@@ -294,6 +301,11 @@ class Trainer:
                 self.save(metrics, complete=last)
             if progress:
                 progress.pause(time.perf_counter() - t0)
+        self.finish(progress)
+        return metrics
+
+    def finish(self, progress: Progress | None) -> None:
+        """The end of any run: the publisher closed, memory and step reports."""
         if self.publisher is not None:
             self.publisher.close(self.pos.step)
             self._report_published(self.publisher)
@@ -301,13 +313,14 @@ class Trainer:
         self._report_steps(progress)
         if progress:
             progress.close()
-        return metrics
 
     def _zch_round(self, step: int, evaluating: bool, progress: Progress | None) -> None:
         """The ZCH tables' round at `step` if one is due (rec.train.zch); a summary (log line,
         metrics.jsonl record of kind "zch") every SUMMARY_EVERY_ROUNDS rounds and at evaluations."""
         assert self.zch is not None
         ran = self.zch.round(step, self.dmp, self.optimizer, self.ctx.device)
+        if self.publisher is not None and ran:  # the map changes with their fresh rows
+            self.publisher.publish_map(step, ran)
         rounds = self.zch.rounds_done()
         if (evaluating or (ran and rounds % SUMMARY_EVERY_ROUNDS == 0)) and rounds:
             line, numbers = self.zch.summary()
@@ -383,7 +396,7 @@ class Trainer:
             "offset": self.pos.offset,
             "plan_digest": hashlib.sha256(plan_json).hexdigest()[:16],
             "eval": metrics,
-            "skipped_rows": self.train_source.skipped_rows,
+            "skipped_rows": 0 if self.streaming else self.train_source.skipped_rows,
             "versions": library_versions(),
             # The last step of this length of run: `rec train --resume` has nothing to do unless
             # config.yaml's steps or epochs were raised since.
@@ -393,6 +406,8 @@ class Trainer:
             # server starting from an export of this step applies that log after (gen, step).
             "publish_gen": self.publisher.ident.gen if self.publisher is not None else None,
         }
+        if self.streaming:
+            meta["stream"] = stream_meta(self.stream_tally, self.cfg.data.stream)
         if self.publisher is not None:  # the log first: it must hold all this checkpoint trained
             self.publisher.flush(self.pos.step)
         step_dir = self.checkpointer.save(self.pos.step, self._state(), meta)
@@ -420,7 +435,7 @@ def run_training(cfg: RecConfig, run: Path, resume: bool) -> dict[str, float]:
         trainer.resume(latest)
     if cfg.publish.url:
         trainer.start_publishing()
-    metrics = trainer.fit()
+    metrics = fit_stream(trainer) if trainer.streaming else trainer.fit()
     if ctx.is_main:
         curve = plot_metrics(run / run_dir.METRICS_FILE, run / "training_curve.png")
         log(f"training curve: {curve}")

@@ -55,7 +55,10 @@ def check_training_data(cfg: RecConfig, nproc: int) -> None:
     """Raises DataError (one line: the file, the column, the fix) if `cfg.data` cannot train
     `nproc` ranks: a missing or empty file, a column the config maps that a file lacks, a text
     column mapped as numbers, fewer training samples than one global batch. Synthetic data
-    passes."""
+    passes. A run training from a stream checks that its broker answers instead."""
+    if cfg.data.stream.url:
+        check_stream(cfg.data.stream.url)
+        return
     if cfg.data.source == "synthetic":
         return
     from rec.data import make_source
@@ -173,3 +176,21 @@ def _check_criteo_width(cfg: RecConfig, path: str) -> None:
             "integer, 26 categorical) for data.source criteo_tsv; a CSV file with a header "
             "reads with data.source csv and data.columns"
         )
+
+
+def check_stream(url: str) -> None:
+    """Raises DataError unless the event stream's broker answers a PING within 3 s."""
+    import redis
+
+    from rec.contract.events import parse_url
+
+    u = parse_url(url)
+    client = redis.Redis(host=u.host, port=u.port, socket_timeout=3, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        raise DataError(
+            f"data.stream.url {url}: the broker does not answer ({e}); start it, or fix the URL"
+        ) from None
+    finally:
+        client.close()

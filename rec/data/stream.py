@@ -57,46 +57,10 @@ from typing import Any
 import numpy as np
 
 from rec.batch import RecBatch
-from rec.config import ConfigError
-from rec.contract.events import EventError, Events, dead_stream, decode, parse_url
+from rec.config import ConfigError, StreamConfig
+from rec.contract.events import EventError, Events, dead_stream, decode
 from rec.data.source import Rows
 from rec.features import FeatureSpec
-
-
-@dataclass
-class StreamConfig:
-    """Where training reads events from (data.stream)."""
-
-    url: str = ""
-    """The event stream, redis://HOST:PORT[/STREAM] (default stream rec:events).
-
-    Example: redis://127.0.0.1:6379/clicks"""
-    group: str = "rec"
-    """The consumer group the ranks read in; one group per training job."""
-    consumer_prefix: str = "rank"
-    """A rank's consumer name is this followed by its rank (rank0, rank1, ...)."""
-    dead_letter: str = ""
-    """The stream refused events are parked in (empty: `<stream>:dead`)."""
-    start: str = "0"
-    """Where a new group starts: 0 the stream's first entry, $ only entries added from now."""
-    wait_s: float = 1.0
-    """How long a rank waits for a full batch before it returns what it has."""
-    retry_s: float = 0.2
-    """First wait before reconnecting to a broker that went away; it doubles up to
-    max_retry_s while the broker stays away."""
-    max_retry_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.url:
-            try:
-                parse_url(self.url)
-            except ValueError as e:
-                raise ConfigError(f"data.stream.url: {e}") from None
-        if self.start not in ("0", "$"):
-            raise ConfigError(f"data.stream.start={self.start!r} must be '0' or '$'")
-        for name in ("wait_s", "retry_s", "max_retry_s"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"data.stream.{name}={getattr(self, name)!r} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -127,12 +91,37 @@ def entry_key(entry_id: str | bytes) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+_U64 = np.uint64
+
+
+def event_digest(entry: str, index: np.ndarray) -> int:
+    """An order-free fingerprint of events named by (entry id, place in the entry): the sum,
+    modulo 2**64, of a 64-bit mix of each. Summed over what a run trained, it equals the sum over
+    what the stream holds exactly when every event was trained once (a lost event and a repeated
+    one do not cancel, except by a 2**-64 chance): the exactly-once test's count."""
+    ms, seq = entry_key(entry)
+    with np.errstate(over="ignore"):
+        x = _U64(ms) * _U64(0x100000001B3) + _U64(seq) * _U64(0x9E3779B97F4A7C15)
+        x = x + np.asarray(index, dtype=np.uint64) * _U64(0xD6E8FEB86659FD93)
+        x ^= x >> _U64(30)
+        x *= _U64(0xBF58476D1CE4E5B9)
+        x ^= x >> _U64(27)
+        x *= _U64(0x94D049BB133111EB)
+        x ^= x >> _U64(31)
+        return int(np.sum(x, dtype=np.uint64))
+
+
+def add_digests(a: int, b: int) -> int:
+    return (a + b) % (1 << 64)
+
+
 @dataclass
 class StreamBatch:
-    """One rank's batch and the position after it."""
+    """One rank's batch, the position after it, and its events' digest (event_digest)."""
 
     batch: RecBatch
     position: dict[str, Any]
+    digest: int = 0
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -212,6 +201,8 @@ class Assembler:
         self.spec, self.raw_dense = spec, raw_dense
         self.held: deque[_Held] = deque()
         self.at = StreamPosition()
+        self.digest = 0
+        """event_digest of the last take's events."""
 
     def add(self, entry: str, events: Events, skip: int = 0) -> None:
         """Holds an entry, its first `skip` events (by place in the entry) already consumed."""
@@ -224,11 +215,14 @@ class Assembler:
 
     def take(self, n: int) -> RecBatch:
         parts: list[Rows] = []
+        self.digest = 0
         while self.held:
             head = self.held[0]
             k = min(n, len(head.events) - head.next)
             if k > 0:
                 parts.append(_rows(head.events, head.next, head.next + k))
+                taken = head.events.index[head.next : head.next + k]
+                self.digest = add_digests(self.digest, event_digest(head.entry, taken))
                 head.next += k
                 n -= k
             if head.next < len(head.events):  # the batch is full inside this entry
@@ -332,8 +326,10 @@ __all__ = [
     "StreamBatch",
     "StreamConfig",
     "StreamPosition",
+    "add_digests",
     "dead_stream",
     "entry_key",
+    "event_digest",
     "events_everywhere",
     "open_reader",
 ]

@@ -154,7 +154,7 @@ class RedisEventReader(EventReader):
                 break
         batch = self.asm.take(batch_size)
         self.counts["events"] += len(batch)
-        return StreamBatch(batch, self.position())
+        return StreamBatch(batch, self.position(), self.asm.digest)
 
     def _read(self, client, need: int, deadline: float) -> bool:
         """One XREADGROUP: pending entries while there are any, then new ones (blocking until

@@ -1,0 +1,368 @@
+"""Training from a live stream (data.stream, `rec train --stream URL`): the trainer's loop.
+
+Each rank reads its own events through an EventReader (rec.data.stream) and the ranks step
+together: before each step one all-reduce sums [events, stop, checkpoint due] over the ranks.
+  - No rank has an event: nobody steps; they read again (idle_exit_s ends the run). The
+    segment ends there too, so the train pipeline, which reads a batch ahead, trains the batch
+    it holds now rather than when the next event comes.
+  - Some rank has events: every rank steps. A rank without any trains one row labelled
+    PAD_LABEL, which TrainModel's loss leaves out (zero loss, zero gradient), so it takes part
+    in the step's collectives. No event waits for a full batch longer than data.stream.wait_s.
+  - A stop (SIGTERM, SIGINT, training.steps, idle_exit_s) or a time-based checkpoint ends the
+    segment on every rank at the same step; the batch read in that same step is held for the
+    next segment (or, at a stop, never trained and never acknowledged: the resumed run gets it).
+
+Exactly once: the checkpoint's meta.json holds each rank's position after the last batch it
+trained (`stream.positions`), with the events it trained and their digest
+(rec.data.stream.event_digest) summed over the run's whole lineage; the reader acknowledges
+only what a committed checkpoint holds, and a resume starts each rank at its position.
+
+Progressive validation: the training forward scores a batch with the weights of before the
+batch's own update, so its logits are the standard online metric, free. Every log_every steps
+the window's scores are gathered and its AUC, log loss and calibration (mean predicted over
+observed rate) go to metrics.jsonl (kind "online"), TensorBoard and the progress line.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rec import metrics
+from rec.batch import PAD_LABEL, RecBatch
+from rec.config import RecConfig
+from rec.data.source import empty_rows
+from rec.data.stream import EventReader, StreamBatch, add_digests
+from rec.train.distributed import gather_rows
+
+# A segment with no checkpoint, round or step limit ahead: effectively unbounded.
+UNBOUNDED = 1 << 62
+
+CALIBRATION = "calibration"
+
+
+class StopSignal:
+    """SIGTERM and SIGINT set a flag the loop reads between steps, instead of killing the rank
+    mid-step: the run then checkpoints, publishes and exits (the launcher's agent waits 30 s
+    for it before it kills the ranks)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old = {s: signal.signal(s, self._set) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _set(self, signum, frame) -> None:
+        self.signal = signum
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+@dataclass
+class Tally:
+    """What this rank trained from the stream, over the run's lineage (restored on resume)."""
+
+    position: dict[str, Any] | None = None
+    events: int = 0
+    digest: int = 0
+
+    def add(self, b: StreamBatch) -> None:
+        if len(b):
+            self.position = b.position
+        self.events += len(b)
+        self.digest = add_digests(self.digest, b.digest)
+
+
+@dataclass
+class Online:
+    """Progressive validation's window: scores of real rows (PAD_LABEL ones left out)."""
+
+    task_names: list[str]
+    probs: list[torch.Tensor] = field(default_factory=list)
+    labels: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        real = labels[:, 0] != PAD_LABEL
+        self.probs.append(torch.sigmoid(logits[real].float()))
+        self.labels.append(labels[real].float())
+
+    def gather(self) -> dict[str, float] | None:
+        """The window's metrics over every rank's rows (a collective), then a new window; None
+        when the window holds no event or only one class (AUC undefined)."""
+        n_tasks = len(self.task_names)
+        probs = torch.cat(self.probs) if self.probs else torch.zeros(0, n_tasks)
+        labels = torch.cat(self.labels) if self.labels else torch.zeros(0, n_tasks)
+        self.probs, self.labels = [], []
+        probs, labels = gather_rows(probs.reshape(-1, n_tasks)), gather_rows(labels)
+        return online_metrics(probs, labels, self.task_names)
+
+
+def online_metrics(probs: torch.Tensor, labels: torch.Tensor, tasks: list[str]) -> dict | None:
+    """AUC and log loss (rec.metrics, as evaluation computes them) and calibration: the mean
+    predicted probability over the observed positive rate, first task."""
+    if len(labels) == 0 or labels[:, 0].min() == labels[:, 0].max():
+        return None
+    out = metrics.flat(metrics.quality(probs, labels, tasks))
+    out[CALIBRATION] = float(probs[:, 0].mean() / labels[:, 0].mean())
+    out["events"] = len(labels)
+    return out
+
+
+class StreamFeed:
+    """This rank's torchrec batches from the stream, the ranks stepping together (module
+    docstring). `trained` receives each yielded batch's StreamBatch in order; the trainer pops
+    one per step it completes."""
+
+    def __init__(self, trainer, reader: EventReader, stop: StopSignal) -> None:
+        self.t, self.reader, self.stop = trainer, reader, stop
+        cfg: RecConfig = trainer.cfg
+        self.wait_s, self.idle_exit_s = cfg.data.stream.wait_s, cfg.data.stream.idle_exit_s
+        self.every_seconds = cfg.checkpoint.every_seconds
+        self.trained: deque[StreamBatch] = deque()
+        self.held: StreamBatch | None = None
+        self.last_event = time.monotonic()
+        self.last_save = time.monotonic()
+        self.saved_step = trainer.pos.step
+        self.stopping = False
+        self.ended_due = False
+        """The last segment ended because checkpoint.every_seconds passed."""
+        self.why = ""
+
+    def segment(self, steps: int) -> Iterator[Any]:
+        """Up to `steps` batches; fewer when the ranks agree to stop or to checkpoint."""
+        done = 0
+        while done < steps:
+            if self.held is not None:
+                b, self.held = self.held, None
+            else:
+                b = self.reader.next_batch(self.t.batch_size, self.wait_s)
+                total, stop, due = self._agree(len(b))
+                if stop or (due and done):
+                    # Read in the step where the ranks stop or checkpoint: trained after it.
+                    self.held = b if total else None
+                    self.stopping, self.ended_due = bool(stop), not stop
+                    return
+                if not total:
+                    if done:  # the pipeline holds batches it trains when its input ends
+                        return
+                    continue
+            self.trained.append(b)
+            done += 1
+            yield self._torchrec(b.batch)
+
+    def _agree(self, n_local: int) -> tuple[int, int, int]:
+        """[events, stop, checkpoint due] summed over the ranks: one all-reduce per read."""
+        now = time.monotonic()
+        stop = self.stop.signal is not None
+        if stop and not self.why:
+            self.why = f"signal {signal.Signals(self.stop.signal).name}"
+        idle = self.idle_exit_s and now - self.last_event > self.idle_exit_s
+        due = (self.every_seconds and now - self.last_save >= self.every_seconds
+               and self.t.pos.step > self.saved_step)  # fmt: skip
+        flags = torch.tensor([n_local, int(stop or bool(idle)), int(bool(due))], dtype=torch.int64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flags)
+        total, stop_all, due_all = (int(x) for x in flags)
+        if total:
+            self.last_event = now
+        elif stop_all and not self.why:
+            self.why = f"no event for {self.idle_exit_s:g} s (data.stream.idle_exit_s)"
+        return total, stop_all, due_all
+
+    def saved(self, step: int) -> None:
+        self.saved_step, self.last_save = step, time.monotonic()
+
+    def _torchrec(self, batch: RecBatch):
+        t = self.t
+        if len(batch) == 0:  # this rank's share ran dry this step: one row with no loss
+            cfg = t.cfg
+            batch = empty_rows(cfg.features.dense, len(t.keys), cfg.model.num_tasks).to_batch()
+            batch = batch.padded(1)
+        return batch.to_torchrec(t.keys, t.rows, t.zch.remap_train if t.zch else None)
+
+
+def next_limit(trainer, every_steps: int) -> int:
+    """Steps to the next drained boundary: a checkpoint by steps, a ZCH round, training.steps."""
+    step = trainer.pos.step
+    ends = []
+    if every_steps:
+        ends.append((step // every_steps + 1) * every_steps)
+    if trainer.zch is not None:
+        rounds = trainer.zch.round_steps(step, step + 1_000_000)
+        if rounds:
+            ends.append(min(rounds))
+    if trainer.cfg.training.steps:
+        ends.append(trainer.cfg.training.steps)
+    return min(ends) - step if ends else UNBOUNDED
+
+
+@dataclass
+class _Window:
+    """The progress line's window: loss sum and count, refusals so far, its start."""
+
+    loss: float = 0.0
+    steps: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+
+def fit_stream(t) -> dict[str, float]:
+    """Trainer.fit for a stream run (module docstring): until a stop, checkpointing by steps
+    (checkpoint.every_steps) and by time (checkpoint.every_seconds), acknowledging after each
+    commit. Returns the last window's online metrics."""
+    from rec.data.stream import open_reader
+    from rec.features import feature_spec
+    from rec.train.progress import Progress, log
+    from rec.train.step_profile import StepProfiler
+    from rec.train.trainer import PROFILE_WARMUP
+
+    cfg, tally = t.cfg, t.stream_tally
+    reader = open_reader(cfg.data.stream, feature_spec(cfg), t.ctx.rank, start=tally.position)
+    stop = StopSignal()
+    feed = StreamFeed(t, reader, stop)
+    online = Online(list(cfg.model.task_names))
+    progress = None
+    if t.ctx.is_main:
+        progress = Progress(t.run / "metrics.jsonl", 0, t.global_batch, t.run / "tensorboard")
+        progress.start(t.pos.step)
+        log(f"training from {cfg.data.stream.url} (group {cfg.data.stream.group!r}), "
+            f"{t.ctx.world_size} ranks x batch {t.batch_size}, from step {t.pos.step}; "
+            "SIGTERM or Ctrl-C checkpoints and stops")  # fmt: skip
+    t.step_profiler = StepProfiler(t.pos.step + PROFILE_WARMUP, cfg.training.profile_steps)
+    if t.zch is not None:
+        t.zch.step = t.pos.step
+    last: dict[str, float] = {}
+    window, lag_said = _Window(), 0.0
+    try:
+        while not feed.stopping:
+            limit = next_limit(t, cfg.checkpoint.every_steps)
+            last, lag_said = _segment(t, feed, feed.segment(limit), online, progress, window,
+                                      last, lag_said)  # fmt: skip
+            step = t.pos.step
+            if cfg.training.steps and step >= cfg.training.steps:
+                feed.stopping, feed.why = True, f"training.steps={cfg.training.steps} reached"
+            if t.zch is not None:
+                t._zch_round(step, False, progress)
+            t0 = time.perf_counter()
+            due = feed.stopping or feed.ended_due or t.checkpointer.due(step)
+            feed.ended_due = False
+            if due and step > feed.saved_step:
+                t.save(last, complete=bool(cfg.training.steps and step >= cfg.training.steps))
+                if tally.position is not None:
+                    reader.ack(tally.position)
+                feed.saved(step)
+            if progress:
+                progress.pause(time.perf_counter() - t0)
+    finally:
+        stop.restore()
+        reader.close()
+    if progress:
+        log(f"stopped at step {t.pos.step}: {feed.why or 'stopped'}")
+    t.finish(progress)
+    return last
+
+
+def _segment(t, feed, batches, online, progress, window, last, lag_said):
+    """Steps until the segment's batches end (Trainer._train_segment, for a stream)."""
+    from rec.train.optim import lr_factor, set_dense_lr
+
+    log_every = t.cfg.training.log_every
+    while True:
+        set_dense_lr(t.optimizer, lr_factor(t.pos.step, 0, t.cfg.training), t.cfg.training)
+        spent = t.step_profiler.before(t.pos.step)
+        try:
+            loss, logits, labels = t.pipeline.progress(batches)
+        except StopIteration:
+            spent += t.step_profiler.close()
+            if progress:
+                progress.pause(spent)
+            return last, lag_said
+        t.stream_tally.add(feed.trained.popleft())
+        t.pos.step += 1
+        if t.publisher is not None:
+            t.publisher.after_step(t.pos.step)
+        spent += t.step_profiler.after(t.pos.step)
+        if progress and spent:
+            progress.pause(spent)
+        online.add(logits, labels)
+        window.loss, window.steps = window.loss + float(loss), window.steps + 1
+        if t.pos.step % log_every == 0:
+            last, lag_said = _report(t, feed, online, progress, window, last, lag_said)
+
+
+def _report(t, feed, online, progress, window, last, lag_said):
+    """The window's line and metrics.jsonl records (collective: every rank calls it)."""
+    from rec.train.distributed import all_mean
+    from rec.train.progress import log
+
+    loss = all_mean(window.loss / max(window.steps, 1), t.ctx.device)
+    found = online.gather()
+    refused = torch.tensor([sum(feed.reader.refused.values())], dtype=torch.int64)
+    dist.all_reduce(refused)
+    now = time.perf_counter()
+    events = found["events"] if found else 0
+    rate = events / max(now - window.t0, 1e-9)
+    window.loss, window.steps, window.t0 = 0.0, 0, now
+    if found:
+        last = {k: v for k, v in found.items() if k != "events"}
+    if not progress:
+        return last, lag_said
+    lag = feed.reader.lag()
+    step = t.pos.step
+    progress.write({"kind": "train", "step": step, "loss": loss, "samples_per_s": round(rate, 1)})
+    record = {"kind": "online", "step": step, "events_per_s": round(rate, 1), "lag": lag,
+              "refused": int(refused), **(found or {})}  # fmt: skip
+    progress.write(record)
+    quality = (f"online auc {found[metrics.AUC]:.4f} log_loss {found[metrics.LOG_LOSS]:.4f} "
+               f"calibration {found[CALIBRATION]:.3f}" if found
+               else "online auc   -   (window has one class)")  # fmt: skip
+    print(f"step {step:>7} | loss {loss:.4f} | {quality} | {rate:8,.0f} events/s | "
+          f"lag {'?' if lag is None else f'{lag:,}'} entries | refused {int(refused)}",
+          flush=True)  # fmt: skip
+    bound = t.cfg.data.stream.max_lag
+    if bound and lag is not None and lag > bound and now - lag_said > 60:
+        lag_said = now
+        log(f"the stream's head is {lag:,} entries ahead of training (data.stream.max_lag "
+            f"{bound:,}): the producers outpace training; nothing is skipped or dropped, so "
+            "add ranks or slow the producers")  # fmt: skip
+    return last, lag_said
+
+
+def stream_meta(tally: Tally, cfg) -> dict[str, Any]:
+    """meta.json's `stream` section (a collective): every rank's position, events and digest."""
+    mine = {"position": tally.position, "events": tally.events, "digest": tally.digest}
+    every: list[Any] = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+    if dist.is_initialized():
+        dist.all_gather_object(every, mine)
+    else:
+        every[0] = mine
+    return {"url": cfg.url, "group": cfg.group, "consumer_prefix": cfg.consumer_prefix,
+            "positions": [e["position"] for e in every], "events": [e["events"] for e in every],
+            "digests": [str(e["digest"]) for e in every]}  # fmt: skip
+
+
+def resume_tally(step_dir, rank: int, world_size: int) -> Tally:
+    """This rank's Tally from a checkpoint's meta.json (stream_meta)."""
+    from rec import run_dir
+    from rec.config import ConfigError
+
+    meta = run_dir.read_meta(step_dir).get("stream")
+    if meta is None:
+        raise ConfigError(f"{step_dir} was not trained from a stream: it holds no stream positions "
+                          "to resume from (data.stream.url)")  # fmt: skip
+    saved = len(meta["positions"])
+    if saved != world_size:
+        raise ConfigError(stream_world_error(step_dir, saved, world_size))
+    return Tally(meta["positions"][rank], int(meta["events"][rank]), int(meta["digests"][rank]))
+
+
+def stream_world_error(step_dir, saved: int, world_size: int) -> str:
+    return (f"{step_dir} was trained from the stream by {saved} ranks, and each rank's "
+            "unacknowledged entries are held for its own consumer: resume it with --nproc "
+            f"{saved}, not {world_size}")  # fmt: skip
