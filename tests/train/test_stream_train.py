@@ -22,6 +22,7 @@ import torch
 from rec.broker import RedisBroker, redis_server_path
 from rec.config import config_from_dict
 from rec.contract.events import encode
+from rec.data.replay import synthetic_events
 from rec.data.stream import StreamConfig, add_digests, event_digest, open_reader
 from rec.export.load import load_run
 from rec.features import feature_spec
@@ -46,8 +47,6 @@ def _config(url: str, **training) -> dict:
 def _produce(cfg: dict, url: str, n: int, first: int = 0, per_entry: int = 16) -> None:
     """n events of the synthetic generator's train split from position `first`, as
     `rec stream replay` sends them."""
-    from rec.data.replay import synthetic_events
-
     stream = url.rsplit("/", 1)[1]
     client = redis.Redis(port=int(url.split(":")[2].split("/")[0]))
     _, chunks = synthetic_events(config_from_dict(cfg), n, first)
@@ -164,30 +163,53 @@ def test_progressive_validation_equals_scoring_each_batch_before_its_step(tmp_pa
                 assert math.isclose(got[key], want[key], rel_tol=1e-5, abs_tol=1e-6), (step, key)
 
 
-def test_a_dry_rank_steps_with_the_others_and_sigterm_checkpoints_and_stops(tmp_path):
+def test_a_dry_rank_a_broker_restart_bad_events_and_sigterm(tmp_path):
+    """One entry of 10 events (one rank gets it whole, the other steps dry); the broker
+    SIGKILLed and restarted; then 5 good events with 2 bad ones and a malformed entry, refused,
+    counted and parked, never trained; SIGTERM checkpoints and exits 0."""
     with RedisBroker(tmp_path / "redis") as broker:
         url = broker.url("dry")
         cfg = _config(url, log_every=1)
-        cfg["data"]["stream"]["idle_exit_s"] = 0  # until stopped
-        _produce(cfg, url, 10, per_entry=10)  # one entry: one rank gets all of it
+        cfg["data"]["stream"].update(idle_exit_s=0, retry_s=0.05, max_retry_s=0.2)
+        _produce(cfg, url, 10, per_entry=10)
         run = tmp_path / "run"
         config = write_config(tmp_path / "c.yaml", cfg)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen([REC, "train", "-c", str(config), "--run-dir", str(run)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env)  # fmt: skip
-        deadline = time.monotonic() + 240
-        while not ((run / "metrics.jsonl").exists() and _records(run, "train")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-            time.sleep(0.1)
+
+        def wait_for_steps(n: int) -> None:
+            deadline = time.monotonic() + 240
+            while not ((run / "metrics.jsonl").exists() and len(_records(run, "train")) >= n):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+                time.sleep(0.1)
+
+        wait_for_steps(1)
+        good_digest = _stream_digest(broker.port, "dry")
+        broker.restart(kill=True)
+        client = redis.Redis(port=broker.port)
+        _, chunks = synthetic_events(config_from_dict(cfg), 5, 10)
+        events = [e for chunk, _ in chunks for e in chunk]
+        missing = {k: v for k, v in events[0].items() if k != "cat_0"}
+        entry = client.xadd("dry", encode([*events, missing, {**events[0], "label": 2}]))
+        client.xadd("dry", {"format": "rec.events/1", "events": "[not json"})
+        five = event_digest(entry.decode(), np.arange(5))
+        good_digest = (good_digest[0] + 5, add_digests(good_digest[1], five))
+        wait_for_steps(2)
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=120)[0]
         assert proc.returncode == 0, out
-        assert "stopped at step 1: signal SIGTERM" in out and "stopped by SIGTERM" in out, out
+        assert "stopped at step 2: signal SIGTERM" in out and "stopped by SIGTERM" in out, out
         steps = _records(run, "train")
-        assert len(steps) == 1 and math.isfinite(steps[0]["loss"]), steps
-        assert (run / "checkpoints" / "LATEST").read_text().strip() == "step_1"
-        assert _lineage(run) == _stream_digest(broker.port, "dry")
+        assert len(steps) == 2 and all(math.isfinite(r["loss"]) for r in steps), steps
+        assert _records(run, "online")[-1]["refused"] == 3
+        assert (run / "checkpoints" / "LATEST").read_text().strip() == "step_2"
+        assert _lineage(run) == good_digest
+        dead = client.xrange("dry:dead")
+        assert sorted(f[b"reason"].decode() for _, f in dead) == [
+            "label_not_binary", "malformed_entry", "missing_field"]  # fmt: skip
+        client.close()
 
 
 def test_stream_refusals_come_before_any_rank(tmp_path):
