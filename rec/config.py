@@ -1071,11 +1071,6 @@ class RecConfig:
     def _check_zch(self) -> None:
         """What ZCH tables (tables[].ids.zch) cannot do yet, refused by name (docs/zch.md)."""
         zch = [t.name for t in self.tables if t.zch]
-        _check(
-            not (zch and self.publish.url),
-            f"publish.url with ZCH tables {zch}: the update log does not carry id-map changes "
-            "yet (issue #50, item 3); train without publishing, or make them ids: modulo",
-        )
         stored = [t for t in self.export.store.tables if t in zch]
         _check(
             not stored,

@@ -14,6 +14,13 @@ be delivered within `publish.drain_timeout_s`.
 
 A rank publishes only rows it owns whole: table_wise, row_wise and table_row_wise shards. With
 publishing on, the planner is kept to those types (rec.train.sharding), so every table qualifies.
+
+ZCH tables (rec.zch): every rank holds every id map, and an admission round changes the same
+slots on all of them. Each rank publishes the changes of the slots whose rows it holds
+(`publish_map`, right after the round reset those rows), a slot's new id in the same record as
+its fresh row, so a replica never serves the new id with the old id's row or the reverse. The
+records go in the queue behind every publish before the round, and before any row trained
+after it: the log holds a slot's rows in the order training wrote them.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from rec.config import RecConfig
 from rec.contract.updates import UpdateRecord, encode, parse_url
 from rec.quantize import fused_rows
 from rec.train.sharding import PUBLISHABLE_SHARDING_TYPES
+from rec.train.zch import ZchTables
+from rec.zch import Changes
 
 RECORD_ROWS = 16384
 """Rows per record at most, so one stream entry stays a few MB."""
@@ -104,8 +113,9 @@ class UpdatePublisher:
     the end (it publishes what is left and waits for the broker to take it)."""
 
     def __init__(self, cfg: RecConfig, dmp, rank: int, world: int, ident: Identity,
-                 log=print) -> None:  # fmt: skip
+                 log=print, zch: ZchTables | None = None) -> None:  # fmt: skip
         self.cfg, self.rank, self.world, self.ident, self.log = cfg, rank, world, ident, log
+        self.zch = zch  # the run's id maps: a resume restores the slots a dead run changed
         self.url = parse_url(cfg.publish.url)
         self.tracker = dmp.get_delta_tracker() or dmp.init_torchrec_delta_tracker(tracker_config())
         self.shards = _local_shards(dmp, cfg)
@@ -127,18 +137,23 @@ class UpdatePublisher:
         if due_steps or due_time:
             self.publish(step)
 
-    def publish(self, step: int) -> None:
-        """Reads and queues the rows changed since the last publish, as of `step`."""
+    def publish(self, step: int, changes: dict[str, Changes] | None = None) -> None:
+        """Reads and queues the rows changed since the last publish, as of `step`; after a ZCH
+        round (`changes`), with this rank's share of its id map changes (publish_map)."""
         if self.error is not None:
             raise PublishError(f"publishing to {self.url} failed: {self.error}") from self.error
         t0 = time.perf_counter()
         wall_ns = time.time_ns()
         records = []
+        maps = _slot_changes(self.shards, changes or {})
         for fqn, ids in self.tracker.get_unique_ids().items():
             shard = self.shards.get(fqn)
             if shard is None or ids.numel() == 0:
                 continue
             local = torch.unique(ids.to(torch.int64))  # sorted
+            if fqn in maps:  # a changed slot's row goes with its new id, below
+                moved = torch.tensor(sorted(maps[fqn][0] | maps[fqn][1]), dtype=torch.int64)
+                local = local[~torch.isin(local + shard.row_offset, moved)]
             rows = fused_rows(shard.weight.index_select(0, local), shard.dtype)
             global_ids = (local + shard.row_offset).tolist()
             for at in range(0, len(global_ids), RECORD_ROWS):
@@ -147,6 +162,8 @@ class UpdatePublisher:
                 records.append(self._record(step, wall_ns, shard.table, shard.dtype, shard.dim,
                                             tuple(chunk), data))  # fmt: skip
             self.published_rows += len(global_ids)
+        for fqn, (evicted, admitted) in maps.items():
+            records += self._map_records(step, wall_ns, self.shards[fqn], evicted, admitted)
         if not records:  # nothing changed here: still advance this rank's watermark
             records.append(self._record(step, wall_ns, "", "fp32", 0, (), b""))
         records[-1] = _marked_last(records[-1])
@@ -156,6 +173,37 @@ class UpdatePublisher:
         self._put([encode(r) for r in records])  # waits only when max_pending are queued
         self.publish_seconds += time.perf_counter() - waited
 
+    def publish_map(self, step: int, changes: dict[str, Changes]) -> None:
+        """After the ZCH round at `step` (the admitted slots' rows reset): a publish at `step`
+        of what changed since the last one, with this rank's share of the round's id map
+        changes, each slot's new id in one record with its fresh row. Rows a changed slot had
+        before the round are not sent: its row now is the fresh one, and the old id leaves in
+        the same record. A complete publish (`last`), so a replica's watermark reaches `step`
+        only with the round's changes applied, as an export of `step` holds them."""
+        if any(changes.values()):
+            self.publish(step, changes)
+
+    def _map_records(self, step: int, wall_ns: int, shard: _Shard, evicted: dict[int, int],
+                     admitted: dict[int, int]) -> list[UpdateRecord]:  # fmt: skip
+        """Records of `shard`'s slot changes ({slot: raw id}), an admitted slot's current row
+        with its id, at most RECORD_ROWS slots a record."""
+        slots = sorted(set(evicted) | set(admitted))
+        out = []
+        for at in range(0, len(slots), RECORD_ROWS):
+            chunk = slots[at : at + RECORD_ROWS]
+            rowed = [s for s in chunk if s in admitted]
+            data = b""
+            if rowed:
+                local = torch.tensor(rowed, dtype=torch.int64) - shard.row_offset
+                data = fused_rows(shard.weight.index_select(0, local), shard.dtype)
+                data = data.numpy().tobytes()
+            rec = self._record(step, wall_ns, shard.table, shard.dtype, shard.dim, tuple(rowed),
+                               data)  # fmt: skip
+            out.append(replace(rec, evicted=tuple((s, evicted[s]) for s in chunk if s in evicted),
+                               admitted=tuple((s, admitted[s]) for s in rowed)))  # fmt: skip
+            self.published_rows += len(rowed)
+        return out
+
     def republish_undone(self, step: int) -> int:
         """After a resume from `step`: the rows earlier generations published at later steps
         (trained after the checkpoint, then lost with the killed run) hold values no checkpoint
@@ -164,11 +212,20 @@ class UpdatePublisher:
         from rec.update_log import read_records
 
         touched: dict[str, set[int]] = {}
+        served: dict[str, dict[int, int | None]] = {}  # the dead run's slots: id a replica holds
         for _, rec in read_records(str(self.url)):
             if rec.run == self.ident.run and rec.gen < self.ident.gen and rec.step > step:
                 touched.setdefault(rec.table, set()).update(rec.ids)
+                slots = served.setdefault(rec.table, {})
+                slots.update({s: None for s, _ in rec.evicted})
+                slots.update(dict(rec.admitted))
         records, rows_sent, wall_ns = [], 0, time.time_ns()
         for shard in self.shards.values():
+            restored = self._restore_map(shard, served.get(shard.table, {}), step, wall_ns)
+            records += restored
+            rows_sent += sum(r.count for r in restored)
+            for rec in restored:  # their rows ride with their ids (a freed slot's below)
+                touched[shard.table] -= set(rec.ids)
             ids = torch.tensor(sorted(touched.get(shard.table, ())), dtype=torch.int64)
             mine = ids[(ids >= shard.row_offset) & (ids < shard.row_offset + shard.weight.shape[0])]
             if mine.numel() == 0:
@@ -186,6 +243,23 @@ class UpdatePublisher:
         self._put([encode(r) for r in records])
         self.tracker.get_unique_ids()  # forget lookups made while restoring
         return rows_sent
+
+    def _restore_map(self, shard: _Shard, served: dict[int, int | None], step: int,
+                     wall_ns: int) -> list[UpdateRecord]:  # fmt: skip
+        """Records that set `shard`'s slots a dead generation changed (`served`: the id each
+        holds in a replica that applied the whole log) back to the checkpoint's map."""
+        if self.zch is None or shard.table not in self.zch.maps or not served:
+            return []
+        m, hi = self.zch.maps[shard.table], shard.row_offset + shard.weight.shape[0]
+        evicted, admitted = {}, {}
+        for slot, now in served.items():
+            want = int(m.keys[slot]) if bool(m.used[slot]) else None
+            if shard.row_offset <= slot < hi and now != want:
+                if now is not None:
+                    evicted[slot] = now
+                if want is not None:
+                    admitted[slot] = want
+        return self._map_records(step, wall_ns, shard, evicted, admitted)
 
     def _record(self, step, wall_ns, table, dtype, dim, ids, rows) -> UpdateRecord:
         return UpdateRecord(self.ident.run, self.ident.gen, self.rank, self.world, step, wall_ns,
@@ -274,6 +348,25 @@ class UpdatePublisher:
             self.error = e
         finally:
             client.close()
+
+
+def _slot_changes(shards: dict[str, _Shard],
+                  changes: dict[str, Changes]) -> dict[str, tuple[dict, dict]]:  # fmt: skip
+    """Per shard (tracker FQN) with slots a round changed: ({slot: evicted id}, {slot: admitted
+    id}) of the slots whose rows it holds."""
+    out = {}
+    for fqn, shard in shards.items():
+        change = changes.get(shard.table)
+        if not change:
+            continue
+        lo, hi = shard.row_offset, shard.row_offset + shard.weight.shape[0]
+        pairs = zip(change.evicted_slots, change.evicted_ids, strict=True)
+        evicted = {s: i for s, i in pairs if lo <= s < hi}
+        pairs = zip(change.admitted_slots, change.admitted_ids, strict=True)
+        admitted = {s: i for s, i in pairs if lo <= s < hi}
+        if evicted or admitted:
+            out[fqn] = (evicted, admitted)
+    return out
 
 
 def _marked_last(rec: UpdateRecord) -> UpdateRecord:

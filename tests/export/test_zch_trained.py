@@ -77,3 +77,83 @@ def _unknown_a(cfg, maps, batch) -> int:
     z = id_maps.zch_tables(cfg)["t0"]
     rows = zch.lookup(batch.values[mine], maps["t0"].keys, maps["t0"].used, z.probes)
     return int((rows == z.slots).sum())
+
+
+def test_a_published_zch_run_carries_its_maps_to_rec_server(tmp_path):
+    """`rec train --publish` with a ZCH table: the rounds after the exported checkpoint reach
+    rec-server through the update log (map changes with their rows), and rec-server scores as
+    the exported model.pt with the log's rows and the last checkpoint's map written into it."""
+    import re
+    import time
+    import urllib.request
+
+    from rec import run_dir
+    from rec.broker import RedisBroker, redis_server_path
+    from rec.update_log import read_records, write_rows
+
+    if redis_server_path() is None:
+        import pytest
+
+        pytest.skip("redis-server is not installed (make setup installs it)")
+    broker = RedisBroker(tmp_path / "redis")
+    try:
+        url = broker.url("rec:updates")
+        data = tiny_dict()
+        data["tables"][0]["ids"] = {"zch": {"every_steps": 4, "probes": 4}}  # t0: feature a
+        data["data"]["synthetic"].update(live_ids={"t0": 600}, train_samples=4096,
+                                         eval_samples=512)  # fmt: skip
+        data["training"].update(steps=12, eval_every=0)
+        data["checkpoint"] = {"every_steps": 4, "keep_last": 3}
+        data["publish"] = {"url": url, "every_steps": 3, "every_seconds": 0}
+        config = write_config(tmp_path / "cfg.yaml", data)
+        run, repo = tmp_path / "run", tmp_path / "repo"
+        run_rec("train", "--config", str(config), "--run-dir", str(run), "--nproc", "1")
+        run_rec("export", str(run), "--repo", str(repo), "--checkpoint",
+                run_dir.step_dir_name(4), "--format", "torchscript")  # fmt: skip
+        later = [r for _, r in read_records(url) if r.step > 4]
+        assert sum(len(r.admitted) for r in later) > 0  # the rounds at 8 and 12 admitted ids
+        assert all(set(s for s, _ in r.admitted) <= set(r.ids) for r in later)
+
+        loaded = load_run(run)
+        cfg = loaded.cfg
+        maps = id_maps.read_maps(CheckpointReader(loaded.step_dir), cfg)  # step 12's
+        model_dir = ModelDir.of(repo, "rec")
+        manifest = json.loads(model_dir.manifest.read_text())
+        exported = torch.jit.load(str(model_dir.model_file(1)))
+        reference = torch.jit.load(str(model_dir.model_file(1)))
+        buffers = dict(reference.named_buffers())
+        for r in later:
+            if r.count:
+                place = manifest["updates"]["tables"][r.table]
+                write_rows(buffers[place["buffer"]], place, r.ids, r.rows)
+        keys, used = (buffers[b] for b in manifest["zch"]["tables"]["t0"]["buffers"])
+        assert not torch.equal(keys[used], maps["t0"].keys[maps["t0"].used])  # rounds 8, 12
+        keys.copy_(maps["t0"].keys)
+        used.copy_(maps["t0"].used)
+        probe = make_probe(cfg, maps, seed=5)
+        torch.set_num_threads(1)
+        with start_cpp(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+            deadline = time.monotonic() + 60
+            pattern = re.compile(r'^rec_update_watermark_step\{model="rec"[^}]*\} (\S+)$', re.M)
+            while True:
+                with urllib.request.urlopen(f"http://{server.endpoints.metrics}/metrics") as r:
+                    m = pattern.search(r.read().decode())
+                if m and float(m.group(1)) >= 12:
+                    break
+                assert time.monotonic() < deadline, "rec-server did not reach step 12"
+                time.sleep(0.1)
+            client = ScoreClient(server.endpoints.http, "http", model="rec")
+            try:
+                served = [client.score(Rows(b.dense.numpy(), b.lengths.numpy(), b.values.numpy()))
+                          for b in probe.batches()]  # fmt: skip
+            finally:
+                client.close()
+        with torch.inference_mode():
+            args = [(b.dense, b.lengths, b.values) for b in probe.batches()]
+            want = [reference(*a).numpy() for a in args]
+            old = [exported(*a).numpy() for a in args]
+        for got, expected in zip(served, want, strict=True):
+            np.testing.assert_array_equal(got, expected)
+        assert not np.allclose(served[0], old[0], atol=1e-6)  # the log changed ids and rows
+    finally:
+        broker.stop()

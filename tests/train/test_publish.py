@@ -264,3 +264,55 @@ def test_a_broker_that_refuses_writes_fails_the_run_loudly(tmp_path):
     assert "publishing to redis://" in proc.stdout and "maxmemory" in proc.stdout, proc.stdout[
         -3000:
     ]
+
+
+@needs_redis
+def test_a_zch_run_publishes_its_rounds_and_a_resume_restores_the_maps_a_dead_run_changed(
+    tmp_path,
+):
+    """A ZCH table's rounds reach the log as map changes with their rows; the run dies after a
+    round its last checkpoint lacks (the checkpoint removed) and resumes on 1 rank. The log,
+    applied in order to an empty map by the replica rules, refuses nothing and ends holding the
+    final checkpoint's map, and every row it carried equals the final export's."""
+    from rec.export import id_maps
+    from rec.update_log import ServedMap
+
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("rec:updates")
+        cfg = _config(url)
+        cfg["tables"][0].update(rows=300, ids={"zch": {"every_steps": 4, "probes": 4}})
+        cfg["data"] = {"synthetic": {"train_samples": 4096, "eval_samples": 512,
+                                     "live_ids": {"t0": 900}}}  # fmt: skip
+        cfg["training"].update(steps=12, eval_every=0)
+        cfg["checkpoint"] = {"every_steps": 8, "keep_last": 3}
+        cfg["publish"]["every_steps"] = 3
+        run = tmp_path / "run"
+        run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
+                str(run), "--nproc", "1", timeout=600)  # fmt: skip
+        shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(12))
+        (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_8\n")
+        saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
+        saved["training"]["steps"] = 10  # no round after the resume: the step-8 map is final
+        (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
+        out = run_rec("train", "--resume", str(run), "--nproc", "1", timeout=600).stdout
+        assert re.search(r"re-sent [1-9]\d* rows at their step-8 values", out), out
+        records = [r for _, r in read_records(url)]
+
+    dead = [r for r in records if r.gen == 1 and r.step == 12]
+    assert any(r.admitted for r in dead) and any(r.evicted for r in dead)  # round 12: lfu
+    restore = [r for r in records if r.gen == 2 and r.step == 8]
+    assert any(r.admitted or r.evicted for r in restore)
+    model_cfg = config_from_dict(cfg)
+    state = Applier({t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8"))
+                     for t in model_cfg.tables},
+                    maps={"t0": ServedMap.empty(299, 4)})  # fmt: skip
+    for rec in records:
+        assert state.apply(rec) == ("applied", ""), rec.step
+    final = run_dir.latest_checkpoint(run)
+    want = id_maps.read_maps(CheckpointReader(final), model_cfg)["t0"]
+    keys, used = state.maps["t0"].copies[0]
+    assert torch.equal(used, want.used) and torch.equal(keys[used], want.keys[want.used])
+    for table in state.tables:
+        exported = _exported_rows(final, cfg, table)
+        for row_id, data in state.rows.get(table, {}).items():
+            assert data == exported[row_id].numpy().tobytes(), (table, row_id)
