@@ -2,7 +2,7 @@
 version of the model repository, and the newest `keep` versions stay.
 
     >>> follow("runs/live", "model_repository", keep=3)  # doctest: +SKIP
-    version 2: step 400 in 2.4 s (3.1 s after its commit); torchscript AUC 0.71 ...
+    version torchscript 2: step 400 (+200) in 2.4 s (3.1 s after its commit); verified: ...
 
 The loop, until SIGTERM or SIGINT:
 
@@ -29,27 +29,35 @@ mapped tables.bin stays readable once unlinked), and a load that loses its files
 logged, and the next poll loads the newest. A pruned version is first renamed into a staging
 directory, then deleted, so no server sees a version directory half gone.
 
+Each export runs in a process of its own, forked from a multiprocessing forkserver that has
+imported torch once: scripting a model leaves its compiled code in TorchScript's process-wide
+compilation unit (about 1.2 MiB per export of the tests' tiny model, 19 more functions each
+time), so exporting in the follower itself grows it for as long as it runs. A forked child
+costs milliseconds, not the seconds of a fresh interpreter's imports.
+
 Stopping: the first SIGTERM or SIGINT stops at once when waiting, or after the export in
 progress is committed and pruned (a version is never left half done); a second one abandons
-that export, whose staging directory export_run's cleanup removes. Either way the repository
-holds only whole versions.
+that export: the child gets SIGTERM and export_run's cleanup removes its staging directory.
+Either way the repository holds only whole versions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rec import run_dir
+from rec import run_dir, warnings_filter
 from rec.config import ConfigError
 from rec.contract import ModelDir
 from rec.export import formats
@@ -155,16 +163,18 @@ def format_line(e: Exported) -> str:
 
 class StopSignal:
     """SIGTERM and SIGINT, while the follower runs: the first sets `requested` (stop when idle,
-    or once the export in progress is committed); the second raises KeyboardInterrupt, which
-    abandons that export (export_run's cleanup removes its staging directory)."""
+    or once the export in progress is committed); the second sets `abandon` (stop that
+    export's process). Flags only: the loops read them."""
 
     def __init__(self, log: Log) -> None:
         self.requested = False
+        self.abandon = False
         self._log = log
 
     def __call__(self, signum: int, frame: Any) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            self.abandon = True
+            return
         self.requested = True
         self._log(f"{signal.Signals(signum).name}: stopping once the export in progress (if "
                   "any) is committed; send it again to abandon that export")  # fmt: skip
@@ -208,12 +218,90 @@ def _newest_checkpoint(run: Path, stop: StopSignal, poll_s: float, log: Log) -> 
     return None
 
 
+def _export_child(conn: Any, run: Path, repo: Path, step_dir: Path, args: dict) -> None:
+    """An export in its own process: its lines, then ("result", ExportResult), ("error", e) or
+    ("abandoned", None), through `conn`."""
+    # Ctrl-C reaches the whole process group: the follower decides, and sends SIGTERM to abandon.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # KeyboardInterrupt: cleanup runs
+    warnings_filter.install()
+    try:
+        log = lambda line: conn.send(("line", line))  # noqa: E731
+        conn.send(("result", export_run(run, repo, checkpoint=str(step_dir), log=log, **args)))
+    except KeyboardInterrupt:
+        conn.send(("abandoned", None))
+    except Exception as e:
+        if not isinstance(e, ConfigError | VerificationError | OSError):
+            traceback.print_exc()  # the follower stops with it: show where
+        try:
+            conn.send(("error", e))
+        except Exception:  # an exception that does not pickle
+            conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+    finally:
+        conn.close()
+
+
+# Imported once, in the forkserver: torch and everything an export imports on its way.
+PRELOAD = ["rec.export.follow", "rec.export.formats.torchscript", "rec.export.formats.onnx",
+           "rec.export.formats.aoti", "rec.data.source", "rec.data.synthetic"]  # fmt: skip
+
+
+def _context() -> Any:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def run_export(run: Path, repo: Path, step_dir: Path, stop: StopSignal, on_line: Log,
+               args: dict) -> ExportResult | None:  # fmt: skip
+    """export_run in a child process (module docstring), its lines to `on_line`; None when
+    abandoned (stop.abandon). Raises what export_run raised."""
+    ctx = _context()
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_export_child, args=(send, run, repo, step_dir, args),
+                        name=f"rec export {step_dir.name}")  # fmt: skip
+    child.start()
+    send.close()  # the child holds the only write end: its exit ends the pipe (EOFError)
+    outcome: tuple[str, Any] = ("died", None)
+    terminated = False
+    while True:
+        if stop.abandon and not terminated:
+            child.terminate()
+            terminated = True
+        if not receive.poll(0.1):
+            continue
+        try:
+            kind, value = receive.recv()
+        except EOFError:
+            break
+        if kind == "line":
+            on_line(value)
+        else:
+            outcome = (kind, value)
+    child.join(30)
+    if child.is_alive():  # stuck in a native call past SIGTERM
+        child.kill()
+        child.join()
+        for left in repo.glob(f".staging-{child.pid}-*"):
+            shutil.rmtree(left, ignore_errors=True)
+    kind, value = outcome
+    if kind == "result":
+        return value
+    if kind == "error":
+        raise value
+    if terminated:
+        return None
+    raise RuntimeError(f"the export of {step_dir} died (exit code {child.exitcode})")
+
+
 def export_one(run: Path, repo: Path, step_dir: Path, previous: int | None, keep: int,
-               log: Log, detail: Log | None, **export_args: Any) -> Exported | None:  # fmt: skip
+               stop: StopSignal, log: Log, detail: Log | None,
+               **export_args: Any) -> Exported | None:  # fmt: skip
     """Exports one checkpoint as the next version and prunes; None when there is no version to
-    show for it: its verification failed (said, and the follower moves on to the next
-    checkpoint), or training deleted it meanwhile (checkpoint.keep_last). export_run's own
-    lines go to `detail`; without it, only its warnings, to `log`."""
+    show for it: abandoned (stop.abandon), its verification failed (said, and the follower
+    moves on to the next checkpoint), or training deleted it meanwhile
+    (checkpoint.keep_last). export_run's own lines go to `detail`; without it, only its
+    warnings, to `log`."""
     start = time.monotonic()
     lines: list[str] = []
 
@@ -223,7 +311,7 @@ def export_one(run: Path, repo: Path, step_dir: Path, previous: int | None, keep
             detail(line)
 
     try:
-        result = export_run(run, repo, checkpoint=str(step_dir), log=export_log, **export_args)
+        result = run_export(run, repo, step_dir, stop, export_log, export_args)
     except VerificationError as e:
         log(f"step {step_of(step_dir)} not exported, verification failed: {e}")
         return None
@@ -232,6 +320,8 @@ def export_one(run: Path, repo: Path, step_dir: Path, previous: int | None, keep
             raise
         log(f"step {step_of(step_dir)}: deleted by training while exporting "
             "(checkpoint.keep_last); taking the newest")  # fmt: skip
+        return None
+    if result is None:
         return None
     for line in lines if detail is None else []:
         if line.startswith("warning"):
@@ -293,13 +383,11 @@ def follow(
             if step_dir is None or (last is not None and step_of(step_dir) <= last):
                 stop.sleep(poll_s)
                 continue
-            try:
-                exported = export_one(run, repo, step_dir, last, keep, log, detail,
-                                      quantize=quantize, fmt=fmt, config=config)  # fmt: skip
-            except KeyboardInterrupt:
-                if not stop.requested:
-                    raise
-                log(f"abandoned the export of step {step_of(step_dir)}; nothing of it was kept")
+            exported = export_one(run, repo, step_dir, last, keep, stop, log, detail,
+                                  quantize=quantize, fmt=fmt, config=config)  # fmt: skip
+            if exported is None and stop.abandon:
+                log(f"abandoned the export of step {step_of(step_dir)}; its staging directory "
+                    "was removed")  # fmt: skip
                 break
             if exported is not None:
                 done.append(exported)
