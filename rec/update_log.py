@@ -20,7 +20,9 @@ tests, benchmarks, the demo and a resuming publisher look into a stream) all rea
       admitted id's window (slot_range), an admitted id another slot holds after the record's
       evictions or admitted twice (id_held), an eviction of an id the slot does not hold or an
       admission into a slot still held (map_mismatch) refuse the record whole. An accepted
-      record's rows, evictions and admissions are written under the same lock, in that order;
+      record's rows, evictions and admissions are written under the same lock, in that order.
+      A map record of the (gen, step) its rank's newest record has, with every change already
+      in place, is one the publisher sent again: its rows are written again, its map is left;
     - rows of records at or before the export's (gen, step) are skipped: the export holds them;
     - the watermark is the smallest (gen, step) over the run's ranks of their newest complete
       publish (`last`), once every rank has completed one; the first record of a newer
@@ -229,6 +231,16 @@ class ServedMap:
             admitted.add(raw)
         return None
 
+    def in_place(self, rec: UpdateRecord) -> bool:
+        """Whether every change of `rec` is already in the map: each admitted slot holds its id,
+        and no slot only evicted holds its evicted id."""
+        if any(s >= self.slots for s, _ in rec.evicted + rec.admitted):
+            return False  # not read: check() refuses it
+        admitted = {slot for slot, _ in rec.admitted}
+        return all(self.held(s) == raw for s, raw in rec.admitted) and all(
+            self.held(s) != raw for s, raw in rec.evicted if s not in admitted
+        )
+
     def write(self, rec: UpdateRecord) -> None:
         """The evictions, then the admissions, into every copy."""
         import torch
@@ -305,7 +317,7 @@ class Applier:
                     return outcome, why
                 if rec.count:
                     self.write(rec)
-                if rec.evicted or rec.admitted:
+                if (rec.evicted or rec.admitted) and not self._resent(rec):
                     self.maps[rec.table].write(rec)
                 self.applied_rows += rec.count
             self.run = self.run or rec.run
@@ -335,7 +347,15 @@ class Applier:
             return None
         if rec.table not in self.maps:
             return f"slot range: {rec.table!r} is not a ZCH table of the served model: no slots"
+        if self._resent(rec):
+            return None
         return self.maps[rec.table].check(rec.table, rec)
+
+    def _resent(self, rec: UpdateRecord) -> bool:
+        """A map record sent again (the publisher re-sends a batch after a broker error): of the
+        (gen, step) its rank's newest record has, every change already in place. Its rows are
+        written again, as any re-sent record's; its map changes change nothing."""
+        return self.rank_version.get(rec.rank) == rec.version and self.maps[rec.table].in_place(rec)
 
     def _advance(self, rec: UpdateRecord) -> None:
         self.rank_version[rec.rank] = rec.version

@@ -196,6 +196,19 @@ TEST_F(ZchTables, WritesASlotsRowAndItsIdIntoEveryCopyOfTheMap) {
   EXPECT_EQ(Apply(exported), UpdateOutcome::kSkipped);
 }
 
+TEST_F(ZchTables, AMapRecordSentAgainRewritesItsRowsAndLeavesTheMap) {
+  const int64_t a = IdAt(3), b = IdAt(3, 1);
+  ASSERT_EQ(Apply(MapFields(11, {3}, {}, {{3, a}})), UpdateOutcome::kApplied);
+  const StreamFields moved = MapFields(12, {3}, {{3, a}}, {{3, b}});
+  EXPECT_EQ(Apply(moved), UpdateOutcome::kApplied);
+  EXPECT_EQ(Apply(moved), UpdateOutcome::kApplied);  // the publisher sent it again
+  EXPECT_EQ(keys_a_[3], b);
+  EXPECT_EQ(used_a_[3], 1);
+  // Of the same step but not in place: checked, and refused.
+  EXPECT_EQ(Apply(MapFields(12, {4}, {}, {{4, b}})), UpdateOutcome::kIdHeld);
+  EXPECT_EQ(Apply(MapFields(12, {8}, {}, {{8, b}})), UpdateOutcome::kSlotRange);
+}
+
 TEST_F(ZchTables, RefusesABadMapChangeWholeAndChangesNothing) {
   const int64_t a = IdAt(3), b = IdAt(3, 1), c = IdAt(5);
   ASSERT_EQ(Apply(MapFields(11, {3}, {}, {{3, a}})), UpdateOutcome::kApplied);

@@ -51,6 +51,8 @@ pass holds. It refuses the whole record (nothing changed) when a slot is not one
 slots or not in the admitted id's window (rec.zch.windows), when an admitted id is held by another
 slot of the table after the record's evictions (or admitted twice in it), or when an eviction
 names an id the slot does not hold or an admission a slot still held (rec.update_log.Applier).
+A record of its rank's newest (gen, step) whose every change is already in place is one the
+publisher sent again after a broker error: its rows are written again, the map left as it is.
 
 A rank's rows at one step are one publish: records with that (gen, step) from that rank, the last
 one marked `last`. The ranks own disjoint rows, so a replica's watermark is the smallest

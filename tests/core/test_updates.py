@@ -211,6 +211,18 @@ def test_a_slot_changes_hands_with_its_row_and_a_lone_eviction_frees_it():
     assert m.held(3) is None and m.held(4) == a and replica.applied_rows == 3
 
 
+def test_a_map_record_sent_again_rewrites_its_rows_and_leaves_the_map():
+    a, b = _id_at(3), _id_at(3, 1)
+    replica = _zch(held={a: 3})
+    moved = _map([3], [(3, a)], [(3, b)])
+    assert replica.apply(moved) == ("applied", "")
+    assert replica.apply(moved) == ("applied", "")  # the publisher sent it again
+    assert replica.maps["t0"].held(3) == b and replica.applied_rows == 2
+    outcome, why = replica.apply(_map([4], [], [(4, b)]))  # the same step, not in place
+    assert outcome == "id_held", why
+    assert replica.apply(_map([16], [], [(16, b)]))[0] == "slot_range"
+
+
 BAD_MAPS = {
     # slot 16 is t0's default row, not a slot
     "a slot past the slots": (_map([16], [], [(16, 5)]), "slot_range"),

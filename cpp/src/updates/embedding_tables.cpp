@@ -154,6 +154,7 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why)
     *why = table + " is not a ZCH table of the served model: no slots";
     return UpdateOutcome::kSlotRange;
   }
+  if (Resent(r)) return UpdateOutcome::kApplied;
   const Map& m = it->second;
   for (const auto* list : {&r.evicted, &r.admitted}) {
     for (const auto& c : *list) {
@@ -216,7 +217,7 @@ UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
   } else if (outcome == UpdateOutcome::kApplied && !r.ids.empty()) {
     WriteRows(r);
   }
-  if (outcome == UpdateOutcome::kApplied && r.changes_map()) WriteMap(r);
+  if (outcome == UpdateOutcome::kApplied && r.changes_map() && !Resent(r)) WriteMap(r);
   if (outcome == UpdateOutcome::kApplied || outcome == UpdateOutcome::kSkipped) {
     if (run_.empty()) run_ = r.run;
     Advance(r);
@@ -240,6 +241,31 @@ void EmbeddingTables::WriteRows(const UpdateRecord& r) {
       std::memcpy(dst, src, row_bytes);
     }
   }
+}
+
+// rec.update_log.Applier._resent: a map record of the (gen, step) its rank's newest record has,
+// every change already in place, is one the publisher sent again after a broker error.
+bool EmbeddingTables::Resent(const UpdateRecord& r) const {
+  auto seen = rank_version_.find(r.rank);
+  auto map = maps_.find(r.table);
+  if (seen == rank_version_.end() || seen->second != std::make_pair(r.gen, r.step) ||
+      map == maps_.end()) {
+    return false;
+  }
+  std::set<int64_t> admitted;
+  for (const auto* list : {&r.evicted, &r.admitted}) {
+    for (const auto& c : *list) {
+      if (c.slot >= map->second.slots) return false;  // not read: CheckMap refuses it
+    }
+  }
+  for (const auto& a : r.admitted) {
+    if (!map->second.Holds(a.slot, a.id)) return false;
+    admitted.insert(a.slot);
+  }
+  for (const auto& e : r.evicted) {
+    if (admitted.count(e.slot) == 0 && map->second.Holds(e.slot, e.id)) return false;
+  }
+  return true;
 }
 
 // Evictions first: a slot both evicted and admitted ends holding its new id.

@@ -98,6 +98,7 @@ class EmbeddingTables {
                          std::map<std::string, Map>* out);
   UpdateOutcome Check(const UpdateRecord& r, std::string* why) const;
   UpdateOutcome CheckMap(const UpdateRecord& r, std::string* why) const;
+  bool Resent(const UpdateRecord& r) const;
   void WriteRows(const UpdateRecord& r);
   void WriteMap(const UpdateRecord& r);
   void Advance(const UpdateRecord& r);
