@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 #include <tuple>
+#include <unordered_set>
 
 #include "contract/zch_home.h"
 
@@ -168,18 +169,22 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why)
   auto held = [&](int64_t slot) {
     return m.copies[0].second[slot] != 0 ? std::to_string(m.copies[0].first[slot]) : "None";
   };
-  std::set<int64_t> freed;
+  // The evicted slots, sorted as the record holds them: a binary search each, not a tree.
+  auto freed = [&r](int64_t slot) {
+    auto it = std::lower_bound(r.evicted.begin(), r.evicted.end(), slot,
+                               [](const UpdateRecord::SlotId& e, int64_t s) { return e.slot < s; });
+    return it != r.evicted.end() && it->slot == slot;
+  };
   for (const auto& e : r.evicted) {
     if (!m.Holds(e.slot, e.id)) {
       *why = "slot " + std::to_string(e.slot) + " of " + table + " holds id " + held(e.slot) +
              ", the record evicts id " + std::to_string(e.id);
       return UpdateOutcome::kMapMismatch;
     }
-    freed.insert(e.slot);
   }
-  std::set<int64_t> admitted;
+  std::unordered_set<int64_t> admitted(r.admitted.size());
   for (const auto& a : r.admitted) {
-    if (freed.count(a.slot) == 0 && m.copies[0].second[a.slot] != 0) {
+    if (m.copies[0].second[a.slot] != 0 && !freed(a.slot)) {
       *why = "slot " + std::to_string(a.slot) + " of " + table + " holds id " + held(a.slot) +
              ", which the record does not evict, and admits id " + std::to_string(a.id);
       return UpdateOutcome::kMapMismatch;
@@ -196,9 +201,8 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why)
       *why = "id " + std::to_string(a.id) + " is admitted twice to " + table;
       return UpdateOutcome::kIdHeld;
     }
-    for (int64_t k = 0; k < m.probes; ++k) {
-      const int64_t s = (home + k) % m.slots;
-      if (s != a.slot && freed.count(s) == 0 && m.Holds(s, a.id)) {
+    for (int64_t k = 0, s = home; k < m.probes; ++k, s = s + 1 == m.slots ? 0 : s + 1) {
+      if (s != a.slot && m.Holds(s, a.id) && !freed(s)) {
         *why = "id " + std::to_string(a.id) + " is already held by slot " + std::to_string(s) +
                " of " + table;
         return UpdateOutcome::kIdHeld;
