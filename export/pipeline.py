@@ -388,7 +388,7 @@ def export_run(
     labelled = list(eval_data) if eval_data is not None else eval_batches(cfg, log)
     src = _source(cfg, loaded, labelled, names, repo, log)
     store_sink = store_lib.open_sink(cfg, table_dtypes(cfg), targets[0].model_dir.name,
-                                     targets[0].version, run, log)  # fmt: skip
+                                     targets[0].version, run, log, src.maps)  # fmt: skip
     if store_sink is not None:
         src.extra_sinks.append(store_sink)
         src.store = store_lib.section(store_sink)

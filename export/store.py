@@ -37,8 +37,10 @@ def _masters(client) -> list[tuple[str, int | None]]:
 
 
 def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, run: Path,
-              log: Log) -> StoreSink | None:  # fmt: skip
-    """The store's sink for this export (None without export.store.url), after the plan."""
+              log: Log, maps: dict[str, Any] | None = None) -> StoreSink | None:  # fmt: skip
+    """The store's sink for this export (None without export.store.url), after the plan.
+    `maps`: the ZCH tables' id maps (rec.export.id_maps.read_maps), which key a stored ZCH
+    table's rows by raw id."""
     sc = cfg.export.store
     if not sc.url:
         return None
@@ -48,14 +50,17 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
             "export.store.min_bytes; every table stays in the model (export.store.tables: "
             "[NAME, ...] in a --config file names the tables to store)")  # fmt: skip
         return None
-    zch = [t.name for t in cfg.tables if t.name in tables and t.zch is not None]
-    if zch:
+    zch = [t for t in cfg.tables if t.name in tables and t.zch is not None]
+    if zch and cfg.publish.url:
         raise contract.StoreError(
-            f"export.store: tables {', '.join(zch)} are ZCH tables (ids: zch), and the embedding "
-            "store keys rows by slot, so a server would read a slot's row for a raw id; ZCH "
-            "tables in the store come with issue #50 item 5. Keep them in the model: list the "
-            "other tables in export.store.tables, or raise export.store.min_bytes above their size"
+            f"export.store: tables {', '.join(t.name for t in zch)} are ZCH tables (ids: zch) of "
+            "a run that publishes to the update log (publish.url): the store keys their rows by "
+            "raw id, and nothing applies the log's id map changes to it yet (issue #50 item 5). "
+            "Keep them in the model: list the other tables in export.store.tables, or raise "
+            "export.store.min_bytes above their size"
         )
+    for t in zch:  # keyed by raw id (rec.store/2): the store is the map, a server reads no slot
+        tables[t.name].update(keys=contract.RAW_ID, slots=t.zch.slots)
     if cfg.export.format != "torchscript" or cfg.model.factory:
         raise contract.StoreError(
             f"export.store: tables {', '.join(tables)} would go to the embedding store, which "
@@ -63,7 +68,7 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
             f"is {cfg.export.format!r}{', a model.factory' if cfg.model.factory else ''})"
         )
     prefix = contract.prefix(model, version, run_tag(run))
-    sink = StoreSink(sc.url, prefix, tables)
+    sink = StoreSink(sc.url, prefix, tables, maps)
     masters = _masters(sink.client)
     total = sum(table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"]).bytes
                 for t in tables.values())  # fmt: skip

@@ -29,6 +29,7 @@ from rec.export.served import (
     TbeLookup,
     TbeSequenceLookup,
     candidate_and_history,
+    feature_major_ids,
     make_tbe,
     table_indices,
 )
@@ -43,10 +44,16 @@ class StoreLookup(TbeLookup):
 
     `tables` is every stored table in store order (the key's table index), `dtypes` their
     stored dtypes: the rows passed in may hold the rows of other lookups' tables too (din's
-    pooled and sequence tables share one batch of keys), and each lookup finds its own."""
+    pooled and sequence tables share one batch of keys), and each lookup finds its own.
+
+    `raw_keyed`: the stored tables keyed by raw id (ZCH tables, rec.store/2). With any, the
+    keys are (table, id) pairs, int64 [U, 2], the id a raw-keyed table's raw id as the request
+    sent it (the store is its map: no id map here) and another table's row."""
+
+    maps_ids = False  # a stored table's ids are keyed as the store keys them, never remapped
 
     def __init__(self, tbe, cfg: RecConfig, feature_order: list[str], tables: list[str],
-                 dtypes: dict[str, str]) -> None:  # fmt: skip
+                 dtypes: dict[str, str], raw_keyed: list[str] | None = None) -> None:  # fmt: skip
         super().__init__(tbe, cfg, feature_order)
         self.weights_host = torch.empty(0, dtype=torch.uint8)  # no storage of its own
         owner = cfg.feature_to_table()
@@ -63,6 +70,22 @@ class StoreLookup(TbeLookup):
             for n in tables
         ]
         self.sb_first = [dtypes[n] in ("int8", "int4") for n in tables]
+        raw = set(raw_keyed or [])
+        self.pairs = bool(raw)
+        self.register_buffer(
+            "raw_feature", torch.tensor([owner[f] in raw for f in feature_order], dtype=torch.bool)
+        )
+
+    def paired(
+        self, lengths: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each id's store key as a (table, id) pair, int64 [N, 2]; the TBE's offsets)."""
+        column_of: torch.Tensor | None = None if self.columns_in_order else self.column_of
+        ids, indices, offsets = feature_major_ids(lengths, values, self.rows, column_of)
+        feature_ends = offsets[lengths.shape[0] :: lengths.shape[0]].contiguous()
+        feature = torch.bucketize(torch.arange(indices.shape[0]), feature_ends, right=True)
+        field = torch.where(self.raw_feature[feature], ids, indices)
+        return torch.stack([self.feature_table[feature], field], 1), offsets
 
     def keyed(
         self, lengths: torch.Tensor, values: torch.Tensor
@@ -75,8 +98,19 @@ class StoreLookup(TbeLookup):
         return (self.feature_table[feature] << self.table_shift) | indices, offsets
 
     def store_keys(self, lengths: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """The batch's distinct store keys (table << 40 | row), sorted."""
+        """The batch's distinct store keys (table << 40 | row; with raw-keyed tables (table,
+        id) pairs [U, 2]), sorted."""
+        if self.pairs:
+            return torch.unique(self.paired(lengths, values)[0], sorted=True, dim=0)
         return torch.unique(self.keyed(lengths, values)[0], sorted=True)
+
+    def paired_places(
+        self, lengths: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the batch's distinct pairs [U, 2], each id's place among them, offsets)."""
+        pairs, offsets = self.paired(lengths, values)
+        uniq, inverse = torch.unique(pairs, sorted=True, return_inverse=True, dim=0)
+        return uniq, inverse, offsets
 
     def looked_up(
         self,
@@ -87,12 +121,16 @@ class StoreLookup(TbeLookup):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the op's output over the batch's rows, offsets). `rows` holds the rows of `uniq`
         (the batch's sorted distinct keys; None: this lookup's own) in that order."""
-        keyed, offsets = self.keyed(lengths, values)
-        if uniq is None:
-            uniq, inverse = torch.unique(keyed, sorted=True, return_inverse=True)
+        if self.pairs:  # uniq: din's union is refused with raw-keyed tables (tiered_served_module)
+            uniq, inverse, offsets = self.paired_places(lengths, values)
+            table_of = uniq[:, 0]
         else:
-            inverse = torch.searchsorted(uniq, keyed)
-        table_of = uniq >> self.table_shift
+            keyed, offsets = self.keyed(lengths, values)
+            if uniq is None:
+                uniq, inverse = torch.unique(keyed, sorted=True, return_inverse=True)
+            else:
+                inverse = torch.searchsorted(uniq, keyed)
+            table_of = uniq >> self.table_shift
         counts = torch.bincount(table_of, minlength=self.num_tables)
         first = torch.cumsum(counts, 0) - counts  # each table's first key in uniq
         # Each table's region of the op's storage: its fetched rows in the TBE's layout.
@@ -306,12 +344,13 @@ def split_tbes(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored:
     return local, store, local_order, stored_order
 
 
-def _pooled_lookup(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored: list[str]):
+def _pooled_lookup(cfg: RecConfig, dtypes: dict[str, str], order: list[str], stored: list[str],
+                   raw_keyed: list[str]):  # fmt: skip
     """(the pooled features' lookup with rows passed in, its local TBE or None)."""
     local_tbe, store_tbe, local_order, stored_order = split_tbes(cfg, dtypes, order, stored)
     if store_tbe is None:
         return InProcessLookup(TbeLookup(local_tbe, cfg, local_order)), local_tbe
-    store_lookup = StoreLookup(store_tbe, cfg, stored_order, stored, dtypes)
+    store_lookup = StoreLookup(store_tbe, cfg, stored_order, stored, dtypes, raw_keyed)
     if local_tbe is None:
         return AllStoredLookup(store_lookup, order), None
     return SplitLookup(TbeLookup(local_tbe, cfg, local_order), store_lookup, order), local_tbe
@@ -332,11 +371,12 @@ def _sequence_lookup(cfg: RecConfig, dtypes: dict[str, str], stored: list[str]):
 
 
 def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str],
-                         stored: list[str]):  # fmt: skip
+                         stored: list[str], raw_keyed: list[str] | None = None):  # fmt: skip
     """(TieredServedModule, local TBE) for `model`'s dense weights, the tables `stored` (in
     rec.contract.store.store_order) looked up from rows passed in; the local TBE's storage is
     allocated and zeroed, to be filled as rec.export.served.served_module's is (None when every
-    table is stored; din's local TBEs as one TbeGroup)."""
+    table is stored; din's local TBEs as one TbeGroup). `raw_keyed`: the stored tables keyed by
+    raw id (ZCH tables, rec.store/2)."""
     from rec.export.dense import swap_dense
     from rec.export.load import dense_copy
     from rec.export.served import DinHead, TbeGroup, make_head
@@ -345,8 +385,14 @@ def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str
 
     if cfg.model.factory:
         raise NotImplementedError("the embedding store serves rec's own architectures for now")
+    raw_keyed = raw_keyed or []
+    if raw_keyed and cfg.model.arch == "din":
+        raise NotImplementedError(
+            f"din with ZCH tables {raw_keyed} in the embedding store: its pooled and sequence "
+            "lookups share one batch of keys, not yet (table, raw id) pairs; keep them in the model"
+        )
     order = ebc_features(model.get_submodule(ebc_path(model)))
-    lookup, local_tbe = _pooled_lookup(cfg, dtypes, order, stored)
+    lookup, local_tbe = _pooled_lookup(cfg, dtypes, order, stored, raw_keyed)
     if cfg.model.arch == "din":
         sequences, sequence_tbe = _sequence_lookup(cfg, dtypes, stored)
         lookup = TieredDinLookup(lookup, sequences)

@@ -505,6 +505,12 @@ class TritonPythonModel:
             stored = manifest.store.to_dict()["tables"] if manifest.has("store") else None
             refresh = self._refresh if self.store is not None else None
             zch = manifest.zch.to_dict()["tables"] if manifest.has("zch") else None
+            # A stored ZCH table (keyed by raw id) has no map in model.pt and takes no log rows
+            # by slot: its records are refused as another table's (rec.config refuses
+            # publish.url with one).
+            raw = {n for n, t in (stored or {}).items() if t.get("keys") == "raw_id"}
+            stored = {n: t for n, t in stored.items() if n not in raw} if stored else stored
+            zch = {n: t for n, t in zch.items() if n not in raw} if zch else zch
             self.tables = ServedTables(updates.to_dict(), dict(self.model.named_buffers()),
                                        stored, refresh, zch)  # fmt: skip
         except (KeyError, ValueError) as e:

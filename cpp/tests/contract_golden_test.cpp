@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "contract/row_bytes.h"
@@ -210,6 +211,36 @@ TEST(Golden, StoreKeys) {
     EXPECT_EQ(StoreKey(table, row), key);
     EXPECT_EQ(StoreKeyTable(key), table) << key;
     EXPECT_EQ(StoreKeyRow(key), row) << key;
+  }
+}
+
+// rec.store/2: a ZCH table keyed by raw id. Its ids' partitions and fields, its marker and
+// default fields, and the format a section with such a table must name.
+TEST(Golden, StoreRawIds) {
+  const json g = Golden("store_key_golden.json");
+  for (const json& c : Cases(g, "raw_id")) {
+    const int64_t id = c["id"].get<int64_t>();
+    EXPECT_EQ(RawIdPartition(id, c["partitions"].get<int64_t>()), c["partition"].get<int64_t>())
+        << id;
+    EXPECT_EQ(std::to_string(id), c["field"].get<std::string>());
+  }
+  EXPECT_EQ(g["marker_field"].get<std::string>(), kMarkerField);
+  EXPECT_EQ(g["default_field"].get<std::string>(), kDefaultField);
+  const std::string table =
+      R"({"rows": 3, "dim": 4, "dtype": "fp32", "row_bytes": 16, "partitions": 2)";
+  for (const auto& [format, keys, ok] :
+       {std::tuple{"raw_ids", R"(, "keys": "raw_id"})", true},
+        std::tuple{"rows", R"(, "keys": "raw_id"})", false}, std::tuple{"rows", "}", true},
+        std::tuple{"raw_ids", "}", false}}) {
+    const std::string manifest =
+        R"({"store": {"format": ")" + g["formats"][format].get<std::string>() +
+        R"(", "url": "redis://h:1", "prefix": "p", "tables": {"t": )" + table + keys + "}}}";
+    StoreSpec spec;
+    Status st = ParseStoreSection(manifest, "rec.json", &spec);
+    EXPECT_EQ(st.ok(), ok) << manifest << ": " << st.message();
+    if (ok) {
+      EXPECT_EQ(spec.tables[0].raw_id, std::string(keys) != "}");
+    }
   }
 }
 

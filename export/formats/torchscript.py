@@ -20,7 +20,7 @@ def build(src: b.Source, out: Path) -> b.Built:
     scored in memory, released, reloaded from disk and scored again."""
     import torch
 
-    from rec.contract.store import store_order
+    from rec.contract.store import is_raw_keyed, store_order
     from rec.export import build as b
     from rec.export import raw_rows, served, torchscript_builder
 
@@ -31,8 +31,9 @@ def build(src: b.Source, out: Path) -> b.Built:
         from rec.export.tiered import TieredScorer
         from rec.store.reader import StoreReader
 
+        raw_keyed = [n for n in stored if is_raw_keyed(src.store["tables"][n])]
         module, tbe = tiered.tiered_served_module(src.loaded.model, cfg, b.table_dtypes(cfg),
-                                                  stored)  # fmt: skip
+                                                  stored, raw_keyed)  # fmt: skip
     else:
         module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
     zch = src.zch_sections(module)

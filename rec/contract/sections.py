@@ -182,10 +182,16 @@ class StoredTable:
     dtype: str
     row_bytes: int
     partitions: int
+    keys: str = "row"
+    """"raw_id": a ZCH table keyed by raw id (rec.store/2), whose `slots` are rows - 1."""
+    slots: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "dim": self.dim, "dtype": self.dtype,
-                "row_bytes": self.row_bytes, "partitions": self.partitions}  # fmt: skip
+        out = {"rows": self.rows, "dim": self.dim, "dtype": self.dtype,
+               "row_bytes": self.row_bytes, "partitions": self.partitions}  # fmt: skip
+        if self.keys != "row":
+            out.update(keys=self.keys, slots=self.slots)
+        return out
 
 
 @dataclass(frozen=True)
@@ -201,7 +207,7 @@ class StoreSection:
     def from_dict(cls, data: Any, source: str = "rec.json") -> StoreSection:
         """rec.contract.store.check_section's StoreError names the first bad field."""
         check_section(data, source)
-        tables = {n: StoredTable(**{k: t[k] for k in StoredTable.__dataclass_fields__})
+        tables = {n: StoredTable(**{k: t[k] for k in StoredTable.__dataclass_fields__ if k in t})
                   for n, t in data["tables"].items()}  # fmt: skip
         return cls(data["format"], data["url"], data["prefix"], tables)
 

@@ -29,6 +29,22 @@ rec.json:
     "store": {"format": "rec.store/1", "url": URL, "prefix": P,
               "tables": {T: {"rows": R, "dim": D, "dtype": "int8", "row_bytes": B,
                              "partitions": N}}}
+
+Format rec.store/2: a ZCH table (ids: zch; rec.zch) keyed by raw id, `"keys": "raw_id"` in its
+entry (a table without `keys` is keyed by row, as in /1; an export with no raw-keyed table is
+still written as /1). Such a table's partition hashes hold
+
+    field  the raw id in signed decimal ASCII ("-7", "9223372036854775807"), in partition
+           raw_id_partition(id, partitions) = id mod partitions (non-negative): one field per
+           id the table's map admitted at export, its slot's row as value
+    field  "_" (MARKER_FIELD), empty, in every partition: Redis keeps no empty hash, and an
+           HMGET cannot tell a missing hash from missing fields, so a reader asks for it too
+    field  "default" (DEFAULT_FIELD), in partition 0 only: the table's default row (its last
+           row, slots), stored once; an id the store lacks reads it
+
+and a model asks for its rows by (table, raw id), so a rec.store/2 model's store_ids returns
+int64 [U, 2] (table index, id) pairs (id: the row of a row-keyed table), sorted, distinct. The
+served model holds no id map for a raw-keyed table: the store is the map.
 """
 
 from __future__ import annotations
@@ -41,6 +57,13 @@ from rec.contract.io import EMBEDDING_DTYPES
 from rec.contract.updates import UpdateError, row_bytes  # a stored row is a log row
 
 FORMAT = "rec.store/1"
+FORMAT_RAW_IDS = "rec.store/2"
+"""An export with a table keyed by raw id (a ZCH table's; see above)."""
+FORMATS = (FORMAT, FORMAT_RAW_IDS)
+RAW_ID = "raw_id"
+"""A stored table's `keys` when its rows are keyed by raw id."""
+DEFAULT_FIELD = "default"
+MARKER_FIELD = "_"
 TABLE_SHIFT = 40
 """A store key is table << TABLE_SHIFT | row: rows under 2^40, table indices under 2^23."""
 MAX_TABLES = 1 << (63 - TABLE_SHIFT)
@@ -98,6 +121,21 @@ def store_order(section: dict[str, Any]) -> list[str]:
     return sorted(section["tables"])
 
 
+def raw_id_partition(raw_id: int, partitions: int) -> int:
+    """The partition of a raw-keyed table's id: id mod partitions, non-negative."""
+    return raw_id % partitions
+
+
+def is_raw_keyed(table: dict[str, Any]) -> bool:
+    """Whether a store section's table entry is keyed by raw id (a ZCH table's)."""
+    return table.get("keys") == RAW_ID
+
+
+def section_format(tables: dict[str, dict[str, Any]]) -> str:
+    """rec.store/2 when a table is keyed by raw id, else rec.store/1 (what older readers read)."""
+    return FORMAT_RAW_IDS if any(map(is_raw_keyed, tables.values())) else FORMAT
+
+
 def prefix(model: str, version: int, run: str) -> str:
     return f"rec:{model}:{version}:{run[:8]}"
 
@@ -112,7 +150,7 @@ def meta_key(prefix_: str) -> str:
 
 def section(url: str, prefix_: str, tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """rec.json's `store` section, checked."""
-    out = {"format": FORMAT, "url": str(parse_store_url(url)), "prefix": prefix_,
+    out = {"format": section_format(tables), "url": str(parse_store_url(url)), "prefix": prefix_,
            "tables": tables}  # fmt: skip
     check_section(out)
     return out
@@ -122,8 +160,8 @@ def check_section(data: Any, source: str = "rec.json") -> None:
     """A StoreError naming the first field of a `store` section that is wrong."""
     if not isinstance(data, dict):
         raise StoreError(f"{source}: store must be an object")
-    if data.get("format") != FORMAT:
-        raise StoreError(f"{source}: store.format {data.get('format')!r}, want {FORMAT!r}")
+    if data.get("format") not in FORMATS:
+        raise StoreError(f"{source}: store.format {data.get('format')!r}, want one of {FORMATS}")
     parse_store_url(data.get("url"))
     if not isinstance(data.get("prefix"), str) or not data["prefix"]:
         raise StoreError(f"{source}: store.prefix must be a non-empty string")
@@ -149,3 +187,12 @@ def check_section(data: Any, source: str = "rec.json") -> None:
         if t.get("row_bytes") != want:
             raise StoreError(f"{where}.row_bytes {t.get('row_bytes')!r}, want {want} for dim "
                              f"{t['dim']} {t['dtype']}")  # fmt: skip
+        if t.get("keys", "row") not in ("row", RAW_ID):
+            raise StoreError(f"{where}.keys {t['keys']!r}: want 'row' or {RAW_ID!r}")
+        if is_raw_keyed(t) and t.get("slots") != t["rows"] - 1:
+            raise StoreError(f"{where}.slots {t.get('slots')!r}, want {t['rows'] - 1} (rows - 1: "
+                             "the last row is the default row)")  # fmt: skip
+    if data["format"] != section_format(tables):
+        raise StoreError(f"{source}: store.format {data['format']!r}, want "
+                         f"{section_format(tables)!r} for these tables (rec.store/2: a table "
+                         "keyed by raw id)")  # fmt: skip

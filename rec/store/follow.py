@@ -54,7 +54,11 @@ class StoreApplier(Applier):
             tables={},
             export=(updates.gen, updates.step),
             run=updates.run or "",
-            stored={n: ServedTable(t.rows, t.dim, t.dtype) for n, t in tables.items()},
+            # Not a ZCH table keyed by raw id: the log's rows of it are by slot (its records
+            # are refused as another table's; rec.config refuses publish.url with one).
+            stored={
+                n: ServedTable(t.rows, t.dim, t.dtype) for n, t in tables.items() if t.keys == "row"
+            },
         )
         self.prefix, self.partitions, self.client = store.prefix, tables, client
         self.pipe = client.pipeline(transaction=False)

@@ -5,7 +5,10 @@ so rec's Triton model loads neither; export's scorer over it is rec.export.tiere
 
 Per batch: the rows the RowCache holds (if the reader has one), the rest grouped by partition,
 one HMGET per partition, pipelined (redis-py sends each node its share), the rows put back in
-key order. A row the store does not have is an error that names it, never a zero row.
+key order. A row the store does not have is an error that names it, never a zero row; except
+in a table keyed by raw id (rec.store/2, a ZCH table), where an id the store lacks reads the
+table's default row, read once, when first needed. A missing partition is an error there
+too: each HMGET also asks for the partition's marker field.
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from rec.contract.store import TABLE_SHIFT, StoreError, partition_key, store_order
+from rec.contract.store import (
+    DEFAULT_FIELD,
+    MARKER_FIELD,
+    TABLE_SHIFT,
+    StoreError,
+    is_raw_keyed,
+    partition_key,
+    raw_id_partition,
+    store_order,
+)
 from rec.store.client import connect
 from rec.store.plan import ENTRY_OVERHEAD
 
@@ -135,23 +147,57 @@ class ReaderStats:
 
 class StoreReader:
     """Reads the rows of a rec.json `store` section, through a RowCache of `cache_bytes` (0:
-    none). Thread-safe."""
+    none). Thread-safe.
+
+    A table keyed by raw id has a cache of its own, keyed by raw id (a raw id and a table index
+    do not fit in one int64 key): `cache_bytes` is split evenly over the caches, the row-keyed
+    tables' one (if any) and one per raw-keyed table, as rec-server splits it."""
 
     def __init__(self, section: dict[str, Any], cache_bytes: int = 0) -> None:
         self.url, self.prefix = section["url"], section["prefix"]
         self.names = store_order(section)
         self.tables = [section["tables"][n] for n in self.names]
+        self.raw = [is_raw_keyed(t) for t in self.tables]
         self.client = connect(self.url)
-        self.cache = RowCache(cache_bytes) if cache_bytes > 0 else None
+        caches = sum(self.raw) + (not all(self.raw))
+        each = cache_bytes // caches
+        self.cache = RowCache(each) if cache_bytes > 0 else None
+        self.raw_caches = {t: RowCache(each) for t, raw in enumerate(self.raw)
+                           if raw and cache_bytes > 0}  # fmt: skip
+        self.defaults: dict[int, bytes] = {}  # read when first needed (_default_row)
         self.stats = ReaderStats()
         self.lock = threading.Lock()
+
+    def _default_row(self, t: int) -> bytes:
+        """Raw-keyed table t's default row (partition 0's DEFAULT_FIELD), checked; read once."""
+        if t in self.defaults:
+            return self.defaults[t]
+        key = partition_key(self.prefix, self.names[t], 0)
+        row = self.client.hget(key, DEFAULT_FIELD)
+        want = self.tables[t]["row_bytes"]
+        if row is None or len(row) != want:
+            got = "missing" if row is None else f"{len(row)} bytes, want {want}"
+            raise StoreError(f"store {self.url}: the default row of table {self.names[t]!r} "
+                             f"(field {DEFAULT_FIELD!r} of {key!r}) is {got}")  # fmt: skip
+        self.defaults[t] = row
+        return row
+
+    def _cache_of(self, t: int, field: int) -> tuple[RowCache | None, int]:
+        """(the cache holding table t's row `field`, its key there)."""
+        if self.raw[t]:
+            return self.raw_caches.get(t), field
+        return self.cache, t << TABLE_SHIFT | field
 
     def refresh(self, table: str, ids, rows: bytes) -> None:
         """Fresh rows of stored table `table` (the update log's, in `ids` order) into the cache,
         present or not, as rec-server's EmbeddingStore::Refresh does."""
+        t = self.names.index(table)
+        if self.raw[t]:
+            # Slots, not raw ids: rec.config refuses publish.url with a stored ZCH table.
+            raise StoreError(f"store: table {table!r} is keyed by raw id; the update log's rows "
+                             "of it cannot be applied by slot")  # fmt: skip
         if self.cache is None:
             return
-        t = self.names.index(table)
         width = self.tables[t]["row_bytes"]
         with self.lock:
             for i, row in enumerate(ids):
@@ -160,19 +206,27 @@ class StoreReader:
             self.stats.refreshed_rows += len(ids)
 
     def rows(self, keys: torch.Tensor) -> torch.Tensor:
-        """uint8 [sum of row_bytes]: the rows of `keys` (table << 40 | row), in that order."""
-        keys_np = keys.numpy()
-        found: list[bytes | None] = [None] * len(keys_np)
+        """uint8 [sum of row_bytes]: the rows of `keys` (table << 40 | row, or rec.store/2's
+        (table, id) pairs [U, 2]), in that order."""
+        if keys.dim() == 2:
+            tables, fields = keys[:, 0].tolist(), keys[:, 1].tolist()
+        else:
+            keys_np = keys.numpy()
+            tables, fields = (keys_np >> TABLE_SHIFT).tolist(), (keys_np & ROW_MASK).tolist()
+        pairs = list(zip(tables, fields, strict=True))
+        found: list[bytes | None] = [None] * len(pairs)
         with self.lock:
-            if self.cache is not None:
-                found = [self.cache.get(k) for k in keys_np.tolist()]
+            for k, (t, f) in enumerate(pairs):
+                cache, key = self._cache_of(t, f)
+                if cache is not None:
+                    found[k] = cache.get(key)
             missing = [k for k, row in enumerate(found) if row is None]
             self.stats.cache_hits += len(found) - len(missing)
             self.stats.cache_misses += len(missing)
             if missing:
                 t0 = time.perf_counter_ns()
                 try:
-                    fetched = self._fetch(keys_np[missing])
+                    fetched = self._fetch([pairs[k] for k in missing])
                 except Exception:
                     self.stats.failed_lookups += 1
                     raise
@@ -180,30 +234,46 @@ class StoreReader:
                     self.stats.lookups += 1
                     self.stats.lookup_ns += time.perf_counter_ns() - t0
                 for k, row in zip(missing, fetched, strict=True):
+                    if row is None:  # a raw id the store lacks: the default row, not cached
+                        found[k] = self._default_row(pairs[k][0])
+                        continue
                     found[k] = row
-                    if self.cache is not None:
-                        self.cache.put(int(keys_np[k]), row)
+                    cache, key = self._cache_of(*pairs[k])
+                    if cache is not None:
+                        cache.put(key, row)
         return torch.from_numpy(np.frombuffer(b"".join(found), dtype=np.uint8).copy())
 
-    def _fetch(self, keys_np: np.ndarray) -> list[bytes]:
-        """The rows of `keys_np` from the store, in that order."""
-        tables, rows = keys_np >> TABLE_SHIFT, keys_np & ROW_MASK
+    def _fetch(self, pairs: list[tuple[int, int]]) -> list[bytes | None]:
+        """The rows of (table, field) `pairs` from the store, in that order; None for a raw id
+        the store lacks."""
         groups: dict[tuple[int, int], list[int]] = {}
-        for k, (t, r) in enumerate(zip(tables.tolist(), rows.tolist(), strict=True)):
-            groups.setdefault((t, r % self.tables[t]["partitions"]), []).append(k)
+        for k, (t, f) in enumerate(pairs):
+            parts = self.tables[t]["partitions"]
+            p = raw_id_partition(f, parts) if self.raw[t] else f % parts
+            groups.setdefault((t, p), []).append(k)
         pipe = self.client.pipeline(transaction=False)
         order = list(groups)
         for t, p in order:
-            fields = [str(int(rows[k])) for k in groups[(t, p)]]
-            pipe.hmget(partition_key(self.prefix, self.names[t], p), fields)
+            fields = [str(pairs[k][1]) for k in groups[(t, p)]]
+            # A raw-keyed partition's marker tells a missing hash from missing ids.
+            pipe.hmget(partition_key(self.prefix, self.names[t], p),
+                       fields + [MARKER_FIELD] if self.raw[t] else fields)  # fmt: skip
         found = pipe.execute()
-        out: list[bytes] = [b""] * len(keys_np)
+        out: list[bytes | None] = [None] * len(pairs)
         for (t, p), values in zip(order, found, strict=True):
             want = self.tables[t]["row_bytes"]
             key = partition_key(self.prefix, self.names[t], p)
+            if self.raw[t]:
+                if values[-1] is None:
+                    raise StoreError(f"store {self.url}: partition hash {key!r} of table "
+                                     f"{self.names[t]!r} does not exist")  # fmt: skip
+                values = values[:-1]
             for k, value in zip(groups[(t, p)], values, strict=True):
-                where = f"store {self.url}: row {int(rows[k])} of table {self.names[t]!r}"
+                what = "raw id" if self.raw[t] else "row"
+                where = f"store {self.url}: {what} {pairs[k][1]} of table {self.names[t]!r}"
                 if value is None:
+                    if self.raw[t]:
+                        continue
                     # A whole partition gone is told apart from one row gone (error path only).
                     why = (f"not in partition hash {key!r}" if self.client.exists(key)
                            else f"partition hash {key!r} does not exist")  # fmt: skip

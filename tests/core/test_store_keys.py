@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 
 from rec.contract.store import (
+    DEFAULT_FIELD,
+    FORMAT,
+    FORMAT_RAW_IDS,
+    MARKER_FIELD,
     TABLE_SHIFT,
     StoreError,
     StoreUrl,
@@ -17,6 +21,8 @@ from rec.contract.store import (
     parse_store_url,
     partition_key,
     prefix,
+    raw_id_partition,
+    section_format,
     split_key,
     store_key,
     store_order,
@@ -79,3 +85,28 @@ def test_a_stored_int4_table_of_odd_dim_is_refused_as_the_log_refuses_it():
     with pytest.raises(StoreError, match="store.tables.t: a int4 row of dim 3 is not a whole"):
         check_section(section)
     check_section({**section, "tables": {"t": {**table, "dim": 4, "row_bytes": 6}}})
+
+
+@pytest.mark.parametrize("case", KEYS["raw_id"], ids=lambda c: f"{c['id']}-{c['partitions']}")
+def test_a_raw_id_s_partition_and_field_are_the_golden_ones(case):
+    assert raw_id_partition(case["id"], case["partitions"]) == case["partition"]
+    assert str(case["id"]) == case["field"]
+
+
+def test_a_section_with_a_raw_keyed_table_is_rec_store_2():
+    assert (KEYS["marker_field"], KEYS["default_field"]) == (MARKER_FIELD, DEFAULT_FIELD)
+    assert (KEYS["formats"]["rows"], KEYS["formats"]["raw_ids"]) == (FORMAT, FORMAT_RAW_IDS)
+    table = {"rows": 3, "dim": 4, "dtype": "fp32", "row_bytes": 16, "partitions": 2}
+    raw = {**table, "keys": "raw_id", "slots": 2}
+    assert section_format({"t": table}) == FORMAT
+    assert section_format({"t": table, "z": raw}) == FORMAT_RAW_IDS
+    section = {"format": FORMAT_RAW_IDS, "url": "redis://h:1", "prefix": "p", "tables": {"z": raw}}
+    check_section(section)
+    with pytest.raises(StoreError, match="want 'rec.store/2' for these tables"):
+        check_section({**section, "format": FORMAT})
+    with pytest.raises(StoreError, match="want 'rec.store/1' for these tables"):
+        check_section({**section, "tables": {"t": table}})
+    with pytest.raises(StoreError, match=r"store.tables.z.keys 'slot'"):
+        check_section({**section, "tables": {"z": {**raw, "keys": "slot"}}})
+    with pytest.raises(StoreError, match=r"store.tables.z.slots 3, want 2"):
+        check_section({**section, "tables": {"z": {**raw, "slots": 3}}})

@@ -8,6 +8,7 @@ namespace rec {
 namespace {
 
 constexpr const char* kFormat = "rec.store/1";
+constexpr const char* kFormatRawIds = "rec.store/2";  // with a table keyed by raw id
 constexpr int64_t kMaxPartitions = 1 << 14;
 
 }  // namespace
@@ -55,8 +56,8 @@ Status ParseStoreSection(const std::string& manifest_text, const std::string& so
   const nlohmann::json& s = *it;
   auto bad = [&](const std::string& what) { return InvalidArgument(source + ": store" + what); };
   if (!s.is_object()) return bad(" must be an object");
-  if (!s.contains("format") || s["format"] != kFormat) {
-    return bad(".format must be \"" + std::string(kFormat) + "\"");
+  if (!s.contains("format") || (s["format"] != kFormat && s["format"] != kFormatRawIds)) {
+    return bad(".format must be \"" + std::string(kFormat) + "\" or \"" + kFormatRawIds + "\"");
   }
   if (!s.contains("url") || !s["url"].is_string()) return bad(".url must be a string");
   out->url = s["url"].get<std::string>();
@@ -100,7 +101,19 @@ Status ParseStoreSection(const std::string& manifest_text, const std::string& so
     if (table.partitions > kMaxPartitions || table.rows > (int64_t{1} << 40)) {
       return bad(where + ": partitions over 16384 or rows over 2^40");
     }
+    if (t.contains("keys")) {
+      if (t["keys"] != "row" && t["keys"] != "raw_id") {
+        return bad(where + ".keys must be \"row\" or \"raw_id\"");
+      }
+      table.raw_id = t["keys"] == "raw_id";
+    }
     out->tables.push_back(std::move(table));
+  }
+  bool any_raw = false;
+  for (const StoreTable& table : out->tables) any_raw = any_raw || table.raw_id;
+  if (any_raw != (s["format"] == kFormatRawIds)) {
+    return bad(".format must be \"" + std::string(any_raw ? kFormatRawIds : kFormat) +
+               "\" for these tables (rec.store/2: a table keyed by raw id)");
   }
   out->present = true;
   return Status::Ok();

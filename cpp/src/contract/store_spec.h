@@ -18,6 +18,10 @@ struct StoreTable {
   std::string dtype;
   int64_t row_bytes = 0;
   int64_t partitions = 0;
+  // rec.store/2: a ZCH table keyed by raw id ("keys": "raw_id"): its fields are raw ids, every
+  // partition holds kMarkerField, partition 0 the default row (kDefaultField), read for an id
+  // the store lacks.
+  bool raw_id = false;
 };
 
 struct StoreSpec {
@@ -43,6 +47,15 @@ inline constexpr int kTableShift = 40;
 inline int64_t StoreKey(int64_t table, int64_t row) { return table << kTableShift | row; }
 inline int64_t StoreKeyTable(int64_t key) { return key >> kTableShift; }
 inline int64_t StoreKeyRow(int64_t key) { return key & ((int64_t{1} << kTableShift) - 1); }
+
+// A raw-keyed table's fields besides its ids (rec.contract.store MARKER_FIELD, DEFAULT_FIELD).
+inline constexpr const char* kMarkerField = "_";
+inline constexpr const char* kDefaultField = "default";
+// The partition of a raw-keyed table's id: id mod partitions, non-negative (Python's %).
+inline int64_t RawIdPartition(int64_t id, int64_t partitions) {
+  const int64_t p = id % partitions;
+  return p < 0 ? p + partitions : p;
+}
 
 // "{PREFIX:TABLE:PARTITION}": the hash of one partition; the braces make it the hash tag.
 std::string PartitionKey(const std::string& prefix, const std::string& table, int64_t partition);

@@ -123,8 +123,11 @@ class TorchRunner : public Runner {
         module_.get_method("store_ids")({args[spec_.lengths_input], args[spec_.values_input]})
             .toTensor()
             .contiguous();
+    // rec.store/2's models give (table, id) pairs, [U, 2]; rec.store/1's one key per row.
+    const int columns = keys.dim() == 2 ? 2 : 1;
     std::string rows;
-    REC_RETURN_IF_ERROR(store_->Fetch(keys.data_ptr<int64_t>(), keys.numel(), &rows));
+    REC_RETURN_IF_ERROR(
+        store_->Fetch(keys.data_ptr<int64_t>(), keys.numel() / columns, columns, &rows));
     args.emplace_back(torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size())},
                                        torch::TensorOptions().dtype(c10::kByte)));
     *result = module_.get_method("forward_with_rows")(args);
@@ -167,6 +170,13 @@ class TorchRunner : public Runner {
     UpdatesSpec with_stored = updates;
     const std::vector<StoreTable>& stored = store_->spec().tables;
     for (size_t i = 0; i < stored.size(); ++i) {
+      // A raw-keyed (ZCH) table's log rows are by slot: not applied to it (rec.config refuses
+      // publish.url with one), so its records are refused as another table's.
+      // Nor does it have an id map in the model to write (the store is its map).
+      if (stored[i].raw_id) {
+        with_stored.maps.erase(stored[i].name);
+        continue;
+      }
       with_stored.stored[stored[i].name] = {static_cast<int64_t>(i), stored[i].rows, stored[i].dim,
                                             stored[i].dtype};
     }

@@ -6,13 +6,32 @@
 #include <vector>
 
 namespace rec {
+namespace {
+
+// --store-cache-bytes split evenly over the caches: the row-keyed tables' one (if there is a
+// row-keyed table) and one per raw-keyed table.
+int64_t CacheShare(const StoreSpec& spec, int64_t bytes) {
+  int64_t raw = 0;
+  for (const StoreTable& t : spec.tables) raw += t.raw_id ? 1 : 0;
+  const int64_t caches = raw + (raw < static_cast<int64_t>(spec.tables.size()) ? 1 : 0);
+  return bytes / (caches > 0 ? caches : 1);
+}
+
+}  // namespace
 
 EmbeddingStore::EmbeddingStore(const StoreSpec& spec, const StoreOptions& options,
                                StoreStats* stats)
     : spec_(spec),
       stats_(stats),
-      cache_(options.cache_bytes),
+      cache_(CacheShare(spec, options.cache_bytes)),
       client_(spec.url, spec.nodes, options.timeout, options.retry_for) {
+  raw_caches_.resize(spec.tables.size());
+  default_rows_.resize(spec.tables.size());
+  for (size_t t = 0; t < spec.tables.size(); ++t) {
+    if (spec.tables[t].raw_id) {
+      raw_caches_[t] = std::make_unique<RowCache>(CacheShare(spec, options.cache_bytes));
+    }
+  }
   stats_->cache_capacity.store(options.cache_bytes);
 }
 
@@ -26,42 +45,98 @@ Status EmbeddingStore::Open(const StoreSpec& spec, const StoreOptions& options, 
     return Unavailable("embedding store " + spec.url + ": no finished export under '" +
                        spec.prefix + "' (its meta hash is missing)");
   }
+  REC_RETURN_IF_ERROR(store->ReadDefaultRows());
   *out = std::move(store);
   return Status::Ok();
 }
 
-Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) {
+Status EmbeddingStore::ReadDefaultRows() {
+  std::vector<HashGet> gets;
+  std::vector<size_t> which;
+  for (size_t t = 0; t < spec_.tables.size(); ++t) {
+    if (!spec_.tables[t].raw_id) continue;
+    gets.push_back({PartitionKey(spec_.prefix, spec_.tables[t].name, 0), {kDefaultField}});
+    which.push_back(t);
+  }
+  if (gets.empty()) return Status::Ok();
+  std::vector<std::vector<FieldValue>> values;
+  std::map<std::string, uint64_t> per_node;
+  REC_RETURN_IF_ERROR(client_.HashGets(gets, &values, &per_node));
+  for (size_t g = 0; g < gets.size(); ++g) {
+    const StoreTable& table = spec_.tables[which[g]];
+    const FieldValue& v = values[g][0];
+    if (!v.found || static_cast<int64_t>(v.value.size()) != table.row_bytes) {
+      return Internal("embedding store " + spec_.url + ": the default row of table '" + table.name +
+                      "' (field '" + kDefaultField + "' of '" + gets[g].key + "') is " +
+                      (v.found ? std::to_string(v.value.size()) + " bytes, want " +
+                                     std::to_string(table.row_bytes)
+                               : std::string("missing")));
+    }
+    default_rows_[which[g]] = v.value;
+  }
+  return Status::Ok();
+}
+
+Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, int columns, std::string* rows) {
   const int64_t num_tables = static_cast<int64_t>(spec_.tables.size());
   // Each row's place in *rows: the rows are fixed-size per table, so the whole batch is laid
   // out before anything is read, and cached and fetched rows are copied straight into place.
-  std::vector<int64_t> offsets(n + 1);
+  std::vector<int64_t> tables(n), fields(n), offsets(n + 1);
   offsets[0] = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t table = StoreKeyTable(keys[i]);
-    if (table < 0 || table >= num_tables || StoreKeyRow(keys[i]) >= spec_.tables[table].rows) {
-      return Internal("embedding store: the model asked for key " + std::to_string(keys[i]) +
-                      ", outside its stored tables");
+    tables[i] = columns == 2 ? keys[2 * i] : StoreKeyTable(keys[i]);
+    fields[i] = columns == 2 ? keys[2 * i + 1] : StoreKeyRow(keys[i]);
+    const int64_t t = tables[i];
+    if (t < 0 || t >= num_tables ||
+        (!spec_.tables[t].raw_id && (fields[i] < 0 || fields[i] >= spec_.tables[t].rows))) {
+      return Internal("embedding store: the model asked for table " + std::to_string(t) + " row " +
+                      std::to_string(fields[i]) + ", outside its stored tables");
     }
-    offsets[i + 1] = offsets[i] + spec_.tables[table].row_bytes;
+    offsets[i + 1] = offsets[i] + spec_.tables[t].row_bytes;
   }
   rows->resize(static_cast<size_t>(offsets[n]));
   std::vector<int64_t> missed;
-  cache_.GetMany(keys, n, offsets.data(), rows->data(), &missed);
+  // The keys are sorted, so each table's are adjacent: one GetMany per table, from its cache.
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i;
+    while (j < n && tables[j] == tables[i]) ++j;
+    const bool raw = spec_.tables[tables[i]].raw_id;
+    RowCache* cache = raw ? raw_caches_[tables[i]].get() : &cache_;
+    std::vector<int64_t> cache_keys(fields.begin() + i, fields.begin() + j);
+    if (!raw) {
+      for (int64_t& k : cache_keys) k = StoreKey(tables[i], k);
+    }
+    std::vector<int64_t> local;
+    cache->GetMany(cache_keys.data(), j - i, offsets.data() + i, rows->data(), &local);
+    for (int64_t k : local) missed.push_back(i + k);
+    i = j;
+  }
   stats_->cache_hits.fetch_add(static_cast<uint64_t>(n) - missed.size());
   stats_->cache_misses.fetch_add(missed.size());
   if (missed.empty()) return Status::Ok();
+  return FetchMissed(tables, fields, offsets, missed, rows);
+}
+
+Status EmbeddingStore::FetchMissed(const std::vector<int64_t>& tables,
+                                   const std::vector<int64_t>& fields,
+                                   const std::vector<int64_t>& offsets,
+                                   const std::vector<int64_t>& missed, std::string* rows) {
   // The missing rows, one HMGET per (table, partition).
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> groups;
   for (int64_t i : missed) {
-    const int64_t table = StoreKeyTable(keys[i]);
-    groups[{table, StoreKeyRow(keys[i]) % spec_.tables[table].partitions}].push_back(i);
+    const StoreTable& table = spec_.tables[tables[i]];
+    const int64_t partition =
+        table.raw_id ? RawIdPartition(fields[i], table.partitions) : fields[i] % table.partitions;
+    groups[{tables[i], partition}].push_back(i);
   }
   std::vector<HashGet> gets;
   gets.reserve(groups.size());
   for (const auto& [where, indices] : groups) {
     HashGet get;
     get.key = PartitionKey(spec_.prefix, spec_.tables[where.first].name, where.second);
-    for (int64_t i : indices) get.fields.push_back(std::to_string(StoreKeyRow(keys[i])));
+    for (int64_t i : indices) get.fields.push_back(std::to_string(fields[i]));
+    // A raw-keyed partition's marker tells a missing hash from ids it does not hold.
+    if (spec_.tables[where.first].raw_id) get.fields.push_back(kMarkerField);
     gets.push_back(std::move(get));
   }
   std::vector<std::vector<FieldValue>> values;
@@ -83,12 +158,24 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) 
   size_t g = 0;
   for (const auto& [where, indices] : groups) {
     const StoreTable& table = spec_.tables[where.first];
+    if (table.raw_id && !values[g].back().found) {
+      stats_->failed_lookups.fetch_add(1);
+      return Internal("embedding store " + spec_.url + ": partition hash '" + gets[g].key +
+                      "' of table '" + table.name + "' does not exist");
+    }
+    RowCache* cache = table.raw_id ? raw_caches_[where.first].get() : &cache_;
     for (size_t j = 0; j < indices.size(); ++j) {
       const int64_t i = indices[j];
       const FieldValue& v = values[g][j];
+      if (!v.found && table.raw_id) {  // an id the store lacks: the default row, not cached
+        std::memcpy(rows->data() + offsets[i], default_rows_[where.first].data(),
+                    default_rows_[where.first].size());
+        continue;
+      }
       if (!v.found || static_cast<int64_t>(v.value.size()) != table.row_bytes) {
         stats_->failed_lookups.fetch_add(1);
-        const std::string row = std::to_string(StoreKeyRow(keys[i]));
+        const std::string row = std::to_string(fields[i]);
+        const std::string what = table.raw_id ? "raw id " : "row ";
         if (!v.found) {
           // A whole partition gone (deleted by hand, or a store flushed) is worth telling apart
           // from one row gone; the extra round trip is on the error path only.
@@ -101,17 +188,19 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, std::string* rows) 
                                ? "not in partition hash '" + gets[g].key + "'"
                                : "partition hash '" + gets[g].key + "' does not exist"));
         }
-        return Internal("embedding store " + spec_.url + ": row " + row + " of table '" +
+        return Internal("embedding store " + spec_.url + ": " + what + row + " of table '" +
                         table.name + "' in partition hash '" + gets[g].key + "' has " +
                         std::to_string(v.value.size()) + " bytes, want " +
                         std::to_string(table.row_bytes));
       }
       std::memcpy(rows->data() + offsets[i], v.value.data(), v.value.size());
-      cache_.Put(keys[i], v.value);
+      cache->Put(table.raw_id ? fields[i] : StoreKey(where.first, fields[i]), v.value);
     }
     ++g;
   }
-  stats_->cache_bytes.store(cache_.bytes());
+  int64_t bytes = cache_.bytes();
+  for (const auto& c : raw_caches_) bytes += c ? c->bytes() : 0;
+  stats_->cache_bytes.store(bytes);
   return Status::Ok();
 }
 

@@ -1,7 +1,10 @@
 // EmbeddingStore: the rows of a version's stored tables (rec.json "store"), read through a
 // bounded in-process cache from the Redis Cluster the export wrote them to. Per batch: the
 // cache first, then one HMGET per partition of the missing rows, every node in parallel
-// (ClusterClient). A row the store does not have is an error naming it, never a zero row.
+// (ClusterClient). A row the store does not have is an error naming it, never a zero row;
+// except in a table keyed by raw id (rec.store/2, a ZCH table), where an id the store lacks
+// reads the table's default row (read once, at Open). A missing partition is an error there
+// too: each HMGET of such a table also asks for its partition's marker field.
 #pragma once
 
 #include <chrono>
@@ -31,9 +34,10 @@ class EmbeddingStore {
   static Status Open(const StoreSpec& spec, const StoreOptions& options, StoreStats* stats,
                      std::shared_ptr<EmbeddingStore>* out);
 
-  // The rows of `keys` (sorted, distinct, each table << 40 | row) concatenated in key order,
-  // each as the store keeps it, into *rows.
-  Status Fetch(const int64_t* keys, int64_t n, std::string* rows);
+  // The rows of `keys` (sorted, distinct; `columns` 1: each table << 40 | row; 2: rec.store/2's
+  // (table, id) pairs, the id a raw-keyed table's raw id) concatenated in key order, each as
+  // the store keeps it, into *rows.
+  Status Fetch(const int64_t* keys, int64_t n, int columns, std::string* rows);
 
   // Fresh rows of stored table `table` (its index in spec().tables) from the update log, each
   // row_bytes long, concatenated in `ids` order: written into the cache, present or not, so
@@ -46,10 +50,21 @@ class EmbeddingStore {
 
  private:
   EmbeddingStore(const StoreSpec& spec, const StoreOptions& options, StoreStats* stats);
+  // Each raw-keyed table's default row, checked; Internal naming it otherwise.
+  Status ReadDefaultRows();
+  // The rows missing from the caches (`missed`, indices into tables/fields/offsets), from the
+  // store, copied into *rows and the caches.
+  Status FetchMissed(const std::vector<int64_t>& tables, const std::vector<int64_t>& fields,
+                     const std::vector<int64_t>& offsets, const std::vector<int64_t>& missed,
+                     std::string* rows);
 
   const StoreSpec spec_;
   StoreStats* stats_;
+  // The row-keyed tables' rows by store key, and one cache per raw-keyed table by raw id (a
+  // table index and a raw id do not fit in one int64): --store-cache-bytes split evenly.
   RowCache cache_;
+  std::vector<std::unique_ptr<RowCache>> raw_caches_;  // by table index; null: row-keyed
+  std::vector<std::string> default_rows_;              // by table index; raw-keyed tables only
   ClusterClient client_;
 };
 
