@@ -59,8 +59,6 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
             "Keep them in the model: list the other tables in export.store.tables, or raise "
             "export.store.min_bytes above their size"
         )
-    for t in zch:  # keyed by raw id (rec.store/2): the store is the map, a server reads no slot
-        tables[t.name].update(keys=contract.RAW_ID, slots=t.zch.slots)
     if cfg.export.format != "torchscript" or cfg.model.factory:
         raise contract.StoreError(
             f"export.store: tables {', '.join(tables)} would go to the embedding store, which "
@@ -70,7 +68,8 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
     prefix = contract.prefix(model, version, run_tag(run))
     sink = StoreSink(sc.url, prefix, tables, maps)
     masters = _masters(sink.client)
-    total = sum(table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"]).bytes
+    total = sum(table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"],
+                           contract.is_raw_keyed(t)).bytes
                 for t in tables.values())  # fmt: skip
     share = per_node(total, len(masters), 0)
     # From CLUSTER NODES: a replica joins CLUSTER SLOTS (redis-py's get_replicas) only once it

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rec.contract.store import row_bytes
+from rec.contract.store import RAW_ID, is_raw_keyed, row_bytes
 
 LISTPACK_ENTRIES = 128
 LISTPACK_VALUE = 64
@@ -45,10 +45,13 @@ class TableCost:
     """Redis memory for one copy of the table (one master; each replica holds as much again)."""
 
 
-def table_cost(rows: int, dim: int, dtype: str, partitions: int) -> TableCost:
+def table_cost(rows: int, dim: int, dtype: str, partitions: int,
+               raw_ids: bool = False) -> TableCost:  # fmt: skip
+    """`raw_ids`: a ZCH table keyed by raw id (rec.store/2): at most `rows` fields (the admitted
+    ids and the default row), each as wide as an int64's longest decimal, the bound."""
     value = row_bytes(dim, dtype)
     per_part = -(-rows // partitions)
-    digits = len(str(max(rows - 1, 0)))
+    digits = 20 if raw_ids else len(str(max(rows - 1, 0)))
     if per_part <= LISTPACK_ENTRIES and value <= LISTPACK_VALUE:
         part = jemalloc_class(per_part * (digits + 3 + value + 3) + 7)
         total = partitions * (part + 64)  # the key's dict entry, robj and name
@@ -83,6 +86,8 @@ def chosen_tables(cfg, dtypes: dict[str, str]) -> dict[str, dict]:
                 "row_bytes": row_bytes(t.dim, dtypes[t.name]),
                 "partitions": sc.table_partitions.get(t.name, sc.partitions),
             }
+            if t.zch is not None:  # keyed by raw id (rec.store/2): the store is its id map
+                out[t.name].update(keys=RAW_ID, slots=t.zch.slots)
     return out
 
 
@@ -117,7 +122,7 @@ def store_plan(cfg, dtypes: dict[str, str], masters: int, replicas: int, hit_rat
     tables = chosen_tables(cfg, dtypes)
     out_tables, total, cache = {}, 0, 0
     for name, t in tables.items():
-        cost = table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"])
+        cost = table_cost(t["rows"], t["dim"], t["dtype"], t["partitions"], is_raw_keyed(t))
         hot = rows_for_hit_rate(t["rows"], alpha, hit_rate)
         out_tables[name] = {**t, "store_bytes_per_copy": cost.bytes, "cache_rows": hot,
                             "cache_bytes": hot * (t["row_bytes"] + ENTRY_OVERHEAD)}  # fmt: skip
