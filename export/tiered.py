@@ -101,16 +101,28 @@ class StoreLookup(TbeLookup):
         """The batch's distinct store keys (table << 40 | row; with raw-keyed tables (table,
         id) pairs [U, 2]), sorted."""
         if self.pairs:
-            return torch.unique(self.paired(lengths, values)[0], sorted=True, dim=0)
+            return self.paired_places(lengths, values)[0]
         return torch.unique(self.keyed(lengths, values)[0], sorted=True)
 
     def paired_places(
         self, lengths: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(the batch's distinct pairs [U, 2], each id's place among them, offsets)."""
+        """(the batch's distinct pairs [U, 2], sorted, each id's place among them, offsets).
+        Table by table, a 1-D unique of its ids: torch.unique(dim=0) on the pairs gives the
+        same, 16x slower (38 ms against 2.4 ms for 13,312 ids of 8 tables, one thread, Xeon
+        with AVX-512 at load 10 on 2 cores; the 1-D keys of rec.store/1 took 1.4 ms)."""
         pairs, offsets = self.paired(lengths, values)
-        uniq, inverse = torch.unique(pairs, sorted=True, return_inverse=True, dim=0)
-        return uniq, inverse, offsets
+        table, field = pairs[:, 0], pairs[:, 1]
+        inverse = torch.empty_like(field)
+        parts: list[torch.Tensor] = []
+        at = 0
+        for t in range(self.num_tables):
+            mine = (table == t).nonzero().squeeze(1)
+            uniq, inv = torch.unique(field.index_select(0, mine), sorted=True, return_inverse=True)
+            inverse.index_copy_(0, mine, inv + at)
+            parts.append(torch.stack([torch.full_like(uniq, t), uniq], 1))
+            at += uniq.shape[0]
+        return torch.cat(parts), inverse, offsets
 
     def looked_up(
         self,

@@ -119,6 +119,15 @@ def test_stored_zch_scores_are_the_in_model_artifact_s(exported, cluster):
         reader.close()
     admitted, unknown, other = want
     assert np.array_equal(unknown, other) and not np.allclose(admitted, unknown, atol=1e-6)
+    # A batch without a stored id (every bag empty): no pair, the same scores.
+    batch = next(iter(exported.probe.batches()))
+    empty = (batch.dense[:3], torch.zeros_like(batch.lengths[:3]), batch.values[:0])
+    reader = StoreReader(exported.section)
+    scorer = TieredScorer(torch.jit.load(str(model_file_in(exported.tiered_dir))), reader)
+    with torch.no_grad():
+        assert scorer.model.store_ids(*empty[1:]).shape == (0, 2)
+        assert torch.equal(scorer(*empty), plain(*empty))
+    reader.close()
 
     # And rec-server, through its own cluster client and caches: the same scores.
     with start_cpp(exported.repo, http_port=0, grpc_port=0, metrics_port=0) as server:
