@@ -138,6 +138,9 @@ class StreamFeed:
     def segment(self, steps: int) -> Iterator[Any]:
         """Up to `steps` batches; fewer when the ranks agree to stop or to checkpoint."""
         done = 0
+        # Idle means reads that found nothing: a checkpoint or a ZCH round between segments
+        # is not the stream's silence.
+        self.last_event = time.monotonic()
         while done < steps:
             if self.held is not None:
                 b, self.held = self.held, None
@@ -158,23 +161,25 @@ class StreamFeed:
             yield self._torchrec(b.batch)
 
     def _agree(self, n_local: int) -> tuple[int, int, int]:
-        """[events, stop, checkpoint due] summed over the ranks: one all-reduce per read."""
+        """[events, stop, checkpoint due] over the ranks, from one all-reduce per read of
+        [events, signalled, idle, due]."""
         now = time.monotonic()
-        stop = self.stop.signal is not None
-        if stop and not self.why:
-            self.why = f"signal {signal.Signals(self.stop.signal).name}"
-        idle = self.idle_exit_s and now - self.last_event > self.idle_exit_s
+        signalled = self.stop.signal is not None
+        idle = bool(self.idle_exit_s) and now - self.last_event > self.idle_exit_s
         due = (self.every_seconds and now - self.last_save >= self.every_seconds
                and self.t.pos.step > self.saved_step)  # fmt: skip
-        flags = torch.tensor([n_local, int(stop or bool(idle)), int(bool(due))], dtype=torch.int64)
+        flags = torch.tensor([n_local, signalled, idle, bool(due)], dtype=torch.int64)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flags)
-        total, stop_all, due_all = (int(x) for x in flags)
+        total, signalled_all, idle_all, due_all = (int(x) for x in flags)
         if total:
             self.last_event = now
-        elif stop_all and not self.why:
+        if signalled_all and not self.why:
+            name = signal.Signals(self.stop.signal).name if signalled else ""
+            self.why = f"signal {name}" if signalled else "another rank got a signal"
+        elif idle_all and not self.why:
             self.why = f"no event for {self.idle_exit_s:g} s (data.stream.idle_exit_s)"
-        return total, stop_all, due_all
+        return total, signalled_all + idle_all, due_all
 
     def saved(self, step: int) -> None:
         self.saved_step, self.last_save = step, time.monotonic()
