@@ -146,7 +146,11 @@ class UpdatePublisher:
         wall_ns = time.time_ns()
         records = []
         maps = _slot_changes(self.shards, changes or {})
-        for fqn, ids in self.tracker.get_unique_ids().items():
+        # No step since the last publish (a ZCH round's publish_map right after after_step's
+        # publish): nothing to read, and TorchRec's tracker fails on a table with no lookup
+        # since its last read (torch.cat of an empty list in _compute_unique_rows).
+        changed = self.tracker.get_unique_ids() if self.steps_since else {}
+        for fqn, ids in changed.items():
             shard = self.shards.get(fqn)
             if shard is None or ids.numel() == 0:
                 continue
