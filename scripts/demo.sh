@@ -14,13 +14,13 @@ mkdir -p "$OUT"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "1/6 train: default DLRM on synthetic data, $NPROC ranks"
+step "1/7 train: default DLRM on synthetic data, $NPROC ranks"
 $REC train --run-dir "$OUT/run" --nproc "$NPROC"
 
-step "2/6 export: int8 FBGEMM TorchScript + Triton model repository, verified"
+step "2/7 export: int8 FBGEMM TorchScript + Triton model repository, verified"
 $REC export "$OUT/run" --repo "$OUT/model_repository" --quantize int8
 
-step "3/6 serve: the C++ LibTorch server on the repository"
+step "3/7 serve: the C++ LibTorch server on the repository"
 LOG="$OUT/server.log"
 $REC serve "$OUT/model_repository" --backend cpp --http-port 0 --grpc-port 0 --metrics-port 0 \
   > "$LOG" 2>&1 &
@@ -36,22 +36,26 @@ HTTP=$(grep -o 'http=[^ ]*' "$LOG" | head -1 | cut -d= -f2)
 GRPC=$(grep -o 'grpc=[^ ]*' "$LOG" | head -1 | cut -d= -f2)
 METRICS=$(grep -o 'metrics=[^ ]*' "$LOG" | head -1 | cut -d= -f2)
 
-step "4/6 predict: 4 synthetic rows over HTTP, then the same rows over gRPC"
+step "4/7 predict: 4 synthetic rows over HTTP, then the same rows over gRPC"
 $REC predict --url "$HTTP" --protocol http --synthetic 4 --repo "$OUT/model_repository"
 $REC predict --url "$GRPC" --protocol grpc --synthetic 4 --repo "$OUT/model_repository"
 kill -TERM $SERVER
 wait $SERVER || true
 trap - EXIT
 
-step "5/6 tables beyond one server: the largest tables in a Redis Cluster, read through rec-server's cache"
+step "5/7 tables beyond one server: the largest tables in a Redis Cluster, read through rec-server's cache"
 .venv/bin/python scripts/demo_store.py --run "$OUT/run" --repo "$OUT/model_repository"
 
-step "6/6 fresh embeddings: training goes on, publishing its rows; the server applies them while serving"
+step "6/7 fresh embeddings: training goes on, publishing its rows; the server applies them while serving"
 .venv/bin/python scripts/demo_fresh.py --run "$OUT/run" --repo "$OUT/model_repository" --nproc "$NPROC"
+
+step "7/7 a live stream: online AUC as events arrive, collision-free ids admitted and evicted, a new id's served score changing"
+.venv/bin/python scripts/demo_stream.py --out "$OUT" --nproc "$NPROC"
 
 step "done"
 echo "run directory:    $OUT/run   (config.yaml, plan.json, metrics.jsonl, checkpoints/)"
 echo "model repository: $OUT/model_repository/rec/   (config.pbtxt, 1/model.pt, rec.json)"
 echo "store-backed one: $OUT/model_repository_store   (rec.json \"store\": where its tables are)"
 echo "server log:       $LOG   (metrics were at http://$METRICS/metrics)"
+echo "stream run:       $OUT/stream_run   (trained from the stream; metrics.jsonl's \"online\" records)"
 echo "next: $REC serve $OUT/model_repository --backend triton   # the same repository in Triton"
