@@ -134,11 +134,15 @@ class StoreRows:
     rec.store.reader.StoreReader, for forward_with_rows. Opening it checks that the store
     answers and holds a finished export under the section's prefix (its meta hash)."""
 
-    def __init__(self, model, section, cache_bytes=0):
+    def __init__(self, model, section, cache_bytes=0, raw_columns=()):
         from rec.store.reader import StoreReader  # loaded only for a version with a store
 
         check_section(section)
         self.model, self.url = model, section["url"]
+        # Per request column: its stored table's index when keyed by raw id (ZCH), else -1;
+        # the raw ids the store lacked are counted per column, per thread, as unknown ids.
+        self.raw_columns = list(raw_columns)
+        self.unknown = threading.local()
         try:
             self.reader = StoreReader(section, cache_bytes)
         except StoreError as e:  # "store URL: cannot reach the cluster (...)"
@@ -156,12 +160,36 @@ class StoreRows:
 
     def rows(self, lengths, values):
         keys = self.model.store_ids(lengths, values)
+        defaulted = [] if any(t >= 0 for t in self.raw_columns) else None
         try:
-            return self.reader.rows(keys)
+            rows = self.reader.rows(keys, defaulted)
         except StoreError as e:  # a row missing or of the wrong size: the reader names it
             raise StoreError(f"embedding {e}" if str(e).startswith("store ") else str(e)) from None
         except Exception as e:
             raise self._unavailable(e) from None
+        if defaulted is not None:
+            self.unknown.per_column = self._count(lengths, values, set(defaulted))
+        return rows
+
+    def _count(self, lengths, values, lacked):
+        """Per request column, its ids whose (table, raw id) is in `lacked` (-1: not a stored
+        ZCH table's column)."""
+        cols = len(self.raw_columns)
+        column = np.arange(lengths.numel()) % cols
+        owner = np.repeat(column, lengths.reshape(-1).numpy())
+        table = np.asarray(self.raw_columns)[owner]
+        ids = values.numpy()
+        out = [0 if t >= 0 else -1 for t in self.raw_columns]
+        for k in np.flatnonzero(table >= 0).tolist():
+            if (int(table[k]), int(ids[k])) in lacked:
+                out[owner[k]] += 1
+        return out
+
+    def take_unknown(self):
+        """The unknown ids per column counted on this thread since the last take (or [])."""
+        out = getattr(self.unknown, "per_column", [])
+        self.unknown.per_column = []
+        return out
 
     def _unavailable(self, e):
         from redis.exceptions import RedisClusterException, RedisError
@@ -172,6 +200,17 @@ class StoreRows:
 
     def close(self):
         self.reader.close()
+
+
+def _raw_columns(manifest):
+    """Per request column (manifest.sparse_names), the index (store order) of its stored table
+    when that is keyed by raw id (a ZCH table, rec.store/2), else -1."""
+    store = manifest.store
+    order = sorted(store.tables)
+    owner = {f: t["name"] for t in manifest.data.get("tables", []) for f in t.get("features", [])}
+    return [order.index(owner[f]) if owner.get(f) in order and
+            store.tables[owner[f]].keys == "raw_id" else -1
+            for f in manifest.sparse_names]  # fmt: skip
 
 
 class StoreMetrics:
@@ -466,7 +505,7 @@ class TritonPythonModel:
         cache = int(params.get(STORE_CACHE_PARAMETER, {}).get("string_value", DEFAULT_STORE_CACHE))
         try:
             section = manifest.store
-            store = StoreRows(self.model, section.to_dict(), cache)
+            store = StoreRows(self.model, section.to_dict(), cache, _raw_columns(manifest))
         except StoreUnavailable as e:  # not the model's fault: rec.serve.triton reloads it
             raise pb_utils.TritonModelException(f"{where}: {e}; {STORE_RETRY_NOTE}") from None
         except StoreError as e:
@@ -633,9 +672,13 @@ class TritonPythonModel:
             return torch.from_numpy(np.concatenate([b[k] for b in batch]))
 
         torch.ops.rec.zch_take_unknowns()  # drops what the load-time probe left (per thread)
+        if self.store is not None:
+            self.store.take_unknown()
         scores = self._score(cat(1), cat(2), cat(3))
         if self.negative_ids is not None:  # the remap's counts, taken on the thread that ran it
             self.negative_ids.count_unknown(torch.ops.rec.zch_take_unknowns().tolist())
+            if self.store is not None:  # and the store's: raw ids of stored ZCH tables it lacked
+                self.negative_ids.count_unknown(self.store.take_unknown())
         return scores.numpy().astype(np.float32, copy=False)
 
     def _score(self, dense, lengths, values):

@@ -205,9 +205,10 @@ class StoreReader:
                 self.cache.put(key, rows[i * width : (i + 1) * width], always=True)
             self.stats.refreshed_rows += len(ids)
 
-    def rows(self, keys: torch.Tensor) -> torch.Tensor:
+    def rows(self, keys: torch.Tensor, defaulted: list | None = None) -> torch.Tensor:
         """uint8 [sum of row_bytes]: the rows of `keys` (table << 40 | row, or rec.store/2's
-        (table, id) pairs [U, 2]), in that order."""
+        (table, id) pairs [U, 2]), in that order. `defaulted` (if given) gets each (table, raw
+        id) that read its table's default row (a raw id the store lacks)."""
         if keys.dim() == 2:
             tables, fields = keys[:, 0].tolist(), keys[:, 1].tolist()
         else:
@@ -236,6 +237,8 @@ class StoreReader:
                 for k, row in zip(missing, fetched, strict=True):
                     if row is None:  # a raw id the store lacks: the default row, not cached
                         found[k] = self._default_row(pairs[k][0])
+                        if defaulted is not None:
+                            defaulted.append(pairs[k])
                         continue
                     found[k] = row
                     cache, key = self._cache_of(*pairs[k])

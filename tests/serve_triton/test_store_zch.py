@@ -16,8 +16,9 @@ from rec.serve.client import Rows, ScoreClient
 from rec.serve.triton import start_triton
 from rec.store.client import connect
 from rec.store.cluster import RedisCluster
+from tests.helpers import questionable_ids
 from tests.serve_triton.servers import TRITON_AND_REDIS
-from tests.store.test_store_zch import Exported
+from tests.store.test_store_zch import Exported, unknown_ids
 
 pytestmark = TRITON_AND_REDIS
 
@@ -37,11 +38,16 @@ def test_triton_serves_stored_zch_tables_as_the_in_model_artifact(tmp_path):
             server = start_triton(exported.repo, http_port=0, grpc_port=0, metrics_port=0,
                                   store_cache_bytes=cache)  # fmt: skip
             try:
+                before = questionable_ids(server.endpoints.metrics, "unknown")
                 client = ScoreClient(server.endpoints.grpc, "grpc", model="rec")
                 try:
                     for _ in range(2):  # the second pass from the caches, if any
                         for batch, w in zip(exported.probe.batches(), want, strict=True):
                             assert np.array_equal(client.score(_rows(batch)), w)
+                    # The raw ids the store lacked, counted per feature on both passes.
+                    after = questionable_ids(server.endpoints.metrics, "unknown")
+                    got = {f: n - before.get(f, 0) for f, n in after.items()}
+                    assert got == {f: 2 * n for f, n in unknown_ids(exported).items()}
                     if cache:
                         continue
                     # A missing partition: the request fails naming it (no default row).

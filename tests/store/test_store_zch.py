@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import rec.ops  # noqa: F401  (model.pt's ops, before torch.jit.load)
+from rec import zch
 from rec.contract import store as contract
 from rec.contract.repository import ModelDir, manifest_in, model_file_in
 from rec.export import id_maps
@@ -26,7 +27,7 @@ from rec.store.client import connect
 from rec.store.cluster import RedisCluster
 from rec.store.reader import StoreReader
 from tests.export.zch_run import write_zch_run, zch_dict
-from tests.helpers import rec_in_process
+from tests.helpers import questionable_ids, rec_in_process
 
 # t0 (feature a) and t1 (b, c) are ZCH tables, t2 a modulo one: all three stored, t3 in model.
 STORE = {"tables": ["t0", "t1", "t2"], "partitions": 4, "table_partitions": {"t1": 3}}
@@ -62,6 +63,23 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(cluster, tmp_path_factory) -> Exported:
     return Exported(tmp_path_factory.mktemp("zch"), cluster.url())
+
+
+def unknown_ids(exported: Exported) -> dict[str, int]:
+    """Per ZCH feature, the probe's ids (every batch) that its table's map does not hold: what a
+    server counts as unknown."""
+    features = list(exported.cfg.features.sparse)
+    owner = exported.cfg.feature_to_table()
+    out: dict[str, int] = {}
+    for b in exported.probe.batches():
+        values = b.values.reshape(b.lengths.shape)  # one id per feature per sample
+        for name, m in exported.maps.items():
+            z = id_maps.zch_tables(exported.cfg)[name]
+            for k, f in enumerate(features):
+                if owner[f] == name:
+                    rows = zch.lookup(values[:, k], m.keys, m.used, z.probes)
+                    out[f] = out.get(f, 0) + int((rows == z.slots).sum())
+    return out
 
 
 def _fields(client, prefix: str, table: str, parts: int) -> dict[int, dict[bytes, bytes]]:
@@ -131,6 +149,7 @@ def test_stored_zch_scores_are_the_in_model_artifact_s(exported, cluster):
 
     # And rec-server, through its own cluster client and caches: the same scores.
     with start_cpp(exported.repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        before = questionable_ids(server.endpoints.metrics, "unknown")
         client = ScoreClient(server.endpoints.grpc, "grpc")
         try:
             for _ in range(2):  # the second pass from the caches
@@ -140,6 +159,13 @@ def test_stored_zch_scores_are_the_in_model_artifact_s(exported, cluster):
                     assert np.array_equal(g, w)
         finally:
             client.close()
+        after = questionable_ids(server.endpoints.metrics, "unknown")
+    # The raw ids the store lacked, counted per feature on both passes (never cached).
+    expected = unknown_ids(exported)
+    assert set(expected) == {"a", "b", "c"} and all(n > 0 for n in expected.values())
+    assert {f: n - before.get(f, 0) for f, n in after.items()} == {
+        f: 2 * n for f, n in expected.items()
+    }
 
 
 def test_a_missing_partition_of_a_zch_table_is_still_an_error(exported, cluster):

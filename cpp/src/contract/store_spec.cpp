@@ -107,6 +107,15 @@ Status ParseStoreSection(const std::string& manifest_text, const std::string& so
       }
       table.raw_id = t["keys"] == "raw_id";
     }
+    auto described = manifest.find("tables");
+    if (described != manifest.end() && described->is_array()) {
+      for (const auto& d : *described) {
+        if (!d.is_object() || d.value("name", "") != name || !d.contains("features")) continue;
+        for (const auto& f : d["features"]) {
+          if (f.is_string()) table.features.push_back(f.get<std::string>());
+        }
+      }
+    }
     out->tables.push_back(std::move(table));
   }
   bool any_raw = false;

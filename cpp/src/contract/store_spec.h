@@ -22,6 +22,8 @@ struct StoreTable {
   // partition holds kMarkerField, partition 0 the default row (kDefaultField), read for an id
   // the store lacks.
   bool raw_id = false;
+  // Its features (rec.json "tables"), whose ids the store lacks a server counts as unknown.
+  std::vector<std::string> features;
 };
 
 struct StoreSpec {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <unordered_set>
 #include <vector>
 
 #include "model/request.h"
@@ -83,6 +84,11 @@ DataType FromTorch(c10::ScalarType t) {
   }
 }
 
+// Unknown ids of stored ZCH tables (raw ids the store lacks) per request column, counted by the
+// forward that ran on this thread, as rec::zch_remap_counted counts the in-model ones (-1: not
+// such a column); TakeUnknownIds adds them to the op's.
+thread_local std::vector<int64_t> t_stored_unknown;
+
 class TorchRunner : public Runner {
  public:
   TorchRunner(torch::jit::Module module, const ModelSpec& spec, std::string version,
@@ -90,7 +96,20 @@ class TorchRunner : public Runner {
       : module_(std::move(module)),
         spec_(spec),
         version_(std::move(version)),
-        store_(std::move(store)) {}
+        store_(std::move(store)) {
+    if (!store_) return;
+    // Each request column's stored table when that is keyed by raw id (a ZCH table), else -1.
+    const std::vector<StoreTable>& tables = store_->spec().tables;
+    for (const std::string& feature : spec_.sparse_feature_names) {
+      int64_t raw = -1;
+      for (size_t t = 0; t < tables.size(); ++t) {
+        const auto& f = tables[t].features;
+        if (tables[t].raw_id && std::find(f.begin(), f.end(), feature) != f.end()) raw = t;
+      }
+      raw_table_of_column_.push_back(raw);
+      any_raw_column_ = any_raw_column_ || raw >= 0;
+    }
+  }
 
   const std::string& version() const override { return version_; }
 
@@ -126,8 +145,13 @@ class TorchRunner : public Runner {
     // rec.store/2's models give (table, id) pairs, [U, 2]; rec.store/1's one key per row.
     const int columns = keys.dim() == 2 ? 2 : 1;
     std::string rows;
-    REC_RETURN_IF_ERROR(
-        store_->Fetch(keys.data_ptr<int64_t>(), keys.numel() / columns, columns, &rows));
+    std::vector<int64_t> defaulted;
+    REC_RETURN_IF_ERROR(store_->Fetch(keys.data_ptr<int64_t>(), keys.numel() / columns, columns,
+                                      &rows, &defaulted));
+    if (any_raw_column_ && columns == 2) {
+      CountStoredUnknowns(keys, defaulted, args[spec_.lengths_input].toTensor(),
+                          args[spec_.values_input].toTensor());
+    }
     args.emplace_back(torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size())},
                                        torch::TensorOptions().dtype(c10::kByte)));
     *result = module_.get_method("forward_with_rows")(args);
@@ -136,6 +160,42 @@ class TorchRunner : public Runner {
 
   void TakeUnknownIds(std::vector<int64_t>* per_column) override {
     TakeZchUnknowns(spec_.sparse_feature_names.size(), per_column);
+    if (t_stored_unknown.empty()) return;
+    if (per_column->size() < t_stored_unknown.size()) {
+      per_column->resize(t_stored_unknown.size(), -1);
+    }
+    for (size_t c = 0; c < t_stored_unknown.size(); ++c) {
+      if (t_stored_unknown[c] >= 0) {
+        (*per_column)[c] = std::max<int64_t>((*per_column)[c], 0) + t_stored_unknown[c];
+      }
+    }
+    t_stored_unknown.clear();
+  }
+
+  // The batch's ids of stored ZCH tables that read the default row (keys[defaulted[i]]: the
+  // (table, raw id) pairs the store lacks), per request column, into t_stored_unknown.
+  void CountStoredUnknowns(const at::Tensor& keys, const std::vector<int64_t>& defaulted,
+                           const at::Tensor& lengths_in, const at::Tensor& values_in) {
+    std::vector<std::unordered_set<int64_t>> lacked(store_->spec().tables.size());
+    const int64_t* k = keys.data_ptr<int64_t>();
+    for (int64_t i : defaulted) lacked[k[2 * i]].insert(k[2 * i + 1]);
+    const at::Tensor lengths = lengths_in.to(c10::kLong).contiguous();
+    const at::Tensor values = values_in.contiguous();
+    const int64_t* len = lengths.data_ptr<int64_t>();
+    const int64_t* v = values.data_ptr<int64_t>();
+    const size_t cols = raw_table_of_column_.size();
+    t_stored_unknown.assign(cols, -1);
+    for (size_t c = 0; c < cols; ++c) {
+      if (raw_table_of_column_[c] >= 0) t_stored_unknown[c] = 0;  // counting 0 declares it
+    }
+    // Batch-major: sample after sample, within a sample column after column.
+    int64_t at = 0;
+    for (int64_t i = 0; i < lengths.numel(); ++i) {
+      const int64_t t = raw_table_of_column_[static_cast<size_t>(i) % cols];
+      for (int64_t j = 0; j < len[i]; ++j, ++at) {
+        if (t >= 0 && lacked[t].count(v[at]) > 0) ++t_stored_unknown[static_cast<size_t>(i) % cols];
+      }
+    }
   }
 
   std::shared_ptr<EmbeddingTables> tables() const override { return tables_; }
@@ -224,6 +284,8 @@ class TorchRunner : public Runner {
   const ModelSpec& spec_;
   std::string version_;
   std::shared_ptr<EmbeddingStore> store_;
+  std::vector<int64_t> raw_table_of_column_;  // per request column: its raw-keyed table, or -1
+  bool any_raw_column_ = false;
   std::shared_ptr<EmbeddingTables> tables_;
 };
 

@@ -77,7 +77,8 @@ Status EmbeddingStore::ReadDefaultRows() {
   return Status::Ok();
 }
 
-Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, int columns, std::string* rows) {
+Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, int columns, std::string* rows,
+                             std::vector<int64_t>* defaulted) {
   const int64_t num_tables = static_cast<int64_t>(spec_.tables.size());
   // Each row's place in *rows: the rows are fixed-size per table, so the whole batch is laid
   // out before anything is read, and cached and fetched rows are copied straight into place.
@@ -114,13 +115,14 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, int columns, std::s
   stats_->cache_hits.fetch_add(static_cast<uint64_t>(n) - missed.size());
   stats_->cache_misses.fetch_add(missed.size());
   if (missed.empty()) return Status::Ok();
-  return FetchMissed(tables, fields, offsets, missed, rows);
+  return FetchMissed(tables, fields, offsets, missed, rows, defaulted);
 }
 
 Status EmbeddingStore::FetchMissed(const std::vector<int64_t>& tables,
                                    const std::vector<int64_t>& fields,
                                    const std::vector<int64_t>& offsets,
-                                   const std::vector<int64_t>& missed, std::string* rows) {
+                                   const std::vector<int64_t>& missed, std::string* rows,
+                                   std::vector<int64_t>* defaulted) {
   // The missing rows, one HMGET per (table, partition).
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> groups;
   for (int64_t i : missed) {
@@ -170,6 +172,7 @@ Status EmbeddingStore::FetchMissed(const std::vector<int64_t>& tables,
       if (!v.found && table.raw_id) {  // an id the store lacks: the default row, not cached
         std::memcpy(rows->data() + offsets[i], default_rows_[where.first].data(),
                     default_rows_[where.first].size());
+        if (defaulted != nullptr) defaulted->push_back(i);
         continue;
       }
       if (!v.found || static_cast<int64_t>(v.value.size()) != table.row_bytes) {

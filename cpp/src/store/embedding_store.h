@@ -36,8 +36,10 @@ class EmbeddingStore {
 
   // The rows of `keys` (sorted, distinct; `columns` 1: each table << 40 | row; 2: rec.store/2's
   // (table, id) pairs, the id a raw-keyed table's raw id) concatenated in key order, each as
-  // the store keeps it, into *rows.
-  Status Fetch(const int64_t* keys, int64_t n, int columns, std::string* rows);
+  // the store keeps it, into *rows. `defaulted` (if given) gets the index of each key that read
+  // its table's default row (a raw id the store lacks).
+  Status Fetch(const int64_t* keys, int64_t n, int columns, std::string* rows,
+               std::vector<int64_t>* defaulted = nullptr);
 
   // Fresh rows of stored table `table` (its index in spec().tables) from the update log, each
   // row_bytes long, concatenated in `ids` order: written into the cache, present or not, so
@@ -56,7 +58,7 @@ class EmbeddingStore {
   // store, copied into *rows and the caches.
   Status FetchMissed(const std::vector<int64_t>& tables, const std::vector<int64_t>& fields,
                      const std::vector<int64_t>& offsets, const std::vector<int64_t>& missed,
-                     std::string* rows);
+                     std::string* rows, std::vector<int64_t>* defaulted);
 
   const StoreSpec spec_;
   StoreStats* stats_;
