@@ -325,20 +325,54 @@ def _seed(seed: int, table: str, step: int) -> int:
 
 def plan_block(config: str | Path) -> str:
     """`rec plan`'s lines for the config's ZCH tables (after a blank line; "" with none):
-    slots, the id map's memory on every rank, probes."""
-    zch = [t for t in load_config(config).tables if t.zch]
+    slots, the id map's memory on every rank, probes, and the expected load: the live ids
+    (synthetic data says them: data.synthetic.live_ids, else the table's rows; a file's are
+    unknown before training, whose zch lines report them) over the slots, and the share of ids
+    that then arrive at a full probe window (they evict a colder id, or read the default row)."""
+    cfg = load_config(config)
+    zch = [t for t in cfg.tables if t.zch]
     if not zch:
         return ""
     lines = [
         f"ZCH tables (each rank holds every id map, {MAP_BYTES_PER_SLOT} bytes per slot):",
-        f"{'table':<16} {'slots':>12} {'map memory':>12} {'probes':>6} {'every_steps':>11}",
+        f"{'table':<16} {'slots':>12} {'map memory':>12} {'probes':>6} {'every_steps':>11} "
+        f"{'live ids':>10} {'load':>6} {'full window':>11}",
     ]
     for t in zch:
         z = t.zch
         assert z is not None
         size = _bytes(z.slots * MAP_BYTES_PER_SLOT)
-        lines.append(f"{t.name:<16} {z.slots:>12} {size:>12} {z.probes:>6} {z.every_steps:>11}")
+        live = (
+            cfg.data.synthetic.live_ids.get(t.name, t.rows)
+            if cfg.data.source == "synthetic"
+            else None
+        )
+        load = f"{live / z.slots:.0%}" if live else "-"
+        full = f"{full_window_share(live / z.slots, z.probes):.1%}" if live else "-"
+        lines.append(f"{t.name:<16} {z.slots:>12} {size:>12} {z.probes:>6} {z.every_steps:>11} "
+                     f"{live if live else '-':>10} {load:>6} {full:>11}")  # fmt: skip
+    lines.append("full window: the share of live ids whose probe window is full when they "
+                 "arrive at that load (simulated)")  # fmt: skip
     return "\n\n" + "\n".join(lines)
+
+
+def full_window_share(load: float, probes: int, slots: int = 1 << 14, seed: int = 0) -> float:
+    """The share of `load * slots` ids, placed one by one in the first free slot of their probe
+    window (rec.zch's scheme), that find the window full: simulated on `slots` slots."""
+    n = int(load * slots)
+    rng = np.random.default_rng(seed)
+    ids = torch.from_numpy(rng.integers(-(2**63), 2**63 - 1, size=n, dtype=np.int64))
+    starts = home(ids, slots).numpy()
+    used = np.zeros(slots, dtype=bool)
+    offsets, full = np.arange(probes), 0
+    for s in starts.tolist():
+        window = (s + offsets) % slots
+        free = np.flatnonzero(~used[window])
+        if free.size == 0:
+            full += 1
+            continue
+        used[window[free[0]]] = True
+    return full / max(n, 1)
 
 
 def _bytes(n: float) -> str:

@@ -99,7 +99,10 @@ def test_rec_plan_lists_the_zch_tables_and_their_map_memory(tmp_path):
     out = rec_in_process("plan", "--config", str(path), "--world-size", "2", check=True).stdout
     assert "ZCH tables (each rank holds every id map, 57 bytes per slot):" in out
     (line,) = [x for x in out.splitlines() if x.startswith("t1 ") and "KiB" in x]
-    assert line.split() == ["t1", "499", f"{499 * 57 / 1024:.1f}", "KiB", "8", "40"]
+    fields = line.split()
+    assert fields[:6] == ["t1", "499", f"{499 * 57 / 1024:.1f}", "KiB", "8", "40"]
+    # Synthetic ids without live_ids: as many as the table's 500 rows, over 499 slots.
+    assert fields[6:8] == ["500", "100%"] and 0 < float(fields[8].rstrip("%")) < 100
 
 
 def test_a_zch_table_is_never_planned_data_parallel():
