@@ -115,6 +115,7 @@ def test_follow_a_training_run_while_rec_server_swaps_under_traffic(tmp_path):
         deadline = time.monotonic() + 30
         while not (served[0] and served[0][-1] == newest) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert served[0][-1] == newest, (served[0][-5:], server.stderr()[-2000:])
         stop.set()
         for t in threads:
             t.join()
@@ -132,7 +133,7 @@ def test_follow_a_training_run_while_rec_server_swaps_under_traffic(tmp_path):
                 proc.wait()
         if server is not None:
             assert server.stop() == 0
-    assert errors == []
+    assert errors == [] and server.shutdown_counts()["failed"] == 0
     for versions in served:
         assert versions and versions == sorted(versions)  # each client only ever moved forward
     swaps = server.stderr().count("swapped model 'rec' version")
