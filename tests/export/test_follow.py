@@ -21,7 +21,7 @@ import pytest
 from rec import run_dir
 from rec.config import ConfigError
 from rec.contract import ModelDir
-from rec.export.follow import follow, prune
+from rec.export.follow import export_one, follow, prune, stop_on_signals
 from tests.export.conftest import write_seeded_run
 from tests.helpers import rec_in_process
 
@@ -119,6 +119,20 @@ def test_a_second_sigterm_abandons_the_export_and_leaves_nothing(tmp_path):
     abandoned = "abandoned the export of step 10; its staging directory was removed"
     assert abandoned in log.lines, log.lines
     # export_run removed its staging directory and the repository it had created.
+    assert not repo.exists()
+
+
+def test_a_checkpoint_deleted_before_its_export_is_skipped(tmp_path):
+    """Training's keep_last can delete a checkpoint the follower picked: that export fails in
+    its process, and the follower says why and moves on instead of stopping."""
+    run, repo = write_seeded_run(tmp_path / "run"), tmp_path / "repo"
+    gone = run_dir.checkpoints_dir(run) / "step_20"
+    lines: list[str] = []
+    with stop_on_signals(lines.append) as stop:
+        done = export_one(run, repo, gone, 10, 3, stop, lines.append, None, fmt="torchscript")
+    assert done is None
+    assert lines == ["step 20: deleted by training while exporting (checkpoint.keep_last); "
+                     "taking the newest"]  # fmt: skip
     assert not repo.exists()
 
 
