@@ -20,7 +20,7 @@ import pytest
 
 from rec import run_dir
 from rec.config import ConfigError
-from rec.contract import ModelDir
+from rec.contract import FORMATS, ModelDir
 from rec.export.follow import export_one, follow, prune, stop_on_signals
 from tests.export.conftest import write_seeded_run
 from tests.helpers import rec_in_process
@@ -140,7 +140,7 @@ def test_prune_keeps_the_newest_and_refuses_fewer_than_two(tmp_path):
     model = ModelDir.of(tmp_path, "rec")
     for v in (1, 2, 3, 5):
         model.version(v).mkdir(parents=True)
-        (model.version(v) / "model.pt").write_text("x")
+        (model.version(v) / FORMATS["torchscript"].file).write_text("x")
     assert prune(tmp_path, "rec", keep=2) == [1, 2]
     assert model.versions() == [3, 5] and staged(tmp_path) == []
     assert prune(tmp_path, "rec", keep=2) == []
