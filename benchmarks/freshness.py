@@ -17,6 +17,14 @@
 6. The publisher's own time per rank (its log line) against the training time: the cost.
 
 Writes benchmarks/results/freshness_<label>.json and prints a summary; the CPU is in the file.
+
+    .venv/bin/python benchmarks/freshness.py --defaults   # issue #52 item 7, a minute or two
+
+--defaults measures freshness as first defined, at the shipped defaults: the config's own
+publish, checkpoint and evaluation settings (only publish.url set), a closed-loop B = 64 client
+as the load, and per row: from the end of the optimizer step that changed it (metrics.jsonl,
+log_every 1) to the first response whose watermark covers that step. It skips the replay and
+the update-stream latency windows, and lists every publish and pause beside the numbers.
 """
 
 from __future__ import annotations
@@ -180,7 +188,16 @@ def main() -> None:
     parser.add_argument("--compare", action="store_true",
                         help="the default model, then the Kaggle-size one (40 + 200 steps), and "
                         "their ratios in freshness_compare.json")  # fmt: skip
+    parser.add_argument("--defaults", action="store_true",
+                        help="per-row freshness at the shipped defaults under a B = 64 load "
+                        "(--label defaults unless given; --steps counts as given)")  # fmt: skip
     args = parser.parse_args()
+    if args.defaults:
+        from freshness_defaults import run_defaults
+
+        label = "defaults" if args.label == "default" else args.label
+        run_defaults(args.config, label, args.first_steps, args.steps, args.nproc)
+        return
     if not args.compare:
         run_one(args, args.config, args.label, args.first_steps, args.steps)
         return
