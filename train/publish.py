@@ -120,7 +120,7 @@ class UpdatePublisher:
         self.tracker = dmp.get_delta_tracker() or dmp.init_torchrec_delta_tracker(tracker_config())
         self.shards = _local_shards(dmp, cfg)
         self.pending: queue.Queue = queue.Queue(maxsize=cfg.publish.max_pending)
-        self.last_publish = time.monotonic()
+        self._last_slot = self._slot()  # publish.every_seconds' grid: time.time() // it
         self.steps_since = 0
         self.published_rows = 0
         self.publish_seconds = 0.0  # time the training loop spent publishing (the cost)
@@ -133,9 +133,22 @@ class UpdatePublisher:
         self.steps_since += 1
         p = self.cfg.publish
         due_steps = p.every_steps and self.steps_since >= p.every_steps
-        due_time = p.every_seconds and time.monotonic() - self.last_publish >= p.every_seconds
+        # On a grid of wall-clock time every rank shares, not from this rank's last publish:
+        # ranks whose own clocks drifted a step apart published at different steps, and the
+        # watermark (the slowest rank's) then waited a step longer at every publish.
+        due_time = p.every_seconds and self._slot() > self._last_slot
         if due_steps or due_time:
             self.publish(step)
+
+    def before_pause(self, step: int) -> None:
+        """Before an evaluation or the end of training: what changed goes out now, not after
+        the pause (rows trained just before a 7 s evaluation waited all of it)."""
+        if self.steps_since:
+            self.publish(step)
+
+    def _slot(self) -> int:
+        every = self.cfg.publish.every_seconds
+        return int(time.time() // every) if every else 0
 
     def publish(self, step: int, changes: dict[str, Changes] | None = None) -> None:
         """Reads and queues the rows changed since the last publish, as of `step`; after a ZCH
@@ -171,7 +184,7 @@ class UpdatePublisher:
         if not records:  # nothing changed here: still advance this rank's watermark
             records.append(self._record(step, wall_ns, "", "fp32", 0, (), b""))
         records[-1] = _marked_last(records[-1])
-        self.last_publish, self.steps_since = time.monotonic(), 0
+        self.steps_since, self._last_slot = 0, self._slot()
         self.publish_seconds += time.perf_counter() - t0
         waited = time.perf_counter()
         self._put([encode(r) for r in records])  # waits only when max_pending are queued

@@ -292,6 +292,8 @@ class Trainer:
             )
             if self.zch is not None:  # training time, not a pause: every round is a cost of ZCH
                 self._zch_round(boundary, bool(evaluate), progress)
+            if self.publisher is not None and (evaluate or last):  # not held through the pause
+                self.publisher.before_pause(self.pos.step)
             t0 = time.perf_counter()
             if evaluate:
                 metrics = self.evaluate()
