@@ -76,13 +76,16 @@ def test_a_criteo_file_replays_into_the_events_the_tsv_reader_reads(broker, tmp_
     assert_same(_read_all(cfg, url, 200), from_file)  # hex ids, empty fields, log1p: the same
 
 
-def test_the_synthetic_generator_replays_number_for_number(broker, tmp_path):
-    cfg = small_config()
-    url = broker.url("synthetic")
+@pytest.mark.parametrize("transforms", [{}, {"dense_0": "log1p"}])
+def test_the_synthetic_generator_replays_number_for_number(broker, tmp_path, transforms):
+    # A transform is applied once, by the reader, as to a file's raw cells.
+    cfg = small_config(features={"dense": 3, "transforms": transforms})
+    url = broker.url(f"synthetic{len(transforms)}")
     total, chunks = synthetic_events(cfg, 500, start=100)
     stats = replay(chunks, url, per_entry=100)
     assert (total, stats.events, stats.entries) == (500, 500, 5)
-    rows = SyntheticSource(cfg, "train").take(100, 600).rows
+    rows = SyntheticSource(cfg, "train", raw_dense=True).take(100, 600).rows
+    rows.dense = feature_spec(cfg).transform_dense(rows.dense)
     got = _read_all(cfg, url, 500)
     assert got.values.tolist() == rows.values.tolist()
     assert got.lengths.tolist() == rows.lengths.tolist()
