@@ -163,6 +163,29 @@ KNOWN: tuple[Known, ...] = (
         "rec names the batch axis of every input `batch` (rec.export.onnx_builder): the inputs "
         "do share it, and it keeps that name.",
     ),
+    # ---- rec train: the launcher, when a rank fails or a signal stops the run -------------
+    Known(
+        "Received ",
+        None,
+        "torch.distributed.elastic.agent.server.api",
+        "`Received 15 death signal, shutting down workers`: the launcher passes SIGTERM or "
+        "SIGINT on to the ranks, which is how a run is stopped; rec train then says where the "
+        "run stands (a stream run checkpoints first).",
+    ),
+    Known(
+        "Sending process ",
+        None,
+        "torch.distributed.elastic.multiprocessing.api",
+        "`Sending process N closing signal SIGTERM`: the launcher stopping the other ranks after "
+        "a signal or a failed rank; rec train names the failed rank and its error.",
+    ),
+    Known(
+        "failed (exitcode: ",
+        None,
+        "torch.distributed.elastic.multiprocessing.api",
+        "The launcher's own line for a failed rank; rec train prints that rank's error instead, "
+        "in one line.",
+    ),
     # ---- rec export --format aoti: loading the package back to score it -------------------
     Known(
         "Device information mismatch for AOTI_CPU_ISA: ",

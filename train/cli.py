@@ -36,7 +36,9 @@ import click
     "resume",
     type=click.Path(path_type=Path),
     default=None,
-    help="Continue this run directory from its LATEST checkpoint, at any --nproc.",
+    help="Continue this run directory from its LATEST checkpoint, at any --nproc (a run "
+    "training from a stream: the same --nproc while entries delivered to its ranks are "
+    "unacknowledged).",
 )
 @click.option(
     "--steps",

@@ -90,9 +90,14 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
         # The launcher passed the signal on to the ranks; a rank training from a stream
         # checkpoints before it exits, any other resumes from its last checkpoint.
         latest = run_dir.latest_checkpoint(run)
-        where = f"LATEST is {latest.name}" if latest is not None else "no checkpoint yet"
-        print(f"[rec train] stopped by {signal.Signals(e.sigval).name}: {where}; "
-              f"`rec train --resume {run}` goes on from there", flush=True)  # fmt: skip
+        name = signal.Signals(e.sigval).name
+        if latest is None:
+            print(f"[rec train] stopped by {name} before any checkpoint: nothing was kept; "
+                  f"`rec train --resume {run}` starts it again from the beginning",
+                  flush=True)  # fmt: skip
+        else:
+            print(f"[rec train] stopped by {name}: LATEST is {latest.name}; "
+                  f"`rec train --resume {run}` goes on from there", flush=True)  # fmt: skip
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         message = failure.message
@@ -113,6 +118,19 @@ def completed_checkpoint(run: Path, cfg: RecConfig) -> Path | None:
     meta = run_dir.read_meta(latest)
     length = {"steps": cfg.training.steps, "epochs": cfg.training.epochs}
     return latest if meta.get("complete") and meta.get("length") == length else None
+
+
+def _check_stream_resume(run: Path, cfg: RecConfig, nproc: int) -> None:
+    """A stream run resumes at another --nproc only when nothing is left unacknowledged
+    (rec.train.stream_loop.check_world): refused here, before any rank starts."""
+    latest = run_dir.latest_checkpoint(run)
+    if not cfg.data.stream.url or latest is None or not (latest / run_dir.META_FILE).is_file():
+        return
+    meta = run_dir.read_meta(latest).get("stream")
+    if meta is not None:
+        from rec.train.stream_loop import check_world
+
+        check_world(latest, len(meta["positions"]), nproc, cfg.data.stream)
 
 
 def train(
@@ -165,6 +183,7 @@ def train(
               "--steps N or --epochs N trains on")  # fmt: skip
         return run
     if resume:  # with --publish, the plan checked is the one that publishes
+        _check_stream_resume(run, cfg, nproc)
         factory.check(cfg)
         resources.check_training(cfg, nproc, run, resume=True)
         check_plan_fits(cfg, nproc)

@@ -44,6 +44,8 @@ from rec.train.distributed import gather_rows
 
 # A segment with no checkpoint, round or step limit ahead: effectively unbounded.
 UNBOUNDED = 1 << 62
+STATUS_S = 10.0
+"""With no step for this long, rank 0 says why (no event, or every event refused) this often."""
 
 CALIBRATION = "calibration"
 
@@ -129,6 +131,7 @@ class StreamFeed:
         self.held: StreamBatch | None = None
         self.last_event = time.monotonic()
         self.last_save = time.monotonic()
+        self.last_step = self.last_status = time.monotonic()
         self.saved_step = trainer.pos.step
         self.stopping = False
         self.ended_due = False
@@ -157,6 +160,7 @@ class StreamFeed:
                         return
                     continue
             self.trained.append(b)
+            self.last_step = time.monotonic()
             done += 1
             yield self._torchrec(b.batch)
 
@@ -168,18 +172,40 @@ class StreamFeed:
         idle = bool(self.idle_exit_s) and now - self.last_event > self.idle_exit_s
         due = (self.every_seconds and now - self.last_save >= self.every_seconds
                and self.t.pos.step > self.saved_step)  # fmt: skip
-        flags = torch.tensor([n_local, signalled, idle, bool(due)], dtype=torch.int64)
+        refused = sum(self.reader.refused.values())
+        flags = torch.tensor([n_local, signalled, idle, bool(due), refused], dtype=torch.int64)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flags)
-        total, signalled_all, idle_all, due_all = (int(x) for x in flags)
+        total, signalled_all, idle_all, due_all, refused_all = (int(x) for x in flags)
         if total:
             self.last_event = now
+        elif now - self.last_step > STATUS_S and now - self.last_status > STATUS_S:
+            self.last_status = now
+            if self.t.ctx.is_main:
+                self._status(now, refused_all)
         if signalled_all and not self.why:
             name = signal.Signals(self.stop.signal).name if signalled else ""
             self.why = f"signal {name}" if signalled else "another rank got a signal"
         elif idle_all and not self.why:
             self.why = f"no event for {self.idle_exit_s:g} s (data.stream.idle_exit_s)"
         return total, signalled_all + idle_all, due_all
+
+    def _status(self, now: float, refused: int) -> None:
+        """Why nothing trains: no new event, or every event refused (a config that does not
+        match the events refuses them all, as missing_field)."""
+        from rec.train.progress import log
+
+        stream = self.t.cfg.data.stream
+        lag = self.reader.lag()
+        behind = "?" if lag is None else f"{lag:,}"
+        line = (f"no step for {now - self.last_step:.0f} s: no new event for group "
+                f"{stream.group!r} at {stream.url} (lag {behind} entries)")  # fmt: skip
+        if refused:
+            reasons = ", ".join(f"{k} {v}" for k, v in self.reader.refused.most_common())
+            dead = getattr(self.reader, "dead", "the dead-letter stream")
+            line += (f"; {refused:,} events refused so far (rank 0: {reasons}), parked in "
+                     f"{dead}: does the config match the events?")  # fmt: skip
+        log(line)
 
     def saved(self, step: int) -> None:
         self.saved_step, self.last_save = step, time.monotonic()
@@ -213,7 +239,8 @@ class _Window:
     """The progress line's window: loss sum and count, refusals so far, its start."""
 
     loss: float = 0.0
-    steps: int = 0
+    """Sum of each step's loss times its events: a rank's mean over the events it trained."""
+    events: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -288,7 +315,8 @@ def _segment(t, feed, batches, online, progress, window, last, lag_said):
             if progress:
                 progress.pause(spent)
             return last, lag_said
-        t.stream_tally.add(feed.trained.popleft())
+        b = feed.trained.popleft()
+        t.stream_tally.add(b)
         t.pos.step += 1
         if t.publisher is not None:
             t.publisher.after_step(t.pos.step)
@@ -296,24 +324,26 @@ def _segment(t, feed, batches, online, progress, window, last, lag_said):
         if progress and spent:
             progress.pause(spent)
         online.add(logits, labels)
-        window.loss, window.steps = window.loss + float(loss), window.steps + 1
+        window.loss, window.events = window.loss + float(loss) * len(b), window.events + len(b)
         if t.pos.step % log_every == 0:
             last, lag_said = _report(t, feed, online, progress, window, last, lag_said)
 
 
 def _report(t, feed, online, progress, window, last, lag_said):
     """The window's line and metrics.jsonl records (collective: every rank calls it)."""
-    from rec.train.distributed import all_mean
     from rec.train.progress import log
 
-    loss = all_mean(window.loss / max(window.steps, 1), t.ctx.device)
+    # The mean over every rank's events: a rank with none in the window weighs nothing.
+    sums = torch.tensor([window.loss, window.events], dtype=torch.float64)
+    dist.all_reduce(sums)
+    loss = float(sums[0] / sums[1].clamp(min=1))
     found = online.gather()
     refused = torch.tensor([sum(feed.reader.refused.values())], dtype=torch.int64)
     dist.all_reduce(refused)
     now = time.perf_counter()
     events = found["events"] if found else 0
     rate = events / max(now - window.t0, 1e-9)
-    window.loss, window.steps, window.t0 = 0.0, 0, now
+    window.loss, window.events, window.t0 = 0.0, 0, now
     if found:
         last = {k: v for k, v in found.items() if k != "events"}
     if not progress:
@@ -352,8 +382,11 @@ def stream_meta(tally: Tally, cfg) -> dict[str, Any]:
             "digests": [str(e["digest"]) for e in every]}  # fmt: skip
 
 
-def resume_tally(step_dir, rank: int, world_size: int) -> Tally:
-    """This rank's Tally from a checkpoint's meta.json (stream_meta)."""
+def resume_tally(step_dir, rank: int, world_size: int, cfg) -> Tally:
+    """This rank's Tally from a checkpoint's meta.json (stream_meta). At another world size
+    (allowed only when the group holds no unacknowledged entry: every entry delivered is in the
+    checkpoint, whole), every rank starts at the group's own position, and rank 0 carries the
+    lineage's sums."""
     from rec import run_dir
     from rec.config import ConfigError
 
@@ -362,12 +395,28 @@ def resume_tally(step_dir, rank: int, world_size: int) -> Tally:
         raise ConfigError(f"{step_dir} was not trained from a stream: it holds no stream positions "
                           "to resume from (data.stream.url)")  # fmt: skip
     saved = len(meta["positions"])
-    if saved != world_size:
-        raise ConfigError(stream_world_error(step_dir, saved, world_size))
-    return Tally(meta["positions"][rank], int(meta["events"][rank]), int(meta["digests"][rank]))
+    if saved == world_size:
+        return Tally(meta["positions"][rank], int(meta["events"][rank]),
+                     int(meta["digests"][rank]))  # fmt: skip
+    check_world(step_dir, saved, world_size, cfg)
+    if rank != 0:
+        return Tally()
+    digest = 0
+    for d in meta["digests"]:
+        digest = add_digests(digest, int(d))
+    return Tally(None, sum(int(e) for e in meta["events"]), digest)
 
 
-def stream_world_error(step_dir, saved: int, world_size: int) -> str:
-    return (f"{step_dir} was trained from the stream by {saved} ranks, and each rank's "
-            "unacknowledged entries are held for its own consumer: resume it with --nproc "
-            f"{saved}, not {world_size}")  # fmt: skip
+def check_world(step_dir, saved: int, world_size: int, cfg) -> None:
+    """Refuses a resume at another world size while the group has unacknowledged entries:
+    they are held for the saved ranks' consumers, and a rank that no longer exists would never
+    train them."""
+    from rec.config import ConfigError
+    from rec.data.stream_redis import pending_entries
+
+    if saved != world_size and (pending := pending_entries(cfg)):
+        raise ConfigError(f"{step_dir} was trained from the stream by {saved} ranks, and "
+                          f"{pending} entries delivered to them are not acknowledged yet (each is "
+                          f"held for its rank's consumer): resume it with --nproc {saved}, not "
+                          f"{world_size}; once a run of {saved} ranks has checkpointed them all, "
+                          "any --nproc resumes")  # fmt: skip

@@ -157,7 +157,8 @@ class Trainer:
         self.pos = Position(int(t["step"]), int(t["epoch"]), int(t["offset"]))
         torch.set_rng_state(t["rng"])
         if self.streaming:
-            self.stream_tally = resume_tally(step_dir, self.ctx.rank, self.ctx.world_size)
+            self.stream_tally = resume_tally(step_dir, self.ctx.rank, self.ctx.world_size,
+                                             self.cfg.data.stream)  # fmt: skip
         if self.ctx.is_main:
             log(f"resumed from {step_dir} at step {self.pos.step} (epoch {self.pos.epoch})")
             if self.zch is not None:

@@ -179,7 +179,9 @@ def _check_criteo_width(cfg: RecConfig, path: str) -> None:
 
 
 def check_stream(url: str) -> None:
-    """Raises DataError unless the event stream's broker answers a PING within 3 s."""
+    """Raises DataError unless the event stream's broker answers a PING within 3 s, or if the
+    stream's key holds something else; says so when the stream does not exist yet (training
+    creates it and waits for its first event: a misspelt name would wait forever)."""
     import redis
 
     from rec.contract.events import parse_url
@@ -187,7 +189,16 @@ def check_stream(url: str) -> None:
     u = parse_url(url)
     client = redis.Redis(host=u.host, port=u.port, socket_timeout=3, socket_connect_timeout=3)
     try:
-        client.ping()
+        kind = client.type(u.stream).decode()
+        if kind == "none":
+            found = client.scan_iter(count=1000, _type="stream")
+            streams = sorted(k.decode(errors="replace") for k in found)[:10]
+            print(f"[rec train] warning: stream {u.stream!r} does not exist yet at {u.host}:"
+                  f"{u.port}; training creates it and waits for its first event (streams there: "
+                  f"{', '.join(streams) or 'none'})", flush=True)  # fmt: skip
+        elif kind != "stream":
+            raise DataError(f"data.stream.url {url}: key {u.stream!r} holds a {kind}, not a "
+                            "stream; name the event stream")  # fmt: skip
     except redis.RedisError as e:
         raise DataError(
             f"data.stream.url {url}: the broker does not answer ({e}); start it, or fix the URL"

@@ -270,3 +270,19 @@ class RedisEventReader(EventReader):
             return self._command(info, self.clock() + self.cfg.retry_s)
         except _Down:
             return None
+
+
+def pending_entries(cfg: StreamConfig) -> int:
+    """Entries delivered to the group's consumers and not acknowledged (0 without the group)."""
+    import redis
+
+    from rec.contract.events import parse_url
+
+    u = parse_url(cfg.url)
+    client = redis.Redis(host=u.host, port=u.port, socket_timeout=5, socket_connect_timeout=3)
+    try:
+        return int(client.xpending(u.stream, cfg.group)["pending"])
+    except redis.ResponseError:  # no such stream or group
+        return 0
+    finally:
+        client.close()

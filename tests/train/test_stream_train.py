@@ -119,6 +119,9 @@ def test_every_event_is_trained_once_across_a_killed_rank_and_a_resume(tmp_path)
         out = first.communicate(timeout=120)[0]
         assert first.returncode != 0, out
         killed_at = max(r["step"] for r in _records(run, "online"))
+        # The dead ranks' consumers hold unacknowledged entries: another --nproc is refused.
+        r = rec_in_process("train", "--resume", str(run), "--nproc", "1")
+        assert r.returncode != 0 and "resume it with --nproc 2, not 1" in r.stdout, r.stdout
         _produce(cfg, url, 800, first=produced)  # more while no rank reads
         produced += 800
 
