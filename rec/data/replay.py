@@ -119,13 +119,31 @@ def _csv(cfg: RecConfig, path: Path, time_column: str) -> tuple[int, Iterator[Ch
 
 
 def _seconds(path: Path, cell: Any, i: int) -> float:
+    """A time cell as seconds: a number (Unix time, or any origin), or an ISO 8601 date and
+    time (`2026-11-01T00:00:08.44`, `2026-11-01 00:00:08+01:00`; without an offset: UTC)."""
     try:
         value = float(cell)
     except (TypeError, ValueError):
-        value = math.nan
+        value = _iso_seconds(cell)
     if not math.isfinite(value):
-        raise DataError(f"{path}: event {i + 1}: time {cell!r} is not a number of seconds")
+        raise DataError(f"{path}: event {i + 1}: time {cell!r} is neither a number of seconds "
+                        "nor an ISO 8601 date and time")  # fmt: skip
     return value
+
+
+def _iso_seconds(cell: Any) -> float:
+    import datetime as dt
+
+    if isinstance(cell, dt.datetime):  # a Parquet timestamp column
+        when = cell
+    else:
+        try:
+            when = dt.datetime.fromisoformat(str(cell))
+        except ValueError:
+            return math.nan
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
 
 
 def _parquet(cfg: RecConfig, path: Path, time_column: str) -> tuple[int, Iterator[Chunk]]:

@@ -58,7 +58,7 @@ def stream() -> None:
 @click.option(
     "--time-column",
     default="",
-    help="The CSV or Parquet column holding each event's time, in seconds.",
+    help="The CSV or Parquet column holding each event's time: seconds, or ISO 8601.",
 )
 @click.option(
     "--per-entry",

@@ -11,6 +11,7 @@ import pytest
 from rec.broker import RedisBroker, redis_server_path
 from rec.config import config_from_dict
 from rec.data import make_source, write_criteo_tsv, write_csv
+from rec.data.errors import DataError
 from rec.data.replay import file_events, progress_line, replay, synthetic_events
 from rec.data.stream import StreamConfig
 from rec.data.stream_redis import RedisEventReader
@@ -125,3 +126,17 @@ def test_replay_refuses_what_it_cannot_do(broker, tmp_path):
     column = rec_in_process("stream", "replay", str(tmp_path / "train.csv"), "--time-column",
                             "when", "--to", broker.url("x"), "--config", path)  # fmt: skip
     assert column.returncode == 2 and "no column 'when'" in column.stdout
+
+
+def test_the_time_column_takes_seconds_or_iso_8601_and_names_a_bad_cell(tmp_path):
+    raw, cfg = _csv_config(tmp_path, n=3)
+    lines = (tmp_path / "train.csv").read_text().splitlines()
+    times = ["2026-11-01T00:00:08.5", "2026-11-01 00:00:09+00:00", "1793491210"]
+    timed = [lines[0] + ",ts"] + [f"{line},{t}" for line, t in zip(lines[1:], times, strict=True)]
+    (tmp_path / "timed.csv").write_text("\n".join(timed) + "\n")
+    _, chunks = file_events(cfg, tmp_path / "timed.csv", time_column="ts")
+    seconds = [t for _, ts in chunks for t in ts]
+    assert [s - seconds[0] for s in seconds] == [0.0, 0.5, 1793491210 - seconds[0]]
+    (tmp_path / "bad.csv").write_text(f"{lines[0]},ts\n{lines[1]},yesterday\n")
+    with pytest.raises(DataError, match=r"event 1: time 'yesterday' is neither a number"):
+        list(file_events(cfg, tmp_path / "bad.csv", time_column="ts")[1])
