@@ -81,4 +81,6 @@ def unknown_counts(
 def format_unknown(counts: dict[str, int]) -> str:
     """The summary line of unknown ids, per ZCH feature that has any."""
     each = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
-    return f"unknown ids (not in the model's ZCH maps, read as the default row), by feature: {each}"
+    return (f"unknown ids (not in the exported ZCH maps of --repo's version, read as the default "
+            f"row), by feature: {each}; a server applying fresh embeddings counts against its "
+            "live maps (rec_questionable_ids_total{reason=\"unknown\"})")  # fmt: skip

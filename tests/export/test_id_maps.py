@@ -307,7 +307,8 @@ def test_rec_server_and_triton_score_admitted_and_unknown_ids_as_the_artifact(zc
     unknown = _unknowns(run, probes)
     assert unknown["a"] > 0 and unknown["b"] > 0  # both tables' features have unknown ids
     rows_file = _write_jsonl(run.parent / "probe.jsonl", probes)
-    summary = "unknown ids (not in the model's ZCH maps, read as the default row), by feature: "
+    summary = "unknown ids (not in the exported ZCH maps of --repo's version, read as the default "
+    summary += "row), by feature: "
     summary += ", ".join(f"{f} {n}" for f, n in unknown.items() if n)
     ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
     with start_cpp(repo, **ports) as server:
