@@ -193,6 +193,13 @@ def main() -> None:
                 req = _request(cfg, maps, 512, g)
                 r["remap_b512_us"] = _remap_us(cfg, maps, req)
                 r["remap_share_of_b512_forward"] = r["remap_b512_us"] / r["forward_b512_us"]
+                # One thread: the remap's rate per core; the served map's bytes per slot
+                # (keys and used, as the artifact holds them; training's is rec plan's 57).
+                r["remap_ids_b512"] = int(req[2].numel())
+                r["remap_ids_per_s_per_core"] = r["remap_ids_b512"] / (r["remap_b512_us"] * 1e-6)
+                slots = sum(m[0].numel() for m in maps.values())
+                held = sum(m[0].nbytes + m[1].nbytes for m in maps.values())
+                r["served_map_bytes_per_slot"] = held / slots
                 r.update(_counting_us(cfg, maps, req, rounds=5))
             for batch in (1, 512):  # rec-bench's own in-process forward (C++), its requests
                 res = bench("forward", repo, "rec", batch, 1, 3.0, "--intra-op-threads", 1)
@@ -219,6 +226,10 @@ def main() -> None:
             f"| {r['cpp_forward_b1_p50_us']:.0f} / {r['cpp_forward_b512_p50_us']:.0f} us "
             f"| {r['server_http_b1_p50_us']:.0f} / {r['server_http_b512_p50_us']:.0f} us |"
         )
+    z = out["zch"]
+    print(f"remap: {z['remap_ids_b512']} ids in {z['remap_b512_us']:.0f} us, "
+          f"{z['remap_ids_per_s_per_core'] / 1e6:.0f} M ids/s on one core; served map "
+          f"{z['served_map_bytes_per_slot']:.0f} bytes per slot (training's: 57)")  # fmt: skip
 
 
 if __name__ == "__main__":
