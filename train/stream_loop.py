@@ -279,8 +279,8 @@ def fit_stream(t) -> dict[str, float]:
             step = t.pos.step
             if cfg.training.steps and step >= cfg.training.steps:
                 feed.stopping, feed.why = True, f"training.steps={cfg.training.steps} reached"
-            if t.zch is not None:
-                t._zch_round(step, False, progress)
+            if t.zch is not None:  # its summary line with the progress line, if they meet
+                t._zch_round(step, step % cfg.training.log_every == 0, progress)
             t0 = time.perf_counter()
             due = feed.stopping or feed.ended_due or t.checkpointer.due(step)
             feed.ended_due = False
