@@ -111,11 +111,11 @@ def test_a_zch_config_error_names_the_table():
     cases = [
         ({"ids": {"zch": {"slots": 20}}}, {}, "tables[goods]: rows=100 but ids.zch.slots=20"),
         ({"ids": {"zch": {"probes": 200}}}, {}, "tables[goods].ids.zch.probes=200"),
-        ({"ids": {"zch": {}}}, {"publish": {"url": "redis://h:1/s"}}, "ZCH tables ['goods']"),
         ({"ids": {"zch": {}}}, {"sharding": {"constraints": {
             "goods": {"sharding_types": ["data_parallel"]}}}}, "table 'goods' has ids.zch"),
-        ({"ids": {"zch": {}}}, {"export": {"store": {"url": "redis://h:1",
-                                                     "tables": ["goods"]}}}, "['goods']"),
+        ({"ids": {"zch": {}}}, {"export": {"store": {"url": "redis://h:1", "tables": ["goods"]}},
+                                "publish": {"url": "redis://h:1/s"}},
+         "publish.url with ZCH tables ['goods'] in export.store.tables"),
     ]  # fmt: skip
     for table, extra, message in cases:
         data = {"tables": [{**base["tables"][0], **table}], **extra}
