@@ -75,7 +75,7 @@ StreamFields Entry(const json& c, const std::set<std::string>& binary) {
 TEST(Golden, UpdateRecordsDecodeOrAreRefusedWithTheirReason) {
   const json g = Golden("update_record_golden.json");
   EXPECT_EQ(g.value("format", ""), kUpdateFormat);
-  EXPECT_EQ(g["formats"], json({kUpdateFormatV1, kUpdateFormat}));
+  EXPECT_EQ(g["formats"], json({kUpdateFormatV1, kUpdateFormatV2, kUpdateFormat}));
   EXPECT_EQ(g.value("max_rows", int64_t{0}), kMaxUpdateRows);
   EXPECT_EQ(g.value("max_dim", int64_t{0}), kMaxUpdateDim);
   const std::set<std::string> binary = g.contains("binary_fields")
@@ -106,6 +106,12 @@ TEST(Golden, UpdateRecordsDecodeOrAreRefusedWithTheirReason) {
       }
       EXPECT_EQ(*got, pairs) << c["name"] << " " << key;
     }
+    EXPECT_EQ(r.has_held, want.contains("held")) << c["name"];
+    std::vector<UpdateRecord::SlotId> held;
+    for (const json& p : want.value("held", json::array())) {
+      held.push_back({p[0].get<int64_t>(), p[1].get<int64_t>()});
+    }
+    EXPECT_EQ(r.held, held) << c["name"] << " held";
   }
   for (const json& c : Cases(g, "refused")) {
     UpdateRecord r;

@@ -14,8 +14,9 @@ the stream, not a database number (a number is refused, so `redis://h:6379/0` fa
 
 One stream entry is one record, every field a string or raw bytes:
 
-    format    "rec.updates/2" (FORMAT) for a record that changes an id map, else "rec.updates/1"
-              (FORMAT_V1); a reader takes both, so logs written before version 2 still read
+    format    "rec.updates/3" (FORMAT) for every record of a ZCH table, "rec.updates/1"
+              (FORMAT_V1) for any other; a reader takes all three versions, so logs written
+              before version 3 still read ("rec.updates/2", FORMAT_V2: version 3 without `held`)
     run       the run's id: the same for every publisher of one training run
     gen       the publisher's generation: 1 for a fresh run, +1 on every resume. Steps go back on
               a resume (it restarts at its checkpoint); a replica orders records by (gen, step)
@@ -46,6 +47,22 @@ the same record as its row, so a replica applies a slot's new id and its row tog
               after the record. Every admitted slot is one of `ids`, its row (the fresh row the
               id starts from) in `rows`. A slot both evicted and admitted changes hands
 
+Version 3 (the writer's for every record of a ZCH table, map changes or not) adds the raw id each
+row's slot holds, so a reader that keeps a ZCH table by raw id (the embedding store, its follower
+and the servers' row caches) needs no map to place a row:
+
+    holds     rows of `ids` whose slot holds an id after the record, at most MAX_ROWS
+    held      holds pairs (slot, raw id), slots strictly increasing, each one of `ids`: the id
+              the slot holds after the record (its evictions and admissions applied). A row of
+              `ids` not in `held` is of a slot holding no id: the table's default row (its last,
+              slot == slots) or a free slot, which no id reads. An admitted slot is in `held`
+              with its admitted id; a slot evicted and not admitted is not in it
+
+A replica that holds the map checks `held` against it after the record's changes (map_mismatch
+when a held slot holds another id or none, or a row's slot holds an id `held` does not give);
+one that keys the table by raw id writes each held row under its id, the default row as the
+table's default, and deletes each evicted id before writing the record's rows.
+
 A replica writes the rows, then the evictions, then the admissions, all under the lock a forward
 pass holds. It refuses the whole record (nothing changed) when a slot is not one of the table's
 slots or not in the admitted id's window (rec.zch.windows), when an admitted id is held by another
@@ -73,16 +90,19 @@ from typing import Any
 
 from rec.contract.io import EMBEDDING_DTYPES
 
-FORMAT = "rec.updates/2"
+FORMAT = "rec.updates/3"
+FORMAT_V2 = "rec.updates/2"
+"""A ZCH table's map changes without `held`: written before version 3, still read."""
 FORMAT_V1 = "rec.updates/1"
-"""Rows only: what a record with no id map change is written as (any reader takes it)."""
-FORMATS = (FORMAT_V1, FORMAT)
+"""Rows only: what a record of a table that is not ZCH is written as (any reader takes it)."""
+FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT)
 MAX_ROWS = 1 << 20
 """Rows in one record at most (the publisher sends 16,384); a reader refuses more."""
 MAX_DIM = 1 << 16
 DEFAULT_STREAM = "rec:updates"
 _INT_FIELDS = ("gen", "rank", "world", "step", "wall_ns", "dim", "count")
 _MAP_FIELDS = ("evicts", "admits")
+_HELD_FIELDS = ("holds",)
 _URL = re.compile(r"^redis://(?P<host>[^/:?#\s]+):(?P<port>\d{1,5})(?:/(?P<stream>[^?#\s]*))?$")
 
 
@@ -149,6 +169,9 @@ class UpdateRecord:
     """(slot, raw id) pairs: the id leaves the slot (format version 2)."""
     admitted: tuple[tuple[int, int], ...] = ()
     """(slot, raw id) pairs: the id takes the slot, with the slot's row in `ids`/`rows`."""
+    held: tuple[tuple[int, int], ...] | None = None
+    """(slot, raw id) pairs: the id each row's slot holds after the record (format version 3,
+    a ZCH table's); None: the record does not say (versions 1 and 2)."""
 
     @property
     def count(self) -> int:
@@ -165,10 +188,12 @@ def _pairs(pairs: tuple[tuple[int, int], ...]) -> bytes:
 
 
 def encode(rec: UpdateRecord) -> dict[str, Any]:
-    """The record's stream-entry fields (what XADD takes): version 2 only when it changes an
-    id map, so a log of rows alone stays readable by version 1 readers."""
+    """The record's stream-entry fields (what XADD takes): version 3 when it says which id each
+    row's slot holds (`held`: a ZCH table's), else version 2 when it changes an id map, else
+    version 1 (rows alone, readable by any reader)."""
+    changes = rec.evicted or rec.admitted
     fields = {
-        "format": FORMAT if rec.evicted or rec.admitted else FORMAT_V1,
+        "format": FORMAT if rec.held is not None else FORMAT_V2 if changes else FORMAT_V1,
         "run": rec.run,
         "gen": str(rec.gen),
         "rank": str(rec.rank),
@@ -183,9 +208,11 @@ def encode(rec: UpdateRecord) -> dict[str, Any]:
         "ids": struct.pack(f"<{rec.count}q", *rec.ids),
         "rows": rec.rows,
     }
-    if rec.evicted or rec.admitted:
+    if changes or rec.held is not None:
         fields.update(evicts=str(len(rec.evicted)), evicted=_pairs(rec.evicted),
                       admits=str(len(rec.admitted)), admitted=_pairs(rec.admitted))  # fmt: skip
+    if rec.held is not None:
+        fields.update(holds=str(len(rec.held)), held=_pairs(rec.held))
     return fields
 
 
@@ -206,7 +233,8 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
     if fmt not in FORMATS:
         raise UpdateError(f'update record: "format" must be one of {list(FORMATS)}, got {fmt!r}')
     ints: dict[str, int] = {}
-    for key in _INT_FIELDS + (_MAP_FIELDS if fmt == FORMAT else ()):
+    extra = {FORMAT_V1: (), FORMAT_V2: _MAP_FIELDS, FORMAT: _MAP_FIELDS + _HELD_FIELDS}[fmt]
+    for key in _INT_FIELDS + extra:
         text = _text(raw, key)
         if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) >= 1 << 63:
             raise UpdateError(
@@ -230,7 +258,7 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
                           f"got {dtype!r}")  # fmt: skip
     if count and not table:
         raise UpdateError('update record: "table" is empty but "count" is not 0')
-    for key in _MAP_FIELDS:
+    for key in _MAP_FIELDS + _HELD_FIELDS:
         if ints.get(key, 0) > MAX_ROWS:
             raise UpdateError(f'update record: "{key}" {ints[key]} is over {MAX_ROWS} slots')
     ids_raw, rows = raw.get("ids", b""), raw.get("rows", b"")
@@ -256,10 +284,36 @@ def decode(fields: dict[Any, Any]) -> UpdateRecord:
         if slot not in rowed:
             raise UpdateError(f'update record: "admitted" slot {slot} has no row in "ids": a '
                               "slot's new id comes with its row")  # fmt: skip
+    held = None
+    if fmt == FORMAT:
+        held = _decode_pairs(raw, "held", ints["holds"])
+        _check_held(held, rowed, evicted, admitted)
     return UpdateRecord(
         _text(raw, "run"), ints["gen"], ints["rank"], ints["world"], ints["step"],
         ints["wall_ns"], last == "1", table, dtype, ints["dim"], ids, rows, evicted, admitted,
+        held,
     )  # fmt: skip
+
+
+Pairs = tuple[tuple[int, int], ...]
+
+
+def _check_held(held: Pairs, rowed: set[int], evicted: Pairs, admitted: Pairs) -> None:
+    """Version 3's `held` agrees with the record: each held slot has a row, an admitted slot is
+    held by its admitted id, a slot only evicted is held by none."""
+    holder = dict(held)
+    for slot, _ in held:
+        if slot not in rowed:
+            raise UpdateError(f'update record: "held" slot {slot} has no row in "ids"')
+    for slot, raw_id in admitted:
+        if holder.get(slot) != raw_id:
+            raise UpdateError(f'update record: "held" does not give admitted slot {slot} its '
+                              f"id {raw_id}")  # fmt: skip
+    taken = {slot for slot, _ in admitted}
+    for slot, _ in evicted:
+        if slot in holder and slot not in taken:
+            raise UpdateError(f'update record: "held" slot {slot} is evicted and not admitted: '
+                              "it holds no id after the record")  # fmt: skip
 
 
 def _decode_pairs(raw: dict[str, bytes], key: str, n: int) -> tuple[tuple[int, int], ...]:

@@ -62,6 +62,8 @@ def _entry(case: dict) -> dict:
 @pytest.mark.parametrize("case", GOLDEN["valid"], ids=lambda c: c["name"])
 def test_a_golden_record_decodes_to_its_values(case):
     pairs = {k: tuple(map(tuple, case["record"].get(k, []))) for k in ("evicted", "admitted")}
+    if "held" in case["record"]:
+        pairs["held"] = tuple(map(tuple, case["record"]["held"]))
     want = dict(case["record"], ids=tuple(case["record"]["ids"]),
                 rows=bytes.fromhex(case["record"]["rows"]), **pairs)  # fmt: skip
     assert decode(_entry(case)) == UpdateRecord(**want)
@@ -85,6 +87,14 @@ def test_a_record_without_map_changes_stays_version_1_and_one_with_them_is_versi
     fields = encode(rec)
     assert fields["format"] == "rec.updates/2" and fields["admitted"] == struct.pack("<2q", 7, -5)
     assert decode(fields) == rec
+
+
+def test_a_record_that_says_which_id_each_slot_holds_is_version_3_even_without_map_changes():
+    rec = _rec(held=((1, -3),))
+    fields = encode(rec)
+    assert fields["format"] == "rec.updates/3" and fields["held"] == struct.pack("<2q", 1, -3)
+    assert fields["evicts"] == "0" and decode(fields) == rec
+    assert encode(_rec(held=()))["holds"] == "0"
 
 
 @pytest.mark.parametrize("case", GOLDEN["zch_home"], ids=lambda c: f"{c['id']}-{c['slots']}")

@@ -48,6 +48,35 @@ Status DecodePairs(const std::map<std::string, const std::string*>& by_name, con
   return Status::Ok();
 }
 
+// Version 3's `held` agrees with the record: each held slot has a row, an admitted slot is held
+// by its admitted id, a slot only evicted is held by none. Every list is sorted by slot.
+Status CheckHeld(const UpdateRecord& r) {
+  auto find = [](const std::vector<UpdateRecord::SlotId>& list, int64_t slot) {
+    auto it = std::lower_bound(list.begin(), list.end(), slot,
+                               [](const UpdateRecord::SlotId& e, int64_t s) { return e.slot < s; });
+    return it != list.end() && it->slot == slot ? &*it : nullptr;
+  };
+  for (const auto& h : r.held) {
+    if (!std::binary_search(r.ids.begin(), r.ids.end(), h.slot)) {
+      return Bad("\"held\" slot " + std::to_string(h.slot) + " has no row in \"ids\"");
+    }
+  }
+  for (const auto& a : r.admitted) {
+    const UpdateRecord::SlotId* h = find(r.held, a.slot);
+    if (h == nullptr || h->id != a.id) {
+      return Bad("\"held\" does not give admitted slot " + std::to_string(a.slot) + " its id " +
+                 std::to_string(a.id));
+    }
+  }
+  for (const auto& e : r.evicted) {
+    if (find(r.held, e.slot) != nullptr && find(r.admitted, e.slot) == nullptr) {
+      return Bad("\"held\" slot " + std::to_string(e.slot) +
+                 " is evicted and not admitted: it holds no id after the record");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
@@ -61,13 +90,15 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
   };
   const std::string* v = nullptr;
   REC_RETURN_IF_ERROR(text("format", &v));
-  if (*v != kUpdateFormat && *v != kUpdateFormatV1) {
+  if (*v != kUpdateFormat && *v != kUpdateFormatV2 && *v != kUpdateFormatV1) {
     return Bad(std::string("\"format\" must be one of ['") + kUpdateFormatV1 + "', '" +
-               kUpdateFormat + "'], got " + Quoted(*v));
+               kUpdateFormatV2 + "', '" + kUpdateFormat + "'], got " + Quoted(*v));
   }
-  const bool v2 = *v == kUpdateFormat;
+  const bool v3 = *v == kUpdateFormat;
+  const bool v2 = v3 || *v == kUpdateFormatV2;
   std::vector<const char*> int_fields = {"gen", "rank", "world", "step", "wall_ns", "dim", "count"};
   if (v2) int_fields.insert(int_fields.end(), {"evicts", "admits"});
+  if (v3) int_fields.push_back("holds");
   std::map<std::string, int64_t> ints;
   for (const char* key : int_fields) {
     REC_RETURN_IF_ERROR(text(key, &v));
@@ -104,7 +135,7 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
                std::to_string(kMaxUpdateDim));
   }
   if (count > 0 && out->table.empty()) return Bad("\"table\" is empty but \"count\" is not 0");
-  for (const char* key : {"evicts", "admits"}) {
+  for (const char* key : {"evicts", "admits", "holds"}) {
     if (ints[key] > kMaxUpdateRows) {
       return Bad(std::string("\"") + key + "\" " + std::to_string(ints[key]) + " is over " +
                  std::to_string(kMaxUpdateRows) + " slots");
@@ -145,6 +176,11 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
       return Bad("\"admitted\" slot " + std::to_string(a.slot) +
                  " has no row in \"ids\": a slot's new id comes with its row");
     }
+  }
+  out->has_held = v3;
+  if (v3) {
+    REC_RETURN_IF_ERROR(DecodePairs(by_name, "held", ints["holds"], &out->held));
+    REC_RETURN_IF_ERROR(CheckHeld(*out));
   }
   out->rows = rows;
   out->gen = ints["gen"];

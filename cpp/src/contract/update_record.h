@@ -1,7 +1,8 @@
-// The update log's record (rec.contract.updates, formats "rec.updates/1" and "/2"): decoding one
-// Redis stream entry and checking it, with the same refusal sentences as the Python reader.
-// Version 2 adds a ZCH table's id map changes (evicted and admitted (slot, raw id) pairs), each
-// admitted slot's row in the same record.
+// The update log's record (rec.contract.updates, formats "rec.updates/1", "/2" and "/3"):
+// decoding one Redis stream entry and checking it, with the same refusal sentences as the Python
+// reader. Version 2 adds a ZCH table's id map changes (evicted and admitted (slot, raw id) pairs),
+// each admitted slot's row in the same record; version 3 adds the raw id each row's slot holds
+// after the record (`held`), so a reader keeping the table by raw id needs no map.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,8 @@
 
 namespace rec {
 
-inline constexpr const char* kUpdateFormat = "rec.updates/2";
+inline constexpr const char* kUpdateFormat = "rec.updates/3";
+inline constexpr const char* kUpdateFormatV2 = "rec.updates/2";  // map changes, no `held`
 inline constexpr const char* kUpdateFormatV1 = "rec.updates/1";  // rows only: still read
 inline constexpr const char* kDefaultUpdateStream = "rec:updates";
 // Bounds of one record (rec.contract.updates MAX_ROWS, MAX_DIM): a reader refuses more before
@@ -44,6 +46,11 @@ struct UpdateRecord {
   };
   std::vector<SlotId> evicted;
   std::vector<SlotId> admitted;
+  // Version 3 (has_held): the id each row's slot holds after the record, slots strictly
+  // increasing, each one of `ids`; a row not in it is of a slot holding no id (the default row,
+  // or a free slot).
+  bool has_held = false;
+  std::vector<SlotId> held;
   bool changes_map() const { return !evicted.empty() || !admitted.empty(); }
 };
 
