@@ -157,7 +157,7 @@ class Producer:
         pipe.execute()
 
 
-def http_scorer(endpoint: str):
+def http_scorer(endpoint: str, model: str):
     """A function: request -> (scores [B, tasks], (the version that answered, the step of the
     newest rows it applied from the update log: -1 for none))."""
     import tritonclient.http as httpclient
@@ -172,7 +172,7 @@ def http_scorer(endpoint: str):
             i = httpclient.InferInput(name, list(arr.shape), DTYPES[name])
             i.set_data_from_numpy(arr)
             inputs.append(i)
-        result = client.infer("rec", inputs)
+        result = client.infer(model, inputs)
         response = result.get_response()
         step = response.get("parameters", {}).get("embedding_watermark_step", -1)
         return result.as_numpy("scores"), (int(response["model_version"]), step)
@@ -294,6 +294,40 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def link_copy(src: Path, dst: Path) -> None:
+    """A copy of repository `src` whose files over 1 MB (tables.bin, model files) are hard links:
+    AOTInductor's tables.bin is mapped private, so servers over links of one file share its
+    pages in the page cache and each holds only the pages its update log wrote. The small files
+    are copied, so that `export --follow` rewriting one in place leaves the other repositories."""
+
+    def copy(a: str, b: str) -> None:
+        if os.path.getsize(a) > 1 << 20:
+            os.link(a, b)
+        else:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=copy)
+
+
+def role(cmdline: str) -> str:
+    """The part of the run a process plays, from its command line (for the memory table)."""
+    if "rec-server" in cmdline:
+        return "rec-server " + next((n for i, n in enumerate(SERVERS) if f"repo_{i}" in cmdline),
+                                    "?")  # fmt: skip
+    if cmdline.startswith("RANK="):
+        return f"training rank {cmdline.split()[0][5:]}"
+    for part, name in (("--follow", "export --follow"), ("forkserver", "export --follow's exports"),
+                       (" export ", "rec export (warm-up)"), (" train ", "rec train (launcher)"),
+                       ("redis-server", "redis-server"), ("stream replay", "rec stream replay"),
+                       ("freshness_value", "benchmark (producer, scoring client)"),
+                       ("python3 -", "Python helpers (compile workers and the like)")):  # fmt: skip
+        if part in cmdline:
+            return name
+    if os.path.basename(cmdline.split(" ")[0]) in ("g++", "cc1plus", "as", "ld", "collect2"):
+        return "AOTInductor's compiler (g++, cc1plus, as, ld)"
+    return "other: " + cmdline[:60]
+
+
 def start_servers(repos: dict, url: str) -> dict:
     from rec.serve.cpp import launch_cpp
 
@@ -332,10 +366,20 @@ def live(args, prod: Producer, train: subprocess.Popen) -> float:
 
 
 def freshness(args) -> None:
+    from rec.benchmarking import MemWatch, mem_available
     from rec.broker import RedisBroker
     from rec.config import load_config
 
+    avail = mem_available() / 1e9
+    if avail < args.min_available_gb:
+        sys.exit(f"only {avail:.1f} GB available, below --min-available-gb {args.min_available_gb}")
     work = Path(tempfile.mkdtemp(prefix="rec-fresh-value-"))
+
+    def out_of_memory() -> None:
+        log(f"MemAvailable below {args.mem_floor_gb} GB: stopping the run")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    mem = MemWatch(os.getpid(), role, floor=int(args.mem_floor_gb * 1e9), on_floor=out_of_memory)
     broker = RedisBroker(work / "redis")
     events_url, updates_url = broker.url("rec:events"), broker.url("rec:updates")
     # Drift is per data.synthetic.train_samples positions: scaled so that it is args.drift per
@@ -345,15 +389,20 @@ def freshness(args) -> None:
     drift = {"train_samples": total, "teacher_drift": args.drift * scale,
              "popularity_drift": args.drift * scale, "churn": args.churn * scale}  # fmt: skip
     config = write_config(work, args.config, drift, {
-        "training": {"steps": 0, "eval_every": 0, "lr_schedule": "constant"},
-        "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3},
+        # The profiler off: its 10 steps hold up to 1.4 GiB more per rank at Kaggle size.
+        "training": {"steps": 0, "eval_every": 0, "lr_schedule": "constant", "profile_steps": 0},
+        "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": args.keep_last},
         "publish": {"url": updates_url},
-        "export": {"eval_batches": 2},
-        "data": {"stream": {"url": events_url, "idle_exit_s": 4.0}},
+        "export": {"eval_batches": 2, **({"format": args.format} if args.format else {})},
+        "data": {"stream": {"url": events_url, "idle_exit_s": args.idle_exit_s}},
     })  # fmt: skip
     cfg = load_config(str(config))
+    from rec.contract.formats import FORMATS, resolve
+
+    model = FORMATS[resolve(cfg.export.format)[0]].model_dir_name(cfg.export.model_name)
     load_before = os.getloadavg()
-    log(f"work in {work}; {machine()['cpu']}; load {load_before[0]:.1f}")
+    log(f"work in {work}; {machine()['cpu']}; load {load_before[0]:.1f}; {avail:.1f} GB "
+        f"available; serving {model}")  # fmt: skip
     run, train_log = work / "run", work / "train.log"
     servers: dict = {}
     procs: list[subprocess.Popen] = []
@@ -368,12 +417,13 @@ def freshness(args) -> None:
         repos = {name: work / f"repo_{i}" for i, name in enumerate(SERVERS)}
         run_rec("export", str(run), "--repo", str(repos["frozen"]), log_path=work / "export.log")
         for name in SERVERS[1:]:
-            shutil.copytree(repos["frozen"], repos[name])
+            link_copy(repos["frozen"], repos[name])
         servers = start_servers(repos, updates_url)
-        clients = {name: http_scorer(s.endpoints.http) for name, s in servers.items()}
+        clients = {name: http_scorer(s.endpoints.http, model) for name, s in servers.items()}
         saved = yaml.safe_load((run / "config.yaml").read_text())
         saved["checkpoint"]["every_seconds"] = float(args.dense_every_s)
-        saved["data"]["stream"]["idle_exit_s"] = 15.0  # the live part's end stops it
+        # The live part's end stops it; longer than any one step (a step's time counts as idle).
+        saved["data"]["stream"]["idle_exit_s"] = max(15.0, 2 * args.idle_exit_s)
         (run / "config.yaml").write_text(yaml.safe_dump(saved))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(train_log, "a") as out:
@@ -382,12 +432,13 @@ def freshness(args) -> None:
                                           stderr=subprocess.STDOUT, env=env))  # fmt: skip
         with open(work / "follow.log", "w") as out:
             procs.append(subprocess.Popen([REC, "export", "--follow", str(run), "--repo",
-                                           str(repos["rows+dense"]), "--keep", "3"], stdout=out,
+                                           str(repos["rows+dense"]), "--keep", str(args.keep)],
+                                          stdout=out,
                                           stderr=subprocess.STDOUT, env=env))  # fmt: skip
         prod = Producer(cfg, events_url, clients, args.warm)
         # The live part starts once the resumed run reads the stream (its start-up is not live).
         wait_for(lambda: train_log.read_text().count("training from ") >= 2 or
-                 procs[0].poll() is not None, 300, "rec train --resume to start")  # fmt: skip
+                 procs[0].poll() is not None, 900, "rec train --resume to start")  # fmt: skip
         log(f"live: {args.rate:,} events/s for {args.live_s} s in chunks of {args.chunk}, each "
             f"scored by {', '.join(SERVERS)} before it is sent; dense versions every "
             f"{args.dense_every_s} s")  # fmt: skip
@@ -404,6 +455,8 @@ def freshness(args) -> None:
             "config": args.config or "embedded default", **machine(),
             "date": time.strftime("%Y-%m-%d"),
             "command": "benchmarks/freshness_value.py " + " ".join(sys.argv[1:]),
+            "export_format": cfg.export.format, "checkpoint_keep_last": args.keep_last,
+            "follow_keep": args.keep, "mem_available_before_gb": round(avail, 2),
             "nproc": args.nproc, "warm_events": args.warm, "live_s": args.live_s,
             "rate": args.rate, "chunk": args.chunk, "max_behind": args.max_behind,
             "held_back_s": round(prod.held_s, 1), "dense_every_s": args.dense_every_s,
@@ -421,6 +474,8 @@ def freshness(args) -> None:
             "follow_lines": (work / "follow.log").read_text().splitlines()[-20:],
         }  # fmt: skip
     finally:
+        memory = mem.summary()
+        log(f"memory: {json.dumps(memory)}")
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -428,6 +483,7 @@ def freshness(args) -> None:
         for s in servers.values():
             s.stop()
         broker.stop()
+    result["memory"] = memory
     finish(result, args, work)
 
 
@@ -587,6 +643,15 @@ def main() -> None:
     p.add_argument("--churn", type=float, default=1.0, help="share of ids replaced per horizon")
     p.add_argument("--horizon", type=int, default=400_000, help="events --drift and --churn span")
     p.add_argument("--windows", type=int, default=9)
+    p.add_argument("--format", default="", help="export.format (default: the config's)")
+    p.add_argument("--idle-exit-s", type=float, default=4.0,
+                   help="the warm-up stops after this long without an event")  # fmt: skip
+    p.add_argument("--keep-last", type=int, default=3, help="checkpoint.keep_last")
+    p.add_argument("--keep", type=int, default=3, help="export --follow's --keep")
+    p.add_argument("--min-available-gb", type=float, default=0.0,
+                   help="refuse to start with less memory available than this")  # fmt: skip
+    p.add_argument("--mem-floor-gb", type=float, default=1.0,
+                   help="stop the run if MemAvailable falls below this (others' jobs)")  # fmt: skip
     p.add_argument("--throughput", action="store_true", help="stream vs file samples/s instead")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--steps", type=int, default=200, help="--throughput: steps per run")

@@ -2,7 +2,8 @@
 started (`.venv/bin/python benchmarks/<script>.py` puts only benchmarks/ on sys.path, and no script
 imports another).
 
-- memory: the peak RSS of a command's process tree (`run_watched`, `TreeWatch`);
+- memory: the peak RSS of a command's process tree (`run_watched`, `TreeWatch`), and each
+  process's shared and private pages while a run goes on (`MemWatch`);
 - rec-server: a server with the benchmarks' threads (`Server`), a copy of a model with batching
   on or off (`batching_repo`), a run of the C++ load generator rec-bench (`bench`,
   `median_run`);
@@ -100,6 +101,100 @@ class TreeWatch:
                 r = int(cmd.split()[0][5:])
                 out[r] = max(out.get(r, 0), b)
         return out
+
+
+_ROLLUP = ("Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty")
+
+
+def smaps_rollup(pid: int) -> dict[str, int] | None:
+    """Bytes of /proc/<pid>/smaps_rollup's Rss, Pss, Shared_* and Private_*: Pss splits each
+    shared page among the processes mapping it, so summed over processes it is their real use."""
+    try:
+        lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        if key in _ROLLUP:
+            out[key] = int(rest.split()[0]) * 1024
+    return out or None
+
+
+def mem_available() -> int:
+    """The machine's MemAvailable, bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class MemWatch:
+    """Every `interval` s: each process under `pid` (its smaps_rollup and VmHWM, keyed by
+    `role(cmdline)`), the sum of their Pss, and MemAvailable; calls `on_floor` once if
+    MemAvailable falls below `floor` bytes (the caller stops its run before others' jobs are
+    killed). `summary()`: per role, the peaks over its processes."""
+
+    pid: int
+    role: Callable[[str], str]
+    interval: float = 2.0
+    floor: int = 0
+    on_floor: Callable[[], None] | None = None
+    per_pid: dict[int, dict] = field(default_factory=dict)
+    total_pss_peak: int = 0
+    available_min: int = 0
+
+    def __post_init__(self) -> None:
+        self.available_min = mem_available()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self, pid: int) -> int:
+        st, roll = _status(pid), smaps_rollup(pid)
+        if st is None or roll is None:
+            return 0
+        rec = self.per_pid.setdefault(pid, {"role": self.role(st[0]), "hwm": 0, "samples": 0})
+        rec["hwm"] = max(rec["hwm"], st[1])
+        rec["samples"] += 1
+        if roll["Pss"] >= rec.get("Pss", -1):  # the sample at its largest Pss, whole
+            rec.update(roll)
+        return roll["Pss"]
+
+    def _run(self) -> None:
+        fired = False
+        while not self._stop.is_set():
+            total, todo = 0, [self.pid]
+            while todo:
+                p = todo.pop()
+                total += self._sample(p)
+                todo += child_pids(p)
+            self.total_pss_peak = max(self.total_pss_peak, total)
+            avail = mem_available()
+            self.available_min = min(self.available_min, avail)
+            if avail < self.floor and not fired and self.on_floor is not None:
+                fired = True
+                self.on_floor()
+            self._stop.wait(self.interval)
+
+    def summary(self) -> dict:
+        """Per role (GB): peak VmHWM over its processes, and the largest-Pss sample's Rss, Pss,
+        shared and private pages; the processes seen; the total Pss peak and MemAvailable's low."""
+        self._stop.set()
+        self._thread.join()
+        gb = 1e9
+        roles: dict[str, dict] = {}
+        for rec in self.per_pid.values():
+            r = roles.setdefault(rec["role"], {"processes": 0, "peak_rss_gb": 0.0})
+            r["processes"] += 1
+            r["peak_rss_gb"] = max(r["peak_rss_gb"], round(rec["hwm"] / gb, 3))
+            if rec.get("Pss", 0) / gb >= r.get("pss_gb", -1):
+                r["pss_gb"] = round(rec["Pss"] / gb, 3)
+                r["at_peak_pss_gb"] = {k: round(rec[k] / gb, 3) for k in _ROLLUP}
+        return {"roles": dict(sorted(roles.items())),
+                "total_pss_peak_gb": round(self.total_pss_peak / gb, 3),
+                "mem_available_min_gb": round(self.available_min / gb, 3)}  # fmt: skip
 
 
 def run_watched(cmd: list[str], log_path: Path | None = None, **kwargs) -> tuple[float, TreeWatch]:
