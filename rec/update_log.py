@@ -23,6 +23,9 @@ tests, benchmarks, the demo and a resuming publisher look into a stream) all rea
       record's rows, evictions and admissions are written under the same lock, in that order.
       A map record of the (gen, step) its rank's newest record has, with every change already
       in place, is one the publisher sent again: its rows are written again, its map is left;
+    - a record that says which raw id each row's slot holds (format version 3, `held`) is
+      refused as map_mismatch when that disagrees with the map after its changes (a table kept
+      by raw id in the store has no map: `held` is where its rows go);
     - rows of records at or before the export's (gen, step) are skipped: the export holds them;
     - the watermark is the smallest (gen, step) over the run's ranks of their newest complete
       publish (`last`), once every rank has completed one; the first record of a newer
@@ -231,6 +234,28 @@ class ServedMap:
             admitted.add(raw)
         return None
 
+    def check_held(self, table: str, rec: UpdateRecord) -> str | None:
+        """Why `rec`'s `held` (format version 3: the id each row's slot holds after the record)
+        disagrees with this map once the record's changes are in it, or None."""
+        if rec.held is None or not rec.ids:
+            return None
+        after = {slot: None for slot, _ in rec.evicted} | dict(rec.admitted)
+        held = dict(rec.held)
+        kept = [s for s in rec.ids if s < self.slots and s not in after]  # slots that keep theirs
+        if kept:
+            import torch
+
+            index = torch.tensor(kept, dtype=torch.int64)
+            keys, used = self.copies[0]
+            now = zip(keys[index].tolist(), used[index].tolist(), strict=True)
+            after.update({s: k if u else None for s, (k, u) in zip(kept, now, strict=True)})
+        for slot in rec.ids:
+            want = after.get(slot)  # the default row (slot == slots) holds no id
+            if held.get(slot) != want:
+                return (f"map mismatch: slot {slot} of {table!r} holds id {want} after the record, "
+                        f"the record says {held.get(slot)}")  # fmt: skip
+        return None
+
     def in_place(self, rec: UpdateRecord) -> bool:
         """Whether every change of `rec` is already in the map: each admitted slot holds its id,
         and no slot only evicted holds its evicted id."""
@@ -274,6 +299,9 @@ class Applier:
                  maps: dict[str, ServedMap] | None = None) -> None:  # fmt: skip
         self.tables, self.stored, self.export, self.run = tables, stored or {}, export, run
         self.maps = maps or {}
+        self.raw_keyed: set[str] = set()
+        """Stored tables keyed by raw id (ZCH tables in the store): no map, their records place
+        rows by `held` (format version 3), a subclass's write() says how."""
         self.lock = threading.Lock()
         self.rows: dict[str, dict[int, bytes]] = {}
         self.rank_version: dict[int, tuple[int, int]] = {}
@@ -287,6 +315,8 @@ class Applier:
 
     def write(self, rec: UpdateRecord) -> None:
         """Puts the rows of `rec` (checked, newer than the export) where they are served."""
+        if not rec.count:
+            return
         width = len(rec.rows) // rec.count
         table = self.rows.setdefault(rec.table, {})
         for i, row_id in enumerate(rec.ids):
@@ -315,10 +345,11 @@ class Applier:
                     outcome = why.split(":")[0].replace(" ", "_")
                     self.refused[outcome] += 1
                     return outcome, why
-                if rec.count:
-                    self.write(rec)
-                if (rec.evicted or rec.admitted) and not self._resent(rec):
-                    self.maps[rec.table].write(rec)
+                if rec.count or (rec.evicted and rec.table in self.raw_keyed):
+                    self.write(rec)  # a raw-keyed table's evictions delete ids: write() too
+                served = self.maps.get(rec.table)
+                if (rec.evicted or rec.admitted) and served is not None and not self._resent(rec):
+                    served.write(rec)
                 self.applied_rows += rec.count
             self.run = self.run or rec.run
             self._advance(rec)
@@ -341,15 +372,20 @@ class Applier:
         return None
 
     def _check_map(self, rec: UpdateRecord) -> str | None:
-        """Why the map changes of `rec` (checked, newer than the export) cannot apply, or None;
-        after the export's records are skipped, since the export's map already holds theirs."""
-        if not (rec.evicted or rec.admitted):
-            return None
-        if rec.table not in self.maps:
-            return f"slot range: {rec.table!r} is not a ZCH table of the served model: no slots"
-        if self._resent(rec):
-            return None
-        return self.maps[rec.table].check(rec.table, rec)
+        """Why the map changes of `rec` (checked, newer than the export) cannot apply, or why
+        its `held` ids disagree with the map, or None; after the export's records are skipped,
+        since the export's map already holds theirs. A table served without a map (a modulo
+        one, or one the store keys by raw id) reads no `held`."""
+        served = self.maps.get(rec.table)
+        if rec.evicted or rec.admitted:
+            if served is None and rec.table not in self.raw_keyed:
+                return (f"slot range: {rec.table!r} is not a ZCH table of the served model: "
+                        "no slots")  # fmt: skip
+            if served is not None and not self._resent(rec):
+                why = served.check(rec.table, rec)
+                if why is not None:
+                    return why
+        return served.check_held(rec.table, rec) if served is not None else None
 
     def _resent(self, rec: UpdateRecord) -> bool:
         """A map record sent again (the publisher re-sends a batch after a broker error): of the

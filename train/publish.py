@@ -18,7 +18,9 @@ publishing on, the planner is kept to those types (rec.train.sharding), so every
 ZCH tables (rec.zch): every rank holds every id map, and an admission round changes the same
 slots on all of them. Each rank publishes the changes of the slots whose rows it holds
 (`publish_map`, right after the round reset those rows), a slot's new id in the same record as
-its fresh row, so a replica never serves the new id with the old id's row or the reverse. The
+its fresh row, so a replica never serves the new id with the old id's row or the reverse. Every
+record of a ZCH table also says which raw id each of its rows' slots holds (format
+rec.updates/3's `held`), so the embedding store, keyed by raw id, can place the rows. The
 records go in the queue behind every publish before the round, and before any row trained
 after it: the log holds a slot's rows in the order training wrote them.
 """
@@ -279,8 +281,22 @@ class UpdatePublisher:
         return self._map_records(step, wall_ns, shard, evicted, admitted)
 
     def _record(self, step, wall_ns, table, dtype, dim, ids, rows) -> UpdateRecord:
+        held = self._held(table, ids)
         return UpdateRecord(self.ident.run, self.ident.gen, self.rank, self.world, step, wall_ns,
-                            False, table, dtype, dim, ids, rows)  # fmt: skip
+                            False, table, dtype, dim, ids, rows, held=held)  # fmt: skip
+
+    def _held(self, table: str, ids: tuple[int, ...]) -> tuple[tuple[int, int], ...] | None:
+        """A ZCH table's rows: the raw id each slot of `ids` holds in the map now, which is the
+        map after the record (a round's records are made after its changes, a resume's from the
+        checkpoint's map they restore); slots holding none (the default row, a free slot) are
+        left out. None for any other table (format version 1 or 2)."""
+        if self.zch is None or table not in self.zch.maps:
+            return None
+        m = self.zch.maps[table]
+        slots = torch.tensor(ids, dtype=torch.int64)
+        slots = slots[slots < m.slots]  # the default row (slot == slots) holds no id
+        slots = slots[m.used[slots]]
+        return tuple(zip(slots.tolist(), m.keys[slots].tolist(), strict=True))
 
     def _check_sender(self) -> None:
         if self.error is not None:

@@ -298,6 +298,11 @@ def test_a_zch_run_publishes_its_rounds_and_a_resume_restores_the_maps_a_dead_ru
         assert re.search(r"re-sent [1-9]\d* rows at their step-8 values", out), out
         records = [r for _, r in read_records(url)]
 
+    # Every t0 record says which raw id each row's slot holds (rec.updates/3); the Applier
+    # below refuses one whose ids disagree with the map it keeps (map_mismatch).
+    zch_records = [r for r in records if r.table == "t0"]
+    assert all(r.held is not None for r in zch_records) and any(r.held for r in zch_records)
+    assert all(r.held is None for r in records if r.table and r.table != "t0")
     dead = [r for r in records if r.gen == 1 and r.step == 12]
     assert any(r.admitted for r in dead) and any(r.evicted for r in dead)  # round 12: lfu
     restore = [r for r in records if r.gen == 2 and r.step == 8]
