@@ -5,7 +5,8 @@ One follower per stored version. It reads the log (rec.contract.updates) from wh
 stopped, through rec.update_log.LogReader (a broker that goes away is retried from the same
 entry), applies each record by the servers' rules (rec.update_log.Applier: same run, in order,
 checked, rows newer than the export only) and writes the accepted rows with one pipelined HSET
-per partition. The store keeps the follower's place in the version's meta hash (`follow_id`,
+per partition (a ZCH table's by raw id, from rec.updates/3's `held`, its evicted ids
+deleted). The store keeps the follower's place in the version's meta hash (`follow_id`,
 and the watermark it reached as `follow_gen`, `follow_step`), so a restarted follower goes on
 from there and never re-applies an older record over a newer one.
 
@@ -27,8 +28,14 @@ from dataclasses import dataclass
 
 from rec.contract.manifest import Manifest
 from rec.contract.sections import StoreSection, UpdatesSection
-from rec.contract.store import StoreError, meta_key, partition_key
-from rec.contract.updates import UpdateError, UpdateRecord, parse_url
+from rec.contract.store import (
+    DEFAULT_FIELD,
+    StoreError,
+    meta_key,
+    partition_key,
+    raw_id_partition,
+)
+from rec.contract.updates import FORMAT_V2, UpdateError, UpdateRecord, parse_url
 from rec.update_log import Applier, Entry, LogReader, ServedTable
 
 READ_ENTRIES = 256
@@ -46,7 +53,13 @@ class FollowStats:
 
 
 class StoreApplier(Applier):
-    """Applier whose rows go into the stored tables' partition hashes under `prefix`."""
+    """Applier whose rows go into the stored tables' partition hashes under `prefix`.
+
+    A ZCH table the store keys by raw id (rec.store/2) takes only records that say which id
+    each row's slot holds (rec.updates/3's `held`): a record's evicted ids are deleted, then each
+    held row is written under its raw id and the default row (the table's last) as the table's
+    default; a row of a free slot is not written (no id reads it). Evictions go first, so an id
+    a record both evicts and places (another slot) keeps its row."""
 
     def __init__(self, store: StoreSection, updates: UpdatesSection, client) -> None:
         tables = store.tables
@@ -54,25 +67,41 @@ class StoreApplier(Applier):
             tables={},
             export=(updates.gen, updates.step),
             run=updates.run or "",
-            # Not a ZCH table keyed by raw id: the log's rows of it are by slot (its records
-            # are refused as another table's; rec.config refuses publish.url with one).
-            stored={
-                n: ServedTable(t.rows, t.dim, t.dtype) for n, t in tables.items() if t.keys == "row"
-            },
+            stored={n: ServedTable(t.rows, t.dim, t.dtype) for n, t in tables.items()},
         )
+        self.raw_keyed = {n for n, t in tables.items() if t.keys != "row"}
         self.prefix, self.partitions, self.client = store.prefix, tables, client
         self.pipe = client.pipeline(transaction=False)
         self.pending = 0
 
+    def _check_map(self, rec: UpdateRecord) -> str | None:
+        if rec.table in self.raw_keyed and rec.held is None:
+            return (f"row format: {rec.table!r} is stored by raw id, and a record of format "
+                    f"{FORMAT_V2!r} or older does not say which id a row is")  # fmt: skip
+        return super()._check_map(rec)
+
     def write(self, rec: UpdateRecord) -> None:
         parts = self.partitions[rec.table].partitions
-        width = len(rec.rows) // rec.count
+        width = len(rec.rows) // rec.count if rec.count else 0
+        row_of = {slot: rec.rows[i * width : (i + 1) * width] for i, slot in enumerate(rec.ids)}
         groups: dict[int, dict[str, bytes]] = {}
-        for i, row in enumerate(rec.ids):
-            groups.setdefault(row % parts, {})[str(row)] = rec.rows[i * width : (i + 1) * width]
+        if rec.table in self.raw_keyed:
+            gone: dict[int, list[str]] = {}
+            for _, raw_id in rec.evicted:
+                gone.setdefault(raw_id_partition(raw_id, parts), []).append(str(raw_id))
+            for p, fields in gone.items():  # before the rows: see the class docstring
+                self.pipe.hdel(partition_key(self.prefix, rec.table, p), *fields)
+            for slot, raw_id in rec.held or ():
+                groups.setdefault(raw_id_partition(raw_id, parts), {})[str(raw_id)] = row_of[slot]
+            default = self.partitions[rec.table].rows - 1
+            if default in row_of:
+                groups.setdefault(0, {})[DEFAULT_FIELD] = row_of[default]
+        else:
+            for slot, row in row_of.items():
+                groups.setdefault(slot % parts, {})[str(slot)] = row
         for p, fields in groups.items():
             self.pipe.hset(partition_key(self.prefix, rec.table, p), mapping=fields)
-        self.pending += rec.count
+        self.pending += rec.count + len(rec.evicted)
         if self.pending >= FLUSH_ROWS:
             self.flush()
 
