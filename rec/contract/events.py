@@ -65,6 +65,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -224,15 +225,12 @@ def decode_events(events: list[Any], spec: FeatureSpec) -> Events:
         labels = [_numbers(rows, c, bad, label=True) for c in spec.labels]
         dense = [_numbers(rows, d.column, bad, label=False) for d in spec.dense]
         numeric = np.stack(labels + dense, axis=1).reshape(n, t + len(dense))
-    bags = _hex_matrix(rows, spec)
-    for f, s in enumerate(spec.sparse):
-        if f not in bags:
-            bags[f] = _bags(rows, s.column, s.separator, s.encoding, bad)
-    good = np.array([i not in bad for i in range(n)], dtype=bool)
-    lengths = np.stack([bags[f][0] for f in range(len(bags))], axis=1).reshape(n, len(bags))
-    per_feature = [ids[np.repeat(good, lens)] for lens, ids in (bags[f] for f in range(len(bags)))]
-    lengths = lengths[good]
-    values = to_batch_major(lengths, per_feature)
+    ints = None if bad else _int_matrix(rows, [s.column for s in spec.sparse])
+    if ints is not None:  # every event good, every sparse cell an integer or a list of them
+        lengths, values = ints
+        good = np.ones(n, dtype=bool)
+    else:
+        lengths, values, good = _sparse_by_column(rows, spec, bad)
     return Events(
         labels=numeric[good, :t].astype(np.float32),
         dense=numeric[good, t:].astype(np.float32),
@@ -245,6 +243,63 @@ def decode_events(events: list[Any], spec: FeatureSpec) -> Events:
 
 
 _MISSING = object()
+_NUMBER = frozenset({int, float})
+"""The Python types of a JSON number; bool (JSON true/false) is not one: `type(x)` is checked."""
+
+
+def _types(cells) -> set[type]:
+    """The types of `cells`, in one C-level pass (a generator of `type(c) is ...` per cell cost
+    twice as much)."""
+    return set(map(type, cells))
+
+
+def _sparse_by_column(
+    rows: list[dict], spec: FeatureSpec, bad: dict[int, Refusal]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths [n_good, F], values batch-major, good [n]) of the sparse columns, feature by
+    feature; refusals go into `bad`."""
+    n = len(rows)
+    bags = _hex_matrix(rows, spec)
+    for f, s in enumerate(spec.sparse):
+        if f not in bags:
+            bags[f] = _bags(rows, s.column, s.separator, s.encoding, bad)
+    good = np.array([i not in bad for i in range(n)], dtype=bool)
+    lengths = np.stack([bags[f][0] for f in range(len(bags))], axis=1).reshape(n, len(bags))
+    per_feature = [ids[np.repeat(good, lens)] for lens, ids in (bags[f] for f in range(len(bags)))]
+    lengths = lengths[good]
+    return lengths, to_batch_major(lengths, per_feature), good
+
+
+def _int_matrix(rows: list[dict], columns: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(lengths [n, F] i32, values batch-major i64) of the sparse columns in one pass, when every
+    cell is present and an integer, or every cell a list of integers (what the replayer sends
+    for the synthetic generator); else None (column by column then names any refusal).
+
+    Row after row, column after column is already the batch-major order, so the ids need no
+    interleaving."""
+    if not columns or not rows:
+        return None
+    get = itemgetter(*columns)
+    try:
+        table = list(map(get, rows)) if len(columns) > 1 else [(get(r),) for r in rows]
+    except KeyError:  # a missing column: the slow path names the event
+        return None
+    cells = list(itertools.chain.from_iterable(table))
+    kinds = _types(cells)
+    if kinds == {int}:
+        flat, lengths = cells, np.ones(len(cells), dtype=np.int32)
+    elif kinds == {list}:
+        flat = list(itertools.chain.from_iterable(cells))
+        if flat and _types(flat) != {int}:
+            return None
+        lengths = np.fromiter(map(len, cells), dtype=np.int32, count=len(cells))
+    else:
+        return None
+    try:
+        values = np.array(flat, dtype=np.int64)
+    except OverflowError:  # outside int64: the slow path names the event
+        return None
+    return lengths.reshape(len(rows), len(columns)), values
 
 
 def _refuse(bad: dict[int, Refusal], i: int, reason: str, message: str) -> None:
@@ -255,14 +310,15 @@ def _refuse(bad: dict[int, Refusal], i: int, reason: str, message: str) -> None:
 def _numbers(rows: list[dict], column: str, bad: dict[int, Refusal], label: bool) -> np.ndarray:
     """f64 [n] of one label or dense column; refusals go into `bad` (their value is 0)."""
     cells = [r.get(column, _MISSING) for r in rows]
-    if all(type(c) is float or type(c) is int for c in cells):  # the fast path: JSON numbers
+    kinds = _types(cells)
+    if kinds <= _NUMBER:  # the fast path: JSON numbers
         try:
             out = np.array(cells, dtype=np.float64)
         except OverflowError:  # an integer beyond float64: let the slow path name it
             out = None
         if out is not None and np.isfinite(out).all() and (not label or _binary(out).all()):
             return out
-    if all(type(c) is str for c in cells):  # text cells, as a CSV file's
+    if kinds == {str}:  # text cells, as a CSV file's
         out = _decimal_cells(cells, empty=None if label else 0.0)
         if out is not None and (not label or _binary(out).all()):
             return out
@@ -303,15 +359,23 @@ def _numeric_matrix(rows: list[dict], columns: list[str], labels: int) -> np.nda
     """f64 [n, C] of the label and dense columns in one pass, when every cell is a JSON number
     or every cell is DECIMAL text (a label not empty) and all are good; else None."""
     n, c = len(rows), len(columns)
-    cells = [r.get(col, _MISSING) for r in rows for col in columns]
-    if all(type(x) is float or type(x) is int for x in cells):
+    if not c or not n:
+        return np.zeros((n, c), dtype=np.float64)
+    get = itemgetter(*columns)
+    try:
+        table = list(map(get, rows)) if c > 1 else [(get(r),) for r in rows]
+    except KeyError:  # a missing column: the column-by-column path names the event
+        return None
+    cells = list(itertools.chain.from_iterable(table))
+    kinds = _types(cells)
+    if kinds <= _NUMBER:
         try:
             out = np.array(cells, dtype=np.float64).reshape(n, c)
         except OverflowError:
             return None
         if not np.isfinite(out).all():
             return None
-    elif all(type(x) is str for x in cells):
+    elif kinds == {str}:
         text = np.array(cells, dtype=str).reshape(n, c)
         if labels and (text[:, :labels] == "").any():
             return None
@@ -359,7 +423,7 @@ def _bags(
     ints = _int_bags(cells)
     if ints is not None:
         return ints
-    if all(type(c) is str for c in cells):  # the fast path: text cells, as a CSV file's
+    if _types(cells) == {str}:  # the fast path: text cells, as a CSV file's
         if separator is None:
             lengths = np.array([c != "" for c in cells], dtype=np.int32)
             tokens = [c for c in cells if c != ""]
@@ -393,11 +457,12 @@ def _bags(
 def _int_bags(cells: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """The fast path for cells that are all integers, or all lists of integers (what the
     replayer sends for the synthetic generator): (lengths, ids), or None for any other mix."""
-    if all(type(c) is int for c in cells):
+    kinds = _types(cells)
+    if kinds == {int}:
         flat, lengths = cells, np.ones(len(cells), dtype=np.int32)
-    elif all(type(c) is list for c in cells):
+    elif kinds == {list}:
         flat = list(itertools.chain.from_iterable(cells))
-        if not all(type(x) is int for x in flat):
+        if flat and _types(flat) != {int}:
             return None
         lengths = np.array([len(c) for c in cells], dtype=np.int32)
     else:
@@ -421,7 +486,7 @@ def _hex_matrix(rows: list[dict], spec: FeatureSpec) -> dict[int, tuple[np.ndarr
     if not hexes:
         return {}
     cells = [r.get(spec.sparse[f].column, _MISSING) for r in rows for f in hexes]
-    if not all(type(x) is str for x in cells):
+    if _types(cells) != {str}:
         return {}
     ids = _hex_ids(cells)
     if ids is None:
