@@ -9,17 +9,27 @@ Commands, per rank (consumer C of group G on stream S):
   XACK S G id...                            what a committed checkpoint holds (ack) and, on a
                                             resume, the pending entries the position holds
   XINFO GROUPS S                            the group's lag (entries not yet read by anyone)
+
+Read-ahead (rec.data.read_ahead): with `read_ahead` > 0 (the trainer's reader), a thread per
+rank runs the XREADGROUPs, the dead letters and decoding, and holds up to `read_ahead` batches
+of decoded events; next_batch takes entries from it, so the round trip and the decoding of the
+next batch overlap the training step. The thread has its own connection; XACK and XINFO go
+through another one, on the trainer's thread, as do the position, the acknowledgements, the
+refusal counts and the `on_event` "dead" messages ("up" and "down" come from the thread).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from rec.contract.events import dead_stream, parse_url
+from rec.contract.events import Events, dead_stream, parse_url
+from rec.data.read_ahead import ReadAhead
 from rec.data.stream import (
     Assembler,
     Backoff,
@@ -34,15 +44,106 @@ from rec.features import FeatureSpec
 
 MAX_COUNT = 512
 """Entries asked for by one XREADGROUP at most."""
+READ_AHEAD_BATCHES = 2
+"""Batches of decoded events the trainer's read-ahead thread holds at most (plus the rest of the
+last entry it read). One batch is the next step's; the second absorbs a step that took longer
+than reading one batch (a checkpoint, a collective waiting on the other rank). More would not
+train faster: what it holds is delivered to this rank only, so a deeper read-ahead takes entries
+that another, drier rank could train, and re-delivers more of them after a crash. Memory is
+small: 2 x 256 events of the default model are about 0.2 MB decoded."""
+READ_BLOCK_S = 0.25
+"""The read-ahead thread's XREADGROUP BLOCK: how often it looks at a stop while the stream is
+quiet, so close() waits about this long at most."""
+
+
+@dataclass
+class _Taken:
+    """An entry read and decoded (on the reading thread), not yet held by the Assembler."""
+
+    entry: str
+    events: Events
+    skip: int
+    letters: list[dict[str, str]] = field(default_factory=list)
 
 
 class _Down(Exception):
     """The broker stayed away until the caller's deadline."""
 
 
+class _Link:
+    """One connection, reconnecting with backoff while the broker is away. The reader has two:
+    one for reading (the read-ahead thread's, when there is one) and one for XACK and XINFO,
+    since a blocked XREADGROUP holds its connection."""
+
+    def __init__(self, reader: RedisEventReader, reads: bool, sleep: Callable[[float], None]):
+        self.r, self.reads = reader, reads
+        self.backoff = Backoff(reader.cfg.retry_s, reader.cfg.max_retry_s, sleep)
+        self.client = None
+        self.up: bool | None = None
+
+    def connect(self) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        r = self.r
+        client = redis.Redis(
+            host=r.where.host,
+            port=r.where.port,
+            socket_connect_timeout=1,
+            socket_timeout=5 + max(r.cfg.wait_s, READ_BLOCK_S),
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            client.ping()
+            try:
+                client.xgroup_create(r.stream, r.group, id=r.cfg.start, mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+        except Exception:
+            client.close()
+            raise
+        self.client = client
+        if self.reads:
+            r.connected(announce=self.up is not True)
+        self.up = True
+
+    def command(self, fn: Callable[[Any], Any], deadline: float) -> Any:
+        """fn(client), reconnecting with backoff while the broker is away, until `deadline`."""
+        import redis
+
+        while True:
+            try:
+                if self.client is None:
+                    self.connect()
+                result = fn(self.client)
+                self.backoff.reset()
+                return result
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                self.close()
+                if self.up is not False:
+                    self.up = False
+                    if self.reads:  # one message per outage, from the reading connection
+                        self.r.counts["outages"] += 1
+                        self.r.on_event(
+                            "down", f"event stream {self.r.where} unreachable ({e}); retrying"
+                        )
+                left = deadline - self.r.clock()
+                if left <= 0:
+                    raise _Down() from None
+                self.backoff.wait(left)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
 class RedisEventReader(EventReader):
     """Rank `rank`'s reader of cfg.url (rec.data.stream's module docstring); `start` is the
-    position its checkpoint recorded, None for a fresh run. `on_event(kind, message)` hears
+    position its checkpoint recorded, None for a fresh run. `read_ahead`: batches to read ahead
+    in a thread (module docstring; 0 reads inside next_batch). `on_event(kind, message)` hears
     "up" (connected), "down" (the broker went away; once per outage) and "dead" (an entry or
     event parked, with its reason)."""
 
@@ -55,6 +156,7 @@ class RedisEventReader(EventReader):
         raw_dense: bool = False,
         on_event: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        read_ahead: int = READ_AHEAD_BATCHES,
     ) -> None:
         self.cfg, self.spec, self.where = cfg, spec, parse_url(cfg.url)
         self.stream, self.group = self.where.stream, cfg.group
@@ -65,7 +167,8 @@ class RedisEventReader(EventReader):
         if start is not None:
             self.asm.at = start
         self.unacked: deque[str] = deque()
-        """Entries taken and not acknowledged, in id order."""
+        """Entries held by the Assembler and not acknowledged, in id order."""
+        # The reading state, the read-ahead thread's when there is one.
         self.cursor: str | None = "0"
         """Where the scan of this consumer's pending entries stands; None: reading new ones."""
         self.last = "0-0"
@@ -74,91 +177,76 @@ class RedisEventReader(EventReader):
         self.counts: Counter = Counter()
         self.on_event = on_event or (lambda kind, message: None)
         self.clock = clock
-        self.backoff = Backoff(cfg.retry_s, cfg.max_retry_s)
-        self.client = None
-        self.up: bool | None = None
+        self.stopping = threading.Event()
+        self.reading = _Link(self, True, sleep=self.stopping.wait)  # close() ends a backoff
+        self.side = _Link(self, False, sleep=time.sleep)
+        self.read_ahead = read_ahead
+        self.ahead: ReadAhead[_Taken] | None = None
 
     # ---- connection ----------------------------------------------------------------------
-    def _connect(self) -> None:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        client = redis.Redis(
-            host=self.where.host,
-            port=self.where.port,
-            socket_connect_timeout=1,
-            socket_timeout=5 + self.cfg.wait_s,
-            retry=Retry(NoBackoff(), 0),
-        )
-        try:
-            client.ping()
-            try:
-                client.xgroup_create(self.stream, self.group, id=self.cfg.start, mkstream=True)
-            except redis.ResponseError as e:
-                if "BUSYGROUP" not in str(e):
-                    raise
-        except Exception:
-            client.close()
-            raise
-        self.client = client
-        # A reply lost with the connection may have handed entries to this consumer: they are
-        # in its pending list, after the last entry taken.
+    def connected(self, announce: bool) -> None:
+        """The reading connection is (re)made. A reply lost with the old one may have handed
+        entries to this consumer: they are in its pending list, after the last entry taken."""
         self.cursor = self.last
-        if self.up is not True:
-            self.up = True
+        if announce:
             self.on_event(
                 "up",
                 f"reading {self.where} as {self.group}/{self.consumer} "
                 f"from its pending entries after {self.last}",
             )
 
-    def _command(self, fn: Callable[[Any], Any], deadline: float) -> Any:
-        """fn(client), reconnecting with backoff while the broker is away, until `deadline`."""
-        import redis
-
-        while True:
-            try:
-                if self.client is None:
-                    self._connect()
-                result = fn(self.client)
-                self.backoff.reset()
-                return result
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-                self.close()
-                if self.up is not False:
-                    self.up = False
-                    self.counts["outages"] += 1
-                    self.on_event("down", f"event stream {self.where} unreachable ({e}); retrying")
-                left = deadline - self.clock()
-                if left <= 0:
-                    raise _Down() from None
-                self.backoff.wait(left)
-
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        self.stopping.set()
+        if self.ahead is not None:
+            self.ahead.close(timeout=READ_BLOCK_S + 2.0)
+        self.reading.close()
+        self.side.close()
 
     # ---- reading -------------------------------------------------------------------------
     def next_batch(self, batch_size: int, wait_s: float | None = None) -> StreamBatch:
         wait = self.cfg.wait_s if wait_s is None else wait_s
         deadline = self.clock() + wait
-        while self.asm.ready < batch_size:
+        if self.read_ahead > 0:
+            self._pull(batch_size, deadline)
+        while self.read_ahead <= 0 and self.asm.ready < batch_size:
             need = batch_size - self.asm.ready
             try:
-                progressed = self._command(lambda c, n=need: self._read(c, n, deadline), deadline)
+                progressed, taken = self.reading.command(
+                    lambda c, n=need: self._read(c, n, deadline), deadline
+                )
             except _Down:
                 break
+            self._hold(taken)
             if not progressed and self.clock() >= deadline:
                 break
         batch = self.asm.take(batch_size)
         self.counts["events"] += len(batch)
         return StreamBatch(batch, self.position(), self.asm.digest)
 
-    def _read(self, client, need: int, deadline: float) -> bool:
+    def _pull(self, batch_size: int, deadline: float) -> None:
+        """Entries from the read-ahead thread until a batch is ready or `deadline` passes."""
+        if self.ahead is None:  # started by the first read: its depth needs the batch size
+            depth = self.read_ahead * batch_size
+            self.ahead = ReadAhead(self._fetch_ahead, _events, depth, f"rec-read-{self.consumer}")
+        while self.asm.ready < batch_size:
+            taken = self.ahead.get(max(0.0, deadline - self.clock()))
+            if taken is None:
+                return
+            self._hold([taken])
+
+    def _fetch_ahead(self, need: int) -> list[_Taken] | None:
+        """The read-ahead thread's fetch: one XREADGROUP, blocking READ_BLOCK_S at most."""
+        if self.stopping.is_set():
+            return None
+        deadline = self.clock() + READ_BLOCK_S
+        try:
+            return self.reading.command(lambda c: self._read(c, need, deadline)[1], deadline)
+        except _Down:
+            return None
+
+    def _read(self, client, need: int, deadline: float) -> tuple[bool, list[_Taken]]:
         """One XREADGROUP: pending entries while there are any, then new ones (blocking until
-        `deadline`). True if it took entries or finished the pending scan."""
+        `deadline`). (progressed: it took entries or finished the pending scan, the entries)."""
         count = max(1, min(MAX_COUNT, math.ceil(need / max(self.per_entry, 1.0))))
         if self.cursor is not None:
             reply = client.xreadgroup(
@@ -167,7 +255,7 @@ class RedisEventReader(EventReader):
             entries = reply[0][1] if reply else []
             if not entries:
                 self.cursor = None
-                return True
+                return True, []
         else:
             left_ms = int((deadline - self.clock()) * 1000)
             reply = client.xreadgroup(
@@ -178,14 +266,14 @@ class RedisEventReader(EventReader):
                 block=left_ms if left_ms > 0 else None,
             )
             entries = reply[0][1] if reply else []
-        if entries:
-            self._take(client, entries)
-        return bool(entries)
+        if not entries:
+            return False, []
+        return True, self._take(client, entries)
 
-    def _take(self, client, entries: list) -> None:
-        """Decodes entries, parks the refused, acks what a resumed position already holds, and
-        only then holds them (a broker error before that leaves them to be read again)."""
-        taken, covered, letters = [], [], []
+    def _take(self, client, entries: list) -> list[_Taken]:
+        """Decodes entries, parks the refused and acks what a resumed position already holds;
+        only then are they taken (a broker error before that leaves them to be read again)."""
+        taken, covered = [], []
         for raw_id, fields in entries:
             entry = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             skip = self._skip(entry)
@@ -195,7 +283,7 @@ class RedisEventReader(EventReader):
             events, dead = decode_entry(fields, self.spec)
             # Refused events before `skip` were parked before the resume; -1 is the entry.
             dead = [d for d in dead if not 0 <= int(d["index"]) < skip]
-            letters += [
+            letters = [
                 {
                     **d,
                     "stream": self.stream,
@@ -205,25 +293,30 @@ class RedisEventReader(EventReader):
                 }
                 for d in dead
             ]
-            taken.append((entry, events, skip))
-        if letters or covered:
+            taken.append(_Taken(entry, events, skip, letters))
+        if covered or any(t.letters for t in taken):
             pipe = client.pipeline(transaction=False)
-            for letter in letters:
+            for letter in (letter for t in taken for letter in t.letters):
                 pipe.xadd(self.dead, letter)
             if covered:
                 pipe.xack(self.stream, self.group, *covered)
             pipe.execute()
-        for letter in letters:
-            self.refused[letter["reason"]] += 1
-            self.on_event("dead", f"{letter['entry']}[{letter['index']}]: {letter['message']}")
-        for entry, events, skip in taken:
-            self.asm.add(entry, events, skip)
-            self.unacked.append(entry)
-            self.per_entry = 0.9 * self.per_entry + 0.1 * max(events.size, 1)
-        self.counts["entries"] += len(taken)
+        for t in taken:
+            self.per_entry = 0.9 * self.per_entry + 0.1 * max(t.events.size, 1)
         self.last = entries[-1][0].decode() if isinstance(entries[-1][0], bytes) else entries[-1][0]
         if self.cursor is not None:
             self.cursor = self.last
+        return taken
+
+    def _hold(self, taken: list[_Taken]) -> None:
+        """Entries into the Assembler, and their refusals into the counts (trainer's thread)."""
+        for t in taken:
+            for letter in t.letters:
+                self.refused[letter["reason"]] += 1
+                self.on_event("dead", f"{letter['entry']}[{letter['index']}]: {letter['message']}")
+            self.asm.add(t.entry, t.events, t.skip)
+            self.unacked.append(t.entry)
+        self.counts["entries"] += len(taken)
 
     def _skip(self, entry: str) -> int | None:
         """Events of `entry` the resumed position already holds; None: all of them."""
@@ -252,7 +345,7 @@ class RedisEventReader(EventReader):
             return 0
         try:
             deadline = self.clock() + self.cfg.max_retry_s
-            self._command(lambda c: c.xack(self.stream, self.group, *done), deadline)
+            self.side.command(lambda c: c.xack(self.stream, self.group, *done), deadline)
         except _Down:  # still pending: the next ack, or a resume's skip, covers them
             self.unacked.extendleft(reversed(done))
             return 0
@@ -267,9 +360,14 @@ class RedisEventReader(EventReader):
             return None
 
         try:
-            return self._command(info, self.clock() + self.cfg.retry_s)
+            return self.side.command(info, self.clock() + self.cfg.retry_s)
         except _Down:
             return None
+
+
+def _events(taken: _Taken) -> int:
+    """What an entry weighs in the read-ahead's bound: its good events, at least 1."""
+    return max(len(taken.events), 1)
 
 
 def pending_entries(cfg: StreamConfig) -> int:

@@ -50,9 +50,10 @@ def _produce(url_or_port, stream: str, entries: int, per_entry: int, first: int 
     return numbers
 
 
-def _reader(broker, stream: str, rank: int = 0, start=None, **kw) -> RedisEventReader:
+def _reader(broker, stream: str, rank: int = 0, start=None, read_ahead=2, **kw):
     cfg = StreamConfig(url=broker.url(stream), retry_s=0.05, max_retry_s=0.2, **kw)
-    return RedisEventReader(cfg, SPEC, rank, StreamPosition.from_dict(start) if start else None)
+    position = StreamPosition.from_dict(start) if start else None
+    return RedisEventReader(cfg, SPEC, rank, position, read_ahead=read_ahead)
 
 
 def _numbers(batch) -> list[int]:
@@ -80,7 +81,7 @@ def test_two_ranks_of_a_group_share_every_event_exactly_once(broker):
 
 def test_only_a_checkpointed_position_is_acked_and_a_resume_trains_the_rest_once(broker):
     sent = _produce(broker.port, "crash", entries=8, per_entry=10)
-    first = _reader(broker, "crash")
+    first = _reader(broker, "crash", read_ahead=0)  # the pending count below: no read-ahead
     trained = _numbers(first.next_batch(16)) + _numbers(first.next_batch(16))
     checkpoint = first.position()  # 32 events: entries 0-2 whole, 2 events of entry 3
     assert (checkpoint["events"], checkpoint["size"]) == (2, 10)
@@ -101,6 +102,47 @@ def test_only_a_checkpointed_position_is_acked_and_a_resume_trains_the_rest_once
     assert sorted(trained + rest) == sent, "every event trained exactly once"
     resumed.ack(resumed.position())
     assert client.xpending("crash", "rec")["pending"] == 0
+
+
+def test_entries_read_ahead_past_a_checkpoint_are_trained_once_after_a_crash(broker):
+    sent = _produce(broker.port, "ahead", entries=12, per_entry=10)
+    first = _reader(broker, "ahead", read_ahead=2)  # holds up to 2 x 16 events decoded
+    trained = _numbers(first.next_batch(16)) + _numbers(first.next_batch(16))
+    checkpoint = first.position()
+    assert checkpoint == {"entry": checkpoint["entry"], "events": 2, "size": 10}, checkpoint
+    assert first.ack(checkpoint) == 3, "only what was trained, not what was read ahead"
+    deadline = time.monotonic() + 5
+    client = redis.Redis(port=broker.port)
+    while client.xpending("ahead", "rec")["pending"] < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread reads on while nothing trains
+    pending = client.xpending("ahead", "rec")["pending"]
+    assert 5 <= pending < 9, "entry 3 and at least 32 events beyond it read ahead, and no more"
+    first.close()  # dies with them untrained
+
+    resumed = _reader(broker, "ahead", start=checkpoint, read_ahead=2)
+    rest = []
+    while len(trained) + len(rest) < len(sent):
+        got = _numbers(resumed.next_batch(16, wait_s=0.5))
+        assert got, "the stream ran dry early"
+        rest += got
+    assert rest == sent[32:], "the resume starts after the trained events, in order"
+    assert len(resumed.next_batch(16, wait_s=0.2)) == 0, "nothing delivered twice"
+    resumed.ack(resumed.position())
+    resumed.close()
+    assert client.xpending("ahead", "rec")["pending"] == 0
+    client.close()
+
+
+def test_an_error_in_the_read_ahead_thread_is_raised_by_next_batch(broker):
+    _produce(broker.port, "gone", entries=1, per_entry=3)
+    reader = _reader(broker, "gone", read_ahead=2)
+    assert len(reader.next_batch(3, wait_s=0.5)) == 3
+    redis.Redis(port=broker.port).xgroup_destroy("gone", "rec")  # the thread's XREADGROUP fails
+    t0 = time.monotonic()
+    with pytest.raises(redis.ResponseError, match="NOGROUP"):
+        reader.next_batch(3, wait_s=5.0)
+    assert time.monotonic() - t0 < 2.0, "raised when it happened, not at the deadline"
+    reader.close()
 
 
 def test_refused_events_are_counted_parked_with_their_reason_and_never_trained(broker):

@@ -1,0 +1,102 @@
+"""Reading a stream ahead of training, in one thread per rank (rec.data.stream_redis uses it; a
+Kafka reader would wrap its poll the same way).
+
+The thread only fetches and decodes: it calls `fetch(need)`, which returns the next entries
+(decoded) or None, and holds them in order. Everything that decides what is trained (cutting
+batches, the position, acknowledgements, counts) stays on the trainer's thread, which takes the
+entries with `get` one at a time. So an entry read ahead and not yet taken is, to the broker,
+delivered and unacknowledged: at a checkpoint it is beyond the position, and after a crash the
+resumed rank gets it again, exactly as an entry read in the step that stopped the run.
+
+Why a thread helps while Python holds a GIL: the broker's round trip is a socket wait, which
+releases it, and the training step spends most of its time in torch's kernels and collectives,
+which release it too; the thread's decoding (JSON parsing, numpy) fills those gaps.
+
+The bound: the thread stops fetching while it holds `depth` or more events (an entry without a
+good event counts as one), so it holds at most `depth` plus one fetch's overshoot (the caller
+sizes a fetch to `need`, rounded up to whole entries).
+
+An exception in `fetch` ends the thread; `get` raises that same exception on the trainer's
+thread once the entries before it are taken. `close` stops the thread and waits for it a bounded
+time; it never hangs the trainer (the thread is a daemon).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class ReadAhead(Generic[T]):
+    """A daemon thread calling fetch(need) while it holds fewer than `depth` events (size(item)
+    per item); `get` takes the oldest item (module docstring)."""
+
+    def __init__(
+        self,
+        fetch: Callable[[int], list[T] | None],
+        size: Callable[[T], int],
+        depth: int,
+        name: str,
+    ) -> None:
+        self.fetch, self.size, self.depth = fetch, size, max(1, depth)
+        self.items: deque[T] = deque()
+        self.held = 0
+        """size() summed over items."""
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while self.held >= self.depth and not self.stopping:
+                        self.cond.wait()
+                    if self.stopping:
+                        return
+                    need = self.depth - self.held
+                items = self.fetch(need)  # outside the lock: the trainer takes meanwhile
+                with self.cond:
+                    if self.stopping:  # delivered, never taken: pending for a resume
+                        return
+                    for item in items or ():
+                        self.items.append(item)
+                        self.held += self.size(item)
+                    self.cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 (raised again on the trainer's thread)
+            with self.cond:
+                if not self.stopping:
+                    self.error = e
+                self.cond.notify_all()
+
+    def get(self, timeout: float) -> T | None:
+        """The oldest item, waiting up to `timeout` s for one; None if none came. Raises the
+        thread's exception once the items before it are taken."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while not self.items:
+                if self.error is not None:
+                    raise self.error
+                left = end - time.monotonic()
+                if left <= 0 or not self.thread.is_alive():
+                    return None
+                self.cond.wait(left)
+            item = self.items.popleft()
+            self.held -= self.size(item)
+            self.cond.notify_all()
+            return item
+
+    def close(self, timeout: float) -> None:
+        """Stops the thread: it takes nothing more, and is waited for up to `timeout` s."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout)
