@@ -42,6 +42,8 @@ MIN_ROW_BYTES = 16
 _SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5)
 _U64 = (1 << 64) - 1
 _HALVED = bytes(c >> 1 for c in range(256))
+_DEFAULT = b""
+"""A raw-keyed cache's entry for an id the update log evicted: read the table's default row."""
 
 
 class FrequencySketch:
@@ -193,9 +195,9 @@ class StoreReader:
         present or not, as rec-server's EmbeddingStore::Refresh does."""
         t = self.names.index(table)
         if self.raw[t]:
-            # Slots, not raw ids: rec.config refuses publish.url with a stored ZCH table.
+            # Slots, not raw ids: refresh_raw places a record of it by its `held` ids.
             raise StoreError(f"store: table {table!r} is keyed by raw id; the update log's rows "
-                             "of it cannot be applied by slot")  # fmt: skip
+                             "of it go in by raw id (refresh_raw), not by slot")  # fmt: skip
         if self.cache is None:
             return
         width = self.tables[t]["row_bytes"]
@@ -204,6 +206,26 @@ class StoreReader:
                 key = t << TABLE_SHIFT | int(row)
                 self.cache.put(key, rows[i * width : (i + 1) * width], always=True)
             self.stats.refreshed_rows += len(ids)
+
+    def refresh_raw(self, table: str, rec) -> None:
+        """A record (rec.contract.updates, format version 3) of stored ZCH table `table` into
+        the cache by raw id: its evicted ids become entries that read the default row (so a
+        miss cannot read an evicted id's old row back from the store before `rec store follow`
+        deletes it), then each held row goes under its id, always kept, and the default row
+        (the table's last) becomes the one unknown ids read."""
+        t = self.names.index(table)
+        width, default = self.tables[t]["row_bytes"], self.tables[t]["rows"] - 1
+        row_of = {slot: rec.rows[i * width : (i + 1) * width] for i, slot in enumerate(rec.ids)}
+        cache = self.raw_caches.get(t)
+        with self.lock:
+            if default in row_of:
+                self.defaults[t] = row_of[default]
+            if cache is not None:
+                for _, raw_id in rec.evicted:
+                    cache.put(raw_id, _DEFAULT, always=True)
+                for slot, raw_id in rec.held or ():
+                    cache.put(raw_id, row_of[slot], always=True)
+            self.stats.refreshed_rows += len(rec.ids)
 
     def rows(self, keys: torch.Tensor, defaulted: list | None = None) -> torch.Tensor:
         """uint8 [sum of row_bytes]: the rows of `keys` (table << 40 | row, or rec.store/2's
@@ -221,6 +243,10 @@ class StoreReader:
                 cache, key = self._cache_of(t, f)
                 if cache is not None:
                     found[k] = cache.get(key)
+                if found[k] == _DEFAULT:  # an id the update log evicted: the default row
+                    found[k] = self._default_row(t)
+                    if defaulted is not None:
+                        defaulted.append(pairs[k])
             missing = [k for k, row in enumerate(found) if row is None]
             self.stats.cache_hits += len(found) - len(missing)
             self.stats.cache_misses += len(missing)

@@ -91,11 +91,22 @@ def test_the_follower_writes_a_stored_zch_table_by_raw_id(tmp_path):
             client.xadd("rec:updates", encode(r))
         client.close()
 
+        # Before the follower: a reader with a cache, fed the records (as Triton's model would
+        # be), scores them already; the store still holds the export's rows.
+        section = json.loads(manifest_in(tiered).read_text())["store"]
+        cached = StoreReader(section, cache_bytes=1 << 20)
+        cached_scorer = TieredScorer(torch.jit.load(str(model_file_in(tiered))), cached)
+        for r in records:
+            cached.refresh_raw("t0", r)
+        request = _request([ids["kept"], ids["new"], ids["gone"], 424242, -5])
+        with torch.no_grad():
+            fresh = cached_scorer(*request)
+        cached.close()
+
         follower = StoreFollower(read_manifest(manifest_in(tiered)), url, log=lambda _: None)
         stats = follower.run(threading.Event(), idle_exit_s=0.5)
         follower.close()
         assert (stats.records, stats.refused) == (3, 0)
-        section = json.loads(manifest_in(tiered).read_text())["store"]
         store = connect(cluster.url())
         fields = {}
         for p in range(3):
@@ -110,13 +121,13 @@ def test_the_follower_writes_a_stored_zch_table_by_raw_id(tmp_path):
         for r in records:
             write_rows(buffers[place["buffer"]], place, r.ids, r.rows)
             served.write(r)
-        request = _request([ids["kept"], ids["new"], ids["gone"], 424242, -5])
         reader = StoreReader(section)  # no cache, no log: the store alone
         scorer = TieredScorer(torch.jit.load(str(model_file_in(tiered))), reader)
         before = torch.jit.load(str(model_file_in(plain)))
         with torch.no_grad():
             got, want, old = scorer(*request), module(*request), before(*request)
         reader.close()
+        assert np.array_equal(fresh.numpy(), want.numpy())
         assert np.array_equal(got.numpy(), want.numpy())
         # Every probed id's score moved: a new row, a new id, an evicted id and unknown ones
         # (the default row changed).
