@@ -518,7 +518,8 @@ def rate_of(run: Path) -> dict:
 
 def reader_costs(cfg, url: str, events: int, batch: int) -> dict:
     """Microseconds per event, one process: the reader's XREADGROUP replies alone (redis-py),
-    decoding them (rec.data.stream.decode_entry), the whole reader (next_batch), against the
+    decoding them (rec.data.stream.decode_entry), the whole reader (next_batch, with and
+    without its read-ahead thread), against the
     file path's synthetic generator (SyntheticSource.take) for the same events."""
     import redis
 
@@ -536,15 +537,22 @@ def reader_costs(cfg, url: str, events: int, batch: int) -> dict:
     for _, fields in raw:
         decode_entry(fields, spec)
     t_decode = time.perf_counter() - t
-    reader = open_reader(cfg.data.stream.__class__(url=url, group="costs"), spec, 0)
-    t, n = time.perf_counter(), 0
-    while n < events:
-        got = len(reader.next_batch(batch, 0.5).batch)
-        if not got:
-            break
-        n += got
-    t_reader = time.perf_counter() - t
-    reader.close()
+    from rec.data.stream_redis import RedisEventReader
+
+    def read_all(reader) -> float:
+        t, n = time.perf_counter(), 0
+        while n < events:
+            got = len(reader.next_batch(batch, 0.5).batch)
+            if not got:
+                break
+            n += got
+        reader.close()
+        return time.perf_counter() - t
+
+    t_reader = read_all(open_reader(cfg.data.stream.__class__(url=url, group="costs"), spec, 0))
+    # The same reader without its read-ahead thread: reading inside next_batch, as before it.
+    sync = cfg.data.stream.__class__(url=url, group="costs-sync")
+    t_sync = read_all(RedisEventReader(sync, spec, 0, read_ahead=0))
     src = SyntheticSource(cfg, "train")
     t = time.perf_counter()
     for lo in range(0, events, batch):
@@ -553,6 +561,7 @@ def reader_costs(cfg, url: str, events: int, batch: int) -> dict:
     us = 1e6 / events
     return {"events": events, "xrange_us": round(t_read * us, 2),
             "decode_us": round(t_decode * us, 2), "reader_next_batch_us": round(t_reader * us, 2),
+            "reader_no_read_ahead_us": round(t_sync * us, 2),
             "synthetic_take_us": round(t_synth * us, 2)}  # fmt: skip
 
 
