@@ -24,14 +24,24 @@ MMAP_THRESHOLD = 32 << 20  # glibc's maximum (DEFAULT_MMAP_THRESHOLD_MAX on 64-b
 TRIM_THRESHOLD = 1 << 30
 
 
-def keep_freed_memory() -> bool:
-    """Sets both thresholds for this process; False where the C library has no mallopt or
-    refuses (not glibc), which leaves its own defaults."""
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's mallopt; False where the C library has none or refuses (not glibc), which
+    leaves its own defaults."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
+    return bool(mallopt(param, value))
+
+
+def keep_freed_memory() -> bool:
+    """Sets both thresholds for this process (False where it cannot, as _mallopt)."""
+    return _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+
+
+def set_mmap_threshold(nbytes: int) -> bool:
+    """Allocations from `nbytes` up get their own mapping, returned to the kernel when freed
+    (False where it cannot be set, as _mallopt). Fixing it also ends glibc's own adjustment of
+    the threshold, which otherwise rises to the largest block freed so far."""
+    return _mallopt(M_MMAP_THRESHOLD, nbytes)

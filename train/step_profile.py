@@ -29,6 +29,16 @@ from typing import Any
 
 from torch.profiler import ProfilerActivity, profile
 
+from rec import malloc
+
+# While the window records, tensors from 1 MiB up are mapped and unmapped on their own. The
+# profiler's many small records, made between a step's allocations, otherwise split the large
+# blocks glibc's heap keeps for reuse, so every step takes fresh heap: on the Kaggle-size model
+# 1.0-1.4 GiB more per rank over 10 steps, never returned (benchmarks/README.md, plan accuracy).
+# After the window the threshold is glibc's largest, which its own adjustment reaches anyway
+# once a run has freed blocks that large.
+WINDOW_MMAP_THRESHOLD = 1 << 20
+
 PHASES = ("data", "forward", "backward", "optimizer", "communication", "other")
 COLLECTIVES = ("ids_all_to_all", "all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 
@@ -144,6 +154,7 @@ class StepProfiler:
         if step < self.start:
             return 0.0
         t0 = time.perf_counter()
+        malloc.set_mmap_threshold(WINDOW_MMAP_THRESHOLD)
         self._prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
         with _without_usdt_lines():
             self._prof.__enter__()
@@ -163,6 +174,7 @@ class StepProfiler:
         t0 = time.perf_counter()
         with _without_usdt_lines():
             self._prof.__exit__(None, None, None)
+        malloc.set_mmap_threshold(malloc.MMAP_THRESHOLD)
         if self._done:
             events = self._prof.events()
             # The window: from the first recorded event to the end of the last, i.e. the steps.
