@@ -215,10 +215,12 @@ def decode_events(events: list[Any], spec: FeatureSpec) -> Events:
     """The events of an entry's array (JSON values), judged one by one against `spec`."""
     n = len(events)
     bad: dict[int, Refusal] = {}
-    for i, event in enumerate(events):
-        if not isinstance(event, dict):
-            bad[i] = Refusal(i, "not_an_object", f"event {i} is a {type(event).__name__}")
-    rows = [e if isinstance(e, dict) else {} for e in events]
+    rows = events
+    if _types(events) != {dict}:
+        for i, event in enumerate(events):
+            if not isinstance(event, dict):
+                bad[i] = Refusal(i, "not_an_object", f"event {i} is a {type(event).__name__}")
+        rows = [e if isinstance(e, dict) else {} for e in events]
     t = len(spec.labels)
     numeric = _numeric_matrix(rows, spec.labels + [d.column for d in spec.dense], t)
     if numeric is None:  # some cell is missing, refused or of a rarer form: column by column

@@ -50,7 +50,7 @@ last entry it read). One batch is the next step's; the second absorbs a step tha
 than reading one batch (a checkpoint, a collective waiting on the other rank). More would not
 train faster: what it holds is delivered to this rank only, so a deeper read-ahead takes entries
 that another, drier rank could train, and re-delivers more of them after a crash. Memory is
-small: 2 x 256 events of the default model are about 0.2 MB decoded."""
+small: 2 x 256 events of the default model are about 0.1 MB decoded."""
 READ_BLOCK_S = 0.25
 """The read-ahead thread's XREADGROUP BLOCK: how often it looks at a stop while the stream is
 quiet, so close() waits about this long at most."""

@@ -1,7 +1,9 @@
 """The stream reader (rec.data.stream) against a real redis-server of the test's own: ranks of
 one consumer group share the events exactly once, an acknowledgement waits for a checkpoint, a
 resume from a checkpoint's position re-delivers only what it does not hold, refused events go to
-the dead-letter stream, a dry rank returns by its deadline, and a broker restart loses nothing."""
+the dead-letter stream, a dry rank returns by its deadline, a broker restart loses nothing, and
+what the read-ahead thread read past a checkpoint is trained once after a crash. The readers
+read ahead (the trainer's default) unless a test counts pending entries read inside next_batch."""
 
 from __future__ import annotations
 
