@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -1185,9 +1186,12 @@ def _from_dict(cls: type, data: Any, where: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - known)
     if unknown:
+        guesses = {k: difflib.get_close_matches(str(k), known, n=1) for k in unknown}
+        hint = "; ".join(f"did you mean {g[0]!r} for {k!r}?" for k, g in guesses.items() if g)
         raise ConfigError(
-            f"unknown key(s) {unknown} in {where or 'the top level'}; allowed: {sorted(known)}"
-        )
+            f"unknown key(s) {unknown} in {where or 'the top level'}"
+            + (f" ({hint})" if hint else "") + f"; allowed: {sorted(known)}"
+        )  # fmt: skip
     kwargs = {k: _convert(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
         return cls(**kwargs)

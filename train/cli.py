@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -96,7 +97,10 @@ def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, p
                     max_restarts=max_restarts, publish=publish, steps=steps,
                     epochs=epochs, stream=stream)  # fmt: skip
     except TrainingFailedError as e:
-        raise click.ClickException(str(e)) from None
+        # rec's own one-line form ("error: ..."), as for a bad config; exit 1: the run failed
+        # after it started, where a refusal before anything ran exits 2.
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
     click.echo(f"run directory: {run}")
 
 

@@ -35,6 +35,8 @@ def test_yaml_round_trip(tmp_path):
     [
         ({"training": {"batch_size": -1}}, "training.batch_size=-1"),
         ({"training": {"optimiser": "adam"}}, "unknown key(s) ['optimiser'] in training"),
+        ({"training": {"batch_sise": 8}}, "did you mean 'batch_size' for 'batch_sise'?"),
+        ({"trainin": {}}, "in the top level (did you mean 'training' for 'trainin'?)"),
         ({"model": {"arch": "transformer"}}, "model.arch='transformer' is not allowed"),
         ({"sharding": {"constraints": {"nope": {}}}}, "unknown table 'nope'"),
         (
