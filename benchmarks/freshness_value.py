@@ -72,8 +72,11 @@ def machine() -> dict:
     }
 
 
-def write_config(work: Path, base: str | None, data_over: dict, over: dict) -> Path:
-    """The base config (None: the embedded default) with `over` merged per section."""
+def write_config(
+    work: Path, base: str | None, data_over: dict, over: dict, table_wise: bool = False
+) -> Path:
+    """The base config (None: the embedded default) with `over` merged per section; with
+    `table_wise` every table whole on one rank."""
     from rec.config import load_config
     from rec.train.sharding import PUBLISHABLE_SHARDING_TYPES
 
@@ -87,6 +90,12 @@ def write_config(work: Path, base: str | None, data_over: dict, over: dict) -> P
         kept = [s for s in c.get("sharding_types") or [] if s in PUBLISHABLE_SHARDING_TYPES]
         if c.get("sharding_types") and not kept:
             c["sharding_types"] = ["table_wise"]
+    # A live stream gives ranks batches of different sizes (a rank reads what has arrived), and
+    # the backward of TorchRec's row-wise reduce-scatter all-gathers equal sizes only on gloo:
+    # Kaggle's row-wise tables stopped the run at the first uneven step.
+    if table_wise:
+        data["sharding"] = {**data.get("sharding", {}), "constraints": {
+            t["name"]: {"sharding_types": ["table_wise"]} for t in data["tables"]}}  # fmt: skip
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -395,7 +404,7 @@ def freshness(args) -> None:
         "publish": {"url": updates_url},
         "export": {"eval_batches": 2, **({"format": args.format} if args.format else {})},
         "data": {"stream": {"url": events_url, "idle_exit_s": args.idle_exit_s}},
-    })  # fmt: skip
+    }, table_wise=True)  # fmt: skip
     cfg = load_config(str(config))
     from rec.contract.formats import FORMATS, resolve
 
