@@ -105,6 +105,37 @@ def test_rec_plan_lists_the_zch_tables_and_their_map_memory(tmp_path):
     assert fields[6:8] == ["500", "100%"] and 0 < float(fields[8].rstrip("%")) < 100
 
 
+def test_rec_plan_counts_a_files_live_ids(tmp_path):
+    """For files, rec plan counts each ZCH table's distinct ids in the data itself."""
+    rows = [f"{i % 2},{i},user-{i % 13},item-{i % 5}" for i in range(200)]
+    (tmp_path / "clicks.csv").write_text("\n".join(["clicked,price,user_id,item", *rows]) + "\n")
+    cfg = {
+        "tables": [
+            {
+                "name": "users",
+                "rows": 64,
+                "dim": 8,
+                "features": ["user"],
+                "ids": {"zch": {}},
+            },
+            {"name": "item_ids", "rows": 32, "dim": 8, "features": ["item"]},
+        ],  # fmt: skip
+        "features": {"dense": 1, "dense_names": ["price"]},
+        "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+        "data": {
+            "source": "csv",
+            "train_paths": [str(tmp_path / "clicks.csv")],
+            "columns": {"label": "clicked", "sparse": {"user": "user_id"}},
+        },  # fmt: skip
+    }
+    path = write_config(tmp_path / "cfg.yaml", cfg)
+    out = rec_in_process("plan", "--config", str(path), "--world-size", "2", check=True).stdout
+    (line,) = [x for x in out.splitlines() if x.startswith("users ") and "KiB" in x]
+    assert line.split()[6:8] == ["13", f"{13 / 63:.0%}"], line  # 63 slots: rows - 1
+    # 200 rows, of which every 10th is held out for evaluation.
+    assert "in the first 180 training samples (all of them)" in out
+
+
 def test_a_zch_table_is_never_planned_data_parallel():
     from rec.config import config_from_dict
     from rec.train.sharding import make_constraints
