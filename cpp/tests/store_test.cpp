@@ -134,6 +134,13 @@ TEST(RowCache, GetManyCopiesHeldRowsIntoPlaceAndReportsTheRest) {
   cache.GetMany(keys, 4, offsets, out.data(), &missed);
   EXPECT_EQ(out, "aaaa....cccccc....");
   EXPECT_EQ(missed, (std::vector<int64_t>{1, 3}));
+  // An empty row (a raw-keyed table's evicted id) is reported apart when asked, else missed.
+  cache.Put(20, "", RowCache::Admit::kAlways);
+  std::vector<int64_t> missed2, empty;
+  cache.GetMany(keys, 4, offsets, out.data(), &missed2, &empty);
+  EXPECT_EQ(missed2, (std::vector<int64_t>{3}));
+  EXPECT_EQ(empty, (std::vector<int64_t>{1}));
+  EXPECT_EQ(out, "aaaa....cccccc....");
 }
 
 // TinyLFU's admission: rows asked for once (most of a Zipf tail) do not push out the rows asked

@@ -244,5 +244,68 @@ TEST_F(ZchTables, RefusesABadMapChangeWholeAndChangesNothing) {
   EXPECT_EQ(tables_->CurrentWatermark().step, 10);
 }
 
+// rec.updates/3: the raw id each row's slot holds after the record (`held`).
+StreamFields HeldFields(StreamFields f, const std::vector<std::pair<int64_t, int64_t>>& held) {
+  Set(&f, "format", "rec.updates/3");
+  f.insert(f.end(), {{"holds", std::to_string(held.size())}, {"held", Pairs(held)}});
+  return f;
+}
+
+TEST_F(ZchTables, HeldIdsThatDisagreeWithTheMapAreAMismatch) {
+  const int64_t a = IdAt(3), b = IdAt(3, 1);
+  ASSERT_EQ(Apply(HeldFields(MapFields(11, {3, 8}, {}, {{3, a}}), {{3, a}})),
+            UpdateOutcome::kApplied);  // slot 8: the default row, which holds no id
+  const auto rows = rows_;
+  std::string why;
+  // A row of slot 3 said to be b's (the map holds a), or said to hold none.
+  EXPECT_EQ(Apply(HeldFields(MapFields(12, {3}, {}, {}), {{3, b}}), &why),
+            UpdateOutcome::kMapMismatch);
+  EXPECT_NE(why.find("slot 3 of 't0' holds id " + std::to_string(a) + " after the record"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(Apply(HeldFields(MapFields(12, {3}, {}, {}), {})), UpdateOutcome::kMapMismatch);
+  // A free slot said to hold an id.
+  EXPECT_EQ(Apply(HeldFields(MapFields(12, {5}, {}, {}), {{5, b}})), UpdateOutcome::kMapMismatch);
+  EXPECT_EQ(rows_, rows);
+  EXPECT_EQ(Apply(HeldFields(MapFields(12, {3}, {}, {}), {{3, a}})), UpdateOutcome::kApplied);
+}
+
+// A ZCH table in the embedding store (keyed by raw id): no map, its records go to the sink
+// whole (evictions alone too), and a record that does not say which id a row is is refused.
+TEST(StoredZchTable, TakesOnlyRecordsThatNameEachRowsIdAndPassesThemWhole) {
+  UpdatesSpec spec;
+  spec.present = true;
+  spec.run = "r1";
+  spec.step = 10;
+  spec.gen = 1;
+  spec.stored["t0"] = StoredPlace{2, 9, 4, "int8", true};
+  std::vector<UpdateRecord> got;
+  std::shared_ptr<EmbeddingTables> tables;
+  ASSERT_TRUE(EmbeddingTables::Create(spec, {}, nullptr, &tables,
+                                      [&got](int64_t table, const UpdateRecord& r) {
+                                        EXPECT_EQ(table, 2);
+                                        got.push_back(r);
+                                      })
+                  .ok());
+  auto apply = [&tables](const StreamFields& f, std::string* why) {
+    UpdateRecord r;
+    EXPECT_TRUE(DecodeUpdateRecord(f, &r).ok());
+    return tables->Apply(r, why);
+  };
+  std::string why;
+  EXPECT_EQ(apply(MapFields(11, {3}, {}, {{3, -5}}), &why), UpdateOutcome::kRowFormat);
+  EXPECT_NE(why.find("is stored by raw id"), std::string::npos) << why;
+  EXPECT_EQ(apply(Fields(11, {3}, "ABCDsSbB"), &why), UpdateOutcome::kRowFormat);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(apply(HeldFields(MapFields(11, {3, 8}, {{3, 7}}, {{3, -5}}), {{3, -5}}), &why),
+            UpdateOutcome::kApplied)
+      << why;
+  EXPECT_EQ(apply(HeldFields(MapFields(12, {}, {{4, 9}}, {}), {}), &why), UpdateOutcome::kApplied)
+      << why;
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].held, (std::vector<UpdateRecord::SlotId>{{3, -5}}));
+  EXPECT_EQ(got[1].evicted, (std::vector<UpdateRecord::SlotId>{{4, 9}}));
+}
+
 }  // namespace
 }  // namespace rec

@@ -28,6 +28,9 @@ struct StoredPlace {
   int64_t rows = 0;
   int64_t dim = 0;
   std::string dtype;
+  // Keyed by raw id (a ZCH table, rec.store/2): it has no map in the model, and takes only
+  // records that say which id each row's slot holds (rec.updates/3's `held`).
+  bool raw_id = false;
 };
 
 // A ZCH table's id map in the model (rec.json "zch.tables.<t>", layout rec.zch.map/1): keys

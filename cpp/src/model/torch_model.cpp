@@ -230,24 +230,18 @@ class TorchRunner : public Runner {
     UpdatesSpec with_stored = updates;
     const std::vector<StoreTable>& stored = store_->spec().tables;
     for (size_t i = 0; i < stored.size(); ++i) {
-      // A raw-keyed (ZCH) table's log rows are by slot: not applied to it (rec.config refuses
-      // publish.url with one), so its records are refused as another table's.
-      // Nor does it have an id map in the model to write (the store is its map).
-      if (stored[i].raw_id) {
-        with_stored.maps.erase(stored[i].name);
-        continue;
-      }
+      // A raw-keyed (ZCH) table has no id map in the model (the store is its map): its records
+      // go into the cache by the raw ids they name (rec.updates/3's `held`).
+      if (stored[i].raw_id) with_stored.maps.erase(stored[i].name);
       with_stored.stored[stored[i].name] = {static_cast<int64_t>(i), stored[i].rows, stored[i].dim,
-                                            stored[i].dtype};
+                                            stored[i].dtype, stored[i].raw_id};
     }
     // The tables' writer lock is held while a record's rows go into the cache, and a forward
     // pass (its fetch from the store included) holds the reader side: see Refresh.
     std::shared_ptr<EmbeddingStore> store = store_;  // the update log's reader may outlive us
     return EmbeddingTables::Create(
         with_stored, std::move(buffers), held, &tables_,
-        [store](int64_t table, const std::vector<int64_t>& ids, const std::string& rows) {
-          store->Refresh(table, ids, rows);
-        });
+        [store](int64_t table, const UpdateRecord& r) { store->Refresh(table, r); });
   }
 
  private:

@@ -107,9 +107,15 @@ Status EmbeddingStore::Fetch(const int64_t* keys, int64_t n, int columns, std::s
     if (!raw) {
       for (int64_t& k : cache_keys) k = StoreKey(tables[i], k);
     }
-    std::vector<int64_t> local;
-    cache->GetMany(cache_keys.data(), j - i, offsets.data() + i, rows->data(), &local);
+    std::vector<int64_t> local, evicted;
+    cache->GetMany(cache_keys.data(), j - i, offsets.data() + i, rows->data(), &local,
+                   raw ? &evicted : nullptr);
     for (int64_t k : local) missed.push_back(i + k);
+    for (int64_t k : evicted) {  // an id the update log evicted: the default row
+      const std::string& row = default_rows_[tables[i]];
+      std::memcpy(rows->data() + offsets[i + k], row.data(), row.size());
+      if (defaulted != nullptr) defaulted->push_back(i + k);
+    }
     i = j;
   }
   stats_->cache_hits.fetch_add(static_cast<uint64_t>(n) - missed.size());
@@ -201,21 +207,40 @@ Status EmbeddingStore::FetchMissed(const std::vector<int64_t>& tables,
     }
     ++g;
   }
-  int64_t bytes = cache_.bytes();
-  for (const auto& c : raw_caches_) bytes += c ? c->bytes() : 0;
-  stats_->cache_bytes.store(bytes);
+  stats_->cache_bytes.store(CacheBytes());
   return Status::Ok();
 }
 
-void EmbeddingStore::Refresh(int64_t table, const std::vector<int64_t>& ids,
-                             const std::string& rows) {
-  const size_t width = static_cast<size_t>(spec_.tables[table].row_bytes);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    // Always kept: the store may still hold the older row (until `rec store follow` writes it).
-    cache_.Put(StoreKey(table, ids[i]), rows.substr(i * width, width), RowCache::Admit::kAlways);
+int64_t EmbeddingStore::CacheBytes() const {
+  int64_t bytes = cache_.bytes();
+  for (const auto& c : raw_caches_) bytes += c ? c->bytes() : 0;
+  return bytes;
+}
+
+void EmbeddingStore::Refresh(int64_t table, const UpdateRecord& r) {
+  const StoreTable& t = spec_.tables[table];
+  const size_t width = static_cast<size_t>(t.row_bytes);
+  // Always kept: the store may still hold the older row (until `rec store follow` writes it).
+  const auto always = RowCache::Admit::kAlways;
+  if (!t.raw_id) {
+    for (size_t i = 0; i < r.ids.size(); ++i) {
+      cache_.Put(StoreKey(table, r.ids[i]), r.rows.substr(i * width, width), always);
+    }
+  } else {
+    RowCache& cache = *raw_caches_[table];
+    for (const auto& e : r.evicted) cache.Put(e.id, std::string(), always);  // reads the default
+    size_t h = 0;  // held and ids are both sorted by slot
+    for (size_t i = 0; i < r.ids.size(); ++i) {
+      while (h < r.held.size() && r.held[h].slot < r.ids[i]) ++h;
+      if (h < r.held.size() && r.held[h].slot == r.ids[i]) {
+        cache.Put(r.held[h].id, r.rows.substr(i * width, width), always);
+      } else if (r.ids[i] == t.rows - 1) {
+        default_rows_[table] = r.rows.substr(i * width, width);
+      }
+    }
   }
-  stats_->refreshed_rows.fetch_add(ids.size());
-  stats_->cache_bytes.store(cache_.bytes());
+  stats_->refreshed_rows.fetch_add(r.ids.size());
+  stats_->cache_bytes.store(CacheBytes());
 }
 
 }  // namespace rec

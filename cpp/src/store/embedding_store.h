@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "contract/store_spec.h"
+#include "contract/update_record.h"
 #include "observability/store_stats.h"
 #include "store/cluster_client.h"
 #include "store/row_cache.h"
@@ -41,17 +42,22 @@ class EmbeddingStore {
   Status Fetch(const int64_t* keys, int64_t n, int columns, std::string* rows,
                std::vector<int64_t>* defaulted = nullptr);
 
-  // Fresh rows of stored table `table` (its index in spec().tables) from the update log, each
-  // row_bytes long, concatenated in `ids` order: written into the cache, present or not, so
-  // this replica serves them at once, before (or without) the store's follower writing them to
-  // the store (rec.store.follow). The caller keeps Fetch from running meanwhile (the tables'
-  // writer lock), so a fetch that read the older row from the store cannot put it back after.
-  void Refresh(int64_t table, const std::vector<int64_t>& ids, const std::string& rows);
+  // An update log record of stored table `table` (its index in spec().tables), checked: its
+  // rows written into the cache, present or not, so this replica serves them at once, before
+  // (or without) the store's follower writing them to the store (rec.store.follow). A
+  // raw-keyed (ZCH) table's record goes in by raw id (rec.updates/3's `held`): its evicted ids
+  // first, as entries that read the default row (a miss must not read an evicted id's old row
+  // back from the store before the follower deletes it), then each held row under its id, and
+  // its default row (the table's last) replaces the one unknown ids read. A free slot's row is
+  // not kept (no id reads it). The caller keeps Fetch from running meanwhile (the tables' writer
+  // lock), so a fetch that read an older row from the store cannot put it back after.
+  void Refresh(int64_t table, const UpdateRecord& r);
 
   const StoreSpec& spec() const { return spec_; }
 
  private:
   EmbeddingStore(const StoreSpec& spec, const StoreOptions& options, StoreStats* stats);
+  int64_t CacheBytes() const;  // every cache's bytes
   // Each raw-keyed table's default row, checked; Internal naming it otherwise.
   Status ReadDefaultRows();
   // The rows missing from the caches (`missed`, indices into tables/fields/offsets), from the

@@ -73,12 +73,17 @@ bool RowCache::Get(int64_t key, std::string* out) {
 }
 
 void RowCache::GetMany(const int64_t* keys, int64_t n, const int64_t* offsets, char* out,
-                       std::vector<int64_t>* missed) {
+                       std::vector<int64_t>* missed, std::vector<int64_t>* empty) {
   std::shared_lock<std::shared_mutex> lock(mu_);
   for (int64_t i = 0; i < n; ++i) {
     sketch_.Add(keys[i]);
     auto it = slots_.find(keys[i]);
     const auto room = static_cast<size_t>(offsets[i + 1] - offsets[i]);
+    if (empty != nullptr && it != slots_.end() && it->second.row.empty()) {
+      it->second.used.store(true, std::memory_order_relaxed);
+      empty->push_back(i);
+      continue;
+    }
     if (it == slots_.end() || it->second.row.size() != room) {
       missed->push_back(i);
       continue;

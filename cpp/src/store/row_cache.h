@@ -63,9 +63,11 @@ class RowCache {
   bool Get(int64_t key, std::string* out);
   // Get for a batch, under one hold of the lock: the row of keys[i] is copied to
   // out + offsets[i], where offsets[i + 1] - offsets[i] bytes are its room; the i of every key
-  // not held (or held with another size) are appended to *missed, in order.
+  // not held (or held with another size) are appended to *missed, in order. With `empty`, the
+  // i of a key held with an empty row (a raw-keyed table's evicted id: read its default row)
+  // go there instead, nothing copied.
   void GetMany(const int64_t* keys, int64_t n, const int64_t* offsets, char* out,
-               std::vector<int64_t>* missed);
+               std::vector<int64_t>* missed, std::vector<int64_t>* empty = nullptr);
   // Keeps `row` for `key` (replacing an older copy in place), evicting rows until the bound
   // holds, unless `admit` turns a new row away; a row larger than the whole cache is not kept.
   void Put(int64_t key, const std::string& row, Admit admit = Admit::kIfFrequent);

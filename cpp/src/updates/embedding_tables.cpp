@@ -148,14 +148,24 @@ UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) co
 
 // rec.update_log.ServedMap.check, rule for rule, in its order and words.
 UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why) const {
-  if (!r.changes_map()) return UpdateOutcome::kApplied;
   const std::string table = "'" + r.table + "'";
+  auto stored = spec_.stored.find(r.table);
+  if (stored != spec_.stored.end() && stored->second.raw_id) {
+    // No map here: the store is the table's map, and `held` says where each row goes.
+    if (r.has_held) return UpdateOutcome::kApplied;
+    *why = table + " is stored by raw id, and a record of format '" + kUpdateFormatV2 +
+           "' or older does not say which id a row is";
+    return UpdateOutcome::kRowFormat;
+  }
   auto it = maps_.find(r.table);
+  if (!r.changes_map()) {
+    return it == maps_.end() ? UpdateOutcome::kApplied : CheckHeld(r, it->second, why);
+  }
   if (it == maps_.end()) {
     *why = table + " is not a ZCH table of the served model: no slots";
     return UpdateOutcome::kSlotRange;
   }
-  if (Resent(r)) return UpdateOutcome::kApplied;
+  if (Resent(r)) return CheckHeld(r, it->second, why);
   const Map& m = it->second;
   for (const auto* list : {&r.evicted, &r.admitted}) {
     for (const auto& c : *list) {
@@ -209,6 +219,38 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why)
       }
     }
   }
+  return CheckHeld(r, m, why);
+}
+
+// rec.updates/3's `held` against the map after the record's changes (the Python twin is
+// rec.update_log.ServedMap.check_held): a cheap check that publisher and replica agree.
+UpdateOutcome EmbeddingTables::CheckHeld(const UpdateRecord& r, const Map& m,
+                                         std::string* why) const {
+  if (!r.has_held) return UpdateOutcome::kApplied;
+  auto find = [](const std::vector<UpdateRecord::SlotId>& list, int64_t slot) {
+    auto it = std::lower_bound(list.begin(), list.end(), slot,
+                               [](const UpdateRecord::SlotId& e, int64_t s) { return e.slot < s; });
+    return it != list.end() && it->slot == slot ? &*it : nullptr;
+  };
+  auto name = [](const UpdateRecord::SlotId* c) {
+    return c == nullptr ? std::string("None") : std::to_string(c->id);
+  };
+  for (int64_t slot : r.ids) {
+    UpdateRecord::SlotId now{slot, 0};
+    const UpdateRecord::SlotId* want = nullptr;  // the id the slot holds after the record
+    if (const auto* a = find(r.admitted, slot)) {
+      want = a;
+    } else if (find(r.evicted, slot) == nullptr && slot < m.slots && m.copies[0].second[slot]) {
+      now.id = m.copies[0].first[slot];
+      want = &now;
+    }
+    const UpdateRecord::SlotId* said = find(r.held, slot);
+    if ((want == nullptr) != (said == nullptr) || (want != nullptr && want->id != said->id)) {
+      *why = "slot " + std::to_string(slot) + " of '" + r.table + "' holds id " + name(want) +
+             " after the record, the record says " + name(said);
+      return UpdateOutcome::kMapMismatch;
+    }
+  }
   return UpdateOutcome::kApplied;
 }
 
@@ -216,12 +258,13 @@ UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
   pthread_rwlock_wrlock(&lock_);
   UpdateOutcome outcome = Check(r, why);
   auto stored = spec_.stored.find(r.table);
-  if (outcome == UpdateOutcome::kApplied && !r.ids.empty() && stored != spec_.stored.end()) {
-    stored_rows_(stored->second.index, r.ids, r.rows);
-  } else if (outcome == UpdateOutcome::kApplied && !r.ids.empty()) {
+  const bool applied = outcome == UpdateOutcome::kApplied;
+  if (applied && stored != spec_.stored.end() && (!r.ids.empty() || r.changes_map())) {
+    stored_rows_(stored->second.index, r);  // a raw-keyed table's evictions go there too
+  } else if (applied && !r.ids.empty()) {
     WriteRows(r);
   }
-  if (outcome == UpdateOutcome::kApplied && r.changes_map() && !Resent(r)) WriteMap(r);
+  if (applied && r.changes_map() && maps_.count(r.table) != 0 && !Resent(r)) WriteMap(r);
   if (outcome == UpdateOutcome::kApplied || outcome == UpdateOutcome::kSkipped) {
     if (run_.empty()) run_ = r.run;
     Advance(r);

@@ -29,9 +29,8 @@
 
 namespace rec {
 
-// Where a stored table's fresh rows go (the row cache): table index, ids, rows in log layout.
-using StoredRowsSink =
-    std::function<void(int64_t, const std::vector<int64_t>&, const std::string&)>;
+// Where a stored table's checked record goes (the row cache): its table index, the record.
+using StoredRowsSink = std::function<void(int64_t, const UpdateRecord&)>;
 
 // The embedding watermark: every row trained up to (gen, step) is in the tables. A version
 // starts at its export's (gen, step), with no wall time.
@@ -98,6 +97,7 @@ class EmbeddingTables {
                          std::map<std::string, Map>* out);
   UpdateOutcome Check(const UpdateRecord& r, std::string* why) const;
   UpdateOutcome CheckMap(const UpdateRecord& r, std::string* why) const;
+  UpdateOutcome CheckHeld(const UpdateRecord& r, const Map& m, std::string* why) const;
   bool Resent(const UpdateRecord& r) const;
   void WriteRows(const UpdateRecord& r);
   void WriteMap(const UpdateRecord& r);
