@@ -50,15 +50,6 @@ def open_sink(cfg: RecConfig, dtypes: dict[str, str], model: str, version: int, 
             "export.store.min_bytes; every table stays in the model (export.store.tables: "
             "[NAME, ...] in a --config file names the tables to store)")  # fmt: skip
         return None
-    zch = [t for t in cfg.tables if t.name in tables and t.zch is not None]
-    if zch and cfg.publish.url:
-        raise contract.StoreError(
-            f"export.store: tables {', '.join(t.name for t in zch)} are ZCH tables (ids: zch) of "
-            "a run that publishes to the update log (publish.url): the store keys their rows by "
-            "raw id, and nothing applies the log's id map changes to it yet (issue #50 item 5). "
-            "Keep them in the model: list the other tables in export.store.tables, or raise "
-            "export.store.min_bytes above their size"
-        )
     if cfg.export.format != "torchscript" or cfg.model.factory:
         raise contract.StoreError(
             f"export.store: tables {', '.join(tables)} would go to the embedding store, which "

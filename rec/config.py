@@ -1076,13 +1076,6 @@ class RecConfig:
         zch = [t.name for t in self.tables if t.zch]
         stored = [t for t in self.export.store.tables if t in zch]
         _check(
-            not (stored and self.publish.url),
-            f"publish.url with ZCH tables {stored} in export.store.tables: the store keys their "
-            "rows by raw id, and neither `rec store follow` nor the servers' caches apply the "
-            "update log's id map changes to it yet (issue #50, item 5); train without "
-            "publishing, or leave them in the model",
-        )
-        _check(
             not (stored and self.model.arch == "din"),
             f"export.store.tables names ZCH tables {stored} of a din model: din's stored "
             "lookups share keys of rows, not raw ids, yet; leave them in the model",

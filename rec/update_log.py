@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rec.contract.updates import UpdateError, UpdateRecord, decode, parse_url
+from rec.contract.updates import FORMAT_V2, UpdateError, UpdateRecord, decode, parse_url
 
 if TYPE_CHECKING:
     import torch
@@ -376,6 +376,9 @@ class Applier:
         its `held` ids disagree with the map, or None; after the export's records are skipped,
         since the export's map already holds theirs. A table served without a map (a modulo
         one, or one the store keys by raw id) reads no `held`."""
+        if rec.table in self.raw_keyed and rec.held is None:
+            return (f"row format: {rec.table!r} is stored by raw id, and a record of format "
+                    f"{FORMAT_V2!r} or older does not say which id a row is")  # fmt: skip
         served = self.maps.get(rec.table)
         if rec.evicted or rec.admitted:
             if served is None and rec.table not in self.raw_keyed:

@@ -302,7 +302,7 @@ class ServedTables(Applier):
         if rec.table in self.buffers:
             write_rows(self.buffers[rec.table], self.places[rec.table], rec.ids, rec.rows)
         elif self.refresh is not None:
-            self.refresh(rec.table, rec.ids, rec.rows)
+            self.refresh(rec)
 
 
 def _served_map(name, table, buffers):
@@ -544,22 +544,24 @@ class TritonPythonModel:
             stored = manifest.store.to_dict()["tables"] if manifest.has("store") else None
             refresh = self._refresh if self.store is not None else None
             zch = manifest.zch.to_dict()["tables"] if manifest.has("zch") else None
-            # A stored ZCH table (keyed by raw id) has no map in model.pt and takes no log rows
-            # by slot: its records are refused as another table's (rec.config refuses
-            # publish.url with one).
+            # A stored ZCH table (keyed by raw id) has no map in model.pt: its records go into
+            # the store reader's cache by the raw ids they name (rec.updates/3's `held`).
             raw = {n for n, t in (stored or {}).items() if t.get("keys") == "raw_id"}
-            stored = {n: t for n, t in stored.items() if n not in raw} if stored else stored
             zch = {n: t for n, t in zch.items() if n not in raw} if zch else zch
             self.tables = ServedTables(updates.to_dict(), dict(self.model.named_buffers()),
                                        stored, refresh, zch)  # fmt: skip
+            self.tables.raw_keyed = raw
         except (KeyError, ValueError) as e:
             raise pb_utils.TritonModelException(f"model '{name}': {e}") from None
         self.reader = UpdateReader(name, url, self.tables, UpdateMetrics(name, version))
 
-    def _refresh(self, table, ids, rows):
-        """A stored table's fresh rows into the cache, and the metrics that count them (under
-        the tables' lock, as _score's update of them is)."""
-        self.store.reader.refresh(table, ids, rows)
+    def _refresh(self, rec):
+        """A stored table's record into the cache (a ZCH table's by raw id), and the metrics
+        that count them (under the tables' lock, as _score's update of them is)."""
+        if rec.table in self.tables.raw_keyed:
+            self.store.reader.refresh_raw(rec.table, rec)
+        else:
+            self.store.reader.refresh(rec.table, rec.ids, rec.rows)
         self.store_metrics.update(self.store.reader)
 
     def finalize(self):

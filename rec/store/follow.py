@@ -35,7 +35,7 @@ from rec.contract.store import (
     partition_key,
     raw_id_partition,
 )
-from rec.contract.updates import FORMAT_V2, UpdateError, UpdateRecord, parse_url
+from rec.contract.updates import UpdateError, UpdateRecord, parse_url
 from rec.update_log import Applier, Entry, LogReader, ServedTable
 
 READ_ENTRIES = 256
@@ -73,12 +73,6 @@ class StoreApplier(Applier):
         self.prefix, self.partitions, self.client = store.prefix, tables, client
         self.pipe = client.pipeline(transaction=False)
         self.pending = 0
-
-    def _check_map(self, rec: UpdateRecord) -> str | None:
-        if rec.table in self.raw_keyed and rec.held is None:
-            return (f"row format: {rec.table!r} is stored by raw id, and a record of format "
-                    f"{FORMAT_V2!r} or older does not say which id a row is")  # fmt: skip
-        return super()._check_map(rec)
 
     def write(self, rec: UpdateRecord) -> None:
         parts = self.partitions[rec.table].partitions

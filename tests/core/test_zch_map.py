@@ -113,9 +113,6 @@ def test_a_zch_config_error_names_the_table():
         ({"ids": {"zch": {"probes": 200}}}, {}, "tables[goods].ids.zch.probes=200"),
         ({"ids": {"zch": {}}}, {"sharding": {"constraints": {
             "goods": {"sharding_types": ["data_parallel"]}}}}, "table 'goods' has ids.zch"),
-        ({"ids": {"zch": {}}}, {"export": {"store": {"url": "redis://h:1", "tables": ["goods"]}},
-                                "publish": {"url": "redis://h:1/s"}},
-         "publish.url with ZCH tables ['goods'] in export.store.tables"),
     ]  # fmt: skip
     for table, extra, message in cases:
         data = {"tables": [{**base["tables"][0], **table}], **extra}

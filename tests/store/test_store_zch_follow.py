@@ -1,15 +1,21 @@
-"""Fresh rows into a ZCH table held in the embedding store (rec.updates/3, `rec store follow`):
-the follower writes a stored ZCH table's rows under the raw ids the records name, deletes the
-evicted ids and writes the default row, so the tiered model over the store (no cache, no log)
-then scores as the in-model artifact with the same records applied to its rows and map, bit for
-bit, on an admitted id whose row changed, a newly admitted id, an evicted id and never-seen ids.
-Real redis-server (the log) and a real 3-master Redis Cluster (the store)."""
+"""Fresh rows into a ZCH table held in the embedding store (rec.updates/3, `rec store follow`).
+
+rec-server reading the log, and Python's store reader (Triton's model) fed the records, serve
+them from their caches at once, before the follower runs; the follower then writes the rows
+under the raw ids the records name, deletes the evicted ids and writes the default row, so a
+second rec-server with no log and no cache, and the Python reader over the store alone, score
+the same. Every one of them scores as the in-model artifact with the same records applied to its
+rows and map, bit for bit, on an admitted id whose row changed, a newly admitted id, an evicted
+id and never-seen ids. Real redis-server (the log), a real 3-master Redis Cluster (the store)
+and real rec-servers."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import redis
@@ -27,6 +33,8 @@ from rec.export.dcp_reader import CheckpointReader
 from rec.export.load import load_run
 from rec.export.tiered import TieredScorer
 from rec.quantize import fused_rows
+from rec.serve.client import Rows, ScoreClient
+from rec.serve.cpp import start_cpp
 from rec.store.client import connect
 from rec.store.cluster import RedisCluster
 from rec.store.follow import StoreFollower
@@ -71,7 +79,21 @@ def _request(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return dense, lengths, torch.tensor(values, dtype=torch.int64)
 
 
-def test_the_follower_writes_a_stored_zch_table_by_raw_id(tmp_path):
+def _served(server, request) -> np.ndarray:
+    client = ScoreClient(server.endpoints.grpc, "grpc")
+    try:
+        return np.asarray(client.score(Rows(*(t.numpy() for t in request))))
+    finally:
+        client.close()
+
+
+def _refreshed(server) -> float:
+    text = urllib.request.urlopen(f"http://{server.endpoints.metrics}/metrics", timeout=10).read()
+    found = re.findall(rb"^rec_store_cache_refreshed_rows_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return sum(float(v) for v in found)
+
+
+def test_fresh_rows_of_a_stored_zch_table_reach_caches_then_the_store(tmp_path):
     run = write_zch_run(tmp_path / "run", zch_dict(store={"tables": ["t0"], "partitions": 3}))
     with RedisBroker(tmp_path / "log") as broker, \
             RedisCluster(tmp_path / "cluster", masters=3, replicas=0) as cluster:  # fmt: skip
@@ -86,10 +108,19 @@ def test_the_follower_writes_a_stored_zch_table_by_raw_id(tmp_path):
         m = id_maps.read_maps(CheckpointReader(loaded.step_dir), loaded.cfg)["t0"]
         records, ids = _records(m, zch_t0["slots"], zch_t0["probes"], place)
         url = broker.url("rec:updates")
-        client = redis.Redis(port=broker.port)
-        for r in records + [records[1]]:  # the second sent again, as after a broker error
-            client.xadd("rec:updates", encode(r))
-        client.close()
+        request = _request([ids["kept"], ids["new"], ids["gone"], 424242, -5])
+        server = start_cpp(tmp_path / "tiered", http_port=0, grpc_port=0, metrics_port=0,
+                           extra_args=("--updates", url))  # fmt: skip
+        with server:
+            first = _served(server, request)
+            client = redis.Redis(port=broker.port)
+            for r in records + [records[1]]:  # the second sent again, as after a broker error
+                client.xadd("rec:updates", encode(r))
+            client.close()
+            deadline = time.monotonic() + 30
+            while _refreshed(server) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            served_fresh = _served(server, request)  # the follower has not run
 
         # Before the follower: a reader with a cache, fed the records (as Triton's model would
         # be), scores them already; the store still holds the export's rows.
@@ -98,11 +129,11 @@ def test_the_follower_writes_a_stored_zch_table_by_raw_id(tmp_path):
         cached_scorer = TieredScorer(torch.jit.load(str(model_file_in(tiered))), cached)
         for r in records:
             cached.refresh_raw("t0", r)
-        request = _request([ids["kept"], ids["new"], ids["gone"], 424242, -5])
         with torch.no_grad():
             fresh = cached_scorer(*request)
         cached.close()
 
+        assert not np.array_equal(served_fresh, first)
         follower = StoreFollower(read_manifest(manifest_in(tiered)), url, log=lambda _: None)
         stats = follower.run(threading.Event(), idle_exit_s=0.5)
         follower.close()
@@ -127,6 +158,13 @@ def test_the_follower_writes_a_stored_zch_table_by_raw_id(tmp_path):
         with torch.no_grad():
             got, want, old = scorer(*request), module(*request), before(*request)
         reader.close()
+        alone = ("--updates", "none", "--store-cache-bytes", "0")  # no log, no cache
+        no_log = start_cpp(tmp_path / "tiered", http_port=0, grpc_port=0, metrics_port=0,
+                           extra_args=alone)  # fmt: skip
+        with no_log:
+            served_store = _served(no_log, request)
+        assert np.array_equal(served_fresh, want.numpy())
+        assert np.array_equal(served_store, want.numpy())
         assert np.array_equal(fresh.numpy(), want.numpy())
         assert np.array_equal(got.numpy(), want.numpy())
         # Every probed id's score moved: a new row, a new id, an evicted id and unknown ones
