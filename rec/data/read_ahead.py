@@ -12,9 +12,12 @@ Why a thread helps while Python holds a GIL: the broker's round trip is a socket
 releases it, and the training step spends most of its time in torch's kernels and collectives,
 which release it too; the thread's decoding (JSON parsing, numpy) fills those gaps.
 
-The bound: the thread stops fetching while it holds `depth` or more events (an entry without a
-good event counts as one), so it holds at most `depth` plus one fetch's overshoot (the caller
-sizes a fetch to `need`, rounded up to whole entries).
+The bound: the thread fetches only while it holds `depth - chunk` events or fewer (an entry
+without a good event counts as one), asking for what fills it to `depth`, so it holds at most
+`depth` plus one fetch's overshoot (the caller sizes a fetch to `need`, rounded up to whole
+entries). Waiting for `chunk` events of room keeps each fetch as large as the reader's own
+(a batch): refilling after every entry taken made one round trip per entry, and in one process
+reading 102,400 events cost 32 µs per event against 12 without the thread.
 
 An exception in `fetch` ends the thread; `get` raises that same exception on the trainer's
 thread once the entries before it are taken. `close` stops the thread and waits for it a bounded
@@ -33,17 +36,19 @@ T = TypeVar("T")
 
 
 class ReadAhead(Generic[T]):
-    """A daemon thread calling fetch(need) while it holds fewer than `depth` events (size(item)
-    per item); `get` takes the oldest item (module docstring)."""
+    """A daemon thread calling fetch(need) while it holds at most `depth - chunk` events
+    (size(item) per item); `get` takes the oldest item (module docstring)."""
 
     def __init__(
         self,
         fetch: Callable[[int], list[T] | None],
         size: Callable[[T], int],
         depth: int,
+        chunk: int,
         name: str,
     ) -> None:
-        self.fetch, self.size, self.depth = fetch, size, max(1, depth)
+        self.fetch, self.size = fetch, size
+        self.depth, self.chunk = max(1, depth), min(max(1, chunk), max(1, depth))
         self.items: deque[T] = deque()
         self.held = 0
         """size() summed over items."""
@@ -57,7 +62,7 @@ class ReadAhead(Generic[T]):
         try:
             while True:
                 with self.cond:
-                    while self.held >= self.depth and not self.stopping:
+                    while self.held > self.depth - self.chunk and not self.stopping:
                         self.cond.wait()
                     if self.stopping:
                         return

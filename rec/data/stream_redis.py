@@ -227,7 +227,9 @@ class RedisEventReader(EventReader):
         """Entries from the read-ahead thread until a batch is ready or `deadline` passes."""
         if self.ahead is None:  # started by the first read: its depth needs the batch size
             depth = self.read_ahead * batch_size
-            self.ahead = ReadAhead(self._fetch_ahead, _events, depth, f"rec-read-{self.consumer}")
+            self.ahead = ReadAhead(
+                self._fetch_ahead, _events, depth, batch_size, f"rec-read-{self.consumer}"
+            )
         while self.asm.ready < batch_size:
             taken = self.ahead.get(max(0.0, deadline - self.clock()))
             if taken is None:

@@ -115,10 +115,13 @@ def test_entries_read_ahead_past_a_checkpoint_are_trained_once_after_a_crash(bro
     assert first.ack(checkpoint) == 3, "only what was trained, not what was read ahead"
     deadline = time.monotonic() + 5
     client = redis.Redis(port=broker.port)
-    while client.xpending("ahead", "rec")["pending"] < 5 and time.monotonic() < deadline:
+    while client.xpending("ahead", "rec")["pending"] < 3 and time.monotonic() < deadline:
         time.sleep(0.01)  # the thread reads on while nothing trains
+    time.sleep(0.3)
     pending = client.xpending("ahead", "rec")["pending"]
-    assert 5 <= pending < 9, "entry 3 and at least 32 events beyond it read ahead, and no more"
+    # Entry 3 (partly trained), then over 32 - 16 events (2 entries) up to about 32: it refills
+    # once a batch of room is free.
+    assert 3 <= pending <= 5, "read ahead beyond the trained events, and within its bound"
     first.close()  # dies with them untrained
 
     resumed = _reader(broker, "ahead", start=checkpoint, read_ahead=2)
