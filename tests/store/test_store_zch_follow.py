@@ -1,7 +1,8 @@
 """Fresh rows into a ZCH table held in the embedding store (rec.updates/3, `rec store follow`).
 
-rec-server reading the log, and Python's store reader (Triton's model) fed the records, serve
-them from their caches at once, before the follower runs; the follower then writes the rows
+rec-server and rec's Triton model (when tritonserver is installed) reading the log, and
+Python's store reader fed the records, serve them from their caches at once, before the
+follower runs; the follower then writes the rows
 under the raw ids the records name, deletes the evicted ids and writes the default row, so a
 second rec-server with no log and no cache, and the Python reader over the store alone, score
 the same. Every one of them scores as the in-model artifact with the same records applied to its
@@ -11,6 +12,7 @@ and real rec-servers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -35,6 +37,7 @@ from rec.export.tiered import TieredScorer
 from rec.quantize import fused_rows
 from rec.serve.client import Rows, ScoreClient
 from rec.serve.cpp import start_cpp
+from rec.serve.triton import start_triton
 from rec.store.client import connect
 from rec.store.cluster import RedisCluster
 from rec.store.follow import StoreFollower
@@ -42,6 +45,7 @@ from rec.store.reader import StoreReader
 from rec.update_log import ServedMap, write_rows
 from tests.export.zch_run import write_zch_run, zch_dict
 from tests.helpers import rec_in_process
+from tests.serve_triton.servers import _triton_missing
 
 FEATURES = ["e", "a", "c", "b", "d"]  # tiny_dict's request columns; t0 is feature a's table
 
@@ -80,7 +84,7 @@ def _request(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _served(server, request) -> np.ndarray:
-    client = ScoreClient(server.endpoints.grpc, "grpc")
+    client = ScoreClient(server.endpoints.grpc, "grpc", model="rec")
     try:
         return np.asarray(client.score(Rows(*(t.numpy() for t in request))))
     finally:
@@ -109,18 +113,23 @@ def test_fresh_rows_of_a_stored_zch_table_reach_caches_then_the_store(tmp_path):
         records, ids = _records(m, zch_t0["slots"], zch_t0["probes"], place)
         url = broker.url("rec:updates")
         request = _request([ids["kept"], ids["new"], ids["gone"], 424242, -5])
-        server = start_cpp(tmp_path / "tiered", http_port=0, grpc_port=0, metrics_port=0,
-                           extra_args=("--updates", url))  # fmt: skip
-        with server:
-            first = _served(server, request)
+        with contextlib.ExitStack() as servers:
+            live = [servers.enter_context(start_cpp(
+                tmp_path / "tiered", http_port=0, grpc_port=0, metrics_port=0,
+                extra_args=("--updates", url)))]  # fmt: skip
+            if _triton_missing() is None:  # rec's Triton model: its store reader's cache
+                live.append(servers.enter_context(start_triton(
+                    tmp_path / "tiered", http_port=0, grpc_port=0, metrics_port=0, updates=url,
+                    store_cache_bytes=1 << 20)))  # fmt: skip
+            first = [_served(server, request) for server in live]
             client = redis.Redis(port=broker.port)
             for r in records + [records[1]]:  # the second sent again, as after a broker error
                 client.xadd("rec:updates", encode(r))
             client.close()
             deadline = time.monotonic() + 30
-            while _refreshed(server) < 4 and time.monotonic() < deadline:
+            while min(map(_refreshed, live)) < 4 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            served_fresh = _served(server, request)  # the follower has not run
+            served_fresh = [_served(server, request) for server in live]  # no follower yet
 
         # Before the follower: a reader with a cache, fed the records (as Triton's model would
         # be), scores them already; the store still holds the export's rows.
@@ -133,7 +142,8 @@ def test_fresh_rows_of_a_stored_zch_table_reach_caches_then_the_store(tmp_path):
             fresh = cached_scorer(*request)
         cached.close()
 
-        assert not np.array_equal(served_fresh, first)
+        for fresh_scores, before_scores in zip(served_fresh, first, strict=True):
+            assert not np.array_equal(fresh_scores, before_scores)
         follower = StoreFollower(read_manifest(manifest_in(tiered)), url, log=lambda _: None)
         stats = follower.run(threading.Event(), idle_exit_s=0.5)
         follower.close()
@@ -163,7 +173,8 @@ def test_fresh_rows_of_a_stored_zch_table_reach_caches_then_the_store(tmp_path):
                            extra_args=alone)  # fmt: skip
         with no_log:
             served_store = _served(no_log, request)
-        assert np.array_equal(served_fresh, want.numpy())
+        for fresh_scores in served_fresh:  # rec-server, then Triton (if installed)
+            assert np.array_equal(fresh_scores, want.numpy())
         assert np.array_equal(served_store, want.numpy())
         assert np.array_equal(fresh.numpy(), want.numpy())
         assert np.array_equal(got.numpy(), want.numpy())
