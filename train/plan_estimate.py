@@ -266,7 +266,7 @@ def estimate(cfg: RecConfig, plan: list[ShardingOption], world: int, local: int,
         "load_avg": cal.get("load_avg"),
         "ids_per_feature": probe.get("ids_per_feature"),
         # Not in the memory estimate: what torch.profiler holds over the profiled window
-        # (train.step_profile), up to 1.4 GiB per rank on the Kaggle-size model.
+        # (train.step_profile), about 0.2 GiB per rank on the Kaggle-size model.
         "profile_steps": t.profile_steps,
         "step_ms": max(s["total"] for s in steps),
         "ranks": [{"step_ms": s, "memory_bytes": m} for s, m in zip(steps, memory, strict=True)],

@@ -142,7 +142,7 @@ class Progress:
             )
         if cal and cal.get("profile_steps"):
             log(f"the estimate leaves out what torch.profiler holds over the "
-                f"{cal['profile_steps']} profiled steps (up to 1.4 GiB per rank on the "
+                f"{cal['profile_steps']} profiled steps (about 0.2 GiB per rank on the "
                 "Kaggle-size model); training.profile_steps: 0 runs without them")  # fmt: skip
 
 
