@@ -112,3 +112,39 @@ def questionable_ids(
             if labels["model"] == model and labels["reason"] == reason:
                 counts[labels["feature"]] = float(m.group(2))
     return counts
+
+
+def scores_under_writes(write, infer, states: dict, readers: int, seconds: float = 4.0):
+    """The torn-update check's load: `write()` in a loop on one thread while `readers` threads
+    score for `seconds` with `infer(grpc)` (every other one over gRPC). Returns the names of
+    `states` the responses matched, and the responses that matched none (a torn update)."""
+    import threading
+    import time
+
+    import numpy as np
+
+    stop = threading.Event()
+    seen: list = []
+    bad: list = []
+
+    def writer() -> None:
+        while not stop.is_set():
+            write()
+
+    def reader(i: int) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            got = infer(bool(i % 2))
+            match = [k for k, s in states.items() if np.array_equal(got, s)]
+            (seen.extend(match) if match else bad.append(got))
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
+    feeder = threading.Thread(target=writer)
+    feeder.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    feeder.join()
+    return seen, bad

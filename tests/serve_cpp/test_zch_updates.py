@@ -6,7 +6,6 @@ them. The reference is model.pt in this process with the same records written in
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.request
 
@@ -20,6 +19,7 @@ from server import Server
 
 from rec.broker import redis_server_path
 from rec.contract.updates import encode
+from tests.helpers import scores_under_writes
 from tests.zch_log import T0_SLOTS, ZchLog, admit, record, request, rows, scores
 
 pytestmark = pytest.mark.skipif(
@@ -113,34 +113,17 @@ def test_a_slot_is_never_served_with_its_new_id_and_old_row_under_concurrent_loa
     client = redis.Redis(port=log.broker.port)
     try:
         server.wait_for_metric("rec_update_rows_applied_total", T0_SLOTS)
-        stop, written = threading.Event(), [0]
+        written = [12]  # the next record's step
         encoded = {"x": encode(to_x), "y": encode(to_y)}
 
-        def writer() -> None:
-            step = 12
-            while not stop.is_set():
-                fields = dict(encoded["y" if step % 2 == 0 else "x"], step=str(step))
-                client.xadd(stream, fields)
-                step += 1
-                written[0] += 1
+        def write() -> None:
+            step = written[0]
+            client.xadd(stream, dict(encoded["y" if step % 2 == 0 else "x"], step=str(step)))
+            written[0] += 1
 
-        seen, bad = [], []
-
-        def reader(i: int) -> None:
-            deadline = time.monotonic() + 4
-            while time.monotonic() < deadline:
-                got = infer(server, req, grpc=bool(i % 2))
-                match = [k for k, s in states.items() if np.array_equal(got, s)]
-                (seen.extend(match) if match else bad.append(got))
-
-        threads = [threading.Thread(target=writer)]
-        threads += [threading.Thread(target=reader, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads[1:]:
-            t.join()
-        stop.set()
-        threads[0].join()
+        seen, bad = scores_under_writes(
+            write, lambda grpc: infer(server, req, grpc=grpc), states, readers=4
+        )
         applied = server.metric("rec_update_records_total", outcome="applied")
         assert not bad, f"{len(bad)} scores matched neither state (a torn slot)"
         assert "x" in seen and "y" in seen, (seen[:5], written, applied)

@@ -8,7 +8,6 @@ waits until the watermark on /metrics reaches them."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -20,6 +19,7 @@ import tritonclient.http as httpclient
 from rec.contract import DENSE, LENGTHS, VALUES
 from rec.contract.updates import encode
 from rec.serve.triton import start_triton
+from tests.helpers import scores_under_writes
 from tests.serve_triton.servers import TRITON_AND_REDIS
 from tests.serve_triton.test_updates import metrics, wait_for_step
 from tests.zch_log import T0_SLOTS, ZchLog, admit, record, request, rows, scores
@@ -122,33 +122,17 @@ def test_triton_never_serves_a_new_id_with_its_old_row_under_concurrent_load(ser
               "y": scores(log.reference([*base, to_y]), req)}  # fmt: skip
     served.publish(first)
     wait_for_step(served.server, 16)
-    stop = threading.Event()
+    steps = [17]  # the next record's step
 
-    def writer() -> None:
-        step = 17
-        while not stop.is_set():
-            fields = dict(encode(to_y if step % 2 else to_x), step=str(step))
-            served.client.xadd(STREAM, fields)
-            step += 1
-            time.sleep(0.05)  # Triton applies a record in ~0.1 s: do not bury it
+    def write() -> None:
+        step = steps[0]
+        served.client.xadd(STREAM, dict(encode(to_y if step % 2 else to_x), step=str(step)))
+        steps[0] += 1
+        time.sleep(0.05)  # Triton applies a record in ~0.1 s: do not bury it
 
-    seen, bad = [], []
-
-    def reader(i: int) -> None:
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
-            got = served.infer(req, grpc=bool(i % 2))
-            match = [k for k, s in states.items() if np.array_equal(got, s)]
-            (seen.extend(match) if match else bad.append(got))
-
-    threads = [threading.Thread(target=writer)]
-    threads += [threading.Thread(target=reader, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads[1:]:
-        t.join()
-    stop.set()
-    threads[0].join()
+    seen, bad = scores_under_writes(
+        write, lambda grpc: served.infer(req, grpc=grpc), states, readers=2
+    )
     assert not bad, f"{len(bad)} scores matched neither state (a torn slot)"
     assert "x" in seen and "y" in seen, seen[:5]
     assert metrics(served.server).get("rec_update_records_total{map_mismatch}", 0) == 1
