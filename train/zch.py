@@ -4,7 +4,7 @@ Every rank holds every ZCH table's id map (rec.zch.IdMap), whole. A training bat
 remapped through it as the data path makes the batch (`remap_train`), and the rank counts what
 it saw: the ids that read the default row and the hits of each slot. Every `every_steps` steps,
 at a step where the train pipeline has drained (Trainer._boundaries), the ranks run a round
-(`round`): they sum their sightings (collectives), every rank admits and evicts the same ids
+(`round`): they gather their sightings (one collective), every rank admits and evicts the same ids
 (IdMap.admit is deterministic), and the rank(s) holding an admitted slot's row reset it to a
 fresh draw of the table's initial distribution, with its fused optimizer state at zero. A batch
 remapped before a round is trained before it, so no slot trains a sample of the id it held
@@ -168,22 +168,20 @@ class ZchTables:
         due = [n for n, t in self.tables.items() if step % t.zch.every_steps == 0]  # type: ignore[union-attr]
         if not due:
             return {}
-        unseen, hits, last = self._local_counts(due)
-        payload = (time.time(), unseen)
+        unseen, hits = self._local_counts(due)
+        payload = (time.time(), unseen, hits)
         every: list = [payload]
-        if dist.is_initialized():  # one gather of the unseen ids, one sum and one max of hits
+        if dist.is_initialized():  # one gather: the unseen ids, the slots hit and their counts
             every = [None] * dist.get_world_size()
             dist.all_gather_object(every, payload)
-            hits, last = hits.to(device), last.to(device)
-            dist.all_reduce(hits, op=dist.ReduceOp.SUM)
-            dist.all_reduce(last, op=dist.ReduceOp.MAX)
-            hits, last = hits.cpu(), last.cpu()
         now = every[0][0]  # rank 0's clock, so ttl decides alike everywhere
+        hit_slots, hit_counts, hit_last = _sum_hits([p[2] for p in every])
         out = {}
         for name in due:
             ids, counts = _sum_unseen([p[1][name] for p in every])
             part = self._part(name)
-            changes = self.maps[name].admit(ids, counts, hits[part], last[part], step, now)
+            table_hits, table_last = _dense_part(hit_slots, hit_counts, hit_last, part)
+            changes = self.maps[name].admit(ids, counts, table_hits, table_last, step, now)
             tot = self.totals[name]
             tot.admitted += len(changes.admitted_slots)
             tot.evicted += len(changes.evicted_slots)
@@ -199,15 +197,15 @@ class ZchTables:
         return slice(int(self.base[i]), int(self.base[i] + self.slots[i]))
 
     def _local_counts(self, due: list[str]):
-        """This rank's sightings: per due table its unseen ids and their counts (numpy), and
-        every slot's hits (float64) and last step (int64) in the flat map. The tables not due
-        keep theirs for their own rounds."""
-        seen, total = self.seen, int(self.flat_keys.numel())
+        """This rank's sightings of the due tables: per table its unseen ids and their counts
+        (numpy), and the slots hit in the flat map with their hits and last step (numpy). Sparse,
+        so that a round costs the ids seen since the last one, not the tables' slots (33.8M at
+        Kaggle size: dense counts and their all_reduces took about 1.5 s a round). The tables
+        not due keep their sightings for their own rounds."""
+        seen = self.seen
         cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)  # noqa: E731
         unseen, unseen_table = cat(seen.unseen), cat(seen.unseen_table)
         hits, hit_steps = cat(seen.hits), cat(seen.hit_steps)
-        all_hits = torch.bincount(hits, minlength=total).to(torch.float64)
-        last = torch.zeros(total, dtype=torch.int64).scatter_reduce_(0, hits, hit_steps, "amax")
         out = {}
         for i, name in enumerate(self.maps):
             if name in due:
@@ -215,9 +213,14 @@ class ZchTables:
                 out[name] = (ids.numpy(), counts.numpy())
         later = torch.tensor([n not in due for n in self.maps])
         keep_unseen, keep_hits = later[unseen_table], later[_table_of(hits, self.base)]
+        now = ~keep_hits
+        slots, inverse = torch.unique(hits[now], return_inverse=True)
+        counts = torch.bincount(inverse, minlength=slots.numel())
+        last = torch.zeros(slots.numel(), dtype=torch.int64)
+        last.scatter_reduce_(0, inverse, hit_steps[now], "amax", include_self=False)
         self.seen = _Sightings([unseen[keep_unseen]], [unseen_table[keep_unseen]],
                                [hits[keep_hits]], [hit_steps[keep_hits]])  # fmt: skip
-        return out, all_hits, last
+        return out, (slots.numpy(), counts.numpy(), last.numpy())
 
     # ---- fresh rows -------------------------------------------------------------------------
     def _reset(self, name: str, slots: list[int], step: int, dmp, optimizer) -> None:
@@ -298,6 +301,32 @@ def _local_shards(tensor, key: str):
             "optimizer state live in FBGEMM's kernel"
         )
     return tensor.local_shards()
+
+
+def _sum_hits(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
+    """Every rank's (slots, hits, last step), summed per slot: sorted unique slots (int64), their
+    hits summed (float64, exact: integer counts) and their last step (the largest)."""
+    slots = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    hits = np.concatenate([p[1] for p in parts]).astype(np.float64)
+    last = np.concatenate([p[2] for p in parts]).astype(np.int64)
+    uniq, inverse = np.unique(slots, return_inverse=True)
+    total = np.bincount(inverse, weights=hits, minlength=len(uniq)).astype(np.float64)  # empty: int
+    latest = np.zeros(len(uniq), np.int64)
+    np.maximum.at(latest, inverse, last)
+    return uniq, total, latest
+
+
+def _dense_part(slots: np.ndarray, hits: np.ndarray, last: np.ndarray, part: slice):
+    """One table's hits (float64 [slots]) and last steps (int64 [slots]), as IdMap.admit takes
+    them, from the summed sparse ones of the flat map (`slots` sorted)."""
+    n = part.stop - part.start
+    lo, hi = np.searchsorted(slots, [part.start, part.stop])
+    at = torch.from_numpy(slots[lo:hi] - part.start)
+    dense_hits = torch.zeros(n, dtype=torch.float64)
+    dense_last = torch.zeros(n, dtype=torch.int64)
+    dense_hits[at] = torch.from_numpy(hits[lo:hi])
+    dense_last[at] = torch.from_numpy(last[lo:hi])
+    return dense_hits, dense_last
 
 
 def _sum_unseen(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -189,3 +189,52 @@ def test_one_pass_remap_reads_what_each_tables_lookup_reads():
             assert (want < m.slots).any() and (want == m.slots).any()
         else:
             assert torch.equal(got[f].values(), plain[f].values()), f
+
+
+def test_a_rounds_sparse_hits_sum_as_the_dense_counts_did():
+    """A round gathers each rank's hits as (slot, count, last step) of the slots it saw, not a
+    dense vector over every slot (33.8M at Kaggle size); summed, they must give each table the
+    dense hits and last steps a sum and a max over the ranks would, and leave the tables not
+    due their sightings."""
+    import numpy as np
+
+    from rec.config import config_from_dict
+    from rec.train.zch import ZchTables, _dense_part, _sum_hits
+
+    cfg = copy.deepcopy(TINY)
+    cfg["tables"][0]["ids"] = {"zch": {"probes": 3, "every_steps": 5}}
+    cfg["tables"][2]["ids"] = {"zch": {"every_steps": 10}}
+    cfg = config_from_dict(cfg)
+    keys = list(cfg.features.sparse)
+    gen = torch.Generator().manual_seed(1)
+    pool = torch.randint(-(2**40), 2**40, (200,), generator=gen)
+    ranks = [ZchTables(cfg, keys) for _ in range(2)]
+    for z in ranks:
+        for m in z.maps.values():  # a third of the pool admitted, so that slots are hit
+            ids = np.unique(pool[:70].numpy())
+            none = torch.zeros(m.slots, dtype=torch.float64)
+            m.admit(ids, np.ones(len(ids), np.int64), none, none.long(), 1, 0.0)
+    for _ in range(3):
+        for z in ranks:
+            lengths = torch.randint(0, 3, (len(keys) * 16,), generator=gen, dtype=torch.int32)
+            raw = pool[torch.randint(0, 200, (int(lengths.sum()),), generator=gen)]
+            z.remap_train(lengths, raw, torch.zeros_like(raw))
+    total = int(ranks[0].flat_keys.numel())
+    dense_hits = torch.zeros(total, dtype=torch.float64)
+    dense_last = torch.zeros(total, dtype=torch.int64)
+    for z in ranks:
+        hits, steps = torch.cat(z.seen.hits), torch.cat(z.seen.hit_steps)
+        dense_hits += torch.bincount(hits, minlength=total)
+        dense_last = torch.maximum(
+            dense_last, torch.zeros(total, dtype=torch.int64).scatter_reduce(0, hits, steps, "amax")
+        )
+    due = [next(iter(ranks[0].maps))]  # the first table's round only
+    parts = [z._local_counts(due)[1] for z in ranks]
+    slots, counts, last = _sum_hits(parts)
+    part = ranks[0]._part(due[0])
+    got_hits, got_last = _dense_part(slots, counts, last, part)
+    assert got_hits.sum() > 0
+    assert torch.equal(got_hits, dense_hits[part]) and torch.equal(got_last, dense_last[part])
+    other = ranks[0]._part(list(ranks[0].maps)[1])  # not due: its hits wait for its round
+    kept = torch.cat(ranks[0].seen.hits)
+    assert kept.numel() > 0 and bool(((kept >= other.start) & (kept < other.stop)).all())
