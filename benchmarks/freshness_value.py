@@ -398,8 +398,11 @@ def freshness(args) -> None:
     drift = {"train_samples": total, "teacher_drift": args.drift * scale,
              "popularity_drift": args.drift * scale, "churn": args.churn * scale}  # fmt: skip
     config = write_config(work, args.config, drift, {
-        # The profiler off: its 10 steps hold up to 1.4 GiB more per rank at Kaggle size.
-        "training": {"steps": 0, "eval_every": 0, "lr_schedule": "constant", "profile_steps": 0},
+        # The profiler off: its 10 steps hold up to 1.4 GiB more per rank at Kaggle size. The
+        # default pipeline: with `base` (Kaggle's config) stream training spins without stepping
+        # after its first segment ends (TrainPipelineBase's stopped iterator stays stopped).
+        "training": {"steps": 0, "eval_every": 0, "lr_schedule": "constant", "profile_steps": 0,
+                     "pipeline": "sparse_dist"},
         "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": args.keep_last},
         "publish": {"url": updates_url},
         "export": {"eval_batches": 2, **({"format": args.format} if args.format else {})},
