@@ -59,12 +59,18 @@ class StoreApplier(Applier):
     each row's slot holds (rec.updates/3's `held`): a record's evicted ids are deleted, then each
     held row is written under its raw id and the default row (the table's last) as the table's
     default; a row of a free slot is not written (no id reads it). Evictions go first, so an id
-    a record both evicts and places (another slot) keeps its row."""
+    a record both evicts and places (another slot) keeps its row.
+
+    The tables the version keeps in its model (rec.json "updates.tables") are checked as a
+    replica checks them and count toward the watermark, but nothing of them is written here
+    (their id map changes, a ZCH table's, included): the replicas hold them."""
 
     def __init__(self, store: StoreSection, updates: UpdatesSection, client) -> None:
         tables = store.tables
+        in_model = {n: ServedTable(p["rows"], p["dim"], p["dtype"])
+                    for n, p in updates.tables.items() if n not in tables}  # fmt: skip
         super().__init__(
-            tables={},
+            tables=in_model,
             export=(updates.gen, updates.step),
             run=updates.run or "",
             stored={n: ServedTable(t.rows, t.dim, t.dtype) for n, t in tables.items()},
@@ -74,7 +80,12 @@ class StoreApplier(Applier):
         self.pipe = client.pipeline(transaction=False)
         self.pending = 0
 
+    def _check_map(self, rec: UpdateRecord) -> str | None:
+        return None if rec.table in self.tables else super()._check_map(rec)
+
     def write(self, rec: UpdateRecord) -> None:
+        if rec.table in self.tables:
+            return  # kept in the model: the replicas write it
         parts = self.partitions[rec.table].partitions
         width = len(rec.rows) // rec.count if rec.count else 0
         row_of = {slot: rec.rows[i * width : (i + 1) * width] for i, slot in enumerate(rec.ids)}
@@ -167,7 +178,8 @@ class StoreFollower:
                 outcome, why = self.applier.apply(rec)
                 self.stats.refused += outcome not in ("applied", "skipped")
                 self.stats.records += 1
-                self.stats.rows += rec.count if outcome == "applied" else 0
+                stored = outcome == "applied" and rec.table not in self.applier.tables
+                self.stats.rows += rec.count if stored else 0
             if why and self.stats.refused <= 5:
                 self.log(f"entry {entry_id} refused: {why}")
         # The rows, then where they came from: a follower killed in between re-applies these

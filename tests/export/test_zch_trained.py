@@ -82,7 +82,10 @@ def _unknown_a(cfg, maps, batch) -> int:
 def test_a_published_zch_run_carries_its_maps_to_rec_server(tmp_path):
     """`rec train --publish` with a ZCH table: the rounds after the exported checkpoint reach
     rec-server through the update log (map changes with their rows), and rec-server scores as
-    the exported model.pt with the log's rows and the last checkpoint's map written into it."""
+    the exported model.pt with the log's rows and the last checkpoint's map written into it.
+    The same table exported into the embedding store (keyed by raw id) gets there too: a
+    rec-server reading the log scores so before `rec store follow` runs, and one with no log
+    and no cache after it (tests/store/test_store_zch_follow.py has the cases by hand)."""
     import re
     import time
     import urllib.request
@@ -105,6 +108,8 @@ def test_a_published_zch_run_carries_its_maps_to_rec_server(tmp_path):
         data["training"].update(steps=12, eval_every=0)
         data["checkpoint"] = {"every_steps": 4, "keep_last": 3}
         data["publish"] = {"url": url, "every_steps": 3, "every_seconds": 0}
+        # With --store only: every table, so a server that reads no log is as fresh as the store.
+        data["export"]["store"] = {"tables": ["t0", "t1", "t2", "t3"], "partitions": 3}
         config = write_config(tmp_path / "cfg.yaml", data)
         run, repo = tmp_path / "run", tmp_path / "repo"
         run_rec("train", "--config", str(config), "--run-dir", str(run), "--nproc", "1")
@@ -155,5 +160,54 @@ def test_a_published_zch_run_carries_its_maps_to_rec_server(tmp_path):
         for got, expected in zip(served, want, strict=True):
             np.testing.assert_array_equal(got, expected)
         assert not np.allclose(served[0], old[0], atol=1e-6)  # the log changed ids and rows
+        _stored_gets_there_too(tmp_path, run, url, probe, want)
     finally:
         broker.stop()
+
+
+def _stored_gets_there_too(tmp_path, run, url, probe, want) -> None:
+    """Every table exported at step 4 into a Redis Cluster (t0 keyed by raw id): rec-server
+    with the log, then (after `rec store follow`) rec-server alone, score `want`, bit for
+    bit."""
+    from rec import run_dir
+    from rec.store.cluster import RedisCluster
+
+    rows = [Rows(b.dense.numpy(), b.lengths.numpy(), b.values.numpy()) for b in probe.batches()]
+
+    def scores(extra: tuple[str, ...]) -> list[np.ndarray]:
+        with start_cpp(stored, http_port=0, grpc_port=0, metrics_port=0,
+                       extra_args=extra) as server:  # fmt: skip
+            _wait_for_step(server, 12 if "none" not in extra else 0)
+            client = ScoreClient(server.endpoints.grpc, "grpc", model="rec")
+            try:
+                return [client.score(r) for r in rows]
+            finally:
+                client.close()
+
+    stored = tmp_path / "stored"
+    with RedisCluster(tmp_path / "cluster", masters=3, replicas=0) as cluster:
+        run_rec("export", str(run), "--repo", str(stored), "--checkpoint",
+                run_dir.step_dir_name(4), "--store", cluster.url())  # fmt: skip
+        for got, expected in zip(scores(("--updates", url)), want, strict=True):
+            np.testing.assert_array_equal(got, expected)  # the follower has not run
+        out = run_rec("store", "follow", str(stored), "--idle-exit-s", "1").stdout
+        assert " 0 refused" in out, out
+        alone = scores(("--updates", "none", "--store-cache-bytes", "0"))
+        for got, expected in zip(alone, want, strict=True):
+            np.testing.assert_array_equal(got, expected)
+
+
+def _wait_for_step(server, step: int) -> None:
+    import re
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    pattern = re.compile(r'^rec_update_watermark_step\{model="rec"[^}]*\} (\S+)$', re.M)
+    while step:
+        with urllib.request.urlopen(f"http://{server.endpoints.metrics}/metrics") as r:
+            m = pattern.search(r.read().decode())
+        if m and float(m.group(1)) >= step:
+            return
+        assert time.monotonic() < deadline, f"rec-server did not reach step {step}"
+        time.sleep(0.1)
