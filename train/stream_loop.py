@@ -5,9 +5,12 @@ together: before each step one all-reduce sums [events, stop, checkpoint due] ov
   - No rank has an event: nobody steps; they read again (idle_exit_s ends the run). The
     segment ends there too, so the train pipeline, which reads a batch ahead, trains the batch
     it holds now rather than when the next event comes.
-  - Some rank has events: every rank steps. A rank without any trains one row labelled
-    PAD_LABEL, which TrainModel's loss leaves out (zero loss, zero gradient), so it takes part
-    in the step's collectives. No event waits for a full batch longer than data.stream.wait_s.
+  - Some rank has events: every rank steps, each batch padded with rows labelled PAD_LABEL,
+    which TrainModel's loss leaves out (zero loss, zero gradient), to the step's largest batch:
+    a rank without any event takes part in the step's collectives, and a row-wise sharded
+    table's backward (torchrec's ReduceScatterV, an all-gather that gloo runs only over equal
+    sizes) gets the same batch size from every rank. No event waits for a full batch longer
+    than data.stream.wait_s.
   - A stop (SIGTERM, SIGINT, training.steps, idle_exit_s) or a time-based checkpoint ends the
     segment on every rank at the same step; the batch read in that same step is held for the
     next segment (or, at a stop, never trained and never acknowledged: the resumed run gets it).
@@ -133,6 +136,8 @@ class StreamFeed:
         self.last_save = time.monotonic()
         self.last_step = self.last_status = time.monotonic()
         self.saved_step = trainer.pos.step
+        self.pad_to = 0
+        """The largest batch of the last read over the ranks: every rank pads its batch to it."""
         self.stopping = False
         self.ended_due = False
         """The last segment ended because checkpoint.every_seconds passed."""
@@ -165,8 +170,8 @@ class StreamFeed:
             yield self._torchrec(b.batch)
 
     def _agree(self, n_local: int) -> tuple[int, int, int]:
-        """[events, stop, checkpoint due] over the ranks, from one all-reduce per read of
-        [events, signalled, idle, due]."""
+        """[events, stop, checkpoint due] over the ranks, and the largest batch (pad_to), from
+        one all-gather per read of [events, signalled, idle, due, refused]."""
         now = time.monotonic()
         signalled = self.stop.signal is not None
         idle = bool(self.idle_exit_s) and now - self.last_event > self.idle_exit_s
@@ -174,9 +179,12 @@ class StreamFeed:
                and self.t.pos.step > self.saved_step)  # fmt: skip
         refused = sum(self.reader.refused.values())
         flags = torch.tensor([n_local, signalled, idle, bool(due), refused], dtype=torch.int64)
+        every = [flags]
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flags)
-        total, signalled_all, idle_all, due_all, refused_all = (int(x) for x in flags)
+            every = [torch.zeros_like(flags) for _ in range(dist.get_world_size())]
+            dist.all_gather(every, flags)
+        self.pad_to = max(int(f[0]) for f in every)
+        total, signalled_all, idle_all, due_all, refused_all = (int(x) for x in sum(every))
         if total:
             self.last_event = now
         elif now - self.last_step > STATUS_S and now - self.last_status > STATUS_S:
@@ -211,11 +219,13 @@ class StreamFeed:
         self.saved_step, self.last_save = step, time.monotonic()
 
     def _torchrec(self, batch: RecBatch):
+        """Padded to the step's largest batch (pad_to; a batch held from the step that ended a
+        segment keeps the size of that step's read, on every rank)."""
         t = self.t
-        if len(batch) == 0:  # this rank's share ran dry this step: one row with no loss
+        if len(batch) == 0:  # this rank's share ran dry this step: rows with no loss
             cfg = t.cfg
             batch = empty_rows(cfg.features.dense, len(t.keys), cfg.model.num_tasks).to_batch()
-            batch = batch.padded(1)
+        batch = batch.padded(max(self.pad_to, 1))
         return batch.to_torchrec(t.keys, t.rows, t.zch.remap_train if t.zch else None)
 
 

@@ -174,6 +174,9 @@ def test_a_dry_rank_a_broker_restart_bad_events_and_sigterm(tmp_path):
         url = broker.url("dry")
         cfg = _config(url, log_every=1)
         cfg["data"]["stream"].update(idle_exit_s=0, retry_s=0.05, max_retry_s=0.2)
+        # A row-wise table: its backward all-gathers every rank's rows (gloo), which needs the
+        # same batch size on every rank, a dry one too.
+        cfg["sharding"] = {"constraints": {"t1": {"sharding_types": ["row_wise"]}}}
         _produce(cfg, url, 10, per_entry=10)
         run = tmp_path / "run"
         config = write_config(tmp_path / "c.yaml", cfg)
