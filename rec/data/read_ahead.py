@@ -19,6 +19,11 @@ entries). Waiting for `chunk` events of room keeps each fetch as large as the re
 (a batch): refilling after every entry taken made one round trip per entry, and in one process
 reading 102,400 events cost 32 µs per event against 12 without the thread.
 
+`get` waits up to its timeout for an entry, and past it while the thread's last fetch brought
+entries (more may be in the stream): so, as a reader without the thread, it returns what the
+stream holds now, and waits for more only up to its deadline. It overruns the deadline by one
+fetch at most, after a fetch that brought entries.
+
 An exception in `fetch` ends the thread; `get` raises that same exception on the trainer's
 thread once the entries before it are taken. `close` stops the thread and waits for it a bounded
 time; it never hangs the trainer (the thread is a daemon).
@@ -54,6 +59,8 @@ class ReadAhead(Generic[T]):
         """size() summed over items."""
         self.cond = threading.Condition()
         self.error: BaseException | None = None
+        self.dry = False
+        """The last fetch brought nothing (none yet: False)."""
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -74,6 +81,7 @@ class ReadAhead(Generic[T]):
                     for item in items or ():
                         self.items.append(item)
                         self.held += self.size(item)
+                    self.dry = not items
                     self.cond.notify_all()
         except BaseException as e:  # noqa: BLE001 (raised again on the trainer's thread)
             with self.cond:
@@ -82,16 +90,21 @@ class ReadAhead(Generic[T]):
                 self.cond.notify_all()
 
     def get(self, timeout: float) -> T | None:
-        """The oldest item, waiting up to `timeout` s for one; None if none came. Raises the
-        thread's exception once the items before it are taken."""
+        """The oldest item, waiting up to `timeout` s for one, and past it while the last fetch
+        brought items; None if none came. Raises the thread's exception once the items before
+        it are taken."""
         end = time.monotonic() + timeout
         with self.cond:
             while not self.items:
                 if self.error is not None:
                     raise self.error
-                left = end - time.monotonic()
-                if left <= 0 or not self.thread.is_alive():
+                if not self.thread.is_alive():
                     return None
+                left = end - time.monotonic()
+                if left <= 0:
+                    if self.dry:
+                        return None
+                    left = 0.05  # a fetch under way may bring what the stream holds now
                 self.cond.wait(left)
             item = self.items.popleft()
             self.held -= self.size(item)

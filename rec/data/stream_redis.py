@@ -242,7 +242,14 @@ class RedisEventReader(EventReader):
             return None
         deadline = self.clock() + READ_BLOCK_S
         try:
-            return self.reading.command(lambda c: self._read(c, need, deadline)[1], deadline)
+            while True:
+                progressed, taken = self.reading.command(
+                    lambda c: self._read(c, need, deadline), deadline
+                )
+                if taken or not progressed:
+                    return taken
+                # The pending scan ended empty: this fetch reads new entries too, so that an
+                # empty fetch means an empty stream.
         except _Down:
             return None
 
