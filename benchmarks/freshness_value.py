@@ -326,8 +326,9 @@ def role(cmdline: str) -> str:
     if cmdline.startswith("RANK="):
         return f"training rank {cmdline.split()[0][5:]}"
     for part, name in (("--follow", "export --follow"), ("forkserver", "export --follow's exports"),
+                       ("redis-", "redis-server (and its AOF rewrite)"),
                        (" export ", "rec export (warm-up)"), (" train ", "rec train (launcher)"),
-                       ("redis-server", "redis-server"), ("stream replay", "rec stream replay"),
+                       ("stream replay", "rec stream replay"),
                        ("freshness_value", "benchmark (producer, scoring client)"),
                        ("python3 -", "Python helpers (compile workers and the like)")):  # fmt: skip
         if part in cmdline:

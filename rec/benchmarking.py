@@ -155,7 +155,9 @@ class MemWatch:
         st, roll = _status(pid), smaps_rollup(pid)
         if st is None or roll is None:
             return 0
-        rec = self.per_pid.setdefault(pid, {"role": self.role(st[0]), "hwm": 0, "samples": 0})
+        rec = self.per_pid.setdefault(pid, {"hwm": 0, "samples": 0})
+        # Each time: a child seen between its fork and its exec has its parent's command line.
+        rec["role"] = self.role(st[0])
         rec["hwm"] = max(rec["hwm"], st[1])
         rec["samples"] += 1
         if roll["Pss"] >= rec.get("Pss", -1):  # the sample at its largest Pss, whole
