@@ -132,7 +132,8 @@ class StreamFeed:
         self.every_seconds = cfg.checkpoint.every_seconds
         self.trained: deque[StreamBatch] = deque()
         self.held: StreamBatch | None = None
-        self.last_event = time.monotonic()
+        self.empty_since: float | None = None
+        """When the reads began to find nothing on every rank (None: the last one found events)."""
         self.last_save = time.monotonic()
         self.last_step = self.last_status = time.monotonic()
         self.saved_step = trainer.pos.step
@@ -148,7 +149,7 @@ class StreamFeed:
         done = 0
         # Idle means reads that found nothing: a checkpoint or a ZCH round between segments
         # is not the stream's silence.
-        self.last_event = time.monotonic()
+        self.empty_since = None
         while done < steps:
             if self.held is not None:
                 b, self.held = self.held, None
@@ -171,10 +172,14 @@ class StreamFeed:
 
     def _agree(self, n_local: int) -> tuple[int, int, int]:
         """[events, stop, checkpoint due] over the ranks, and the largest batch (pad_to), from
-        one all-gather per read of [events, signalled, idle, due, refused]."""
+        one all-gather per read of [events, signalled, idle, due, refused]. Idle counts only
+        reads that found nothing, from the first of them: a step slower than idle_exit_s
+        between two reads is not the stream's silence, and a read that found events on any
+        rank never stops the run as idle."""
         now = time.monotonic()
         signalled = self.stop.signal is not None
-        idle = bool(self.idle_exit_s) and now - self.last_event > self.idle_exit_s
+        idle = (bool(self.idle_exit_s) and self.empty_since is not None
+                and now - self.empty_since > self.idle_exit_s)  # fmt: skip
         due = (self.every_seconds and now - self.last_save >= self.every_seconds
                and self.t.pos.step > self.saved_step)  # fmt: skip
         refused = sum(self.reader.refused.values())
@@ -185,12 +190,15 @@ class StreamFeed:
             dist.all_gather(every, flags)
         self.pad_to = max(int(f[0]) for f in every)
         total, signalled_all, idle_all, due_all, refused_all = (int(x) for x in sum(every))
+        idle_all = idle_all if not total else 0
         if total:
-            self.last_event = now
-        elif now - self.last_step > STATUS_S and now - self.last_status > STATUS_S:
-            self.last_status = now
-            if self.t.ctx.is_main:
-                self._status(now, refused_all)
+            self.empty_since = None
+        else:
+            self.empty_since = now if self.empty_since is None else self.empty_since
+            if now - self.last_step > STATUS_S and now - self.last_status > STATUS_S:
+                self.last_status = now
+                if self.t.ctx.is_main:
+                    self._status(now, refused_all)
         if signalled_all and not self.why:
             name = signal.Signals(self.stop.signal).name if signalled else ""
             self.why = f"signal {name}" if signalled else "another rank got a signal"
@@ -315,6 +323,7 @@ def _segment(t, feed, batches, online, progress, window, last, lag_said):
     from rec.train.optim import lr_factor, set_dense_lr
 
     log_every = t.cfg.training.log_every
+    t.new_segment()
     while True:
         set_dense_lr(t.optimizer, lr_factor(t.pos.step, 0, t.cfg.training), t.cfg.training)
         spent = t.step_profiler.before(t.pos.step)

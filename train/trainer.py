@@ -363,8 +363,19 @@ class Trainer:
             planned = [r["send_buffer_bytes"] for r in self.plan_report["ranks"]]
             progress.steps(self.pos.step, results, planned)  # type: ignore[arg-type]
 
+    def new_segment(self) -> None:
+        """Readies the pipeline for a segment's new iterator. TorchRec's TrainPipelineBase stays
+        stopped once an iterator ends (every later progress() raises StopIteration), so without
+        this a run with pipeline: base ended silently at its first evaluation or checkpoint;
+        TrainPipelineSparseDist drains and restarts on a new iterator by itself. The reset is
+        TrainPipelineBase's own (private) method: its batch in hand was trained before the
+        StopIteration, so nothing is dropped."""
+        if isinstance(self.pipeline, TrainPipelineBase):
+            self.pipeline._reset_data_iter()
+
     def _train_segment(self, batches, positions: deque, total: int, progress) -> None:
         log_every = self.cfg.training.log_every
+        self.new_segment()
         loss_sum, loss_n = 0.0, 0
         while True:
             factor = lr_factor(self.pos.step, total, self.cfg.training)

@@ -135,6 +135,26 @@ def test_every_event_is_trained_once_across_a_killed_rank_and_a_resume(tmp_path)
         client.close()
 
 
+def test_the_plain_pipeline_and_a_row_wise_table_over_many_segments(tmp_path):
+    """training.pipeline: base (TorchRec's TrainPipelineBase stays stopped once a segment's
+    iterator ends, unless reset: the run spun or ended early), a row-wise table, uneven shares
+    (entries of 40 events: the ranks' batches differ, padded to the largest) and a checkpoint
+    every 3 steps: every event trained once, then an idle exit."""
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("plain")
+        cfg = _config(url, pipeline="base")
+        cfg["checkpoint"]["every_steps"] = 3
+        cfg["sharding"] = {"constraints": {"t1": {"sharding_types": ["row_wise"]}}}
+        _produce(cfg, url, 400, per_entry=40)
+        config, run = write_config(tmp_path / "c.yaml", cfg), tmp_path / "run"
+        out = run_rec("train", "-c", str(config), "--run-dir", str(run), timeout=300).stdout
+        assert "no event for 3 s" in out, out
+        assert _lineage(run) == _stream_digest(broker.port, "plain"), out
+        assert _lineage(run)[0] == 400
+        steps = int(out.split("stopped at step ")[1].split(":")[0])
+        assert steps >= 7, out  # 400 events in batches of at most 2 x 32: segments of 3 steps
+
+
 def test_progressive_validation_equals_scoring_each_batch_before_its_step(tmp_path):
     with RedisBroker(tmp_path / "redis") as broker:
         url = broker.url("pv")
