@@ -286,6 +286,9 @@ class Trainer:
             self._train_segment(itertools.islice(stream, boundary - self.pos.step), positions,
                                 total, progress)  # fmt: skip
             if self.pos.step < boundary:  # the data ran out before `total` steps
+                if progress:  # said, not silent: a short run must not pass for a whole one
+                    log(f"training stopped at step {self.pos.step} of {total}: the training "
+                        "data ran out")  # fmt: skip
                 break
             last = boundary == total
             evaluate = last or (
