@@ -4,6 +4,7 @@ tests/data/event_golden.json decodes to its values, or is refused with its reaso
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,9 @@ from rec.contract.events import (
     MAX_EVENTS,
     REASONS,
     EventError,
+    _fast_parse,
     decode,
+    decode_events,
     encode,
     parse_url,
 )
@@ -100,3 +103,50 @@ def test_the_url_names_host_port_and_stream(url, stream):
 def test_a_bad_url_is_refused(url):
     with pytest.raises(ValueError, match="event stream URL"):
         parse_url(url)
+
+
+# Events whose JSON orjson and json could read differently: the decoder must give the same
+# arrays and refusals, reason and message, as from json's parse (the reference) for each.
+_E = '{"clicked":%s,"price":%s,"age_days":%s,"item":%s,"site":"ab"}'
+TRICKY = [
+    _E % ("1", "1.0", "1e3", "[9223372036854775807,-9223372036854775808,-0]"),
+    _E % ('"1.0"', "-0.0", "-0", '"\\u00e9t\\u00e9|\\ud83d\\ude00|x"'),
+    _E % ("0", "2.5e-5", "3.4e38", "[0,1]"),
+    _E % ("1", "5e-324", "123456789012345678901234567890.5", "7"),
+    _E % ("1", "18446744073709551616", "-9223372036854775809", "[1]"),  # ints past 64 bits
+    _E % ("1", "1", "1", "[9223372036854775808]"),  # past int64, within uint64
+    _E % ("1", "1", "1", "[18446744073709551616]"),
+    _E % ("18446744073709551616", "1", "1", "[1]"),
+    _E % ("1", "NaN", "1", "[1]"),
+    _E % ("1", "Infinity", "1", "[1]"),
+    _E % ("1", "1e400", "1", "[1]"),
+    '{"clicked":1,"price":1,"age_days":1,"item":1,"site":"ab","note":"\\ud800"}',  # lone surrogate
+    '{"clicked":0,"clicked":1,"price":1,"age_days":1,"item":1,"site":"ab"}',  # a duplicate key
+    _E % ("true", "1", "1", "[1]"),
+    _E % ("1", "1", "1", "[1.0]"),
+    _E % ("1", "1", "1", "1" + "0" * 400),
+]
+
+
+def _arrays(got) -> tuple:
+    return (got.labels.tolist(), got.dense.tolist(), got.lengths.tolist(), got.values.tolist(),
+            got.index.tolist(), got.size, got.refused)  # fmt: skip
+
+
+@pytest.mark.parametrize("events", [f"[{e}]" for e in TRICKY] + ["[" + ",".join(TRICKY) + "]"])
+def test_orjson_decodes_as_json_would(events):
+    fields = {"format": FORMAT, "events": events}
+    want = decode_events(json.loads(events), SPEC)
+    assert _arrays(decode(fields, SPEC)) == _arrays(want)
+    raw = {k.encode(): v.encode() for k, v in fields.items()}  # as Redis returns them
+    assert _arrays(decode(raw, SPEC)) == _arrays(want)
+
+
+def test_orjson_reads_the_values_the_decoder_inspects_as_json_does():
+    """Type for type (int against float), where orjson parses: "1.0", "1e3", -0, the ends of
+    int64 and uint64, unicode escapes and raw UTF-8."""
+    text = ('[1.0,1e3,-0,-0.0,0,9223372036854775807,-9223372036854775808,18446744073709551615,'
+            '"\\u00e9\\ud83d\\ude00","été",0.1,2.5e-5,1e-400,{"a":[1,"1"]}]')  # fmt: skip
+    fast, ref = _fast_parse({"format": FORMAT, "events": text}), json.loads(text)
+    assert fast == ref and [type(x) for x in fast] == [type(x) for x in ref]
+    assert math.copysign(1.0, fast[3]) == -1.0

@@ -223,3 +223,32 @@ def test_open_reader_picks_the_reader_by_scheme(broker):
         open_reader(StreamConfig(url=""), SPEC, 0)
     with pytest.raises(ValueError, match="start"):
         StreamConfig(start="now")
+
+
+def test_hiredis_parses_the_readers_replies_as_redis_pys_own_parser(broker):
+    """make setup installs hiredis, which redis-py then uses for every reply: the reader's
+    commands must get the same values and types (bytes ids, fields and values) as from
+    redis-py's pure-Python parser."""
+    from redis._parsers import _HiredisParser, _RESP2Parser
+    from redis.utils import HIREDIS_AVAILABLE
+
+    assert HIREDIS_AVAILABLE, "hiredis is in requirements.txt: redis-py should find it"
+    _produce(broker.port, "parsers", entries=3, per_entry=4)
+    redis.Redis(port=broker.port).xadd("parsers", {"format": "x", "events": b"\xff\x00\xc3\xa9"})
+
+    def replies(parser) -> list:
+        client = redis.Redis(connection_pool=redis.ConnectionPool(port=broker.port,
+                                                                  parser_class=parser))  # fmt: skip
+        group = parser.__name__
+        client.xgroup_create("parsers", group, id="0")
+        new = client.xreadgroup(group, "c", {"parsers": ">"}, count=4)
+        pending = client.xreadgroup(group, "c", {"parsers": "0"}, count=10)
+        empty = client.xreadgroup(group, "c", {"parsers": ">"}, count=3, block=10)
+        out = [new, pending, empty, client.xrange("parsers"), client.xack("parsers", group, "0-1")]
+        client.close()
+        return out
+
+    fast, pure = replies(_HiredisParser), replies(_RESP2Parser)
+    assert fast == pure and repr(fast) == repr(pure), "same values, same types"
+    assert isinstance(fast[0][0][1][0][0], bytes) and fast[1][0][1][-1][1][b"events"][0] == 0xFF
+    assert redis.connection.DefaultParser is _HiredisParser, "what the reader's client gets"
