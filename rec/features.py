@@ -76,8 +76,13 @@ class TokenError(ValueError):
 def hash_id(token: str) -> int:
     """HASH of one token: of its UTF-8 bytes. A token decoded from bytes that are not UTF-8
     with errors="surrogateescape" (as Triton's model does) hashes as those original bytes,
-    which is what rec-server hashes for the same request."""
-    digest = hashlib.blake2b(token.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    which is what rec-server hashes for the same request. TokenError for text with no byte
+    form at all: a lone surrogate outside that escape range ("\\ud800" in JSON)."""
+    try:
+        data = token.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise TokenError(f"{token!r} is not valid Unicode text (a lone surrogate)") from None
+    digest = hashlib.blake2b(data, digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 
@@ -100,7 +105,8 @@ def hex_id(token: str) -> int:
 def encode_tokens(tokens: Sequence[str], encoding: str) -> np.ndarray:
     """int64 [n] ids of text tokens under `encoding` (see the module docstring).
 
-    Raises TokenError for a token `hex` cannot read; `int_or_hash` accepts every string.
+    Raises TokenError for a token `hex` cannot read, and for text with no UTF-8 form (a lone
+    surrogate), which `int_or_hash` cannot hash; it accepts every other string.
     """
     if not len(tokens):
         return np.zeros(0, dtype=np.int64)

@@ -344,7 +344,7 @@ def _numbers(rows: list[dict], column: str, bad: dict[int, Refusal], label: bool
             out = np.array(cells, dtype=np.float64)
         except OverflowError:  # an integer beyond float64: let the slow path name it
             out = None
-        if out is not None and np.isfinite(out).all() and (not label or _binary(out).all()):
+        if out is not None and _fits(out) and (not label or _binary(out).all()):
             return out
     if kinds == {str}:  # text cells, as a CSV file's
         out = _decimal_cells(cells, empty=None if label else 0.0)
@@ -360,6 +360,9 @@ def _numbers(rows: list[dict], column: str, bad: dict[int, Refusal], label: bool
             _refuse(bad, i, "label_not_binary", f"event {i}: {column}={_show(cell)} is not 0 or 1")
         elif value is None:
             message = f"event {i}: {column}={_show(cell)} is not a number"
+            _refuse(bad, i, "dense_not_numeric", message)
+        elif abs(value) > FLOAT32_MAX:  # float32 in the model: it would train and serve as inf
+            message = f"event {i}: {column}={_show(cell)} is beyond float32's range (3.4e38)"
             _refuse(bad, i, "dense_not_numeric", message)
         else:
             out[i] = value
@@ -380,7 +383,7 @@ def _decimal_cells(cells: list[str], empty: float | None) -> np.ndarray | None:
     except ValueError:
         return None
     out[blank] = empty or 0.0
-    return out if np.isfinite(out).all() else None
+    return out if _fits(out) else None
 
 
 def _numeric_matrix(rows: list[dict], columns: list[str], labels: int) -> np.ndarray | None:
@@ -401,7 +404,7 @@ def _numeric_matrix(rows: list[dict], columns: list[str], labels: int) -> np.nda
             out = np.array(cells, dtype=np.float64).reshape(n, c)
         except OverflowError:
             return None
-        if not np.isfinite(out).all():
+        if not _fits(out):
             return None
     elif kinds == {str}:
         text = np.array(cells, dtype=str).reshape(n, c)
@@ -414,6 +417,14 @@ def _numeric_matrix(rows: list[dict], columns: list[str], labels: int) -> np.nda
     else:
         return None
     return out if _binary(out[:, :labels]).all() else None
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _fits(x: np.ndarray) -> bool:
+    """Every value finite, and finite as float32 too, the dtype the model reads."""
+    return bool(np.isfinite(x).all() and (np.abs(x) <= FLOAT32_MAX).all())
 
 
 def _binary(x: np.ndarray) -> np.ndarray:
@@ -575,7 +586,10 @@ def _token_id(token: str, encoding: str) -> int:
             return hex_id(token)
         except TokenError as e:
             raise EventError("bad_sparse", str(e)) from None
-    return string_id(token)
+    try:
+        return string_id(token)
+    except TokenError as e:  # text with no UTF-8 form (a lone surrogate from a JSON escape)
+        raise EventError("bad_sparse", str(e)) from None
 
 
 __all__ = [

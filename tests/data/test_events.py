@@ -91,6 +91,21 @@ def test_a_message_names_the_event_and_the_field():
     assert refusal.message == 'event 0: price="abc" is not a number'
 
 
+def test_a_dense_value_beyond_float32_and_a_lone_surrogate_are_refused_not_trained():
+    """1e39 is a finite float64 but inf as the model's float32; "\\ud800" (a JSON escape) is
+    text with no UTF-8 form, which hashing cannot read: both refused, the rest trained."""
+    good = {"clicked": 1, "price": 2.5, "age_days": 1, "item": "7", "site": "a"}
+    events = [good, {**good, "price": 1e39}, {**good, "item": "\ud800"}, {**good, "price": -1e300}]
+    fields = {"format": FORMAT, "events": json.dumps(events)}  # json.dumps escapes the surrogate
+    got = decode(fields, SPEC)
+    assert len(got.dense) == 1 and got.dense[0, 0] == 2.5
+    refused = {r.index: (r.reason, r.message) for r in got.refused}
+    assert refused[1] == ("dense_not_numeric",
+                          "event 1: price=1e+39 is beyond float32's range (3.4e38)")  # fmt: skip
+    assert refused[2][0] == "bad_sparse" and "lone surrogate" in refused[2][1]
+    assert refused[3][0] == "dense_not_numeric"
+
+
 @pytest.mark.parametrize(
     ("url", "stream"), [("redis://h:1", "rec:events"), ("redis://h:1/", "rec:events"),
                         ("redis://h:1/clicks", "clicks")],
