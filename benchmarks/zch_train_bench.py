@@ -6,8 +6,9 @@ on the default model and the Kaggle-size one (issue #50 item 7's training part),
     .venv/bin/python benchmarks/zch_train_bench.py --kaggle-scale 0.01   # a quick look
     .venv/bin/python benchmarks/zch_train_bench.py --report              # the table again
 
-Each run is a real `rec train` (2 ranks, gloo, `OMP_NUM_THREADS=1`, batch 256 per rank,
-`training.pipeline: base`, no evaluation, checkpoints only the last): every table `ids:
+Each run is a real `rec train` (2 ranks, gloo, `OMP_NUM_THREADS=1`, batch 256 per rank, the
+model's own `training.pipeline` (the default model's `sparse_dist`, the Kaggle example's `base`;
+`--pipeline` sets one for both), no evaluation, checkpoints only the last): every table `ids:
 modulo`, or every table `ids: {zch: {}}` (slots = rows - 1, the last row the default: the same
 rows; probes min(16, slots), since a table of 3 rows has 2 slots). Both read the same synthetic
 ids, `data.synthetic.live_ids` = each table's rows of large int64 ids, as a hashed id space
@@ -74,7 +75,8 @@ def base_config(model: str, kaggle_scale: float) -> dict:
     return cfg
 
 
-def run_config(base: dict, ids: str, steps: int, batch: int, nproc: int) -> dict:
+def run_config(base: dict, ids: str, steps: int, batch: int, nproc: int,
+               pipeline: str | None = None) -> dict:  # fmt: skip
     cfg = json.loads(json.dumps(base))
     for t in cfg["tables"]:
         t.pop("ids", None)
@@ -82,9 +84,11 @@ def run_config(base: dict, ids: str, steps: int, batch: int, nproc: int) -> dict
             t["ids"] = {"zch": {"probes": min(DEFAULT_PROBES, t["rows"] - 1)}}
     cfg["training"] = {
         **cfg.get("training", {}),
-        "steps": steps, "batch_size": batch, "pipeline": "base",
+        "steps": steps, "batch_size": batch,
         "eval_every": 0, "eval_batches": 1, "log_every": max(5, steps // 10),
     }  # fmt: skip
+    if pipeline:
+        cfg["training"]["pipeline"] = pipeline
     synthetic = {
         "train_samples": steps * batch * nproc,
         "eval_samples": batch * nproc,
@@ -184,6 +188,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300, help="steps of the default model")
     p.add_argument("--kaggle-steps", type=int, default=150, help="steps of the Kaggle model")
     p.add_argument("--batch-size", type=int, default=256, help="per rank")
+    p.add_argument(
+        "--pipeline",
+        choices=("sparse_dist", "base"),
+        default=None,
+        help="training.pipeline of both models (default: each model's own)",
+    )
     p.add_argument("--kaggle-scale", type=float, default=1.0, help="row factor of Kaggle's tables")
     p.add_argument("--out", default=str(RESULTS), help="results JSON")
     p.add_argument("--report", action="store_true", help="print the table of the last results")
@@ -221,9 +231,8 @@ def main() -> None:
             order = ("modulo", "zch") if pair % 2 == 0 else ("zch", "modulo")
             for ids in order:
                 log(f"{model} pair {pair + 1}/{pairs}: {ids}, {steps} steps, load {load()}")
-                r = measure(
-                    run_config(base, ids, steps, args.batch_size, nproc), nproc, ROOT / "runs"
-                )
+                cfg = run_config(base, ids, steps, args.batch_size, nproc, args.pipeline)
+                r = measure(cfg, nproc, ROOT / "runs")
                 r.update(ids=ids, pair=pair)
                 entry["runs"].append(r)
                 log(
