@@ -44,9 +44,9 @@ first field, in the spec's order (labels, dense, sparse), that fails names the r
     not_an_object      the array element is not a JSON object
     missing_field      a label, dense or sparse column is absent
     label_not_binary   a label that is not 0 or 1 (0.5, 2, true, "yes", null)
-    dense_not_numeric  a dense value that is not a finite number
-    bad_sparse         a sparse value of another JSON type, a hex token that is not hex, or an
-                       integer outside int64
+    dense_not_numeric  a dense value that is not a finite number, or beyond float32's range
+    bad_sparse         a sparse value of another JSON type, a hex token that is not hex, an
+                       integer outside int64, or text with no UTF-8 form (a lone surrogate)
 
 Example:
     >>> from rec.features import FeatureSpec, DenseFeature, SparseFeature, HASH
