@@ -45,7 +45,8 @@ A rank's memory, in bytes:
              (row-wise Adagrad rows x 4, Adam 2 x rows x dim x 4; a data-parallel table adds
              its gradient) + dense_params x 4 x (parameter, gradient, DDP bucket, optimizer
              state) + 3 x B x layer widths x 4 (activations) + the arrays the config's
-             synthetic sources hold (measured; files: not counted)
+             synthetic sources hold (measured; files: not counted) + every ZCH table's id
+             map, on every rank (slots x 57 bytes: rec.train.zch.MAP_BYTES_PER_SLOT)
 """
 
 from __future__ import annotations

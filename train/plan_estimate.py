@@ -194,10 +194,14 @@ def memory_bytes(
     probe: dict[str, Any],
 ) -> list[dict[str, int]]:
     """Per rank, the parts of its resident memory in bytes and their `total`."""
+    from rec.train.zch import MAP_BYTES_PER_SLOT
+
     t = cfg.training
     dense = dense_shape(cfg)
     state = _STATE_FLOATS[t.embedding_optimizer]
     dense_state = _STATE_FLOATS[t.dense_optimizer](1)
+    # Every rank holds every ZCH table's id map whole, with its counts and candidates.
+    id_maps = sum(tc.zch.slots * MAP_BYTES_PER_SLOT for tc in cfg.tables if tc.zch)
     out = []
     for r in range(world):
         tables = 0
@@ -214,6 +218,8 @@ def memory_bytes(
             "activations": 3 * batch * dense["widths"] * FLOAT,
             "data": probe.get("source_bytes") or 0,
         }
+        if id_maps:
+            parts["id_maps"] = id_maps
         parts["total"] = sum(parts.values())
         out.append({k: int(v) for k, v in parts.items()})
     return out

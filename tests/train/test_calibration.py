@@ -109,6 +109,12 @@ def test_estimate_grows_with_rows_batch_and_ids():
     assert owner2["a"] == a
     grown = more[a]["tables_and_optimizer"] - memory[a]["tables_and_optimizer"]
     assert grown == 9_000 * (16 + 1) * 4
+    # A ZCH table's id map is on every rank, 57 bytes a slot, beside its rows.
+    zch = copy.deepcopy(TINY)
+    zch["tables"][0]["ids"] = {"zch": {}}
+    _, with_maps, _ = _estimate(zch)
+    assert [m.get("id_maps") for m in with_maps] == [(1_000 - 1) * 57] * 2
+    assert "id_maps" not in memory[0]
     # Batch: every rank's data, lookups and dense layers take longer; so do more ids per sample.
     wider = copy.deepcopy(TINY)
     wider["training"]["batch_size"] = 64
