@@ -70,6 +70,18 @@ def _restart_scoped_store(timeout: timedelta) -> tuple[dist.Store, int] | None:
     return dist.PrefixStore(f"rec/attempt_{attempt}/", store), attempt
 
 
+def set_rank_threads(local_ranks: int) -> int:
+    """Gives this rank its share of the host's cores as intra-op threads, and returns it:
+    OMP_NUM_THREADS when set, else cores / local ranks (at least 1), as torchrun sets it for
+    several ranks. torch's default is every core in every rank, so 2 ranks on 2 cores ran 4
+    threads that spin waiting on each other (benchmarks/README.md, training throughput)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    threads = max(1, len(os.sched_getaffinity(0)) // max(1, local_ranks))
+    torch.set_num_threads(threads)
+    return threads
+
+
 def init_distributed(cfg: TrainingConfig) -> DistContext:
     """Joins the process group the launcher describes (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
@@ -82,6 +94,9 @@ def init_distributed(cfg: TrainingConfig) -> DistContext:
             MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29531"),
         )  # fmt: skip
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # The launcher's LOCAL_WORLD_SIZE (processes on this machine), before a simulated topology
+    # (sharding.topology.local_world_size) overrides it for TorchRec.
+    set_rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device = pick_device(cfg, local_rank)
     backend = (
         cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
