@@ -14,10 +14,11 @@ update log can carry and a server can apply in place, with the row.
 
 `home` uses only integer ops that cannot overflow int64 (no shifts, no bitwise ops), so every
 implementation computes the same window for every id. There are three, tested equal on int64's
-extremes (tests/export/test_id_maps.py): this module's tensor ops (training, the float reference),
-the op rec::zch_remap_counted (cpp/ops/zch.cpp: TorchScript and AOTInductor models, where the
-tensor ops cost 1.6 ms at B = 512 against the op's 0.05 ms; it also counts unknown ids for the
-servers, docs/zch.md), and export's ONNX form (export/id_maps.py),
+extremes (tests/export/test_id_maps.py): this module's tensor ops (the reference), the ops
+rec::zch_remap and rec::zch_remap_counted (cpp/ops/zch.cpp: training's remap, TorchScript and
+AOTInductor models, where the tensor ops cost 1.6 ms at B = 512 against the op's 0.05 ms; the
+counted one also counts unknown ids for the servers, docs/zch.md), and export's ONNX form
+(export/id_maps.py),
 which divides in float64 because ONNX's exporter turns an integer division into a float32 one.
 This module itself does not compile to TorchScript (TorchScript reads no module-level ints).
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import rec.ops  # noqa: F401  (rec::zch_remap; a clear ImportError naming the build when missing)
 from rec.config import RecConfig, TableConfig, load_config
 from rec.zch import Changes, IdMap, home
 
@@ -70,15 +71,12 @@ class ZchTables:
         self.cfg = cfg
         self.tables: dict[str, TableConfig] = {t.name: t for t in cfg.tables if t.zch}
         self.maps = {name: IdMap(t.zch) for name, t in self.tables.items()}  # type: ignore[arg-type]
-        # Every map's keys and used are views into one flat pair (table i's slots from base[i]),
-        # so one lookup serves all tables: torch's cost per op, not per id, dominates a batch's
-        # few thousand ids. Admission and checkpoint loads write the views in place.
+        # Every map's keys and used are views into one flat pair (table i's slots from base[i]):
+        # the sightings name a slot of the flat map. Admission and checkpoint loads write the
+        # views in place, so the op's lists of views below always read the current maps.
         slots = [m.slots for m in self.maps.values()]
         self.base = torch.tensor([0, *np.cumsum(slots)[:-1].tolist()], dtype=torch.int64)
         self.slots = torch.tensor(slots, dtype=torch.int64)
-        self.probes = torch.tensor([m.cfg.probes for m in self.maps.values()], dtype=torch.int64)
-        self.steps = torch.arange(int(self.probes.max()), dtype=torch.int64)
-        self.same_probes = bool((self.probes == self.probes[0]).all())
         self.flat_keys = torch.zeros(sum(slots), dtype=torch.int64)
         self.flat_used = torch.zeros(sum(slots), dtype=torch.bool)
         for i, m in enumerate(self.maps.values()):
@@ -86,6 +84,10 @@ class ZchTables:
             m.keys, m.used = self.flat_keys[at : at + m.slots], self.flat_used[at : at + m.slots]
         owner, index = cfg.feature_to_table(), {n: i for i, n in enumerate(self.maps)}
         self.is_zch = torch.tensor([owner[f] in self.maps for f in keys])
+        self._keys = [m.keys for m in self.maps.values()]
+        self._used = [m.used for m in self.maps.values()]
+        self._probes = [m.cfg.probes for m in self.maps.values()]
+        self._table_of = [index.get(owner[f], -1) for f in keys]  # -1: a modulo feature
         self.feature_table = torch.tensor([index[owner[f]] for f in keys if owner[f] in index],
                                           dtype=torch.int64)  # fmt: skip
         self.num_features = len(keys)
@@ -109,48 +111,27 @@ class ZchTables:
               count: bool = False) -> torch.Tensor:  # fmt: skip
         """`rows` (ids mapped by modulo, feature-major) with each ZCH feature's ids replaced
         by their rows in the table's map: its slot, or the default row. The same rows as
-        rec.zch.lookup per table, in one pass over all of them."""
+        rec.zch.lookup per table: rec's op rec::zch_remap (cpp/ops/zch.cpp, what the served
+        models call), one call for all features (~100 M ids/s against the tensor ops' ~5 M)."""
         per_feature = lengths_fm.reshape(self.num_features, -1).sum(1)
         mask = torch.repeat_interleave(self.is_zch, per_feature)
-        ids = raw[mask]
-        if ids.numel() == 0:
+        if not bool(mask.any()):
             return rows
-        table = torch.repeat_interleave(self.feature_table, per_feature[self.is_zch])
-        slots, base = self.slots[table], self.base[table]
-        first_slot = home(ids, slots)
-        # Most admitted ids hold their home slot: look there first, the whole window only for
-        # the rest (the same slot as a full-window lookup: an id holds at most one slot).
-        at_home = first_slot + base
-        mapped = torch.where((self.flat_keys[at_home] == ids) & self.flat_used[at_home],
-                             first_slot, slots)  # fmt: skip
-        rest = torch.nonzero(mapped == slots).flatten()
-        if rest.numel():
-            mapped[rest] = self._window_lookup(ids[rest], first_slot[rest], table[rest])
-        rows = rows.clone()
-        rows[mask] = mapped
+        offsets = torch.zeros(lengths_fm.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths_fm.reshape(-1), 0, out=offsets[1:])
+        rows = torch.ops.rec.zch_remap(raw, rows, offsets, self._keys, self._used, self._probes,
+                                       self._table_of)  # fmt: skip
         if count:
+            ids, mapped = raw[mask], rows[mask]
+            table = torch.repeat_interleave(self.feature_table, per_feature[self.is_zch])
+            slots = self.slots[table]
             default = mapped == slots
             self.seen.unseen.append(ids[default])
             self.seen.unseen_table.append(table[default])
-            hits = (mapped + base)[~default]
+            hits = (mapped + self.base[table])[~default]
             self.seen.hits.append(hits)
             self.seen.hit_steps.append(torch.full_like(hits, self.step))
         return rows
-
-    def _window_lookup(self, ids: torch.Tensor, first_slot: torch.Tensor,
-                       table: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """rec.zch.lookup's rows of `ids` (tables `table`), their home slots given."""
-        slots, base = self.slots[table], self.base[table]
-        # (home + k) mod slots with k < probes <= slots: one subtraction, no division
-        win = first_slot.unsqueeze(1) + self.steps
-        win = torch.where(win >= slots.unsqueeze(1), win - slots.unsqueeze(1), win)
-        at = win + base.unsqueeze(1)
-        hit = (self.flat_keys[at] == ids.unsqueeze(1)) & self.flat_used[at]
-        if not self.same_probes:
-            hit &= self.steps < self.probes[table].unsqueeze(1)
-        first = torch.argmax(hit.to(torch.int8), dim=1) + first_slot
-        first = torch.where(first >= slots, first - slots, first)
-        return torch.where(hit.any(dim=1), first, slots)
 
     # ---- rounds -----------------------------------------------------------------------------
     def round_steps(self, after: int, total: int) -> set[int]:
