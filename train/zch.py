@@ -161,8 +161,8 @@ class ZchTables:
         for name in due:
             ids, counts = _sum_unseen([p[1][name] for p in every])
             part = self._part(name)
-            table_hits, table_last = _dense_part(hit_slots, hit_counts, hit_last, part)
-            changes = self.maps[name].admit(ids, counts, table_hits, table_last, step, now)
+            hits = _table_hits(hit_slots, hit_counts, hit_last, part)
+            changes = self.maps[name].admit(ids, counts, *hits, step, now)
             tot = self.totals[name]
             tot.admitted += len(changes.admitted_slots)
             tot.evicted += len(changes.evicted_slots)
@@ -297,17 +297,12 @@ def _sum_hits(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
     return uniq, total, latest
 
 
-def _dense_part(slots: np.ndarray, hits: np.ndarray, last: np.ndarray, part: slice):
-    """One table's hits (float64 [slots]) and last steps (int64 [slots]), as IdMap.admit takes
-    them, from the summed sparse ones of the flat map (`slots` sorted)."""
-    n = part.stop - part.start
+def _table_hits(slots: np.ndarray, hits: np.ndarray, last: np.ndarray, part: slice):
+    """One table's hit slots (its own numbering), their hits and last steps, as IdMap.admit
+    takes them, from the summed ones of the flat map (`slots` sorted): sparse, so that a round
+    costs what it saw."""
     lo, hi = np.searchsorted(slots, [part.start, part.stop])
-    at = torch.from_numpy(slots[lo:hi] - part.start)
-    dense_hits = torch.zeros(n, dtype=torch.float64)
-    dense_last = torch.zeros(n, dtype=torch.int64)
-    dense_hits[at] = torch.from_numpy(hits[lo:hi])
-    dense_last[at] = torch.from_numpy(last[lo:hi])
-    return dense_hits, dense_last
+    return slots[lo:hi] - part.start, hits[lo:hi], last[lo:hi]
 
 
 def _sum_unseen(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -18,15 +18,16 @@ def _map(slots: int, **kw) -> IdMap:
 def _round(m: IdMap, seen: dict[int, int], step: int, now: float = 0.0, hits=None):
     """One round where the ids `seen` read the default row (id -> sightings) and the admitted
     ids in `hits` (id -> sightings) were seen at `step`."""
-    h = torch.zeros(m.slots, dtype=torch.float64)
-    last = torch.zeros(m.slots, dtype=torch.int64)
+    h: dict[int, int] = {}
     for i, n in (hits or {}).items():
         slot = int(m.lookup(torch.tensor([i]))[0])
         assert slot < m.slots, f"id {i} is not admitted"
-        h[slot], last[slot] = n, step
+        h[slot] = n
+    slots = np.array(sorted(h), dtype=np.int64)
+    h_counts = np.array([h[s] for s in sorted(h)], dtype=np.float64)
     ids = np.array(sorted(seen), dtype=np.int64)
     counts = np.array([seen[i] for i in sorted(seen)], dtype=np.int64)
-    return m.admit(ids, counts, h, last, step, now)
+    return m.admit(ids, counts, slots, h_counts, np.full(len(slots), step), step, now)
 
 
 def _rows(m: IdMap, ids: list[int]) -> list[int]:
@@ -83,6 +84,23 @@ def test_lfu_evicts_the_least_often_seen_id():
     # a newcomer seen less often than every id held stays out
     changes = _round(m, {200: 1}, step=40, hits={1: 9, 2: 9, 4: 9, 100: 9})
     assert not changes and _rows(m, [200]) == [m.slots]
+
+
+def test_the_checkpoint_holds_the_halved_lfu_counts_across_renormalisations():
+    """A round halves the lfu counts by halving a scale, not every slot; state() (what the
+    checkpoint saves, and loads into) must hold the counts a halving of every slot gives,
+    bit for bit, also after the scale has been folded in (every 400 rounds)."""
+    m = _full("lfu")
+    want = {1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5}  # admitted with 1 sighting, halved once
+    for step in range(20, 20 + 10 * 820, 10):
+        hits = {1: 3, 2: 1} if step % 20 else {1: 1}
+        _round(m, {}, step=step, hits=hits)
+        want = {i: (c + hits.get(i, 0)) * 0.5 for i, c in want.items()}
+        if step in (50, 4000, 8210):
+            counts = m.state()["counts"]
+            got = {int(m.keys[s]): float(counts[s]) for s in range(m.slots)}
+            assert got == want and want[3] > 0.0
+    assert m.state()["counts"].max() < 5  # stored over no scale after state()
 
 
 def test_lru_evicts_the_longest_unseen_id():

@@ -169,8 +169,8 @@ def test_one_pass_remap_reads_what_each_tables_lookup_reads():
     raw = torch.randint(-(2**40), 2**40, (4000,), generator=gen)
     for m in zch.maps.values():  # admit half of the ids the batch holds
         ids = np.unique(raw[:150].numpy())
-        none = torch.zeros(m.slots, dtype=torch.float64)
-        m.admit(ids, np.ones(len(ids), np.int64), none, none.long(), 1, 0.0)
+        none = np.zeros(0, np.int64)
+        m.admit(ids, np.ones(len(ids), np.int64), none, none, none, 1, 0.0)
         assert 0 < m.live() < m.slots
     lengths = torch.randint(0, 4, (64, len(keys)), generator=gen, dtype=torch.int32)
     values = raw[torch.randint(0, 300, (int(lengths.sum()),), generator=gen)]
@@ -199,7 +199,7 @@ def test_a_rounds_sparse_hits_sum_as_the_dense_counts_did():
     import numpy as np
 
     from rec.config import config_from_dict
-    from rec.train.zch import ZchTables, _dense_part, _sum_hits
+    from rec.train.zch import ZchTables, _sum_hits, _table_hits
 
     cfg = copy.deepcopy(TINY)
     cfg["tables"][0]["ids"] = {"zch": {"probes": 3, "every_steps": 5}}
@@ -212,8 +212,8 @@ def test_a_rounds_sparse_hits_sum_as_the_dense_counts_did():
     for z in ranks:
         for m in z.maps.values():  # a third of the pool admitted, so that slots are hit
             ids = np.unique(pool[:70].numpy())
-            none = torch.zeros(m.slots, dtype=torch.float64)
-            m.admit(ids, np.ones(len(ids), np.int64), none, none.long(), 1, 0.0)
+            none = np.zeros(0, np.int64)
+            m.admit(ids, np.ones(len(ids), np.int64), none, none, none, 1, 0.0)
     for _ in range(3):
         for z in ranks:
             lengths = torch.randint(0, 3, (len(keys) * 16,), generator=gen, dtype=torch.int32)
@@ -232,7 +232,11 @@ def test_a_rounds_sparse_hits_sum_as_the_dense_counts_did():
     parts = [z._local_counts(due)[1] for z in ranks]
     slots, counts, last = _sum_hits(parts)
     part = ranks[0]._part(due[0])
-    got_hits, got_last = _dense_part(slots, counts, last, part)
+    at, table_counts, table_last = _table_hits(slots, counts, last, part)
+    got_hits = torch.zeros(part.stop - part.start, dtype=torch.float64)
+    got_last = torch.zeros(part.stop - part.start, dtype=torch.int64)
+    got_hits[torch.from_numpy(at)] = torch.from_numpy(table_counts)
+    got_last[torch.from_numpy(at)] = torch.from_numpy(table_last)
     assert got_hits.sum() > 0
     assert torch.equal(got_hits, dense_hits[part]) and torch.equal(got_last, dense_last[part])
     other = ranks[0]._part(list(ranks[0].maps)[1])  # not due: its hits wait for its round
