@@ -134,6 +134,22 @@ KNOWN: tuple[Known, ...] = (
         "torch.distributed.checkpoint.utils",
         "That is the intent: export reads every rank's shards alone, with no process group.",
     ),
+    # ---- rec export --follow: a checkpoint training rotated away mid-read ------------------
+    Known(
+        "Global metadata is not found. Falling back to rank local metadata.",
+        None,
+        "root",
+        "torch.distributed.checkpoint logs this, with a traceback, when a checkpoint's .metadata "
+        "cannot be read; the load then fails and rec says why in its own words (export: the "
+        "checkpoint it cannot load; --follow: deleted by training while exporting, "
+        "checkpoint.keep_last, and it takes the newest).",
+    ),
+    Known(
+        "Rank local metadata is not found.",
+        None,
+        "root",
+        "The second line of the same failed read (above).",
+    ),
     # ---- rec export --format onnx: torch's dynamo exporter --------------------------------
     Known(
         "torchvision is not installed. Skipping torchvision::",
