@@ -96,6 +96,17 @@ def cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def launch_threads() -> int:
+    """The intra-op threads a process of this launch may use: OMP_NUM_THREADS when set, else
+    the cores. Not torch.get_num_threads(): a training rank lowers its own to its share of the
+    cores (rec.train.distributed.set_rank_threads), and its key must stay the one `rec train`
+    calibrated under before it launched the ranks, or the end of the run finds no calibration."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return cores()
+
+
 def cache_key() -> dict[str, Any]:
     """What the numbers depend on: the CPU (model, every ISA flag), cores, the libraries."""
     import fbgemm_gpu
@@ -110,7 +121,7 @@ def cache_key() -> dict[str, Any]:
         "machine": info["machine"],
         "isa_flags_sha": hashlib.sha256(" ".join(sorted(all_flags())).encode()).hexdigest()[:16],
         "cores": cores(),
-        "threads": torch.get_num_threads(),  # a rank's too (OMP_NUM_THREADS, else the cores)
+        "threads": launch_threads(),
         "torch": torch.__version__,
         "torchrec": torchrec.__version__,
         "fbgemm_gpu": fbgemm_gpu.__version__,
@@ -244,7 +255,15 @@ def measure_tbe(optimizer: str, progress: Progress) -> dict[str, float]:
         eight = _tbe_seconds(optimizer, 8, 1000, 16, 64)
         cached = _tbe_seconds(optimizer, 1, 1000, 64, 8192)
         dram = _tbe_seconds(optimizer, 1, BIG_ROWS, 64, 8192)
-    table = max(0.0, (eight - one) / 7 - 64 * 16 * 0.0)
+    return tbe_costs(one, eight, cached, dram)
+
+
+def tbe_costs(one: float, eight: float, cached: float, dram: float) -> dict[str, float]:
+    """measure_tbe's costs from its four timings (seconds): 1 and 8 small tables of 64 ids,
+    then 8,192 ids x dim 64 in a table that fits the cache and in one that does not. Noise can
+    order the timings either way on a shared machine; no cost comes out negative then, and a
+    table beyond the cache never costs less than one inside it."""
+    table = max(0.0, (eight - one) / 7)
     call = max(0.0, one - table)
     per_elem = max(1e-12, (cached - call - table) / (8192 * 64))
     per_elem_dram = max(per_elem, (dram - call - table) / (8192 * 64))
