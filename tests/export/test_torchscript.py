@@ -206,7 +206,7 @@ def test_dense_transforms_run_inside_both_formats(tmp_path):
 
     from rec.export import onnx_builder as onnx_lib
     from rec.export.pipeline import export_run
-    from rec.features import feature_spec
+    from rec.features import feature_spec, transform_dense
     from tests.export.conftest import write_seeded_run
 
     data = tiny_dict(format="both")
@@ -235,7 +235,7 @@ def test_dense_transforms_run_inside_both_formats(tmp_path):
     cfg = config_from_dict(data)
     spec = feature_spec(cfg)
     expected = np.log1p(np.maximum(dense[:, 0].double().numpy(), 0)).astype(np.float32)
-    assert np.array_equal(spec.transform_dense(dense.numpy())[:, 0], expected)
+    assert np.array_equal(transform_dense(spec, dense.numpy())[:, 0], expected)
 
 
 def test_dcn_v2_with_mixed_dims_exports_both_formats(tmp_path):
