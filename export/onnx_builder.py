@@ -30,7 +30,7 @@ from rec.config import RecConfig
 from rec.contract import DENSE, INPUT_NAMES, LENGTHS, OUTPUT_NAME, VALUES
 from rec.export.id_maps import IdMaps
 from rec.export.served import ServedModule, flat_lookup, make_head
-from rec.features import feature_spec
+from rec.features import DenseTransform, feature_spec
 from rec.model import table_rows
 from rec.quantize import BITS, quantize_rows
 
@@ -164,7 +164,7 @@ def onnx_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]) 
     ONNX with dynamic B and N. Dense layers stay plain fp32 for ONNX Runtime."""
     order = list(model.sparse_arch.sparse_feature_names)
     lookup = GatherLookup(cfg, table_dtypes, order)
-    transform = feature_spec(cfg).dense_transform()
+    transform = DenseTransform(feature_spec(cfg).transforms)
     return ServedModule(transform, lookup, make_head(model, cfg), batch_invariant=False).eval()
 
 

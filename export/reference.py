@@ -23,7 +23,7 @@ from rec.batch import RecBatch, feature_major, map_ids
 from rec.config import RecConfig
 from rec.export.id_maps import IdMaps, remap
 from rec.export.load import dense_copy
-from rec.features import feature_spec
+from rec.features import DenseTransform, feature_spec
 from rec.model import embedding_modules, replace_submodule, table_rows
 
 
@@ -91,7 +91,7 @@ class ReferenceModule(nn.Module):
         self.touched = [sink.touched[owner[f]] for f in self.features]
         self.register_buffer("rows", table_rows(cfg))
         self.id_maps = id_maps
-        self.transform = feature_spec(cfg).dense_transform()
+        self.transform = DenseTransform(feature_spec(cfg).transforms)
 
     @torch.no_grad()
     def forward(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):

@@ -392,7 +392,7 @@ def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str
     from rec.export.dense import swap_dense
     from rec.export.load import dense_copy
     from rec.export.served import DinHead, TbeGroup, make_head
-    from rec.features import feature_spec
+    from rec.features import DenseTransform, feature_spec
     from rec.model import ebc_features, ebc_path
 
     if cfg.model.factory:
@@ -418,7 +418,7 @@ def tiered_served_module(model: nn.Module, cfg: RecConfig, dtypes: dict[str, str
             raise ValueError("tiered_served_module: no pooled table is stored")
         head = make_head(dense_copy(model), cfg)
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
-    transform = feature_spec(cfg).dense_transform()
+    transform = DenseTransform(feature_spec(cfg).transforms)
     module = TieredServedModule(transform, lookup, head, cfg.export.batch_invariant)
     return module.eval(), local_tbe
 

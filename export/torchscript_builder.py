@@ -36,7 +36,7 @@ from rec.export.served import (
     make_tbe,
     table_buffers,
 )
-from rec.features import feature_spec
+from rec.features import DenseTransform, feature_spec
 from rec.model import ebc_features, ebc_path, replace_submodule
 
 
@@ -70,7 +70,7 @@ def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]
         head = make_head(dense_copy(model), cfg)
         lookup = TbeLookup(tbe, cfg, order)
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
-    transform = feature_spec(cfg).dense_transform()
+    transform = DenseTransform(feature_spec(cfg).transforms)
     module = ServedModule(transform, lookup, head, cfg.export.batch_invariant)
     return module.eval(), tbe
 

@@ -25,11 +25,10 @@ import yaml
 
 from rec.contract import EMBEDDING_DTYPES
 from rec.contract import formats as contract_formats
+from rec.contract.events import parse_url as parse_event_url
+from rec.contract.features import TRANSFORMS as DENSE_TRANSFORMS
 from rec.contract.updates import UpdateError
 from rec.contract.updates import parse_url as parse_update_url
-
-DENSE_TRANSFORMS = ("identity", "log1p")
-"""What features.transforms may name; rec.features implements them."""
 
 
 class ConfigError(ValueError):
@@ -587,10 +586,8 @@ class StreamConfig:
 
     def __post_init__(self) -> None:
         if self.url:
-            from rec.contract.events import parse_url  # rec.contract.events imports the spec
-
             try:
-                parse_url(self.url)
+                parse_event_url(self.url)
             except ValueError as e:
                 raise ConfigError(f"data.stream.url: {e}") from None
         if self.start not in ("0", "$"):

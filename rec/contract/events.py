@@ -5,8 +5,8 @@ reads them through a consumer group (rec.data.stream). docs/stream.md is the pro
 tests/data/event_golden.json holds valid entries with their decoded values and refused ones with
 their reasons. This docstring is the one description of the fields.
 
-The URL: `redis://HOST:PORT[/STREAM]`, as the update log's; the stream key defaults to
-DEFAULT_STREAM, and the dead-letter stream to `<stream>:dead` (`dead_stream`).
+The URL: `redis://HOST:PORT[/STREAM]`, as the update log's (rec.contract.urls); the stream key
+defaults to DEFAULT_STREAM, and the dead-letter stream to `<stream>:dead` (`dead_stream`).
 
 One stream entry carries a small batch of events, format FORMAT, two fields:
 
@@ -22,8 +22,8 @@ noisy a shared machine made it). One event per entry would cap training far belo
 cores train, so an entry holds a batch, and a producer sends what it has (an entry of 1 event
 is valid; the replayer sends up to 64).
 
-An event has the feature spec's raw fields (rec.features.FeatureSpec), named by their columns,
-the same cells as one row of a CSV or Parquet file:
+An event has the feature spec's raw fields (rec.contract.features.FeatureSpec), named by their
+columns, the same cells as one row of a CSV or Parquet file:
 
     label columns   0 or 1: a JSON number, or a string holding one ("0", "1", "1.0")
     dense columns   a number, or a string holding a decimal number (DECIMAL); "" or null is 0,
@@ -49,7 +49,7 @@ first field, in the spec's order (labels, dense, sparse), that fails names the r
                        integer outside int64, or text with no UTF-8 form (a lone surrogate)
 
 Example:
-    >>> from rec.features import FeatureSpec, DenseFeature, SparseFeature, HASH
+    >>> from rec.contract.features import FeatureSpec, DenseFeature, SparseFeature, HASH
     >>> spec = FeatureSpec("csv", ["clicked"], [DenseFeature("price", "price", "identity")],
     ...                    [SparseFeature("item", "item", "int_or_hash", "|")], dict(HASH))
     >>> got = decode(encode([{"clicked": 1, "price": 2.5, "item": "7|9"}]), spec)
@@ -71,8 +71,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rec.data.parse import to_batch_major
-from rec.features import FeatureSpec, TokenError, encode_tokens, hex_id, string_id
+from rec.contract.features import (
+    FeatureSpec,
+    TokenError,
+    encode_tokens,
+    hex_id,
+    string_id,
+    to_batch_major,
+)
+from rec.contract.urls import StreamUrl, parse_stream_url
 
 FORMAT = "rec.events/1"
 MAX_EVENTS = 4096
@@ -91,7 +98,6 @@ REASONS = (
     "bad_sparse",
 )
 _INT64 = (-(2**63), 2**63)
-_URL = re.compile(r"^redis://(?P<host>[^/:?#\s]+):(?P<port>\d{1,5})(?:/(?P<stream>[^?#\s]*))?$")
 
 
 class EventError(ValueError):
@@ -102,32 +108,11 @@ class EventError(ValueError):
         self.reason, self.detail = reason, message
 
 
-@dataclass(frozen=True)
-class StreamUrl:
-    host: str
-    port: int
-    stream: str
-
-    def __str__(self) -> str:
-        return f"redis://{self.host}:{self.port}/{self.stream}"
-
-
 def parse_url(url: str) -> StreamUrl:
     """`redis://HOST:PORT[/STREAM]` -> its parts (stream default DEFAULT_STREAM); ValueError
-    naming what is wrong. The same rules as the update log's URL: the path names the stream,
-    never a database number."""
-    m = _URL.match(url)
-    if not m:
-        raise ValueError(f"event stream URL {url!r} must look like redis://HOST:PORT[/STREAM]")
-    port, stream = int(m["port"]), m["stream"] or DEFAULT_STREAM
-    if not 0 < port < 65536:
-        raise ValueError(f"event stream URL {url!r}: port {port} is not in [1, 65535]")
-    if stream.isdigit():
-        raise ValueError(
-            f"event stream URL {url!r}: the path names the stream, and {stream!r} looks like a "
-            "Redis database number; name the stream (for example /rec:events)"
-        )
-    return StreamUrl(m["host"], port, stream)
+    naming what is wrong. The update log's URL rules (rec.contract.urls): the path names the
+    stream, never a database number."""
+    return parse_stream_url(url, "event stream", DEFAULT_STREAM)
 
 
 def dead_stream(stream: str, configured: str = "") -> str:
@@ -536,8 +521,8 @@ def _hex_matrix(rows: list[dict], spec: FeatureSpec) -> dict[int, tuple[np.ndarr
 
 
 def _hex_ids(tokens: list[str]) -> np.ndarray | None:
-    """`hex` ids of tokens, vectorised (rec.features.hex_id's values; "" gives 0), or None if
-    one is not 0 to 16 hex digits (the caller then finds and names it)."""
+    """`hex` ids of tokens, vectorised (rec.contract.features.hex_id's values; "" gives 0), or
+    None if one is not 0 to 16 hex digits (the caller then finds and names it)."""
     if not tokens:
         return np.zeros(0, dtype=np.int64)
     if max(map(len, tokens)) > 16:

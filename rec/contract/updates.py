@@ -9,8 +9,9 @@ tests/data/update_record_golden.json holds valid and refused records with their 
 both languages' tests decode every one (row_bytes_golden.json and url_golden.json beside it pin
 row sizes and URLs). This docstring is the one description of the fields.
 
-The URL: `redis://HOST:PORT[/STREAM]`; the stream key defaults to DEFAULT_STREAM. The path names
-the stream, not a database number (a number is refused, so `redis://h:6379/0` fails loudly).
+The URL: `redis://HOST:PORT[/STREAM]` (rec.contract.urls, the event stream's rules too); the
+stream key defaults to DEFAULT_STREAM. The path names the stream, not a database number (a number
+is refused, so `redis://h:6379/0` fails loudly).
 
 One stream entry is one record, every field a string or raw bytes:
 
@@ -89,6 +90,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rec.contract.io import EMBEDDING_DTYPES
+from rec.contract.urls import StreamUrl, parse_stream_url
 
 FORMAT = "rec.updates/3"
 FORMAT_V2 = "rec.updates/2"
@@ -103,38 +105,20 @@ DEFAULT_STREAM = "rec:updates"
 _INT_FIELDS = ("gen", "rank", "world", "step", "wall_ns", "dim", "count")
 _MAP_FIELDS = ("evicts", "admits")
 _HELD_FIELDS = ("holds",)
-_URL = re.compile(r"^redis://(?P<host>[^/:?#\s]+):(?P<port>\d{1,5})(?:/(?P<stream>[^?#\s]*))?$")
 
 
 class UpdateError(ValueError):
     """A record (or an update URL) is malformed; the message names the field at fault."""
 
 
-@dataclass(frozen=True)
-class UpdateUrl:
-    host: str
-    port: int
-    stream: str
-
-    def __str__(self) -> str:
-        return f"redis://{self.host}:{self.port}/{self.stream}"
+UpdateUrl = StreamUrl
+"""An update log URL's parts (rec.contract.urls: the event stream's URLs read the same way)."""
 
 
 def parse_url(url: str) -> UpdateUrl:
-    """`redis://HOST:PORT[/STREAM]` -> its parts; UpdateError naming what is wrong."""
-    m = _URL.match(url)
-    if not m:
-        raise UpdateError(f"update log URL {url!r} must look like redis://HOST:PORT[/STREAM]")
-    port = int(m["port"])
-    if not 0 < port < 65536:
-        raise UpdateError(f"update log URL {url!r}: port {port} is not in [1, 65535]")
-    stream = m["stream"] or DEFAULT_STREAM
-    if stream.isdigit():
-        raise UpdateError(
-            f"update log URL {url!r}: the path names the stream, and {stream!r} looks like a "
-            "Redis database number; name the stream (for example /rec:updates)"
-        )
-    return UpdateUrl(m["host"], port, stream)
+    """`redis://HOST:PORT[/STREAM]` -> its parts (stream default DEFAULT_STREAM); UpdateError
+    naming what is wrong."""
+    return parse_stream_url(url, "update log", DEFAULT_STREAM, UpdateError)
 
 
 def row_bytes(dim: int, dtype: str) -> int:

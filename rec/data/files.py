@@ -28,7 +28,7 @@ from rec.batch import RecBatch
 from rec.config import RecConfig
 from rec.data.errors import DataError
 from rec.data.source import DataSource, Plan, Rows, assemble, empty_rows
-from rec.features import feature_spec
+from rec.features import feature_spec, transform_dense
 
 _COUNTS: dict[tuple[str, int, int], int] = {}  # (path, size, mtime_ns) -> rows
 
@@ -184,7 +184,7 @@ class FileSource(DataSource):
                     rows, bad = self._parse(path, block, idx, row0)
                     self.reject(bad)
                     if not self.raw_dense:
-                        rows.dense = self.spec.transform_dense(rows.dense)
+                        rows.dense = transform_dense(self.spec, rows.dense)
                     good = np.ones(idx.size, dtype=bool)
                     good[list(bad)] = False
                     rows.pos = pos[idx[good]]

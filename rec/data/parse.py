@@ -1,6 +1,7 @@
 """Vectorised cell parsing shared by the file readers: numbers and bags of ids.
 
-How a token becomes an id, and a raw dense value a model input, is rec.features' job."""
+How a token becomes an id, and a raw dense value a model input, is rec.features' job; how a
+batch's ids are laid out (batch-major) is the contract's (rec.contract.features.to_batch_major)."""
 
 from __future__ import annotations
 
@@ -63,24 +64,3 @@ def split_tokens(cells: Sequence[str], separator: str) -> tuple[np.ndarray, list
     bags = [[t for t in c.split(separator) if t != ""] for c in cells]
     lengths = np.array([len(b) for b in bags], dtype=np.int32)
     return lengths, [t for b in bags for t in b]
-
-
-def to_batch_major(lengths: np.ndarray, per_feature: list[np.ndarray]) -> np.ndarray:
-    """Interleaves per-feature ids into the batch-major `values` of a RecBatch.
-
-    Args:
-        lengths: [n, F] ids per sample per feature.
-        per_feature: F arrays; array f holds feature f's ids, sample after sample.
-    Returns:
-        values [sum(lengths)] i64: sample by sample, feature by feature within a sample.
-    """
-    flat = lengths.reshape(-1).astype(np.int64)
-    starts = (np.cumsum(flat) - flat).reshape(lengths.shape)  # where bag (b, f) starts
-    values = np.empty(int(flat.sum()), dtype=np.int64)
-    for f, ids in enumerate(per_feature):
-        n_f = lengths[:, f].astype(np.int64)
-        if ids.size:
-            # Value j of feature f belongs to sample b; it goes to starts[b, f] + its rank in b.
-            shift = np.repeat(starts[:, f] - (np.cumsum(n_f) - n_f), n_f)
-            values[shift + np.arange(ids.size)] = ids
-    return values

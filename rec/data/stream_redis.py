@@ -28,19 +28,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rec.config import StreamConfig
 from rec.contract.events import Events, dead_stream, parse_url
+from rec.contract.features import FeatureSpec
 from rec.data.read_ahead import ReadAhead
-from rec.data.stream import (
+from rec.data.stream_reader import (
     Assembler,
     Backoff,
     EventReader,
     StreamBatch,
-    StreamConfig,
     StreamPosition,
     decode_entry,
     entry_key,
 )
-from rec.features import FeatureSpec
 
 MAX_COUNT = 512
 """Entries asked for by one XREADGROUP at most."""
@@ -382,8 +382,6 @@ def _events(taken: _Taken) -> int:
 def pending_entries(cfg: StreamConfig) -> int:
     """Entries delivered to the group's consumers and not acknowledged (0 without the group)."""
     import redis
-
-    from rec.contract.events import parse_url
 
     u = parse_url(cfg.url)
     client = redis.Redis(host=u.host, port=u.port, socket_timeout=5, socket_connect_timeout=3)

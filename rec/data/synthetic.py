@@ -59,7 +59,7 @@ from rec.config import RecConfig
 from rec.data.churn import TableCollisions, coprime, id_space, mix64, modulo_collisions
 from rec.data.parse import log1p_dense
 from rec.data.source import DataSource, Plan, Rows
-from rec.features import feature_spec
+from rec.features import feature_spec, transform_dense
 
 CHUNK = 4096
 """Positions per generated chunk. Changing it changes every sample: it is part of the format."""
@@ -442,7 +442,7 @@ class SyntheticSource(DataSource):
         for lo, hi in plan.ranges():
             rows = self.take(lo, hi).rows
             if self.transform is not None:
-                rows = dataclasses.replace(rows, dense=self.transform.transform_dense(rows.dense))
+                rows = dataclasses.replace(rows, dense=transform_dense(self.transform, rows.dense))
             yield rows.to_batch()
 
 

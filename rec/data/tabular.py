@@ -28,12 +28,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rec.config import ConfigError, RecConfig
+from rec.contract.features import encode_tokens, negative_ints, to_batch_major
 from rec.data.errors import DataError, where
 from rec.data.files import FileSource, build_rows
-from rec.data.parse import parse_floats, split_tokens, to_batch_major
+from rec.data.parse import parse_floats, split_tokens
 from rec.data.source import Rows
 from rec.data.text import TextBlock, count_lines, read_lines
-from rec.features import encode_tokens, negative_ints
 
 
 @dataclass(frozen=True)
