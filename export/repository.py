@@ -53,8 +53,7 @@ from pathlib import Path
 
 from rec import contract
 from rec.config import ExportConfig
-from rec.contract import ModelDir
-from rec.export import formats
+from rec.contract import FORMATS, ModelDir
 
 _STAGING_PREFIX = ".staging-"
 
@@ -94,7 +93,8 @@ def plan_targets(
         raise RepositoryError(f"model repository {str(repo)!r} exists and is not a directory")
     targets = []
     for fmt in names:
-        model = ModelDir.of(repo, formats.get(fmt).model_dir_name(model_name))
+        # The contract's table, not export's plug-ins: those call this module's triton_config.
+        model = ModelDir.of(repo, FORMATS[fmt].model_dir_name(model_name))
         have = model.versions()
         v = version if version is not None else (have[-1] + 1 if have else 1)
         exists = model.version(v).exists()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from rec.contract import formats as contract_formats
 from rec.contract.formats import FormatSpec
+from rec.export import repository
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -73,10 +74,10 @@ class Format:
 
     def triton_config(self, cfg: RecConfig, model_dir_name: str) -> str:
         """config.pbtxt for this format's model; a format with other needs overrides it."""
-        from rec.export.repository import triton_config
-
-        return triton_config(model_dir_name, self.platform, cfg.features.dense,
-                             len(cfg.features.sparse), cfg.model.num_tasks, cfg.export)  # fmt: skip
+        return repository.triton_config(
+            model_dir_name, self.platform, cfg.features.dense, len(cfg.features.sparse),
+            cfg.model.num_tasks, cfg.export,
+        )  # fmt: skip
 
 
 def _discover() -> dict[str, Format]:
