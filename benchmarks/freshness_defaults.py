@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from freshness import RESULTS, Client, log, percentiles, rec
+from freshness_parts import RESULTS, Client, log, percentiles, rec
 
 LOAD_BATCH = 64
 

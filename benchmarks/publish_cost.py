@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from freshness import RESULTS, log, rec
+from freshness_parts import RESULTS, log, rec
 
 WARMUP = 30
 
