@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rec.config import RecConfig
+from rec.config import RecConfig, StreamConfig
 from rec.contract.events import MAX_EVENTS, encode, parse_url
 from rec.data.errors import DataError
+from rec.data.stream_reader import Backoff
 from rec.features import feature_spec
 
 CHUNK = 4096
@@ -40,6 +41,8 @@ PIPELINE = 1024
 """Events sent in one round trip at most, when they are already due."""
 SPAN_S = 0.05
 """An entry holds at most this much of the schedule (with --rate or --speed)."""
+_RETRY = StreamConfig()
+"""The reconnection backoff's defaults: the stream reader's (data.stream.retry_s, max_retry_s)."""
 
 Chunk = tuple[list[dict[str, Any]], list[float] | None]
 """Events, and each one's file time in seconds (None without a time column)."""
@@ -236,17 +239,19 @@ def replay(
     per_entry: int = 64,
     progress: Callable[[ReplayStats], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    retry_s: float = _RETRY.retry_s,
+    max_retry_s: float = _RETRY.max_retry_s,
+    log: Callable[[str], None] = print,
 ) -> ReplayStats:
     """Sends the chunks' events to the stream at `url`, paced as the module docstring says;
-    `progress(stats)` about once a second and at the end."""
-    import redis
-
+    `progress(stats)` about once a second and at the end. While the broker is away it waits
+    as the stream reader does (retry_s, doubling up to max_retry_s; data.stream's), saying so
+    through `log`, and goes on where the broker stopped taking entries."""
     if rate is not None and speed is not None:
         raise ValueError("give --rate or --speed, not both")
     if not 0 < per_entry <= MAX_EVENTS:
         raise ValueError(f"per_entry={per_entry} must be in [1, {MAX_EVENTS}]")
-    where = parse_url(url)
-    client = redis.Redis(host=where.host, port=where.port, socket_connect_timeout=2)
+    sender = _Sender(url, Backoff(retry_s, max_retry_s), log)
     stats, t0, first_time = ReplayStats(), clock(), None
     ticker = _Ticker(stats, t0, progress, clock)
     try:
@@ -256,11 +261,94 @@ def replay(
             if speed is not None and first_time is None and times:
                 first_time = times[0]
             due = _schedule(len(events), stats.events, times, t0, rate, speed, first_time)
-            _send(client, where.stream, events, due, per_entry, ticker)
+            _send(sender, events, due, per_entry, ticker)
     finally:
-        client.close()
+        sender.close()
     ticker(final=True)
     return stats
+
+
+class _Sender:
+    """XADDs entries to the stream in pipelined round trips. When the broker goes away (a
+    restart, a network break) it closes the connection, waits with `backoff`, reconnects, and
+    sends again the entries of the failed round trip the broker had not taken: those after
+    the last entry it acknowledged that are not yet in the stream. The broker appends a
+    pipeline's commands in order, so what it took is a prefix of them; matching that prefix by
+    the entries' fields keeps an entry from being sent twice (another producer's entries in
+    between do not match and are passed over)."""
+
+    def __init__(self, url: str, backoff: Backoff, log: Callable[[str], None]) -> None:
+        self.url, self.where, self.backoff, self.log = url, parse_url(url), backoff, log
+        self.client: Any = None
+        self.queued: list[dict[str, str]] = []
+        self.last_id: bytes | None = None
+        """The newest entry of the stream known to hold everything sent before `queued`."""
+
+    def add(self, fields: dict[str, str]) -> None:
+        self.queued.append(fields)
+
+    def flush(self) -> None:
+        import redis
+
+        away = False
+        while self.queued:
+            try:
+                if self.client is None:
+                    self._connect()
+                pipe = self.client.pipeline(transaction=False)
+                for fields in self.queued:
+                    pipe.xadd(self.where.stream, fields)
+                self.last_id = pipe.execute()[-1]
+                self.queued = []
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                self.close()
+                if not away:
+                    away = True
+                    self.log(f"the stream {self.url} is unreachable ({e}); waiting for it, "
+                             f"retrying every {self.backoff.first:g} s doubling to "
+                             f"{self.backoff.most:g} s")  # fmt: skip
+                self.backoff.wait()
+        if away:
+            self.log(f"the stream {self.url} is back; replay goes on")
+        self.backoff.reset()
+
+    def _connect(self) -> None:
+        """A connection (with no retries of its own: flush does them), then what the stream
+        took since `last_id` dropped from `queued`; at the first, the stream's newest entry."""
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        client = redis.Redis(host=self.where.host, port=self.where.port, socket_connect_timeout=2,
+                             socket_timeout=10, retry=Retry(NoBackoff(), 0))  # fmt: skip
+        try:
+            if self.last_id is None:
+                newest = client.xrevrange(self.where.stream, count=1)
+                self.last_id = newest[0][0] if newest else b"0-0"
+            else:
+                self._drop_taken(client)
+        except Exception:
+            client.close()
+            raise
+        self.client = client
+
+    def _drop_taken(self, client: Any) -> None:
+        taken = client.xrange(self.where.stream, min=b"(" + self.last_id)
+        mine = [{k.encode(): v.encode() for k, v in f.items()} for f in self.queued]
+        done = 0
+        for entry_id, fields in taken:
+            if done < len(mine) and fields == mine[done]:
+                done += 1
+            self.last_id = entry_id
+        if done:
+            self.log(f"the stream had taken {done} of the {len(mine)} entries in flight; "
+                     "sending the rest")  # fmt: skip
+        self.queued = self.queued[done:]
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
 
 
 class _Ticker:
@@ -278,23 +366,23 @@ class _Ticker:
             self.progress(self.stats)
 
 
-def _send(client, stream: str, events: list, due: list[float], per_entry: int,
+def _send(sender: _Sender, events: list, due: list[float], per_entry: int,
           tick: _Ticker) -> None:  # fmt: skip
     """XADDs the events as entries, each when its last event is due; entries already due go
     in one pipelined round trip (up to PIPELINE events)."""
-    pipe, queued = client.pipeline(transaction=False), 0
+    queued = 0
     for lo, hi in _entries(due, per_entry):
         if queued and (due[hi - 1] > tick.clock() or queued >= PIPELINE):
-            pipe.execute()
+            sender.flush()
             queued = 0
             tick()
         _sleep_until(due[hi - 1], tick.clock)
-        pipe.xadd(stream, encode(events[lo:hi]))
+        sender.add(encode(events[lo:hi]))
         queued += hi - lo
         tick.stats.events += hi - lo
         tick.stats.entries += 1
     if queued:
-        pipe.execute()
+        sender.flush()
         tick()
 
 

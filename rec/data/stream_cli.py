@@ -71,7 +71,8 @@ def replay_command(file, url, config, synthetic, start, rate, speed, time_column
                    per_entry) -> None:  # fmt: skip
     """Feed the stream at --to from FILE (a time-ordered CSV, Parquet or Criteo TSV file, in
     the config's data.source format) or from the synthetic generator (--synthetic N), printing
-    events/s and the ETA about once a second."""
+    events/s and the ETA about once a second. While the broker is away it waits and retries
+    as training's reader does (the config's data.stream.retry_s and max_retry_s)."""
     from rec.config import load_config
     from rec.contract.events import parse_url
     from rec.data.replay import file_events, progress_line, replay, synthetic_events
@@ -98,7 +99,9 @@ def replay_command(file, url, config, synthetic, start, rate, speed, time_column
     import redis
 
     try:
-        stats = replay(chunks, url, rate=rate, speed=speed, per_entry=per_entry, progress=show)
+        stats = replay(chunks, url, rate=rate, speed=speed, per_entry=per_entry, progress=show,
+                       retry_s=cfg.data.stream.retry_s, max_retry_s=cfg.data.stream.max_retry_s,
+                       log=lambda line: click.echo(f"replay: {line}", err=True))  # fmt: skip
     except redis.RedisError as e:
         click.echo(f"error: the stream {url} failed: {e}", err=True)
         sys.exit(1)
