@@ -43,7 +43,7 @@ from torchrec.modules.crossnet import LowRankCrossNet
 
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear)
 from rec.config import ConfigError
-from rec.cpu import cpu_info
+from rec.cpu import bf16_inner_product, cpu_info
 
 # No `from __future__ import annotations`: TorchScript resolves these annotations at runtime.
 
@@ -206,7 +206,7 @@ def require_bf16_cpu() -> None:
     """Refuses bf16 layers on a CPU whose oneDNN has no bf16 inner product: it needs AVX-512
     (BW, VL, DQ) or AVX-NE-CONVERT (an AVX2-only AMD EPYC has neither; oneDNN's own error
     there was "mkldnn_reorder_linear_weight: bf16 path needs the cpu support ...")."""
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if bf16_inner_product():
         return
     info = cpu_info()
     raise ConfigError(

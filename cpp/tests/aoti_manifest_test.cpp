@@ -67,5 +67,17 @@ TEST(AotiCpu, NamesTheIsaAndWhatThisCpuLacks) {
   EXPECT_FALSE(CpuFlags().empty());  // this machine's /proc/cpuinfo
 }
 
+TEST(AotiCpu, IsaCapHidesWhatIsAboveIt) {
+  EXPECT_FALSE(HiddenByIsaCap("avx512f", ""));
+  EXPECT_TRUE(HiddenByIsaCap("amx_tile", "avx512"));
+  EXPECT_FALSE(HiddenByIsaCap("avx512_vnni", "avx512"));
+  EXPECT_TRUE(HiddenByIsaCap("avx512bw", "avx2"));
+  EXPECT_FALSE(HiddenByIsaCap("avx2", "avx2"));
+  EXPECT_FALSE(HiddenByIsaCap("fma", "avx2"));
+  EXPECT_TRUE(HiddenByIsaCap("avx2", "scalar"));
+  EXPECT_TRUE(HiddenByIsaCap("fma", "scalar"));
+  EXPECT_FALSE(HiddenByIsaCap("sse4_2", "scalar"));
+}
+
 }  // namespace
 }  // namespace rec

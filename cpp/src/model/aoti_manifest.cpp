@@ -1,6 +1,7 @@
 #include "model/aoti_manifest.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -64,14 +65,28 @@ std::vector<std::string> MissingCpuFlags(const std::vector<std::string>& require
   return missing;
 }
 
+bool HiddenByIsaCap(const std::string& flag, const std::string& cap) {
+  if (cap.empty()) return false;
+  if (flag.rfind("amx", 0) == 0) return true;
+  if (flag.rfind("avx512", 0) == 0) return cap == "avx2" || cap == "scalar";
+  return cap == "scalar" &&
+         (flag.rfind("avx", 0) == 0 || flag.rfind("fma", 0) == 0 || flag.rfind("f16c", 0) == 0);
+}
+
 std::vector<std::string> CpuFlags() {
+  // REC_MAX_CPU_ISA makes the server see a smaller CPU, as rec's Python side and ops do
+  // (rec/cpu.py): the refusal of a package for a larger ISA is then tested on every CPU.
+  const char* cap_env = std::getenv("REC_MAX_CPU_ISA");
+  const std::string cap = cap_env ? cap_env : "";
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("flags", 0) != 0) continue;
     std::istringstream flags(line.substr(line.find(':') + 1));
     std::vector<std::string> out;
-    for (std::string f; flags >> f;) out.push_back(f);
+    for (std::string f; flags >> f;) {
+      if (!HiddenByIsaCap(f, cap)) out.push_back(f);
+    }
     return out;
   }
   return {};

@@ -33,7 +33,11 @@ Status ReadAotiManifest(const std::string& manifest_path, AotiManifest* manifest
 std::vector<std::string> MissingCpuFlags(const std::vector<std::string>& required,
                                          const std::vector<std::string>& cpu_flags);
 
-// /proc/cpuinfo's flags of the first CPU.
+// Whether a CPU held to `cap` (REC_MAX_CPU_ISA: avx512, avx2, scalar; empty: no cap) lacks
+// `flag`: AMX is above avx512, AVX-512 above avx2, every vector extension above scalar.
+bool HiddenByIsaCap(const std::string& flag, const std::string& cap);
+
+// /proc/cpuinfo's flags of the first CPU, less those above REC_MAX_CPU_ISA.
 std::vector<std::string> CpuFlags();
 
 // InvalidArgument naming the package's ISA and this CPU when `cpu_flags` lacks one it needs.
