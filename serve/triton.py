@@ -43,6 +43,11 @@ from rec.contract.repository import read_version_manifest
 from rec.contract.updates import UpdateError, parse_url
 from rec.serve.client import FEATURES_PARAMETER
 from rec.serve.process import Endpoints, ServerProcess, http_ok, launch, pick_ports, wait_until
+from rec.serve.python_backend.config import (
+    STORE_CACHE_PARAMETER,
+    STORE_RETRY_NOTE,
+    UPDATES_PARAMETER,
+)
 from rec.serve.repository import (
     STRINGS,
     VALUES,
@@ -53,14 +58,9 @@ from rec.serve.repository import (
 )
 
 _MODEL_PY = Path(__file__).with_name("triton_python_model.py")
-STORE_CACHE_PARAMETER = "store_cache_bytes"
-"""The staged config's parameter bounding the store's row cache (triton_python_model's)."""
-UPDATES_PARAMETER = "updates_url"
-"""The staged config's parameter naming the update log (triton_python_model.UPDATES_PARAMETER)."""
-STORE_RETRY_NOTE = "the load is retried every 2 s"
-"""How model.py ends a load that failed on an unreachable embedding store: such a load is
-retried (triton_python_model.STORE_RETRY_NOTE); any other failed load stops the start-up."""
 STORE_RETRY_S = 2.0
+"""How often a load that failed on an unreachable embedding store is retried: model.py ends
+such a failure with STORE_RETRY_NOTE; any other failed load stops the start-up."""
 
 
 @dataclass(frozen=True)
