@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from rec.contract.repository import manifest_in, model_file_in
-from rec.export.pipeline import export_run
+from rec.export.build import score
+from rec.export.pipeline import eval_batches, export_run, resolve_config
+from rec.metrics import quality
 from tests.export.conftest import SHARDINGS, unsharded_eval
 
 quiet = {"log": lambda _: None}
@@ -41,5 +43,12 @@ def test_quality_bar(trained_runs, tmp_path, quantize, bar):
     assert ev["float"]["auc"] == pytest.approx(
         manifest["source"]["eval_at_checkpoint"]["auc"], abs=2e-6
     )
+    # The repository's model.pt, loaded as a server would, scores the held-out split as the
+    # export's verification recorded: the recorded numbers are of this file.
     scripted = torch.jit.load(str(model_file_in(result.models["torchscript"])))
-    assert scripted is not None
+    batches = list(eval_batches(resolve_config(run, quantize, None, None), quiet["log"]))
+    labels = torch.cat([b.labels.float() for b in batches])
+    q = quality(score(scripted, batches), labels)
+    assert ev["eval_samples"] == labels.shape[0] == 1850
+    assert q["auc"] == pytest.approx(ev["torchscript"]["auc"], abs=1e-9)
+    assert q["log_loss"] == pytest.approx(ev["torchscript"]["log_loss"], abs=1e-9)
