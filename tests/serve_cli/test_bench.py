@@ -7,6 +7,7 @@ import json
 from click.testing import CliRunner
 
 from rec.cli import main
+from rec.cpu import cpu_info, describe
 
 
 def test_bench_sweep_writes_json_and_plot(triton, tmp_path):
@@ -21,7 +22,9 @@ def test_bench_sweep_writes_json_and_plot(triton, tmp_path):
     progress = [line for line in result.output.splitlines() if line.startswith("[")]
     assert len(progress) == 8  # 2 targets x 2 batch sizes x (1 concurrency + 1 rate)
     result = json.loads(out.read_text())
-    assert result["meta"]["cpu"] and "avx2" in result["meta"]["cpu_flags"]
+    # The machine it ran on, as rec.cpu reads it (whatever flags this CPU has).
+    assert result["meta"]["cpu"] == describe(cpu_info())
+    assert result["meta"]["cpu_flags"] == cpu_info()["flags"]
     rows = result["results"]
     assert {(r["target"], r["batch"], r["concurrency"], r["offered_rps"]) for r in rows} >= {
         ("triton-grpc", 8, 2, None),
