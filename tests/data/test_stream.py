@@ -145,8 +145,10 @@ def test_an_error_in_the_read_ahead_thread_is_raised_by_next_batch(broker):
     redis.Redis(port=broker.port).xgroup_destroy("gone", "rec")  # the thread's XREADGROUP fails
     t0 = time.monotonic()
     with pytest.raises(redis.ResponseError, match="NOGROUP"):
-        reader.next_batch(3, wait_s=5.0)
-    assert time.monotonic() - t0 < 2.0, "raised when it happened, not at the deadline"
+        reader.next_batch(3, wait_s=60.0)
+    # Far below the deadline (the thread's error is raised within a READ_BLOCK_S read), with
+    # room for a busy machine.
+    assert time.monotonic() - t0 < 30.0, "raised when it happened, not at the deadline"
     reader.close()
 
 
