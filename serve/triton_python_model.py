@@ -33,14 +33,15 @@ from rec.serve.python_backend.inputs import Failure, Inputs
 from rec.serve.python_backend.instance import ModelInstance
 from rec.serve.python_backend.metrics import COUNTER, GAUGE
 
-_KINDS = {COUNTER: pb_utils.MetricFamily.COUNTER, GAUGE: pb_utils.MetricFamily.GAUGE}
-
 
 class _Family:
-    """A Triton metric family, as python_backend.metrics' sink gives one."""
+    """A Triton metric family, as python_backend.metrics' sink gives one. (pb_utils' classes
+    are read here, not at import: the stub binds MetricFamily and the rest after it has
+    imported model.py.)"""
 
     def __init__(self, name, description, kind):
-        self.family = pb_utils.MetricFamily(name=name, description=description, kind=_KINDS[kind])
+        kinds = {COUNTER: pb_utils.MetricFamily.COUNTER, GAUGE: pb_utils.MetricFamily.GAUGE}
+        self.family = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
 
     def metric(self, labels):
         return self.family.Metric(labels=labels)
