@@ -1,4 +1,5 @@
-"""Training from a live stream (data.stream, `rec train --stream URL`): the trainer's loop.
+"""Training from a live stream (data.stream, `rec train --stream URL`): the batch source that
+Trainer.fit's loop trains from (rec.train.batch_source), as FileEpochs is for files.
 
 Each rank reads its own events through an EventReader (rec.data.stream) and the ranks step
 together: before each step one all-reduce sums [events, stop, checkpoint due] over the ranks.
@@ -42,11 +43,12 @@ from rec import metrics
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data.source import empty_rows
-from rec.data.stream import EventReader, StreamBatch, add_digests
-from rec.train.distributed import gather_rows
+from rec.data.stream import EventReader, StreamBatch, add_digests, open_reader
+from rec.features import feature_spec
+from rec.train.batch_source import Position, ToTorchrec
+from rec.train.distributed import DistContext, gather_rows
+from rec.train.progress import Progress, log
 
-# A segment with no checkpoint, round or step limit ahead: effectively unbounded.
-UNBOUNDED = 1 << 62
 STATUS_S = 10.0
 """With no step for this long, rank 0 says why (no event, or every event refused) this often."""
 
@@ -122,12 +124,13 @@ def online_metrics(probs: torch.Tensor, labels: torch.Tensor, tasks: list[str]) 
 
 class StreamFeed:
     """This rank's torchrec batches from the stream, the ranks stepping together (module
-    docstring). `trained` receives each yielded batch's StreamBatch in order; the trainer pops
-    one per step it completes."""
+    docstring). `trained` receives each yielded batch's StreamBatch in order; the source pops
+    one per step the trainer completes, and keeps `step` current."""
 
-    def __init__(self, trainer, reader: EventReader, stop: StopSignal) -> None:
-        self.t, self.reader, self.stop = trainer, reader, stop
-        cfg: RecConfig = trainer.cfg
+    def __init__(self, cfg: RecConfig, is_main: bool, reader: EventReader, stop: StopSignal,
+                 to_torchrec: ToTorchrec, step: int) -> None:  # fmt: skip
+        self.cfg, self.is_main, self.reader, self.stop = cfg, is_main, reader, stop
+        self.to_torchrec = to_torchrec
         self.wait_s, self.idle_exit_s = cfg.data.stream.wait_s, cfg.data.stream.idle_exit_s
         self.every_seconds = cfg.checkpoint.every_seconds
         self.trained: deque[StreamBatch] = deque()
@@ -136,7 +139,7 @@ class StreamFeed:
         """When the reads began to find nothing on every rank (None: the last one found events)."""
         self.last_save = time.monotonic()
         self.last_step = self.last_status = time.monotonic()
-        self.saved_step = trainer.pos.step
+        self.step = self.saved_step = step
         self.pad_to = 0
         """The largest batch of the last read over the ranks: every rank pads its batch to it."""
         self.stopping = False
@@ -154,7 +157,7 @@ class StreamFeed:
             if self.held is not None:
                 b, self.held = self.held, None
             else:
-                b = self.reader.next_batch(self.t.batch_size, self.wait_s)
+                b = self.reader.next_batch(self.cfg.training.batch_size, self.wait_s)
                 total, stop, due = self._agree(len(b))
                 if stop or (due and done):
                     # Read in the step where the ranks stop or checkpoint: trained after it.
@@ -181,7 +184,7 @@ class StreamFeed:
         idle = (bool(self.idle_exit_s) and self.empty_since is not None
                 and now - self.empty_since > self.idle_exit_s)  # fmt: skip
         due = (self.every_seconds and now - self.last_save >= self.every_seconds
-               and self.t.pos.step > self.saved_step)  # fmt: skip
+               and self.step > self.saved_step)  # fmt: skip
         refused = sum(self.reader.refused.values())
         flags = torch.tensor([n_local, signalled, idle, bool(due), refused], dtype=torch.int64)
         every = [flags]
@@ -197,7 +200,7 @@ class StreamFeed:
             self.empty_since = now if self.empty_since is None else self.empty_since
             if now - self.last_step > STATUS_S and now - self.last_status > STATUS_S:
                 self.last_status = now
-                if self.t.ctx.is_main:
+                if self.is_main:
                     self._status(now, refused_all)
         if signalled_all and not self.why:
             name = signal.Signals(self.stop.signal).name if signalled else ""
@@ -209,9 +212,7 @@ class StreamFeed:
     def _status(self, now: float, refused: int) -> None:
         """Why nothing trains: no new event, or every event refused (a config that does not
         match the events refuses them all, as missing_field)."""
-        from rec.train.progress import log
-
-        stream = self.t.cfg.data.stream
+        stream = self.cfg.data.stream
         lag = self.reader.lag()
         behind = "?" if lag is None else f"{lag:,}"
         line = (f"no step for {now - self.last_step:.0f} s: no new event for group "
@@ -229,27 +230,11 @@ class StreamFeed:
     def _torchrec(self, batch: RecBatch):
         """Padded to the step's largest batch (pad_to; a batch held from the step that ended a
         segment keeps the size of that step's read, on every rank)."""
-        t = self.t
         if len(batch) == 0:  # this rank's share ran dry this step: rows with no loss
-            cfg = t.cfg
-            batch = empty_rows(cfg.features.dense, len(t.keys), cfg.model.num_tasks).to_batch()
-        batch = batch.padded(max(self.pad_to, 1))
-        return batch.to_torchrec(t.keys, t.rows, t.zch.remap_train if t.zch else None)
-
-
-def next_limit(trainer, every_steps: int) -> int:
-    """Steps to the next drained boundary: a checkpoint by steps, a ZCH round, training.steps."""
-    step = trainer.pos.step
-    ends = []
-    if every_steps:
-        ends.append((step // every_steps + 1) * every_steps)
-    if trainer.zch is not None:
-        rounds = trainer.zch.round_steps(step, step + 1_000_000)
-        if rounds:
-            ends.append(min(rounds))
-    if trainer.cfg.training.steps:
-        ends.append(trainer.cfg.training.steps)
-    return min(ends) - step if ends else UNBOUNDED
+            cfg = self.cfg
+            batch = empty_rows(cfg.features.dense, len(cfg.features.sparse),
+                               cfg.model.num_tasks).to_batch()  # fmt: skip
+        return self.to_torchrec(batch.padded(max(self.pad_to, 1)))
 
 
 @dataclass
@@ -262,130 +247,125 @@ class _Window:
     t0: float = field(default_factory=time.perf_counter)
 
 
-def fit_stream(t) -> dict[str, float]:
-    """Trainer.fit for a stream run (module docstring): until a stop, checkpointing by steps
-    (checkpoint.every_steps) and by time (checkpoint.every_seconds), acknowledging after each
-    commit. Returns the last window's online metrics."""
-    from rec.data.stream import open_reader
-    from rec.features import feature_spec
-    from rec.train.progress import Progress, log
-    from rec.train.step_profile import StepProfiler
-    from rec.train.trainer import PROFILE_WARMUP
+class StreamSource:
+    """The stream as Trainer.fit's batch source (rec.train.batch_source.BatchSource): this
+    rank's reader and the ranks' agreement (StreamFeed, opened by `start`), what this rank
+    trained (Tally), progressive validation (Online) and the window's lines."""
 
-    cfg, tally = t.cfg, t.stream_tally
-    reader = open_reader(cfg.data.stream, feature_spec(cfg), t.ctx.rank, start=tally.position)
-    stop = StopSignal()
-    feed = StreamFeed(t, reader, stop)
-    online = Online(list(cfg.model.task_names))
-    progress = None
-    if t.ctx.is_main:
-        progress = Progress(t.run / "metrics.jsonl", 0, t.global_batch, t.run / "tensorboard")
-        progress.start(t.pos.step)
-        log(f"training from {cfg.data.stream.url} (group {cfg.data.stream.group!r}), "
-            f"{t.ctx.world_size} ranks x batch {t.batch_size}, from step {t.pos.step}; "
-            "SIGTERM or Ctrl-C checkpoints and stops")  # fmt: skip
-    t.step_profiler = StepProfiler(t.pos.step + PROFILE_WARMUP, cfg.training.profile_steps)
-    if t.zch is not None:
-        t.zch.step = t.pos.step
-    last: dict[str, float] = {}
-    window, lag_said = _Window(), 0.0
-    try:
-        while not feed.stopping:
-            limit = next_limit(t, cfg.checkpoint.every_steps)
-            last, lag_said = _segment(t, feed, feed.segment(limit), online, progress, window,
-                                      last, lag_said)  # fmt: skip
-            step = t.pos.step
-            if cfg.training.steps and step >= cfg.training.steps:
-                feed.stopping, feed.why = True, f"training.steps={cfg.training.steps} reached"
-            if t.zch is not None:  # its summary line with the progress line, if they meet
-                t._zch_round(step, step % cfg.training.log_every == 0, progress)
-            t0 = time.perf_counter()
-            due = feed.stopping or feed.ended_due or t.checkpointer.due(step)
-            feed.ended_due = False
-            if due and step > feed.saved_step:
-                t.save(last, complete=bool(cfg.training.steps and step >= cfg.training.steps))
-                if tally.position is not None:
-                    reader.ack(tally.position)
-                feed.saved(step)
-            if progress:
-                progress.pause(time.perf_counter() - t0)
-    finally:
-        stop.restore()
-        reader.close()
-    if progress:
-        log(f"stopped at step {t.pos.step}: {feed.why or 'stopped'}")
-    t.finish(progress)
-    return last
+    online = True
 
+    def __init__(self, cfg: RecConfig, ctx: DistContext, to_torchrec: ToTorchrec) -> None:
+        self.cfg, self.ctx, self.to_torchrec = cfg, ctx, to_torchrec
+        self.tally = Tally()
+        self.scores = Online(list(cfg.model.task_names))
+        self.window = _Window()
+        self.lag_said = 0.0
+        """When the line that training lags data.stream.max_lag was last said."""
+        self.progress: Progress | None = None
+        self.feed: StreamFeed | None = None
 
-def _segment(t, feed, batches, online, progress, window, last, lag_said):
-    """Steps until the segment's batches end (Trainer._train_segment, for a stream)."""
-    from rec.train.optim import lr_factor, set_dense_lr
+    def total_steps(self, pos: Position) -> int | None:
+        return self.cfg.training.steps or None
 
-    log_every = t.cfg.training.log_every
-    t.new_segment()
-    while True:
-        set_dense_lr(t.optimizer, lr_factor(t.pos.step, 0, t.cfg.training), t.cfg.training)
-        spent = t.step_profiler.before(t.pos.step)
-        try:
-            loss, logits, labels = t.pipeline.progress(batches)
-        except StopIteration:
-            spent += t.step_profiler.close()
-            if progress:
-                progress.pause(spent)
-            return last, lag_said
-        b = feed.trained.popleft()
-        t.stream_tally.add(b)
-        t.pos.step += 1
-        if t.publisher is not None:
-            t.publisher.after_step(t.pos.step)
-        spent += t.step_profiler.after(t.pos.step)
-        if progress and spent:
-            progress.pause(spent)
-        online.add(logits, labels)
-        window.loss, window.events = window.loss + float(loss) * len(b), window.events + len(b)
-        if t.pos.step % log_every == 0:
-            last, lag_said = _report(t, feed, online, progress, window, last, lag_said)
+    def resume(self, step_dir) -> None:
+        self.tally = resume_tally(step_dir, self.ctx.rank, self.ctx.world_size,
+                                  self.cfg.data.stream)  # fmt: skip
 
+    def start(self, pos: Position, progress: Progress | None) -> None:
+        """Opens the reader at this rank's position and catches SIGTERM and SIGINT."""
+        cfg, ctx = self.cfg, self.ctx
+        reader = open_reader(cfg.data.stream, feature_spec(cfg), ctx.rank,
+                             start=self.tally.position)  # fmt: skip
+        self.feed = StreamFeed(cfg, ctx.is_main, reader, StopSignal(), self.to_torchrec,
+                               pos.step)  # fmt: skip
+        self.progress, self.window = progress, _Window()
+        if progress:
+            log(f"training from {cfg.data.stream.url} (group {cfg.data.stream.group!r}), "
+                f"{ctx.world_size} ranks x batch {cfg.training.batch_size}, from step "
+                f"{pos.step}; SIGTERM or Ctrl-C checkpoints and stops")  # fmt: skip
 
-def _report(t, feed, online, progress, window, last, lag_said):
-    """The window's line and metrics.jsonl records (collective: every rank calls it)."""
-    from rec.train.progress import log
+    def segment(self, limit: int) -> Iterator[Any]:
+        assert self.feed is not None, "start() opens the stream"
+        return self.feed.segment(limit)
 
-    # The mean over every rank's events: a rank with none in the window weighs nothing.
-    sums = torch.tensor([window.loss, window.events], dtype=torch.float64)
-    dist.all_reduce(sums)
-    loss = float(sums[0] / sums[1].clamp(min=1))
-    found = online.gather()
-    refused = torch.tensor([sum(feed.reader.refused.values())], dtype=torch.int64)
-    dist.all_reduce(refused)
-    now = time.perf_counter()
-    events = found["events"] if found else 0
-    rate = events / max(now - window.t0, 1e-9)
-    window.loss, window.events, window.t0 = 0.0, 0, now
-    if found:
-        last = {k: v for k, v in found.items() if k != "events"}
-    if not progress:
-        return last, lag_said
-    lag = feed.reader.lag()
-    step = t.pos.step
-    progress.write({"kind": "train", "step": step, "loss": loss, "samples_per_s": round(rate, 1)})
-    record = {"kind": "online", "step": step, "events_per_s": round(rate, 1), "lag": lag,
-              "refused": int(refused), **(found or {})}  # fmt: skip
-    progress.write(record)
-    quality = (f"online auc {found[metrics.AUC]:.4f} log_loss {found[metrics.LOG_LOSS]:.4f} "
-               f"calibration {found[CALIBRATION]:.3f}" if found
-               else "online auc   -   (window has one class)")  # fmt: skip
-    print(f"step {step:>7} | loss {loss:.4f} | {quality} | {rate:8,.0f} events/s | "
-          f"lag {'?' if lag is None else f'{lag:,}'} entries | refused {int(refused)}",
-          flush=True)  # fmt: skip
-    bound = t.cfg.data.stream.max_lag
-    if bound and lag is not None and lag > bound and now - lag_said > 60:
-        lag_said = now
-        log(f"the stream's head is {lag:,} entries ahead of training (data.stream.max_lag "
-            f"{bound:,}): the producers outpace training; nothing is skipped or dropped, so "
-            "add ranks or slow the producers")  # fmt: skip
-    return last, lag_said
+    def after_step(self, pos: Position, loss: torch.Tensor, logits: torch.Tensor,
+                   labels: torch.Tensor) -> None:  # fmt: skip
+        assert self.feed is not None
+        b = self.feed.trained.popleft()
+        self.tally.add(b)
+        self.feed.step = pos.step
+        self.scores.add(logits, labels)
+        self.window.loss += float(loss) * len(b)
+        self.window.events += len(b)
+
+    def report(self, step: int, lr: float) -> dict[str, float] | None:
+        """The window's line and metrics.jsonl records (collective: every rank calls it); its
+        online metrics, None when it had none (one class, or no event)."""
+        assert self.feed is not None
+        reader, window = self.feed.reader, self.window
+        # The mean over every rank's events: a rank with none in the window weighs nothing.
+        sums = torch.tensor([window.loss, window.events], dtype=torch.float64)
+        dist.all_reduce(sums)
+        loss = float(sums[0] / sums[1].clamp(min=1))
+        found = self.scores.gather()
+        refused = torch.tensor([sum(reader.refused.values())], dtype=torch.int64)
+        dist.all_reduce(refused)
+        now = time.perf_counter()
+        rate = (found["events"] if found else 0) / max(now - window.t0, 1e-9)
+        self.window = _Window(t0=now)
+        if self.progress:
+            self._line(step, loss, found, rate, reader.lag(), int(refused))
+        return {k: v for k, v in found.items() if k != "events"} if found else None
+
+    def _line(self, step: int, loss: float, found: dict | None, rate: float,
+              lag: int | None, refused: int) -> None:  # fmt: skip
+        """Rank 0: the window's records, its progress line, and whether training lags."""
+        assert self.progress is not None
+        self.progress.write({"kind": "train", "step": step, "loss": loss,
+                             "samples_per_s": round(rate, 1)})  # fmt: skip
+        self.progress.write({"kind": "online", "step": step, "events_per_s": round(rate, 1),
+                             "lag": lag, "refused": refused, **(found or {})})  # fmt: skip
+        quality = (f"online auc {found[metrics.AUC]:.4f} log_loss {found[metrics.LOG_LOSS]:.4f} "
+                   f"calibration {found[CALIBRATION]:.3f}" if found
+                   else "online auc   -   (window has one class)")  # fmt: skip
+        print(f"step {step:>7} | loss {loss:.4f} | {quality} | {rate:8,.0f} events/s | "
+              f"lag {'?' if lag is None else f'{lag:,}'} entries | refused {refused}",
+              flush=True)  # fmt: skip
+        bound, now = self.cfg.data.stream.max_lag, time.perf_counter()
+        if bound and lag is not None and lag > bound and now - self.lag_said > 60:
+            self.lag_said = now
+            log(f"the stream's head is {lag:,} entries ahead of training (data.stream.max_lag "
+                f"{bound:,}): the producers outpace training; nothing is skipped or dropped, so "
+                "add ranks or slow the producers")  # fmt: skip
+
+    def should_stop(self) -> str | None:
+        """A signal or idle_exit_s (the ranks agreed in the segment), or training.steps."""
+        feed, steps = self.feed, self.cfg.training.steps
+        assert feed is not None
+        if steps and feed.step >= steps:
+            feed.stopping, feed.why = True, f"training.steps={steps} reached"
+        return (feed.why or "stopped") if feed.stopping else None
+
+    def checkpoint_due(self, step: int) -> bool:
+        """The segment ended because checkpoint.every_seconds passed."""
+        assert self.feed is not None
+        due, self.feed.ended_due = self.feed.ended_due, False
+        return due
+
+    def after_checkpoint(self, step: int) -> None:
+        """Acknowledges what the committed checkpoint holds: exactly once."""
+        assert self.feed is not None
+        if self.tally.position is not None:
+            self.feed.reader.ack(self.tally.position)
+        self.feed.saved(step)
+
+    def meta(self) -> dict[str, Any]:
+        return {"skipped_rows": 0, "stream": stream_meta(self.tally, self.cfg.data.stream)}
+
+    def close(self) -> None:
+        if self.feed is not None:
+            self.feed.stop.restore()
+            self.feed.reader.close()
 
 
 def stream_meta(tally: Tally, cfg) -> dict[str, Any]:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import os
 import time
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +21,13 @@ from rec import metrics, run_dir
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data import make_source
-from rec.data.source import empty_rows
+from rec.data.source import DataSource, empty_rows
 from rec.model import TrainModel, build_model, embedding_modules, table_rows
 from rec.train import plan_stats, publish, sharding
+from rec.train.batch_source import BatchSource, FileEpochs, Position
 from rec.train.checkpoint import Checkpointer
 from rec.train.distributed import (
     DistContext,
-    all_mean,
     gather_rows,
     init_distributed,
     peak_rss_bytes,
@@ -38,25 +35,17 @@ from rec.train.distributed import (
 from rec.train.optim import attach_embedding_optimizer, lr_factor, make_optimizer, set_dense_lr
 from rec.train.progress import Progress, log, plot_metrics
 from rec.train.step_profile import StepProfiler
-from rec.train.stream_loop import Tally, fit_stream, resume_tally, stream_meta
+from rec.train.stream_loop import StreamSource
 from rec.train.zch import SUMMARY_EVERY_ROUNDS, ZchTables
 from rec.versions import library_versions
 
 # Steps run before the profiled window (train.step_profile): the first ones build the
 # pipeline and warm caches, and are slower than the rest.
 PROFILE_WARMUP = 5
-
-
-@dataclass
-class Position:
-    """Where training stands: optimiser steps done, and the data position of the next sample."""
-
-    step: int = 0
-    epoch: int = 0
-    offset: int = 0  # global samples of `epoch` already consumed
-
-    def as_tensors(self) -> dict[str, torch.Tensor]:
-        return {k: torch.tensor(getattr(self, k), dtype=torch.int64) for k in self.__dict__}
+# A segment with no boundary ahead (a stream with no checkpoint by steps, round or step limit)
+# is effectively unbounded; ZCH rounds are looked for this far ahead.
+UNBOUNDED = 1 << 62
+ZCH_HORIZON = 1_000_000
 
 
 class Trainer:
@@ -67,14 +56,20 @@ class Trainer:
         self.batch_size = cfg.training.batch_size
         self.global_batch = self.batch_size * ctx.world_size
         self.pos = Position()
-        self.streaming = bool(cfg.data.stream.url)
-        self.stream_tally = Tally()
-        if not self.streaming:  # a stream run validates online (rec.train.stream_loop)
-            self.train_source = make_source(cfg, "train")
+        self.zch = ZchTables.of(cfg, self.keys)
+        self.source: BatchSource
+        # A stream run validates online (rec.train.stream_loop): it has no held-out split.
+        self.eval_source: DataSource | None = None
+        if cfg.data.stream.url:
+            self.source = StreamSource(cfg, ctx, self.train_batch)
+        else:
+            self.source = FileEpochs(cfg, ctx, self.train_batch)
             self.eval_source = make_source(cfg, "eval")
             if self.eval_source.num_samples() == 0:
                 raise ValueError("the held-out split has no samples to evaluate on")
-        self.zch = ZchTables.of(cfg, self.keys)
+        self.quality: dict[str, float] = {}
+        """The last evaluation's metrics (a stream's: its last window's online metrics)."""
+        self.saved_step = 0
         self._build_model()
         self.checkpointer = Checkpointer(run, cfg.checkpoint, ctx.rank)
 
@@ -156,9 +151,7 @@ class Trainer:
         t = state["train"]
         self.pos = Position(int(t["step"]), int(t["epoch"]), int(t["offset"]))
         torch.set_rng_state(t["rng"])
-        if self.streaming:
-            self.stream_tally = resume_tally(step_dir, self.ctx.rank, self.ctx.world_size,
-                                             self.cfg.data.stream)  # fmt: skip
+        self.source.resume(step_dir)
         if self.ctx.is_main:
             log(f"resumed from {step_dir} at step {self.pos.step} (epoch {self.pos.epoch})")
             if self.zch is not None:
@@ -169,31 +162,9 @@ class Trainer:
                 "optimizer, any other by the embedding one")  # fmt: skip
 
     # ---- data -------------------------------------------------------------------------------
-    def total_steps(self) -> int:
-        t = self.cfg.training
-        if t.steps:
-            return t.steps
-        per_epoch = self.train_source.num_samples() // self.global_batch
-        if per_epoch == 0:
-            raise ValueError(
-                f"the training data has {self.train_source.num_samples()} samples, fewer than "
-                f"one global batch ({self.batch_size} x {self.ctx.world_size} ranks)"
-            )
-        left_now = (self.train_source.num_samples() - self.pos.offset) // self.global_batch
-        return self.pos.step + left_now + per_epoch * (t.epochs - self.pos.epoch - 1)
-
-    def _train_stream(self, positions: deque) -> Iterator[Batch]:
-        """Batches from the current position on, across epochs; records where each one ends."""
-        epoch, offset = self.pos.epoch, self.pos.offset
-        remap = self.zch.remap_train if self.zch else None
-        while self.cfg.training.steps or epoch < self.cfg.training.epochs:
-            for batch in self.train_source.batches(
-                self.batch_size, self.ctx.rank, self.ctx.world_size, start=offset
-            ):
-                offset += self.global_batch
-                positions.append((epoch, offset))
-                yield batch.to_torchrec(self.keys, self.rows, remap)
-            epoch, offset = epoch + 1, 0
+    def train_batch(self, batch: RecBatch) -> Batch:
+        """A training batch as the model takes it; ZCH tables remap (and count) its ids."""
+        return batch.to_torchrec(self.keys, self.rows, self.zch.remap_train if self.zch else None)
 
     # ---- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -256,59 +227,85 @@ class Trainer:
             yield self.dmp(batch.to(self.ctx.device))[1]
 
     # ---- the loop ---------------------------------------------------------------------------
-    def _boundaries(self, total: int) -> list[int]:
-        """Steps where the pipeline drains: evaluations, checkpoints, ZCH rounds and the end."""
-        t, c = self.cfg.training, self.cfg.checkpoint
-        marks = {total}
-        if self.zch is not None:  # a batch remapped before a round must be trained before it
-            marks.update(self.zch.round_steps(self.pos.step, total))
-        for every in (t.eval_every, c.every_steps):
-            if every:
-                marks.update(range(every, total, every))
-        return sorted(m for m in marks if m > self.pos.step)
-
     def fit(self) -> dict[str, float]:
-        total = self.total_steps()
+        """The one training loop, for files and streams alike (rec.train.batch_source): segments
+        of steps between drained boundaries, and at each boundary the ZCH round, an evaluation
+        and a checkpoint when due, until the source's end or a stop. Returns the last
+        evaluation's metrics (a stream's: its last window's online metrics)."""
+        source, total = self.source, self.source.total_steps(self.pos)
         progress = None
         if self.ctx.is_main:
-            progress = Progress(self.run / run_dir.METRICS_FILE, total, self.global_batch,
+            progress = Progress(self.run / run_dir.METRICS_FILE, total or 0, self.global_batch,
                                 self.run / run_dir.TENSORBOARD_DIR)  # fmt: skip
             progress.start(self.pos.step)
-            log(f"training {total} steps, {self.ctx.world_size} ranks x batch {self.batch_size}")
         self.step_profiler = StepProfiler(self.pos.step + PROFILE_WARMUP,
                                           self.cfg.training.profile_steps)  # fmt: skip
-        positions: deque = deque()
         if self.zch is not None:
             self.zch.step = self.pos.step
-        stream = self._train_stream(positions)
-        metrics: dict[str, float] = {}
-        for boundary in self._boundaries(total):
-            self._train_segment(itertools.islice(stream, boundary - self.pos.step), positions,
-                                total, progress)  # fmt: skip
-            if self.pos.step < boundary:  # the data ran out before `total` steps
-                if progress:  # said, not silent: a short run must not pass for a whole one
-                    log(f"training stopped at step {self.pos.step} of {total}: the training "
-                        "data ran out")  # fmt: skip
-                break
-            last = boundary == total
-            evaluate = last or (
-                self.cfg.training.eval_every and boundary % self.cfg.training.eval_every == 0
-            )
-            if self.zch is not None:  # training time, not a pause: every round is a cost of ZCH
-                self._zch_round(boundary, bool(evaluate), progress)
-            if self.publisher is not None and (evaluate or last):  # not held through the pause
-                self.publisher.before_pause(self.pos.step)
-            t0 = time.perf_counter()
-            if evaluate:
-                metrics = self.evaluate()
-                if progress:
-                    progress.eval(self.pos.step, metrics)
-            if last or self.checkpointer.due(boundary):
-                self.save(metrics, complete=last)
-            if progress:
-                progress.pause(time.perf_counter() - t0)
+        self.saved_step = self.pos.step
+        why = None
+        try:
+            source.start(self.pos, progress)
+            stop = self._reached(total)
+            while not stop:
+                before = self.pos.step
+                limit = self._next_boundary(total) - before
+                self._train_segment(source.segment(limit), total, progress)
+                why = source.should_stop()
+                stop = why is not None or self._reached(total)
+                self._boundary(total, stop, self.pos.step > before, progress)
+        finally:
+            source.close()
+        if progress and why:
+            log(f"stopped at step {self.pos.step}: {why}")
         self.finish(progress)
-        return metrics
+        return self.quality
+
+    def _reached(self, total: int | None) -> bool:
+        return total is not None and self.pos.step >= total
+
+    def _next_boundary(self, total: int | None) -> int:
+        """The next step where the pipeline drains: an evaluation, a checkpoint by steps, a ZCH
+        round (a batch remapped before a round must be trained before it), or the end."""
+        step, t = self.pos.step, self.cfg.training
+        every = [
+            self.cfg.checkpoint.every_steps,
+            t.eval_every if self.eval_source is not None else 0,
+        ]
+        marks = [(step // e + 1) * e for e in every if e]
+        if total is not None:
+            marks.append(total)
+        if self.zch is not None:
+            marks.extend(self.zch.round_steps(step, min(marks, default=step + ZCH_HORIZON)))
+        return min(marks, default=step + UNBOUNDED)
+
+    def _boundary(self, total: int | None, stop: bool, moved: bool,
+                  progress: Progress | None) -> None:  # fmt: skip
+        """At a drained step: the ZCH round and an evaluation when due (not again at a step
+        that already had them: a segment that trained nothing), then a checkpoint when due."""
+        step, t = self.pos.step, self.cfg.training
+        evaluate = (
+            moved
+            and self.eval_source is not None
+            and (stop or bool(t.eval_every and step % t.eval_every == 0))
+        )
+        if self.zch is not None and moved:  # training time, not a pause: a cost of ZCH
+            # Its summary goes with an evaluation, or with a stream's online metrics line.
+            online = self.source.online and step % t.log_every == 0
+            self._zch_round(step, evaluate or online, progress)
+        if self.publisher is not None and evaluate:  # not held through the pause
+            self.publisher.before_pause(step)
+        t0 = time.perf_counter()
+        if evaluate:
+            self.quality = self.evaluate()
+            if progress:
+                progress.eval(step, self.quality)
+        due = self.source.checkpoint_due(step) or stop or self.checkpointer.due(step)
+        if due and step > self.saved_step:
+            self.save(self.quality, complete=self._reached(total))
+            self.source.after_checkpoint(step)
+        if progress:
+            progress.pause(time.perf_counter() - t0)
 
     def finish(self, progress: Progress | None) -> None:
         """The end of any run: the publisher closed, memory and step reports."""
@@ -376,34 +373,34 @@ class Trainer:
         if isinstance(self.pipeline, TrainPipelineBase):
             self.pipeline._reset_data_iter()
 
-    def _train_segment(self, batches, positions: deque, total: int, progress) -> None:
-        log_every = self.cfg.training.log_every
+    def _train_segment(self, batches: Iterator[Batch], total: int | None,
+                       progress: Progress | None) -> None:  # fmt: skip
+        """Steps until the segment's batches end; the source's report every log_every steps
+        and at the last one."""
+        t = self.cfg.training
         self.new_segment()
-        loss_sum, loss_n = 0.0, 0
         while True:
-            factor = lr_factor(self.pos.step, total, self.cfg.training)
-            set_dense_lr(self.optimizer, factor, self.cfg.training)
+            factor = lr_factor(self.pos.step, total or 0, t)
+            set_dense_lr(self.optimizer, factor, t)
             spent = self.step_profiler.before(self.pos.step)
             try:
-                loss, _, _ = self.pipeline.progress(batches)
+                loss, logits, labels = self.pipeline.progress(batches)
             except StopIteration:
-                spent += self.step_profiler.close()  # an evaluation or a checkpoint is next
+                spent += self.step_profiler.close()  # a boundary is next
                 if progress:
                     progress.pause(spent)
                 return
-            self.pos.epoch, self.pos.offset = positions.popleft()
             self.pos.step += 1
+            self.source.after_step(self.pos, loss, logits, labels)
             if self.publisher is not None:
                 self.publisher.after_step(self.pos.step)
             spent += self.step_profiler.after(self.pos.step)
             if progress and spent:
                 progress.pause(spent)
-            loss_sum, loss_n = loss_sum + float(loss), loss_n + 1
-            if self.pos.step % log_every == 0 or self.pos.step == total:
-                mean = all_mean(loss_sum / loss_n, self.ctx.device)
-                loss_sum, loss_n = 0.0, 0
-                if progress:
-                    progress.train(self.pos.step, mean, self.cfg.training.dense_lr * factor)
+            if self.pos.step % t.log_every == 0 or self.pos.step == total:
+                quality = self.source.report(self.pos.step, t.dense_lr * factor)
+                if quality:
+                    self.quality = quality
 
     def save(self, metrics: dict[str, float], complete: bool = False) -> None:
         plan_json = (self.run / run_dir.PLAN_FILE).read_bytes() if self.ctx.is_main else b""
@@ -413,7 +410,6 @@ class Trainer:
             "offset": self.pos.offset,
             "plan_digest": hashlib.sha256(plan_json).hexdigest()[:16],
             "eval": metrics,
-            "skipped_rows": 0 if self.streaming else self.train_source.skipped_rows,
             "versions": library_versions(),
             # The last step of this length of run: `rec train --resume` has nothing to do unless
             # config.yaml's steps or epochs were raised since.
@@ -423,11 +419,11 @@ class Trainer:
             # server starting from an export of this step applies that log after (gen, step).
             "publish_gen": self.publisher.ident.gen if self.publisher is not None else None,
         }
-        if self.streaming:
-            meta["stream"] = stream_meta(self.stream_tally, self.cfg.data.stream)
+        meta.update(self.source.meta())  # skipped rows; a stream's positions (collective)
         if self.publisher is not None:  # the log first: it must hold all this checkpoint trained
             self.publisher.flush(self.pos.step)
         step_dir = self.checkpointer.save(self.pos.step, self._state(), meta)
+        self.saved_step = self.pos.step
         if self.ctx.is_main:
             log(f"checkpoint committed: {step_dir}")
 
@@ -452,7 +448,7 @@ def run_training(cfg: RecConfig, run: Path, resume: bool) -> dict[str, float]:
         trainer.resume(latest)
     if cfg.publish.url:
         trainer.start_publishing()
-    metrics = fit_stream(trainer) if trainer.streaming else trainer.fit()
+    metrics = trainer.fit()
     if ctx.is_main:
         curve = plot_metrics(run / run_dir.METRICS_FILE, run / "training_curve.png")
         log(f"training curve: {curve}")

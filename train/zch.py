@@ -3,7 +3,7 @@
 Every rank holds every ZCH table's id map (rec.zch.IdMap), whole. A training batch's ids are
 remapped through it as the data path makes the batch (`remap_train`), and the rank counts what
 it saw: the ids that read the default row and the hits of each slot. Every `every_steps` steps,
-at a step where the train pipeline has drained (Trainer._boundaries), the ranks run a round
+at a step where the train pipeline has drained (Trainer._next_boundary), the ranks run a round
 (`round`): they gather their sightings (one collective), every rank admits and evicts the same ids
 (IdMap.admit is deterministic), and the rank(s) holding an admitted slot's row reset it to a
 fresh draw of the table's initial distribution, with its fused optimizer state at zero. A batch
