@@ -57,12 +57,14 @@ def test_binds_loopback_only_by_default(default_server):
 
 def test_model_control_is_off_by_default(default_server):
     status, body = _post(default_server.http, "/v2/repository/models/rec/load")
-    assert status == 400 and b"--enable-model-control" in body, (status, body)
+    # 503 and UNAVAILABLE: Triton's answer to a load with model control off.
+    assert status == 503 and b"--enable-model-control" in body, (status, body)
     with (
         grpcclient.InferenceServerClient(default_server.grpc) as c,
-        pytest.raises(InferenceServerException, match="enable-model-control"),
+        pytest.raises(InferenceServerException, match="enable-model-control") as e,
     ):
         c.load_model("rec")
+    assert e.value.status() == "StatusCode.UNAVAILABLE", e.value
 
 
 @pytest.fixture(scope="module")

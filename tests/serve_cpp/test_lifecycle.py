@@ -159,14 +159,21 @@ def test_hot_swap_under_traffic_loses_nothing(tmp_path):
 
 
 def test_load_endpoint_needs_model_control(tmp_path):
+    """Without --enable-model-control a load is refused as Triton refuses it in that mode:
+    HTTP 503 and gRPC UNAVAILABLE."""
     write_model(tmp_path, version=1, seed=0)
     plain = Server(tmp_path)
     try:
-        with (
-            httpclient.InferenceServerClient(plain.http) as c,
-            pytest.raises(InferenceServerException, match="enable-model-control"),
-        ):
-            c.load_model("rec")
+        refusals = ((httpclient, plain.http, "503"),
+                    (grpcclient, plain.grpc, "StatusCode.UNAVAILABLE"))  # fmt: skip
+        for module, url, status in refusals:
+            with (
+                module.InferenceServerClient(url) as c,
+                pytest.raises(InferenceServerException, match="enable-model-control") as e,
+            ):
+                c.load_model("rec")
+            assert e.value.status() == status, e.value
+            assert "explicit model load / unload is not allowed" in e.value.message()
     finally:
         assert plain.stop() == 0
     s = Server(tmp_path, "--enable-model-control")

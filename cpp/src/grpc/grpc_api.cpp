@@ -218,8 +218,8 @@ grpc::Status GrpcApi::RepositoryIndex(const inference::RepositoryIndexRequest&,
 
 grpc::Status GrpcApi::RepositoryModelLoad(const inference::RepositoryModelLoadRequest& request,
                                           inference::RepositoryModelLoadResponse*) {
-  if (!enable_model_control_) {
-    return ToGrpc(InvalidArgument(
+  if (!enable_model_control_) {  // UNAVAILABLE, as Triton answers without model control
+    return ToGrpc(Unavailable(
         "explicit model load / unload is not allowed; start with --enable-model-control"));
   }
   return ToGrpc(models_->Reload(request.model_name()));

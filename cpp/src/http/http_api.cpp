@@ -257,8 +257,8 @@ HttpResponse HttpApi::RepositoryRoute(const std::vector<std::string>& p,
     return JsonResponse(200, index);
   }
   if (p.size() == 5 && p[2] == "models" && (p[4] == "load" || p[4] == "unload")) {
-    if (!options_.enable_model_control) {
-      return ErrorResponse(InvalidArgument(
+    if (!options_.enable_model_control) {  // 503, as Triton answers without model control
+      return ErrorResponse(Unavailable(
           "explicit model load / unload is not allowed; start with --enable-model-control"));
     }
     if (p[4] == "unload") return ErrorResponse(InvalidArgument("unload is not supported"));
