@@ -265,7 +265,7 @@ class FeaturesConfig:
     """How each dense feature's raw value is transformed, inside the exported model too. A
     mapping from dense feature name (see `dense_names`) to identity or log1p
     (log1p(max(x, 0))); a feature left out takes the default: log1p for data.source
-    criteo_tsv, identity otherwise. See rec.features.
+    criteo_tsv, identity otherwise. See rec.contract.features.
 
     Example: {price: log1p, ctr_7d: identity}"""
     negative: str = "modulo"
