@@ -3,13 +3,17 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sanitized test-deploy lint format bench clean
+.PHONY: setup demo check test test-sanitized test-deploy lint format bench clean
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	bash scripts/demo.sh
+
+# The edit loop: lint and the fast tests (no training, no servers), under 3 minutes.
+check: setup
+	bash scripts/check.sh $(PYTEST_ARGS)
 
 test: setup
 	bash scripts/test.sh $(PYTEST_ARGS)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.helpers import TINY
 
 
@@ -88,3 +89,14 @@ def pytest_sessionfinish(session, exitstatus):
 # tests/deploy runs the compose stack in Docker; `make test-deploy` builds the images and runs it
 # (REC_DEPLOY=1). The main suite leaves it out rather than skipping each test.
 collect_ignore = [] if os.environ.get("REC_DEPLOY") else ["deploy"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "integration: trains, serves or compiles (tests/tiers.py); make check skips it"
+    )
+    tiers.guard_check_tier()
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers.mark(items, Path(__file__).parent)
