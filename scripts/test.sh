@@ -32,10 +32,14 @@ trap 'kill -- "-$builder" 2> /dev/null || true; rm -rf "$REC_TEST_ARTIFACTS"' EX
 # for 25 min of CPU, serially, against 14.2 min on two workers (Intel Xeon, AVX-512). Every
 # port, network namespace and temporary path a test takes is its own (port 0, named after the
 # process, tmp_path), so the workers do not collide.
+started=$SECONDS
 $BIN/python -m pytest -q -ra --durations=30 -n "$REC_TEST_WORKERS" --dist loadfile \
   --ignore=tests/reliability/test_fuzz.py "$@"
+log "main suite: $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
 
 log "waiting for the sanitized builds"
 wait "$builder" || { tail -60 build/sanitized-build.log; echo "sanitized build failed" >&2; exit 1; }
 trap 'rm -rf "$REC_TEST_ARTIFACTS"' EXIT
+started=$SECONDS
 bash scripts/test_sanitized.sh
+log "sanitized stage: $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"

@@ -72,8 +72,13 @@ def in_memory(trained_runs, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("layout", ["tw_rw_cw_dp", "gs_twrw_twcw_tw"])
-@pytest.mark.parametrize(("dtypes", "chunk_rows"), [(MIXED, 7), ({}, 64), ({}, 0)])
+# Each layout with odd chunks of mixed dtypes; the chunk larger than two tables (64) and the
+# whole-table read (0) once each, on one layout apiece: each case is a fresh `rec export`.
+@pytest.mark.parametrize(
+    ("layout", "dtypes", "chunk_rows"),
+    [("tw_rw_cw_dp", MIXED, 7), ("gs_twrw_twcw_tw", MIXED, 7), ("tw_rw_cw_dp", {}, 64),
+     ("gs_twrw_twcw_tw", {}, 0)],
+)  # fmt: skip
 def test_streamed_model_file_is_the_in_memory_one(trained_runs, in_memory, tmp_path, layout,
                                                   dtypes, chunk_rows):  # fmt: skip
     run = trained_runs[layout]
