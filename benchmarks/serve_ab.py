@@ -20,7 +20,9 @@ warm-up run each, wrk (64 connections, a Lua script that POSTs the model's B = 1
 body to /v2/models/<model>/infer on 127.0.0.1) runs against A, then B, `--pairs` times, so a
 burst of other work on the shared machine hits both alike. Per pair: requests/s and p99 of
 each, and the ratio B / A of requests/s; the median ratio over pairs. A run with a non-2xx
-answer or a socket error fails: its requests/s would not be the server's.
+answer or a socket error fails: its requests/s would not be the server's. `--revs HEAD HEAD`
+measures the noise floor (one 2 s pair of the same build gave B / A = 1.05 on a busy 2-core
+AMD EPYC), so a difference of a few percent needs several pairs of 10 s or more.
 
 Writes benchmarks/results/serve_ab.json (--out) with the CPU, the revisions and every run.
 """
