@@ -49,7 +49,6 @@ class ServedTables(Applier):
     def __init__(self, updates, buffers, stored=None, refresh=None, zch=None, raw_keyed=()):
         places, stored = updates["tables"], stored or {}
         self.refresh = refresh
-        self.raw_keyed = set(raw_keyed)  # stored ZCH tables: refreshed by the raw ids they name
         super().__init__(
             tables={n: ServedTable(p["rows"], p["dim"], p["dtype"]) for n, p in places.items()},
             export=(int(updates.get("gen") or 0), int(updates.get("step") or 0)),
@@ -58,6 +57,9 @@ class ServedTables(Applier):
             maps={n: _served_map(n, t, buffers) for n, t in (zch or {}).items()},
         )
         self.places = places
+        # Stored ZCH tables, refreshed by the raw ids they name; after the base's __init__,
+        # which starts the set empty.
+        self.raw_keyed = set(raw_keyed)
         self.buffers = {name: _buffer(name, place, buffers) for name, place in places.items()}
 
     def write(self, rec):
