@@ -70,7 +70,7 @@ import torch
 from rec.config import RecConfig, config_from_dict
 from rec.cpu import cpu_info
 
-CACHE_VERSION = 3  # raise when what is measured or how changes: old entries are re-measured
+CACHE_VERSION = 4  # raise when what is measured or how changes: old entries are re-measured
 # 3: the loop's ranks run their share of the cores as threads (rec.train.distributed), as
 # training ranks now do, instead of torch's default of every core each.
 LOOP_TABLES = (2, 8)  # the tiny model's tables: the loop's cost per feature from two points
@@ -341,6 +341,25 @@ def _vm_rss() -> int:
     return 0
 
 
+# What a rank holds once it has imported what it runs, read in a fresh interpreter.
+_RANK_IMPORTS = (
+    "import pathlib, rec.train.trainer; print(next(line.split()[1] for line in "
+    "pathlib.Path('/proc/self/status').read_text().splitlines() if line.startswith('VmRSS:')))"
+)
+
+
+def _fresh_rank_rss() -> int:
+    """VmRSS of a fresh interpreter that imported rec's trainer (torch, TorchRec, FBGEMM): a
+    rank's footprint before it builds anything. The calibrating process's own RSS is not: it
+    may be a test run or a launcher holding data, and a baseline taken from it made every
+    later estimate of this machine 1.35-1.4x the ranks' peak RSS."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _RANK_IMPORTS], capture_output=True, text=True,
+                         check=True, timeout=300)  # fmt: skip
+    return int(out.stdout.split()[-1]) * 1024
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -474,7 +493,6 @@ def measure_loop(progress: Progress) -> dict[str, Any]:
 
     progress("  a training step on 2 gloo ranks (tiny model, both train pipelines)")
     ctx = multiprocessing.get_context("fork")  # spawn would pay torch's imports again
-    parent_rss = _vm_rss()
     port = _free_port()
     pipes, procs = [], []
     for rank in range(2):
@@ -494,7 +512,7 @@ def measure_loop(progress: Progress) -> dict[str, Any]:
             raise RuntimeError(f"calibration: a 2-rank training step failed:\n{error}")
     loop = {k: max(r[k] for r in results) for k in results[0] if k != "rss_growth"}
     # A fork starts with the pages of the caller's heap but not those of the libraries'
-    # code and data it has touched (the kernel maps those in again on use), which a rank
-    # importing torch, TorchRec and FBGEMM holds: the caller's RSS plus what a rank grew by.
+    # code and data it has touched (the kernel maps those in again on use): a fresh rank's
+    # imports plus what a forked rank grew by while it trained.
     growth = max(r["rss_growth"] for r in results)
-    return {"loop": loop, "baseline_rss": parent_rss + growth}
+    return {"loop": loop, "baseline_rss": _fresh_rank_rss() + growth}
