@@ -12,7 +12,12 @@ setup(
     ext_modules=[
         CppExtension(
             "rec._ops",
-            ["cpp/ops/linear.cpp", "cpp/ops/linear_int8.cpp", "cpp/ops/zch.cpp"],
+            [
+                "cpp/ops/linear.cpp",
+                "cpp/ops/linear_int8.cpp",
+                "cpp/ops/zch.cpp",
+                "cpp/ops/feature_major.cpp",
+            ],
             # OpenMP for at::parallel_for (its pragma is compiled here); at run time the
             # libgomp.so.1 torch already loaded serves it, one thread pool for both.
             extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp"],
