@@ -103,6 +103,25 @@ def test_table_indices_stay_inside_their_tables(batch, reordered):
     assert bool(((indices >= 0) & (indices < rows[feature])).all())
 
 
+@pytest.mark.parametrize(
+    ("lengths", "values", "column_of", "message"),
+    [
+        ([[1, 2]], [5, 6], None, "add up to 3 ids but sparse_values holds 2"),
+        ([[2, -1]], [5], None, "negative length"),
+        ([[1, 1]], [5, 6], [1, 1], "not a permutation"),
+    ],
+)
+def test_feature_major_ids_refuses_lengths_that_do_not_describe_the_ids(
+    lengths, values, column_of, message
+):
+    """rec::feature_major_ids reads only the ids it was given: lengths that add up to more (or
+    are negative), or a column order that skips a column, are refused, not read past."""
+    column = None if column_of is None else torch.tensor(column_of)
+    with pytest.raises(RuntimeError, match=message):
+        served.feature_major_ids(torch.tensor(lengths, dtype=torch.int32),
+                                 torch.tensor(values), torch.tensor([3, 4]), column)  # fmt: skip
+
+
 @pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn", "dcn_v2", "mmoe", "din"])
 def test_served_module_computes_the_float_model(arch):
     """fp32 tables: the lean module (one TBE op, oneDNN / per-sample dense layers) scores what
