@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import rec.ops  # noqa: F401  (rec::zch_remap_counted, which the served module calls)
-from rec import zch
+from rec import run_dir, zch
 from rec.config import ConfigError, RecConfig
 from rec.contract.sections import ZCH_MAP_LAYOUT, ZchSection, ZchTable
 
@@ -53,8 +53,11 @@ def zch_tables(cfg: RecConfig) -> dict[str, zch.ZchConfig]:
 
 def read_maps(reader, cfg: RecConfig) -> dict[str, TableMap]:
     """Every ZCH table's map out of the checkpoint (a rec.export.dcp_reader.CheckpointReader),
-    checked against its table: present, int64 / bool, [slots] each."""
+    checked against its table: present, int64 / bool, [slots] each, and placed by this rec's
+    home() (rec.zch.check_checkpoint_layout)."""
     out: dict[str, TableMap] = {}
+    if zch_tables(cfg):
+        zch.check_checkpoint_layout(run_dir.read_meta(reader.step_dir), reader.step_dir)
     for name, z in zch_tables(cfg).items():
         parts = {}
         for part, dtype in (("keys", torch.int64), ("used", torch.bool)):
@@ -91,7 +94,7 @@ class IdMap(nn.Module):
         reads[features] = True
         self.register_buffer("reads", reads)
         # rec.zch's constants, as attributes: TorchScript cannot read a module's global ints.
-        self.mix = (zch._INT64_MAX, zch._LO, zch._MIX, zch._C_LO, zch._C_HI, zch._C_MIX)
+        self.mix = zch.HOME_CONSTANTS
 
     def forward(
         self, ids: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, batch: int
@@ -133,35 +136,51 @@ class IdMap(nn.Module):
         return _plain_lookup(ids, keys, used != 0, self.probes, self.mix)
 
 
+Mix = tuple[int, int, int, int, int, int, int, int]
+"""rec.zch.HOME_CONSTANTS: int64's max, the word (2^32) and home's multipliers M0..M5."""
+
+
 def _plain_lookup(
-    ids: torch.Tensor,
-    keys: torch.Tensor,
-    used: torch.Tensor,
-    probes: int,
-    mix: tuple[int, int, int, int, int, int],
+    ids: torch.Tensor, keys: torch.Tensor, used: torch.Tensor, probes: int, mix: Mix
 ) -> torch.Tensor:
     """rec.zch.lookup, op for op, for TorchScript and ONNX (tests/export/test_id_maps.py holds
     the two equal on extreme ids). Its constants come in as an argument: TorchScript cannot read
-    rec.zch's module-level ints.
-
-    Its two divisions are exact in float64: ONNX's exporter turns an integer division (floor or
-    trunc) into a float32 one, wrong past 2^24. Here the dividend is first made a multiple of the
-    power of two it is divided by, a value of at most 34 significant bits (x < 2^63 over 2^31,
-    h < 2^63 over 2^29), which float64 holds exactly, and so the quotient too."""
-    int64_max, lo_mod, mix_mod, c_lo, c_hi, c_mix = mix
+    rec.zch's module-level ints."""
     slots = keys.shape[0]
-    x = torch.where(ids >= 0, ids, (ids + int64_max) + 1)
-    lo = torch.remainder(x, lo_mod)
-    hi = ((x - lo).to(torch.float64) / float(lo_mod)).to(torch.int64)
-    h = lo * c_lo + hi * c_hi
-    h_lo = torch.remainder(h, mix_mod)
-    mixed = ((h - h_lo).to(torch.float64) / float(mix_mod)).to(torch.int64) + h_lo * c_mix
-    home = torch.remainder(mixed, slots)
+    home = _plain_home(ids, slots, mix)
     steps = torch.arange(probes, dtype=torch.int64, device=ids.device)
     win = torch.remainder(home.unsqueeze(1) + steps.unsqueeze(0), slots)
     hit = (keys[win] == ids.unsqueeze(1)) & used[win]
     first = torch.argmax(hit.to(torch.int64), dim=1, keepdim=True)
     return torch.where(hit.any(dim=1), win.gather(1, first).squeeze(1), slots)
+
+
+def _plain_home(ids: torch.Tensor, slots: int, mix: Mix) -> torch.Tensor:
+    """rec.zch.home, op for op (its docstring has the formula)."""
+    int64_max, word, m0, m1, m2, m3, m4, m5 = mix
+    x = torch.where(ids >= 0, ids, (ids + int64_max) + 1)
+    lo = torch.remainder(x, word)
+    a = _plain_mix(lo, word, m0, m1)
+    b = _plain_mix(torch.remainder(_shifted(x, word) * m2 + a, word), word, m3, m4)
+    a = _plain_mix(torch.remainder(a * m5 + b, word), word, m0, m1)
+    return torch.remainder(torch.remainder(b, 2147483648) * word + a, slots)
+
+
+def _plain_mix(h: torch.Tensor, word: int, c: int, d: int) -> torch.Tensor:
+    h = torch.remainder(h + _shifted(h, 65536), word)
+    h = torch.remainder(h * c, word)
+    h = torch.remainder(h + _shifted(h, 32768), word)
+    h = torch.remainder(h * d, word)
+    return torch.remainder(h + _shifted(h, 65536), word)
+
+
+def _shifted(h: torch.Tensor, power: int) -> torch.Tensor:
+    """h div power (a power of two, h >= 0), exact in float64: ONNX's exporter turns an integer
+    division (floor or trunc) into a float32 one, wrong past 2^24. The dividend is first made a
+    multiple of `power`, a value of at most 31 significant bits here (x < 2^63 over 2^32, or a
+    word), which float64 holds exactly, and so the quotient too."""
+    low = torch.remainder(h, power)
+    return ((h - low).to(torch.float64) / float(power)).to(torch.int64)
 
 
 class IdMaps(nn.Module):

@@ -12,20 +12,30 @@ or the default row. So no two ids ever share a row, a lookup costs `probes` comp
 whatever the load, and admitting or evicting an id changes one slot of the map, which the
 update log can carry and a server can apply in place, with the row.
 
-`home` uses only integer ops that cannot overflow int64 (no shifts, no bitwise ops), so every
-implementation computes the same window for every id. There are three, tested equal on int64's
-extremes (tests/export/test_id_maps.py): this module's tensor ops (the reference), the ops
-rec::zch_remap and rec::zch_remap_counted (cpp/ops/zch.cpp: training's remap, TorchScript and
+`home` uses only integer ops that cannot overflow int64 (no shifts, no bitwise ops: every
+intermediate is non-negative and below 2^63), so every implementation computes the same window
+for every id. There are three, tested equal on int64's extremes (tests/export/test_id_maps.py):
+this module's tensor ops (the reference), the ops rec::zch_remap and rec::zch_remap_counted
+(cpp/ops/zch.cpp with cpp/src/contract/zch_home.h: training's remap, TorchScript and
 AOTInductor models, where the tensor ops cost 1.6 ms at B = 512 against the op's 0.05 ms; the
 counted one also counts unknown ids for the servers, docs/zch.md), and export's ONNX form
-(export/id_maps.py),
-which divides in float64 because ONNX's exporter turns an integer division into a float32 one.
-This module itself does not compile to TorchScript (TorchScript reads no module-level ints).
+(export/id_maps.py), which divides in float64 because ONNX's exporter turns an integer division
+into a float32 one. This module itself does not compile to TorchScript (TorchScript reads no
+module-level ints). Home version 2 (ZCH map layout 2):
 
     x    = id if id >= 0 else (id + (2^63 - 1)) + 1      the id's 64 bits as a value in [0, 2^63)
-    lo   = x mod 2^31,  hi = x div 2^31                   (hi < 2^32)
-    h    = lo * 1_640_531_527 + hi * 1_013_904_223       (< 2^62 + 2^62)
-    home = (h div 2^29 + (h mod 2^29) * 2_654_435_761) mod slots
+    lo   = x mod 2^32,  hi = x div 2^32                   (hi < 2^31)
+    a    = mix(lo, M0, M1)
+    b    = mix((hi * M2 + a) mod 2^32, M3, M4)
+    a    = mix((a * M5 + b) mod 2^32, M0, M1)
+    home = ((b mod 2^31) * 2^32 + a) mod slots           (< 2^63)
+    mix(h, c, d): h += h div 2^16; h *= c; h += h div 2^15; h *= d; h += h div 2^16,
+                  each step mod 2^32 (h < 2^32 and c, d odd < 2^31: every product < 2^63)
+
+A multiply by an odd constant carries low bits up and each `h div 2^k` added brings high bits
+down, so every output bit depends on every input bit: consecutive, strided (multiples of 2^k,
+of 1000), small negative and timestamp-like ids fill a table as random ids do, m(1 - e^(-n/m))
+distinct homes for n ids in m slots (tests/core/test_zch_home.py holds each family to it).
 
 Admission and eviction (`IdMap.admit`) run in rounds, every `every_steps` training steps, on
 counts every rank agrees on (train.zch gathers them); each round returns the slots it changed,
@@ -39,12 +49,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rec.config import ZchConfig
+from rec.config import ConfigError, ZchConfig
+from rec.contract.sections import ZCH_MAP_LAYOUT, ZCH_MAP_LAYOUT_V1
 
 _INT64_MAX = 2**63 - 1
-_LO = 2**31
-_MIX = 2**29
-_C_LO, _C_HI, _C_MIX = 1_640_531_527, 1_013_904_223, 2_654_435_761
+_WORD = 2**32
+_M = (0x045D9F3B, 0x2C1B3C6D, 0x297A2D39, 0x5BD1E995, 0x68E31DA5, 0x1B873593)
+"""home's multipliers M0..M5: odd, below 2^31 (so a word times one stays below 2^63)."""
+HOME_CONSTANTS = (_INT64_MAX, _WORD, *_M)
+"""What a TorchScript copy of `home` takes as an argument (it cannot read module-level ints)."""
 CANDIDATE_ROUNDS = 8
 """Rounds an id may go unseen and still keep its sightings towards `admit_after`."""
 RENORMALISE_SCALE = 2.0**-400
@@ -55,11 +68,45 @@ smallest normal is 2^-1022, and stored counts stay below 2^400 x the largest cou
 def home(ids: torch.Tensor, slots: int) -> torch.Tensor:
     """The first slot of each id's window, int64 [N] in [0, slots) (see the module docstring)."""
     x = torch.where(ids >= 0, ids, (ids + _INT64_MAX) + 1)
-    lo = torch.remainder(x, _LO)
-    hi = torch.div(x, _LO, rounding_mode="floor")
-    h = lo * _C_LO + hi * _C_HI
-    mixed = torch.div(h, _MIX, rounding_mode="floor") + torch.remainder(h, _MIX) * _C_MIX
-    return torch.remainder(mixed, slots)
+    lo = torch.remainder(x, _WORD)
+    hi = torch.div(x, _WORD, rounding_mode="floor")
+    a = _mix(lo, _M[0], _M[1])
+    b = _mix(torch.remainder(hi * _M[2] + a, _WORD), _M[3], _M[4])
+    a = _mix(torch.remainder(a * _M[5] + b, _WORD), _M[0], _M[1])
+    return torch.remainder(torch.remainder(b, 2**31) * _WORD + a, slots)
+
+
+def _mix(h: torch.Tensor, c: int, d: int) -> torch.Tensor:
+    """A word [0, 2^32) to a word, every output bit depending on every input bit."""
+    h = torch.remainder(h + torch.div(h, 2**16, rounding_mode="floor"), _WORD)
+    h = torch.remainder(h * c, _WORD)
+    h = torch.remainder(h + torch.div(h, 2**15, rounding_mode="floor"), _WORD)
+    h = torch.remainder(h * d, _WORD)
+    return torch.remainder(h + torch.div(h, 2**16, rounding_mode="floor"), _WORD)
+
+
+CHECKPOINT_LAYOUT_KEY = "zch_map_layout"
+"""A checkpoint's meta.json key: the map layout its id maps were placed by (ZCH_MAP_LAYOUT).
+A checkpoint without it predates the key: layout 1."""
+
+
+class MapLayoutError(ConfigError):
+    """A checkpoint's id maps were placed by another home() than this rec's."""
+
+
+def check_checkpoint_layout(meta: dict, step_dir: object) -> None:
+    """Refuses a checkpoint whose id maps another home() placed: under this one its admitted
+    ids would look in other windows and read other ids' rows. Not re-placed: a ZCH table's rows
+    and optimizer state are keyed by slot, sharded over the ranks, and would have to move with
+    every id."""
+    layout = meta.get(CHECKPOINT_LAYOUT_KEY, ZCH_MAP_LAYOUT_V1)
+    if layout != ZCH_MAP_LAYOUT:
+        raise MapLayoutError(
+            f"checkpoint {str(step_dir)!r}: its ZCH id maps were placed by map layout "
+            f"{layout!r} (an earlier home() hash), and this rec places ids by "
+            f"{ZCH_MAP_LAYOUT!r}, under which its admitted ids would read other ids' rows. "
+            "Resume or export it with the rec that trained it, or train the run afresh."
+        )
 
 
 def windows(ids: torch.Tensor, slots: int, probes: int) -> torch.Tensor:

@@ -43,8 +43,9 @@ install_python() {
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps torchrec==1.8.0
     stamp_set python-deps "$key"
   fi
-  # The package builds rec's op library (setup.py, cpp/ops) into rec/_ops.so.
-  key=$(cat pyproject.toml setup.py cpp/ops/* | sha256sum | cut -c1-16)
+  # The package builds rec's op library (setup.py, cpp/ops and the zch_home.h it includes)
+  # into rec/_ops.so.
+  key=$(cat pyproject.toml setup.py cpp/ops/* cpp/src/contract/zch_home.h | sha256sum | cut -c1-16)
   if ! stamp_ok rec-package "$key" || [ ! -f rec/_ops.so ]; then
     log "installing rec (editable) and building its op library"
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e .

@@ -17,9 +17,10 @@ from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingEnv
 
-from rec import metrics, run_dir
+from rec import metrics, run_dir, zch
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
+from rec.contract.sections import ZCH_MAP_LAYOUT
 from rec.data import make_source
 from rec.data.source import DataSource, empty_rows
 from rec.model import TrainModel, build_model, embedding_modules, table_rows
@@ -142,6 +143,8 @@ class Trainer:
 
     def resume(self, step_dir: Path) -> None:
         """Loads a checkpoint written at any world size into this (re)sharded model."""
+        if self.zch is not None:  # before loading: maps another home() placed would misread
+            zch.check_checkpoint_layout(run_dir.read_meta(step_dir), step_dir)
         _, dense = self.optimizer.optimizers[-1]
         dense.init_state()  # Adam's state is lazy; DCP loads into existing tensors only
         state = self._state()
@@ -418,6 +421,8 @@ class Trainer:
             # The update log's generation that trained up to here (rec.contract.updates): a
             # server starting from an export of this step applies that log after (gen, step).
             "publish_gen": self.publisher.ident.gen if self.publisher is not None else None,
+            # The home() that placed the id maps' ids (rec.zch.check_checkpoint_layout).
+            zch.CHECKPOINT_LAYOUT_KEY: ZCH_MAP_LAYOUT,
         }
         meta.update(self.source.meta())  # skipped rows; a stream's positions (collective)
         if self.publisher is not None:  # the log first: it must hold all this checkpoint trained

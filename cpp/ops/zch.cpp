@@ -5,7 +5,7 @@
 //
 // rows[i] = the slot s of ids[i]'s window that holds it (used[s] and keys[s] == ids[i]), or
 // `slots` (the table's default row) when none does. The window is `probes` slots from
-// home(id, slots) on, wrapping at `slots`; home is rec/zch.py's integer hash, version 1, in the
+// home(id, slots) on, wrapping at `slots`; home is rec/zch.py's integer hash, version 2, in the
 // same int64 operations (none overflows: see rec/zch.py). The unfused ops cost ~16 int64
 // tensors per id; this reads the window's keys in place, ~`probes` compares per id.
 // tests/export/test_id_maps.py holds it equal to rec.zch.lookup on int64's extremes.
@@ -22,20 +22,13 @@
 #include <limits>
 #include <vector>
 
+#include "../src/contract/zch_home.h"
+
 namespace rec_ops {
 namespace {
 
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-constexpr int64_t kLo = int64_t{1} << 31;
-constexpr int64_t kMix = int64_t{1} << 29;
-constexpr int64_t kCLo = 1640531527, kCHi = 1013904223, kCMix = 2654435761;
-
-// rec.zch.home: every operand is non-negative, so C++'s / and % are Python's floor ones.
-inline int64_t Home(int64_t id, int64_t slots) {
-  const int64_t x = id >= 0 ? id : (id + kInt64Max) + 1;
-  const int64_t h = (x % kLo) * kCLo + (x / kLo) * kCHi;
-  return (h / kMix + (h % kMix) * kCMix) % slots;
-}
+// rec.zch.home (cpp/src/contract/zch_home.h, shared with rec-server's update path).
+inline int64_t Home(int64_t id, int64_t slots) { return rec::ZchHome(id, slots); }
 
 // The first slot of [start, start + count) holding x, or -1. Keys first: a key equal to x is
 // rare, so the branch is well predicted; testing `held` first (a coin toss on a half-full map)

@@ -248,12 +248,19 @@ class AotiSection:
                 "required_cpu_flags": list(self.required_cpu_flags), **self.extra}  # fmt: skip
 
 
-ZCH_MAP_LAYOUT = "rec.zch.map/1"
-"""How a ZCH table's id map lies in a model, version 1: `keys` int64 [slots] (the raw id each
+ZCH_MAP_LAYOUT = "rec.zch.map/2"
+"""How a ZCH table's id map lies in a model, version 2: `keys` int64 [slots] (the raw id each
 slot holds) and `used` bool [slots] (whether it holds one); an id may hold only the `probes`
-slots from rec.zch.home(id, slots) on (home version 1), so a lookup reads those. A reader
-refuses any other layout: another hash or another encoding would read other rows, silently."""
-ZCH_MAP_LAYOUT_TEXT = "keys int64 [slots], used bool [slots]; home() version 1"
+slots from rec.zch.home(id, slots) on (home version 2), so a lookup reads those. A reader
+refuses any other layout: another hash or another encoding would read other rows, silently.
+Version 1 placed ids by an earlier home() that spread consecutive and strided ids badly."""
+ZCH_MAP_LAYOUT_TEXT = "keys int64 [slots], used bool [slots]; home() version 2"
+ZCH_MAP_LAYOUT_V1 = "rec.zch.map/1"
+ZCH_REEXPORT = (
+    "; this artifact was exported with ZCH map layout 1 and must be re-exported with this rec "
+    "(`rec export`)"
+)
+"""What a reader adds when refusing a layout-1 artifact (cpp/src/contract/manifest.cpp too)."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +321,8 @@ class ZchSection:
         layout = get(data, "layout")
         if layout != ZCH_MAP_LAYOUT:
             want = f"{ZCH_MAP_LAYOUT} (the id map layout this reader knows: {ZCH_MAP_LAYOUT_TEXT})"
+            if layout == ZCH_MAP_LAYOUT_V1:
+                want += ZCH_REEXPORT
             raise ManifestError(source, "zch.layout", want, layout)
         tables = get(data, "tables")
         if not isinstance(tables, dict) or not tables:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from rec.model import build_model, table_keys, table_rows
 from tests.export.zch_run import I64, admitted_ids, hand_made_map, write_zch_run, zch_dict
 from tests.helpers import questionable_ids
 
-MIX = (zch._INT64_MAX, zch._LO, zch._MIX, zch._C_LO, zch._C_HI, zch._C_MIX)
+MIX = zch.HOME_CONSTANTS
 EXTREME = [I64.min, I64.min + 1, -(2**31) - 1, -1, 0, 1, 2**31 - 1, 2**31, 2**62, I64.max - 1,
            I64.max]  # fmt: skip
 
@@ -193,8 +194,17 @@ def test_export_verifies_admitted_and_unknown_ids_in_every_format(zch_exported, 
 
 def test_an_unknown_map_layout_is_refused_by_name():
     manifest = {"features": {"dense": [], "sparse": ["a"]}, "num_tasks": 1,
-                "zch": {"layout": "rec.zch.map/2", "tables": {}}}  # fmt: skip
-    with pytest.raises(ManifestError, match=r'"zch.layout" must be rec.zch.map/1 \(the id map'):
+                "zch": {"layout": "rec.zch.map/3", "tables": {}}}  # fmt: skip
+    with pytest.raises(ManifestError, match=r'"zch.layout" must be rec.zch.map/2 \(the id map'):
+        parse_manifest(manifest).zch  # noqa: B018  (read: checked)
+
+
+def test_a_layout_1_artifact_is_refused_with_a_re_export_hint():
+    """Layout 1 placed ids by the old home(): its maps would read other rows under this one."""
+    manifest = {"features": {"dense": [], "sparse": ["a"]}, "num_tasks": 1,
+                "zch": {"layout": "rec.zch.map/1", "tables": {}}}  # fmt: skip
+    hint = "exported with ZCH map layout 1 and must be re-exported with this rec (`rec export`)"
+    with pytest.raises(ManifestError, match=re.escape(hint)):
         parse_manifest(manifest).zch  # noqa: B018  (read: checked)
 
 

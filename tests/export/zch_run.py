@@ -11,6 +11,7 @@ import torch.distributed.checkpoint as dcp
 
 from rec import run_dir, zch
 from rec.config import config_from_dict
+from rec.contract.sections import ZCH_MAP_LAYOUT
 from rec.model import TrainModel, build_model
 from tests.export.conftest import tiny_dict
 
@@ -69,6 +70,6 @@ def write_zch_run(run: Path, data: dict[str, Any] | None = None, seed: int = 0,
              "zch": {name: {"keys": k, "used": u} for name, (k, u) in maps.items()}}  # fmt: skip
     step = run_dir.checkpoints_dir(run) / "step_10"
     dcp.save(state, checkpoint_id=str(step))
-    run_dir.commit_checkpoint(run, 10, {"world_size": 1})
+    run_dir.commit_checkpoint(run, 10, {"world_size": 1, zch.CHECKPOINT_LAYOUT_KEY: ZCH_MAP_LAYOUT})
     (run / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
     return run

@@ -115,7 +115,9 @@ def _zch(m: dict, layout: str = ZCH_MAP_LAYOUT, **table) -> None:
 
 # The `zch` section (a typed section: Python checks it when read, rec-server at load).
 ZCH_MALFORMED = [
-    ("zch.layout", lambda m: _zch(m, layout="rec.zch.map/2")),
+    ("zch.layout", lambda m: _zch(m, layout="rec.zch.map/3")),
+    # layout 1 (the old home()): refused with the advice to re-export, in the same words
+    ("zch.layout", lambda m: _zch(m, layout="rec.zch.map/1")),
     ("zch.tables", lambda m: m.update(zch={"layout": ZCH_MAP_LAYOUT, "tables": {}})),
     ("zch.tables.t0.default_row", lambda m: _zch(m, default_row=0)),
     ("zch.tables.t0.probes", lambda m: _zch(m, probes=100)),

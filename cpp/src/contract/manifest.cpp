@@ -327,10 +327,12 @@ Status ParseZch(const json& manifest, const Where& where, ZchSection* out) {
   if (!zch.is_object()) return where.BadField("zch", "an object", &zch);
   const json* layout = zch.contains("layout") ? &zch["layout"] : nullptr;
   if (!layout || !layout->is_string() || layout->get<std::string>() != kZchMapLayout) {
-    return where.BadField("zch.layout",
-                          std::string(kZchMapLayout) +
-                              " (the id map layout this reader knows: " + kZchMapLayoutText + ")",
-                          layout);
+    std::string want = std::string(kZchMapLayout) + " (the id map layout this reader knows: " +
+                       kZchMapLayoutText + ")";
+    if (layout && layout->is_string() && layout->get<std::string>() == kZchMapLayoutV1) {
+      want += kZchReexport;
+    }
+    return where.BadField("zch.layout", want, layout);
   }
   out->layout = kZchMapLayout;
   const json* tables = zch.contains("tables") ? &zch["tables"] : nullptr;

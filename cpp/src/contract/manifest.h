@@ -41,9 +41,15 @@ struct FeatureSpecSection {
 // runs inside the model; the server checks the map layout it was built with, so that a model of
 // another layout (another hash, another encoding) is refused rather than served reading other
 // rows. kZchMapLayout and its text are the Python contract's ZCH_MAP_LAYOUT(_TEXT).
-inline constexpr char kZchMapLayout[] = "rec.zch.map/1";
+inline constexpr char kZchMapLayout[] = "rec.zch.map/2";
 inline constexpr char kZchMapLayoutText[] =
-    "keys int64 [slots], used bool [slots]; home() version 1";
+    "keys int64 [slots], used bool [slots]; home() version 2";
+// Layout 1 placed ids by an earlier home(); its artifacts are refused with this hint
+// (ZCH_MAP_LAYOUT_V1 and ZCH_REEXPORT in Python).
+inline constexpr char kZchMapLayoutV1[] = "rec.zch.map/1";
+inline constexpr char kZchReexport[] =
+    "; this artifact was exported with ZCH map layout 1 and must be re-exported with this rec "
+    "(`rec export`)";
 
 struct ZchTableSpec {
   std::string name;

@@ -33,7 +33,7 @@ struct StoredPlace {
   bool raw_id = false;
 };
 
-// A ZCH table's id map in the model (rec.json "zch.tables.<t>", layout rec.zch.map/1): keys
+// A ZCH table's id map in the model (rec.json "zch.tables.<t>", layout rec.zch.map/2): keys
 // int64 [slots] and used bool [slots], one pair per lookup that reads the table, which a record's
 // map changes write in place with its rows.
 struct MapPlace {
