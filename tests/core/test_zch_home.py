@@ -15,7 +15,8 @@ import math
 import pytest
 import torch
 
-from rec.zch import home
+from rec.contract.sections import ZCH_MAP_LAYOUT
+from rec.zch import CHECKPOINT_LAYOUT_KEY, MapLayoutError, check_checkpoint_layout, home
 
 BOUND = 0.93
 SLOTS = (999, 1000, 1024, 1699, 4096)
@@ -68,3 +69,11 @@ def test_home_is_in_range_at_int64_extremes_and_huge_tables():
     for slots in (1, 2, 7, 2**31 - 1, 2**62):
         h = home(ids, slots)
         assert bool(((h >= 0) & (h < slots)).all()), (slots, h)
+
+
+def test_a_checkpoint_placed_by_another_home_is_refused():
+    """Its admitted ids would look in other windows and read other ids' rows."""
+    check_checkpoint_layout({CHECKPOINT_LAYOUT_KEY: ZCH_MAP_LAYOUT}, "step_10")
+    for meta in ({}, {CHECKPOINT_LAYOUT_KEY: "rec.zch.map/1"}):  # none: before the key, layout 1
+        with pytest.raises(MapLayoutError, match="placed by map layout 'rec.zch.map/1'"):
+            check_checkpoint_layout(meta, "step_10")
