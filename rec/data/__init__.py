@@ -15,11 +15,31 @@ Example:
 
 from __future__ import annotations
 
-from rec.config import RecConfig
+import importlib
+from typing import TYPE_CHECKING
+
 from rec.data.errors import DataError
-from rec.data.source import DataSource
-from rec.data.synthetic import SyntheticSource, teacher_auc
-from rec.data.writers import write_criteo_tsv, write_csv, write_parquet
+
+if TYPE_CHECKING:
+    from rec.config import RecConfig
+    from rec.data.source import DataSource
+    from rec.data.synthetic import SyntheticSource, teacher_auc
+    from rec.data.writers import write_criteo_tsv, write_csv, write_parquet
+
+# Loaded on first use (PEP 562): the sources import torch and torchrec (about 3 CPU-s), and every
+# `rec` command imports DataError from here, most of them never reading a data set.
+_LAZY = {"DataSource": "rec.data.source", "SyntheticSource": "rec.data.synthetic",
+         "teacher_auc": "rec.data.synthetic", "write_criteo_tsv": "rec.data.writers",
+         "write_csv": "rec.data.writers", "write_parquet": "rec.data.writers"}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DataError",
@@ -59,4 +79,6 @@ def make_source(cfg: RecConfig, split: str, raw_dense: bool = False) -> DataSour
         from rec.data.tabular import ParquetSource
 
         return ParquetSource(cfg, split, raw_dense)
+    from rec.data.synthetic import SyntheticSource
+
     return SyntheticSource(cfg, split, raw_dense)

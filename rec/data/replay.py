@@ -31,8 +31,8 @@ from typing import Any
 
 from rec.config import RecConfig, StreamConfig
 from rec.contract.events import MAX_EVENTS, encode, parse_url
+from rec.data.backoff import Backoff
 from rec.data.errors import DataError
-from rec.data.stream_reader import Backoff
 from rec.features import feature_spec
 
 CHUNK = 4096

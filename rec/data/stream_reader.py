@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import abc
 import json
-import math
-import time
 from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -239,18 +236,3 @@ def _dead(index: int, reason: str, message: str, what: Any) -> dict[str, str]:
 
 def _text(key: str | bytes) -> str:
     return key.decode(errors="replace") if isinstance(key, bytes) else key
-
-
-class Backoff:
-    """retry_s, doubling up to max_retry_s; reset() after a success."""
-
-    def __init__(self, first: float, most: float, sleep: Callable[[float], None] = time.sleep):
-        self.first, self.most, self.sleep = first, max(most, first), sleep
-        self.delay = first
-
-    def wait(self, budget: float = math.inf) -> None:
-        self.sleep(max(0.0, min(self.delay, budget)))
-        self.delay = min(self.delay * 2, self.most)
-
-    def reset(self) -> None:
-        self.delay = self.first

@@ -31,10 +31,10 @@ from typing import Any
 from rec.config import StreamConfig
 from rec.contract.events import Events, dead_stream, parse_url
 from rec.contract.features import FeatureSpec
+from rec.data.backoff import Backoff
 from rec.data.read_ahead import ReadAhead
 from rec.data.stream_reader import (
     Assembler,
-    Backoff,
     EventReader,
     StreamBatch,
     StreamPosition,

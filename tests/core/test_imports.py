@@ -51,6 +51,20 @@ def test_the_contract_modules_import_nothing_above_them():
     assert not loaded, f"importing rec.contract loaded {loaded}"
 
 
+def test_the_rec_command_loads_no_torch_until_a_command_needs_it():
+    """`rec --help`, and the commands that only talk to servers or files, start in a fraction of a
+    second: torch, torchrec and fbgemm_gpu cost about 4 CPU-s a process, paid only by the commands
+    that train, export or read a data set (each imports them inside its function)."""
+    code = (
+        "import sys, rec.cli\nprint(' '.join(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'torchrec', 'fbgemm_gpu')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [], f"import rec.cli loaded {sorted(proc.stdout.split())[:5]}"
+
+
 def module_name(path: Path) -> str:
     """The name a file is imported by: rec.train.trainer for train/trainer.py; a benchmark script
     is imported by its stem (the scripts run with benchmarks/ on sys.path), named

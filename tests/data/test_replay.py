@@ -190,8 +190,8 @@ def test_entries_the_broker_took_before_it_went_away_are_not_sent_again(broker):
     """A round trip cut off after the broker appended some of its entries: on reconnecting,
     the sender finds them (past another producer's entry) and sends only the rest."""
     from rec.contract.events import encode
+    from rec.data.backoff import Backoff
     from rec.data.replay import _Sender
-    from rec.data.stream_reader import Backoff
 
     url, lines = broker.url("cut"), []
     sender = _Sender(url, Backoff(0.05, 0.1), lines.append)
