@@ -33,20 +33,14 @@ tail -n 3 build/asan/ctest.log
 
 log "integration suites against $REC_SERVER"
 # tests/reliability includes the libFuzzer run of the decoders (test_fuzz.py), which `make test`
-# runs only here. Deselected: the two raw-file tests that train a model of their own to score a
-# CSV and a Parquet file; the Python side turns those rows into requests, and rec-server's paths
-# for what they send (ids, and strings it hashes itself) stay covered under the sanitizers by
-# test_criteo_day_file_with_raw_counts_and_hex_ids and tests/serve_cpp/test_sparse_strings.py.
-# Also left out: what never starts rec-server (Triton's side of rec serve, predict and bench; the
-# compose file's checks), which the main suite ran and the sanitizers cannot see.
+# runs only here. Of tests/serve_cli, only test_architectures: the server's C++ path differs by a
+# model's output width (one task, two), which it covers. `rec serve`, `rec predict` and the raw
+# rows are Python on the client's side, and what they send reaches paths tests/serve_cpp covers
+# under the sanitizers (ids, strings the server hashes itself: test_sparse_strings.py; signals:
+# tests/reliability/test_sigterm.py). Also left out: what never starts rec-server (Triton's side,
+# the compose file's checks), which the main suite ran and the sanitizers cannot see.
 "$VENV/bin/python" -m pytest -q -ra --durations=20 -p no:cacheprovider \
   -n "${REC_TEST_WORKERS:-2}" --dist loadfile \
-  tests/serve_cpp tests/reliability tests/serve_cli \
+  tests/serve_cpp tests/reliability tests/serve_cli/test_architectures.py \
   tests/serve_triton/test_triton.py::test_cpp_and_triton_agree \
-  --ignore tests/reliability/test_deploy.py --ignore tests/serve_cli/test_bench.py \
-  --deselect "tests/serve_cli/test_serve.py::test_serve_foreground_then_signal[triton-2-extra0]" \
-  --deselect tests/serve_cli/test_serve.py::test_port_in_use \
-  --deselect tests/serve_cli/test_predict.py::test_synthetic \
-  --deselect tests/serve_cli/test_predict.py::test_file_rows_match_direct_scoring \
-  --deselect tests/serve_cli/test_raw_rows.py::test_csv_with_string_categories_end_to_end \
-  --deselect tests/serve_cli/test_raw_rows.py::test_parquet_with_list_columns "$@"
+  --ignore tests/reliability/test_deploy.py "$@"

@@ -31,10 +31,10 @@ INTEGRATION = frozenset({
     "train/test_publish.py", "train/test_rank_threads.py", "train/test_step_profile_memory.py",
     "train/test_stream_train.py", "train/test_train_distributed.py", "train/test_zch.py",
     "export/test_trained.py", "export/test_zch_trained.py", "export/test_follow.py",
-    # AOTInductor compiles, every format of every architecture, kernels scanned in subprocesses
-    # (each file a minute or more).
+    # AOTInductor compiles, every format of every architecture, every batch size scanned, a
+    # fresh interpreter per kernel path (each file 20 s or more).
     "export/test_aoti.py", "export/test_streamed.py", "export/test_dense_kernel.py",
-    "export/test_int8_kernel.py", "export/test_id_maps.py",
+    "export/test_int8_kernel.py", "export/test_kernel_paths.py", "export/test_id_maps.py",
 })  # fmt: skip
 
 # Executables whose start means training, serving or a broker.

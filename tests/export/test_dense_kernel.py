@@ -1,14 +1,11 @@
 """rec::linear (cpp/ops/linear.cpp), the served model's fp32 dense layers: batch invariant by
 construction. Scanned over every batch size up to the largest max batch a server uses, on the
-examples' layer shapes and odd ones, and the AVX-512, AVX2 and scalar paths against each other."""
+examples' layer shapes and odd ones (the AVX-512, AVX2 and scalar paths against each other:
+test_kernel_paths.py)."""
 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -103,41 +100,6 @@ def test_matches_float64_and_nn_linear(threads):
             assert (got.double() - want).abs().max().item() < 1e-5 * k**0.5 * 4
     finally:
         torch.set_num_threads(prev)
-
-
-_ISA_SCRIPT = """
-import json, sys, torch
-import rec.ops
-from tests.export.test_dense_kernel import _layer
-out = {"isa": rec.ops.linear_isa(), "rows": []}
-for k, n in [(46, 48), (1728, 512), (17, 33), (13, 512)]:
-    layer, x = _layer(k, n, seed=k + n)
-    for m in (1, 5, 37, 600):
-        out["rows"].append(layer(x[:m]).flatten().tolist())
-json.dump(out, sys.stdout)
-"""
-
-
-def _run_with_isa(cap: str) -> dict:
-    env = {**os.environ, "REC_MAX_CPU_ISA": cap}
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", _ISA_SCRIPT], env=env, cwd=root, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def test_avx512_avx2_and_scalar_paths_give_the_same_bits():
-    """Every path computes each output as the same FMA chain, so the bits agree: a model scores
-    the same on an AVX2-only server as on an AVX-512 one."""
-    results = {cap: _run_with_isa(cap) for cap in ("avx512", "avx2", "scalar")}
-    assert results["scalar"]["isa"] == "scalar"
-    isas = {r["isa"] for r in results.values()}
-    assert len(isas) >= 2, f"only {isas} ran"  # any x86-64 CPU here has AVX2 at least
-    first = results["scalar"]["rows"]
-    for cap, r in results.items():
-        assert r["rows"] == first, f"{cap} ({r['isa']}) differs from the scalar path"
 
 
 def test_the_op_names_bad_arguments():

@@ -1,15 +1,9 @@
 """rec::linear_int8 (cpp/ops/linear_int8.cpp), the int8 dense layer: the same bits as a
 reference written here in plain torch (per-row codes, an exact integer product, the op's
 element-wise dequantization), at every batch size and on every kernel path (AVX-512 VNNI,
-oneDNN through at::_int_mm, our AVX2 kernel, the scalar fallback)."""
+oneDNN through at::_int_mm, our AVX2 kernel, the scalar fallback: test_kernel_paths.py)."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -55,45 +49,6 @@ def test_batch_invariant_up_to_600(shape):
     for m in range(1, MAX_ROWS + 1):
         pick = rows.roll(-7 * m)[:m]
         assert torch.equal(layer(x[pick]), singles[pick]), f"batch of {m}"
-
-
-_ISA_SCRIPT = """
-import json, sys, torch
-from tests.export.test_int8_kernel import _layer
-rows = []
-for k, n in [(84, 46), (1728, 512), (17, 33), (100, 3)]:
-    layer, x = _layer(k, n, seed=k + n)
-    gen = torch.Generator().manual_seed(n)
-    x0, res = torch.randn(300, n, generator=gen), torch.randn(300, n, generator=gen)
-    for m in (1, 5, 16, 17, 37, 300):
-        rows.append(layer(x[:m]).flatten().tolist())
-        rows.append(layer.cross(x[:m], x0[:m], res[:m]).flatten().tolist())
-json.dump(rows, sys.stdout)
-"""
-
-
-def test_every_kernel_path_gives_the_same_bits():
-    """REC_MAX_CPU_ISA holds the op to a lower path (avx512: VNNI and at::_int_mm, no AMX; avx2:
-    no VNNI kernel, so our AVX2 kernel at every batch; scalar: at::_int_mm and scalar
-    quantization): a model scores the same on an AVX2-only server as on a VNNI or AMX one."""
-    root = Path(__file__).resolve().parents[2]
-    results = {}
-    for cap in ("native", "avx512", "avx2", "scalar"):
-        env = {k: v for k, v in os.environ.items() if k != "REC_MAX_CPU_ISA"}
-        done = subprocess.run(
-            [sys.executable, "-c", _ISA_SCRIPT],
-            env=env if cap == "native" else {**env, "REC_MAX_CPU_ISA": cap},
-            cwd=root,
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr
-        results[cap] = json.loads(done.stdout)
-    assert results["native"] == results["scalar"], (
-        "the native path (AMX where the CPU has it) differs"
-    )
-    assert results["avx512"] == results["scalar"], "the AVX-512 path differs from the scalar one"
-    assert results["avx2"] == results["scalar"], "the AVX2 path differs from the scalar one"
 
 
 @pytest.mark.parametrize("shape", [(512, 1728), (46, 84), (64, 17)], ids=str)
