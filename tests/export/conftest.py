@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 from rec import run_dir
 from rec.config import config_from_dict
 from rec.model import TrainModel, build_model
+from tests.artifacts import made
 from tests.helpers import run_rec, warning_lines, write_config
 
 # A shared table (b, c), a mean-pooled one and features listed out of table order, so the
@@ -75,8 +76,8 @@ def seeded_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_runs(tmp_path_factory) -> dict[str, Path]:
-    """Real 2-rank `rec train` runs, one per entry of SHARDINGS."""
-    root = tmp_path_factory.mktemp("trained")
+    """Real 2-rank `rec train` runs, one per entry of SHARDINGS, made once for the whole test
+    run and shared across its workers (tests/artifacts.py): read them, never write into them."""
     runs = {}
     for name, types in SHARDINGS.items():
         data = tiny_dict()
@@ -91,14 +92,20 @@ def trained_runs(tmp_path_factory) -> dict[str, Path]:
                 for t, st in zip(data["tables"], types, strict=True)
             }
         }
-        cfg = write_config(root / f"{name}.yaml", data)
-        run = root / name
-        out = run_rec("train", "--config", str(cfg), "--run-dir", str(run), "--nproc", "2").stdout
+        runs[name] = made(tmp_path_factory, {"rec train": data, "nproc": 2}, _train(data)) / "run"
+    return runs
+
+
+def _train(data: dict[str, Any]):
+    def make(where: Path) -> None:
+        cfg = write_config(where / "c.yaml", data)
+        out = run_rec("train", "--config", str(cfg), "--run-dir", str(where / "run"), "--nproc",
+                      "2").stdout  # fmt: skip
         # Only rec's own lines: the warnings TorchRec and FBGEMM print for these sharding types
         # (data_parallel's, the host groups of grid and table_row_wise) are known harmless ones.
         assert not warning_lines(out), warning_lines(out)
-        runs[name] = run
-    return runs
+
+    return make
 
 
 @pytest.fixture(scope="session")
