@@ -285,17 +285,20 @@ class Trainer:
     def _boundary(self, total: int | None, stop: bool, moved: bool,
                   progress: Progress | None) -> None:  # fmt: skip
         """At a drained step: the ZCH round and an evaluation when due (not again at a step
-        that already had them: a segment that trained nothing), then a checkpoint when due."""
+        that already had them: a segment that trained nothing), then a checkpoint when due;
+        before a checkpoint, every ZCH table's round (ZchTables.round's flush)."""
         step, t = self.pos.step, self.cfg.training
         evaluate = (
             moved
             and self.eval_source is not None
             and (stop or bool(t.eval_every and step % t.eval_every == 0))
         )
-        if self.zch is not None and moved:  # training time, not a pause: a cost of ZCH
-            # Its summary goes with an evaluation, or with a stream's online metrics line.
+        due = self.source.checkpoint_due(step) or stop or self.checkpointer.due(step)
+        save = due and step > self.saved_step
+        if self.zch is not None and (moved or save or stop):  # training time, not a pause
+            # Its summary goes with an evaluation, a stream's online metrics line, the stop.
             online = self.source.online and step % t.log_every == 0
-            self._zch_round(step, evaluate or online, progress)
+            self._zch_round(step, evaluate or online or stop, save, progress)
         if self.publisher is not None and evaluate:  # not held through the pause
             self.publisher.before_pause(step)
         t0 = time.perf_counter()
@@ -303,8 +306,7 @@ class Trainer:
             self.quality = self.evaluate()
             if progress:
                 progress.eval(step, self.quality)
-        due = self.source.checkpoint_due(step) or stop or self.checkpointer.due(step)
-        if due and step > self.saved_step:
+        if save:
             self.save(self.quality, complete=self._reached(total))
             self.source.after_checkpoint(step)
         if progress:
@@ -320,15 +322,17 @@ class Trainer:
         if progress:
             progress.close()
 
-    def _zch_round(self, step: int, evaluating: bool, progress: Progress | None) -> None:
-        """The ZCH tables' round at `step` if one is due (rec.train.zch); a summary (log line,
-        metrics.jsonl record of kind "zch") every SUMMARY_EVERY_ROUNDS rounds and at evaluations."""
+    def _zch_round(self, step: int, say: bool, flush: bool, progress: Progress | None) -> None:
+        """The ZCH tables' round at `step` if one is due, or each table's before a checkpoint
+        (`flush`, rec.train.zch); a summary (log line, metrics.jsonl record of kind "zch")
+        every SUMMARY_EVERY_ROUNDS rounds and when `say` (evaluations, a stream's progress
+        lines, the stop)."""
         assert self.zch is not None
-        ran = self.zch.round(step, self.dmp, self.optimizer, self.ctx.device)
+        ran = self.zch.round(step, self.dmp, self.optimizer, self.ctx.device, flush=flush)
         if self.publisher is not None and ran:  # the map changes with their fresh rows
             self.publisher.publish_map(step, ran)
         rounds = self.zch.rounds_done()
-        if (evaluating or (ran and rounds % SUMMARY_EVERY_ROUNDS == 0)) and rounds:
+        if (say or (ran and rounds % SUMMARY_EVERY_ROUNDS == 0)) and rounds:
             line, numbers = self.zch.summary()
             if progress:
                 log(f"step {step}: {line}")
@@ -407,6 +411,8 @@ class Trainer:
 
     def save(self, metrics: dict[str, float], complete: bool = False) -> None:
         plan_json = (self.run / run_dir.PLAN_FILE).read_bytes() if self.ctx.is_main else b""
+        pub = self.publisher
+        gen = pub.ident.gen if pub is not None else publish.last_gen(self.run)
         meta = {
             "world_size": self.ctx.world_size,
             "epoch": self.pos.epoch,
@@ -420,7 +426,12 @@ class Trainer:
             "length": {"steps": self.cfg.training.steps, "epochs": self.cfg.training.epochs},
             # The update log's generation that trained up to here (rec.contract.updates): a
             # server starting from an export of this step applies that log after (gen, step).
-            "publish_gen": self.publisher.ident.gen if self.publisher is not None else None,
+            # Trained without publishing: the last generation that did, whose records up to this
+            # step such an export holds newer rows for.
+            "publish_gen": gen,
+            # The log holds every row trained up to here (publish.log_holds): a resume that
+            # publishes from a checkpoint without it re-sends every row first.
+            "published": pub is not None,
             # The home() that placed the id maps' ids (rec.zch.check_checkpoint_layout).
             zch.CHECKPOINT_LAYOUT_KEY: ZCH_MAP_LAYOUT,
         }

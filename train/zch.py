@@ -10,8 +10,12 @@ fresh draw of the table's initial distribution, with its fused optimizer state a
 remapped before a round is trained before it, so no slot trains a sample of the id it held
 before.
 
-Sightings since the last round live only in memory: a resume from a checkpoint taken between
-rounds starts them afresh (the map and its statistics are in the checkpoint).
+Sightings live only in memory, so a checkpoint leaves none behind: before each checkpoint (and
+so at every stop: training.steps, the end of the data or of a stream, SIGTERM) every table that
+has not had its round at that step has one (`round(..., flush=True)`). A run shorter than
+every_steps still admits what it saw, and a resume continues as the uninterrupted run would
+have: both ran a round at the checkpoint's step. Only a crash loses the sightings since the
+last checkpoint, with the training of the batches they came from (a resume trains them again).
 """
 
 from __future__ import annotations
@@ -143,12 +147,19 @@ class ZchTables:
             out.update(range(every * (after // every + 1), total + 1, every))
         return out
 
-    def round(self, step: int, dmp, optimizer, device: torch.device) -> dict[str, Changes]:
+    def round(self, step: int, dmp, optimizer, device: torch.device,
+              flush: bool = False) -> dict[str, Changes]:  # fmt: skip
         """Every rank, at a drained step: sums the sightings, admits and evicts, and resets
-        the admitted slots' rows and optimizer state this rank holds."""
-        due = [n for n, t in self.tables.items() if step % t.zch.every_steps == 0]  # type: ignore[union-attr]
+        the admitted slots' rows and optimizer state this rank holds. `flush` (before a
+        checkpoint, and so at every stop): every table that has not had its round at this step
+        has one, so the checkpoint leaves no sighting behind; a flushed table that nobody saw
+        since its last round is left as it is (no round, no decay)."""
+        due = [n for n, t in self.tables.items()
+               if (flush or step % t.zch.every_steps == 0)  # type: ignore[union-attr]
+               and int(self.maps[n].meta[2]) != step]  # fmt: skip
         if not due:
             return {}
+        regular = {n for n in due if step % self.tables[n].zch.every_steps == 0}  # type: ignore[union-attr]
         unseen, hits = self._local_counts(due)
         payload = (time.time(), unseen, hits)
         every: list = [payload]
@@ -162,6 +173,8 @@ class ZchTables:
             ids, counts = _sum_unseen([p[1][name] for p in every])
             part = self._part(name)
             hits = _table_hits(hit_slots, hit_counts, hit_last, part)
+            if name not in regular and len(ids) == 0 and len(hits[0]) == 0:
+                continue  # the same on every rank: the sightings are every rank's
             changes = self.maps[name].admit(ids, counts, *hits, step, now)
             tot = self.totals[name]
             tot.admitted += len(changes.admitted_slots)
