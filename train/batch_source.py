@@ -88,6 +88,10 @@ class BatchSource(Protocol):
     def close(self) -> None:
         """The run ended or failed: releases what the source holds."""
 
+    def ended(self, first_step: int, step: int) -> None:
+        """After a run that began at `first_step` stopped at `step` and closed: raises when
+        that outcome is a failure the exit code must say (every rank alike)."""
+
 
 class FileEpochs:
     """Epochs over the training split (data.*), from the position a resume gives: each rank
@@ -176,4 +180,7 @@ class FileEpochs:
         return {"skipped_rows": self.train.skipped_rows}
 
     def close(self) -> None:
+        pass
+
+    def ended(self, first_step: int, step: int) -> None:
         pass

@@ -146,6 +146,8 @@ class StreamFeed:
         self.ended_due = False
         """The last segment ended because checkpoint.every_seconds passed."""
         self.why = ""
+        self.refused_all = 0
+        """Events refused so far over every rank (the last agreement's sum: the same on all)."""
 
     def segment(self, steps: int) -> Iterator[Any]:
         """Up to `steps` batches; fewer when the ranks agree to stop or to checkpoint."""
@@ -193,6 +195,7 @@ class StreamFeed:
             dist.all_gather(every, flags)
         self.pad_to = max(int(f[0]) for f in every)
         total, signalled_all, idle_all, due_all, refused_all = (int(x) for x in sum(every))
+        self.refused_all = refused_all
         idle_all = idle_all if not total else 0
         if total:
             self.empty_since = None
@@ -218,10 +221,9 @@ class StreamFeed:
         line = (f"no step for {now - self.last_step:.0f} s: no new event for group "
                 f"{stream.group!r} at {stream.url} (lag {behind} entries)")  # fmt: skip
         if refused:
-            reasons = ", ".join(f"{k} {v}" for k, v in self.reader.refused.most_common())
             dead = getattr(self.reader, "dead", "the dead-letter stream")
-            line += (f"; {refused:,} events refused so far (rank 0: {reasons}), parked in "
-                     f"{dead}: does the config match the events?")  # fmt: skip
+            line += (f"; {refused:,} events refused so far (rank 0: {refusals(self.reader)}), "
+                     f"parked in {dead}: does the config match the events?")  # fmt: skip
         log(line)
 
     def saved(self, step: int) -> None:
@@ -366,6 +368,43 @@ class StreamSource:
         if self.feed is not None:
             self.feed.stop.restore()
             self.feed.reader.close()
+
+    def ended(self, first_step: int, step: int) -> None:
+        """A run that trained no step and refused events fails (NothingTrainedError), however it
+        stopped (a signal, idle_exit_s): it exited 0 and looked like a quiet stream. One that
+        refused nothing (no event came) ends as it did."""
+        feed = self.feed
+        if feed is None or step > first_step or not feed.refused_all:
+            return
+        dead = getattr(feed.reader, "dead", "the dead-letter stream")
+        raise NothingTrainedError(
+            f"trained nothing: {feed.refused_all:,} events refused (rank {self.ctx.rank}: "
+            f"{refusals(feed.reader) or 'none'}) and none trained. Does the config's "
+            f"features/labels match the events? Each refusal is in {dead}, with its reason, "
+            "message and field"
+        )
+
+
+FIELDS_SAID = 3
+"""Refused fields named per reason in a line; more are counted, not named."""
+
+
+def refusals(reader: EventReader) -> str:
+    """The reader's refusals by reason, each with the fields refused (the first field that
+    failed in each event): "missing_field 2,000: 'C27'", "label_not_binary 3: 'label'"."""
+    parts = []
+    columns = getattr(reader, "refused_columns", {})
+    for reason, n in reader.refused.most_common():
+        named = sorted(((k, c) for (r, c), k in columns.items() if r == reason), reverse=True)
+        said = ", ".join(repr(c) for _, c in named[:FIELDS_SAID])
+        more = f" and {len(named) - FIELDS_SAID} more" if len(named) > FIELDS_SAID else ""
+        parts.append(f"{reason} {n:,}" + (f": {said}{more}" if said else ""))
+    return ", ".join(parts)
+
+
+class NothingTrainedError(RuntimeError):
+    """A stream run stopped without a step while it refused events: a config that does not
+    match the events, most likely. Raised on every rank, so the run exits non-zero."""
 
 
 def stream_meta(tally: Tally, cfg) -> dict[str, Any]:

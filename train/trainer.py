@@ -246,7 +246,7 @@ class Trainer:
         if self.zch is not None:
             self.zch.step = self.pos.step
         self.saved_step = self.pos.step
-        why = None
+        why, first_step = None, self.pos.step
         try:
             source.start(self.pos, progress)
             stop = self._reached(total)
@@ -262,6 +262,7 @@ class Trainer:
         if progress and why:
             log(f"stopped at step {self.pos.step}: {why}")
         self.finish(progress)
+        source.ended(first_step, self.pos.step)  # a stream that refused every event: an error
         return self.quality
 
     def _reached(self, total: int | None) -> bool:

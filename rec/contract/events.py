@@ -126,6 +126,8 @@ class Refusal:
     """The event's place in its entry's array, from 0."""
     reason: str
     message: str
+    column: str = ""
+    """The event's field that was refused ("" when none is to blame alone)."""
 
 
 @dataclass
@@ -315,9 +317,9 @@ def _int_matrix(rows: list[dict], columns: list[str]) -> tuple[np.ndarray, np.nd
     return lengths.reshape(len(rows), len(columns)), values
 
 
-def _refuse(bad: dict[int, Refusal], i: int, reason: str, message: str) -> None:
+def _refuse(bad: dict[int, Refusal], i: int, reason: str, message: str, column: str = "") -> None:
     if i not in bad:  # the first failing field names the reason
-        bad[i] = Refusal(i, reason, message)
+        bad[i] = Refusal(i, reason, message, column)
 
 
 def _numbers(rows: list[dict], column: str, bad: dict[int, Refusal], label: bool) -> np.ndarray:
@@ -338,17 +340,18 @@ def _numbers(rows: list[dict], column: str, bad: dict[int, Refusal], label: bool
     out = np.zeros(len(cells), dtype=np.float64)
     for i, cell in enumerate(cells):
         if cell is _MISSING:
-            _refuse(bad, i, "missing_field", f"event {i} has no {column!r}")
+            _refuse(bad, i, "missing_field", f"event {i} has no {column!r}", column)
             continue
         value = _number(cell, empty=None if label else 0.0)
         if label and (value is None or value not in (0.0, 1.0)):
-            _refuse(bad, i, "label_not_binary", f"event {i}: {column}={_show(cell)} is not 0 or 1")
+            _refuse(bad, i, "label_not_binary", f"event {i}: {column}={_show(cell)} is not 0 or 1",
+                    column)  # fmt: skip
         elif value is None:
             message = f"event {i}: {column}={_show(cell)} is not a number"
-            _refuse(bad, i, "dense_not_numeric", message)
+            _refuse(bad, i, "dense_not_numeric", message, column)
         elif abs(value) > FLOAT32_MAX:  # float32 in the model: it would train and serve as inf
             message = f"event {i}: {column}={_show(cell)} is beyond float32's range (3.4e38)"
-            _refuse(bad, i, "dense_not_numeric", message)
+            _refuse(bad, i, "dense_not_numeric", message, column)
         else:
             out[i] = value
     return out
@@ -466,12 +469,12 @@ def _bags(
     ids: list[int] = []
     for i, cell in enumerate(cells):
         if cell is _MISSING:
-            _refuse(bad, i, "missing_field", f"event {i} has no {column!r}")
+            _refuse(bad, i, "missing_field", f"event {i} has no {column!r}", column)
             continue
         try:
             bag = _bag(cell, separator, encoding)
         except EventError as e:
-            _refuse(bad, i, e.reason, f"event {i}: {column}={_show(cell)}: {e.detail}")
+            _refuse(bad, i, e.reason, f"event {i}: {column}={_show(cell)}: {e.detail}", column)
             continue
         lengths[i] = len(bag)
         ids.extend(bag)

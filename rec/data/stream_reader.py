@@ -94,6 +94,8 @@ class EventReader(abc.ABC):
 
     refused: Counter
     """Refused entries and events so far, by reason (rec.contract.events.REASONS)."""
+    refused_columns: Counter
+    """Refused events so far by (reason, the field refused), for those a field is to blame."""
 
     @abc.abstractmethod
     def next_batch(self, batch_size: int, wait_s: float | None = None) -> StreamBatch:
@@ -217,7 +219,8 @@ def decode_entry(fields: dict | None, spec: FeatureSpec) -> tuple[Events, list[d
     if not events.refused:
         return events, []
     raw = json.loads(_field(fields, "events"))
-    return events, [_dead(r.index, r.reason, r.message, raw[r.index]) for r in events.refused]
+    return events, [_dead(r.index, r.reason, r.message, raw[r.index], r.column)
+                    for r in events.refused]  # fmt: skip
 
 
 def _field(fields: dict, key: str) -> str:
@@ -225,8 +228,10 @@ def _field(fields: dict, key: str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _dead(index: int, reason: str, message: str, what: Any) -> dict[str, str]:
+def _dead(index: int, reason: str, message: str, what: Any, column: str = "") -> dict[str, str]:
     out = {"reason": reason, "message": message, "index": str(index)}
+    if column:  # the refused field, by name: what a config that does not match the events lacks
+        out["column"] = column
     if index >= 0:
         out["event"] = json.dumps(what, separators=(",", ":"))
     elif what is not None:  # the entry's own fields, as they were (bytes kept as bytes)

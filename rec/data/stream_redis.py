@@ -174,6 +174,7 @@ class RedisEventReader(EventReader):
         self.last = "0-0"
         self.per_entry = 64.0
         self.refused: Counter = Counter()
+        self.refused_columns: Counter = Counter()
         self.counts: Counter = Counter()
         self.on_event = on_event or (lambda kind, message: None)
         self.clock = clock
@@ -322,6 +323,8 @@ class RedisEventReader(EventReader):
         for t in taken:
             for letter in t.letters:
                 self.refused[letter["reason"]] += 1
+                if letter.get("column"):
+                    self.refused_columns[letter["reason"], letter["column"]] += 1
                 self.on_event("dead", f"{letter['entry']}[{letter['index']}]: {letter['message']}")
             self.asm.add(t.entry, t.events, t.skip)
             self.unacked.append(t.entry)
