@@ -67,8 +67,14 @@ import click
     metavar="URL",
     default=None,
     help="Publish the rows each step changed to this update log (redis://HOST:PORT[/STREAM]) "
-    "for serving replicas to apply; sets publish.url. Also on a --resume of a run trained "
-    "without it (for that start).",
+    "for serving replicas to apply; sets publish.url in the run's config.yaml. A --resume "
+    "publishes as the run did: --publish turns it on (first re-sending every row if the "
+    "checkpoint was trained without it), --no-publish off.",
+)
+@click.option(
+    "--no-publish",
+    is_flag=True,
+    help="Publish nothing: clears publish.url, for this start and later resumes.",
 )
 @click.option(
     "--stream",
@@ -79,7 +85,7 @@ import click
     "--resume goes on from each rank's position.",
 )
 def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, publish,
-                  stream) -> None:  # fmt: skip
+                  no_publish, stream) -> None:  # fmt: skip
     """Train with TorchRec DistributedModelParallel on NPROC local ranks.
 
     \b
@@ -88,10 +94,15 @@ def train_command(config, run_dir, nproc, resume, steps, epochs, max_restarts, p
     rec train --resume runs/a --steps 500      500 steps more (a finished run too)
     rec train --resume runs/a -c more.yaml     with more.yaml's training.epochs, intervals...
     rec train --resume runs/a --publish URL    on, publishing the rows it changes
+    rec train --resume runs/a --no-publish     on, not publishing (until --publish URL)
     rec train --stream redis://h:6379/clicks   from a live stream, until SIGTERM
     """
     from rec.train.launch import TrainingFailedError, train
 
+    if publish is not None and no_publish:
+        raise click.UsageError("give --publish URL or --no-publish, not both")
+    if no_publish:
+        publish = ""
     try:
         run = train(config, resume or run_dir, nproc, resume=resume is not None,
                     max_restarts=max_restarts, publish=publish, steps=steps,

@@ -61,8 +61,7 @@ def prepare_run_dir(cfg: RecConfig, run: Path) -> RecConfig:
     return cfg
 
 
-def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
-           publish: str | None = None) -> None:  # fmt: skip
+def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0) -> None:
     """Runs `python -m rec.train.worker` on `nproc` local ranks and waits for them."""
     log_dir = tempfile.mkdtemp(prefix="rec-train-")
     config = LaunchConfig(
@@ -82,8 +81,6 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0,
     args = ["-m", "rec.train.worker", "--run-dir", str(run)]
     if resume:
         args.append("--resume")
-    if publish is not None:
-        args += ["--publish", publish]
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as e:
@@ -146,8 +143,8 @@ def train(
 ) -> Path:
     """The library function behind `rec train`. Returns the run directory.
 
-    With `resume`, `config`, `steps` and `epochs` change the run's config.yaml as
-    rec.train.resume allows, and `publish` applies to this start only."""
+    With `resume`, `config`, `steps`, `epochs` and `publish` (a URL, or "" for off) change the
+    run's config.yaml as rec.train.resume allows; the ranks read it."""
     if resume and run is None:
         raise run_dir.RunDirError("--resume needs the run directory to continue")
     if not resume and (steps is not None or epochs is not None):
@@ -162,7 +159,7 @@ def train(
         )
     run = run or default_run_dir()
     overrides: dict = {}
-    if publish is not None:
+    if publish is not None:  # "": --no-publish
         overrides["publish"] = {"url": publish}
     if stream is not None:
         overrides["data"] = {"stream": {"url": stream}}
@@ -172,13 +169,13 @@ def train(
         resources.check_training(cfg, nproc, run)
         check_plan_fits(cfg, nproc)
         check_training_data(cfg, nproc)
-    if resume:  # config.yaml with -c, --steps and --epochs; this start's with --publish
-        cfg, saved = resume_config(run, config, steps, epochs, publish)
+    if resume:  # config.yaml with -c, --steps, --epochs and --publish / --no-publish
+        cfg = resume_config(run, config, steps, epochs, publish)
     else:
         assert cfg is not None
         cfg = prepare_run_dir(cfg, run)
     if resume and (done := completed_checkpoint(run, cfg)) is not None:
-        write_changes(run, saved)
+        write_changes(run, cfg)
         print(f"[rec train] {run} is complete (final checkpoint {done.name}): nothing to train; "
               "--steps N or --epochs N trains on")  # fmt: skip
         return run
@@ -188,6 +185,6 @@ def train(
         resources.check_training(cfg, nproc, run, resume=True)
         check_plan_fits(cfg, nproc)
         check_training_data(cfg, nproc)
-        write_changes(run, saved)  # only once nothing refused the resume
-    launch(run, nproc, resume, max_restarts, publish if resume else None)
+        write_changes(run, cfg)  # only once nothing refused the resume
+    launch(run, nproc, resume, max_restarts)
     return run

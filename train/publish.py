@@ -77,6 +77,19 @@ def next_identity(run: Path) -> Identity:
     return ident
 
 
+def last_gen(run: Path) -> int | None:
+    """The generation that published last (run_dir.PUBLISH_FILE), None if none ever did."""
+    path = run / run_dir.PUBLISH_FILE
+    return int(json.loads(path.read_text())["gen"]) if path.is_file() else None
+
+
+def log_holds(meta: dict) -> bool:
+    """Whether the update log holds every row the checkpoint with this meta.json trained: it
+    was written by a start that published (which closed any gap before training). Checkpoints
+    older than the `published` key: those with a publishing generation."""
+    return bool(meta.get("published", meta.get("publish_gen") is not None))
+
+
 @dataclass
 class _Shard:
     table: str
@@ -222,6 +235,37 @@ class UpdatePublisher:
                                admitted=tuple((s, admitted[s]) for s in rowed)))  # fmt: skip
             self.published_rows += len(rowed)
         return out
+
+    def republish_all(self, step: int) -> int:
+        """After a resume from a checkpoint trained without publishing (a gap: the log lacks
+        what those steps changed, yet a replica's watermark would pass them): every row of this
+        rank's shards at its value now (the checkpoint's), as this generation's publish at
+        `step`, before any training; returns the rows. Whole tables, not the rows changed since
+        the last published step: finding those needs that step's checkpoint, which keep_last
+        may have removed, and a replica may serve an export of any step in between."""
+        zch = [s.table for s in self.shards.values() if self.zch and s.table in self.zch.maps]
+        if zch:  # refused before any rank starts (rec.train.resume); a map cannot be resent
+            raise PublishError(f"ZCH table(s) {', '.join(sorted(set(zch)))} cannot be "
+                               "republished: their id map changes are not in the log")  # fmt: skip
+        wall_ns, rows_sent = time.time_ns(), 0
+        batches = [[self._rows_record(step, wall_ns, shard, local)]
+                   for shard in self.shards.values()
+                   for local in torch.arange(shard.weight.shape[0]).split(RECORD_ROWS)]  # fmt: skip
+        if not batches:
+            batches = [[self._record(step, wall_ns, "", "fp32", 0, (), b"")]]
+        batches[-1][-1] = _marked_last(batches[-1][-1])
+        for batch in batches:  # one record a batch: max_pending bounds what is held
+            rows_sent += sum(r.count for r in batch)
+            self._put([encode(r) for r in batch])
+        self.tracker.get_unique_ids()  # forget lookups made while restoring
+        return rows_sent
+
+    def _rows_record(self, step: int, wall_ns: int, shard: _Shard,
+                     local: torch.Tensor) -> UpdateRecord:  # fmt: skip
+        """One record of `shard`'s rows at local indices `local` (at most RECORD_ROWS)."""
+        data = fused_rows(shard.weight.index_select(0, local), shard.dtype).numpy().tobytes()
+        ids = tuple((local + shard.row_offset).tolist())
+        return self._record(step, wall_ns, shard.table, shard.dtype, shard.dim, ids, data)
 
     def republish_undone(self, step: int) -> int:
         """After a resume from `step`: the rows earlier generations published at later steps

@@ -12,6 +12,9 @@ A resume trains the run's own config.yaml. On top of it:
   evaluation, logging and checkpoint intervals, publishing); any other change (model, tables,
   features, data, optimizer, sharding, export) is refused naming each field, since the
   checkpoint holds the model, the optimizer's state and the data position they made.
+- `--publish URL` turns publishing on and `--no-publish` off, for this start and the ones
+  after it (publish.url); without either a resume publishes as the run did. Publishing from a
+  checkpoint trained without it first re-sends every row (rec.train.publish.republish_all).
 
 What changes is written back to config.yaml, so the run directory keeps describing its run.
 """
@@ -153,9 +156,10 @@ def resume_config(
     steps: int | None = None,
     epochs: int | None = None,
     publish: str | None = None,
-) -> tuple[RecConfig, RecConfig]:
-    """(what this start trains with, what config.yaml is to say): the saved config with `-c`
-    and --steps/--epochs applied, and, for this start only, --publish's URL."""
+) -> RecConfig:
+    """What the resumed run trains with and config.yaml is to say: the saved config with `-c`,
+    --steps/--epochs and --publish URL (or --no-publish: "") applied. Publishing is the run's
+    setting, not one start's: a run that published goes on publishing until --no-publish."""
     saved_path = run / run_dir.CONFIG_FILE
     if not saved_path.is_file():
         raise run_dir.RunDirError(f"cannot resume: {str(saved_path)!r} does not exist")
@@ -163,12 +167,12 @@ def resume_config(
     saved = load_config(saved_path)
     cfg = apply_config_file(run, saved, config) if config is not None else saved
     cfg = extend(run, cfg, steps, epochs)
-    start = cfg
     if publish is not None:
-        start = config_from_dict({"publish": {"url": publish}}, base=cfg.to_dict())
-    if start.publish.url:
-        _check_publishable(run, start)
-    return start, cfg
+        cfg = config_from_dict({"publish": {"url": publish}}, base=cfg.to_dict())
+    if cfg.publish.url:
+        _check_publishable(run, cfg)
+        _check_gap_closable(run, cfg)
+    return cfg
 
 
 def _check_publishable(run: Path, cfg: RecConfig) -> None:
@@ -184,6 +188,24 @@ def _check_publishable(run: Path, cfg: RecConfig) -> None:
             f"run {str(run)!r} cannot publish: {e}. A resume keeps the run's "
             "sharding.constraints; publish from a new run whose constraints allow those types"
         ) from None
+
+
+def _check_gap_closable(run: Path, cfg: RecConfig) -> None:
+    """A checkpoint trained without publishing is resumed with publishing by re-sending every
+    row first (rec.train.publish.republish_all). A ZCH table's rows cannot be: the id maps'
+    changes of those steps are not in the log, and a replica checks each map change against
+    the map it serves."""
+    from rec.train.publish import log_holds
+
+    latest = run_dir.latest_checkpoint(run)
+    zch = [t.name for t in cfg.tables if t.ids.zch is not None]
+    if not zch or latest is None or log_holds(run_dir.read_meta(latest)):
+        return
+    raise ConfigError(
+        f"run {str(run)!r} cannot publish from {latest.name}: it was trained without publishing, "
+        f"and the id map changes of ZCH table(s) {', '.join(zch)} since are not in the update "
+        "log. Export it (rec export) for the replicas instead"
+    )
 
 
 def write_changes(run: Path, cfg: RecConfig) -> None:

@@ -102,6 +102,7 @@ class Trainer:
         if cfg.publish.url:  # before the pipeline wraps the model: it records every lookup
             self.dmp.init_torchrec_delta_tracker(publish.tracker_config())
         self.publisher: publish.UpdatePublisher | None = None
+        self.resumed_meta: dict | None = None  # the checkpoint's meta.json, after resume()
         self.optimizer = make_optimizer(self.dmp, cfg.training)
         pipeline_cls = (
             TrainPipelineSparseDist if cfg.training.pipeline == "sparse_dist" else TrainPipelineBase
@@ -135,7 +136,14 @@ class Trainer:
         if self.ctx.is_main:
             log(f"publishing changed rows to {self.publisher.url} (run {ident[0].run}, "
                 f"generation {ident[0].gen})")  # fmt: skip
-        if ident[0].gen > 1:  # a resume: undo what the last generation published past here
+        if self.resumed_meta is not None and not publish.log_holds(self.resumed_meta):
+            # Trained (at least in part) without publishing: the log lacks rows a replica's
+            # watermark would pass. Every row, which also undoes any dead generation's.
+            n = self.publisher.republish_all(self.pos.step)
+            if self.ctx.is_main:
+                log(f"re-sent all {n} rows at their step-{self.pos.step} values: this checkpoint "
+                    "was trained without publishing")  # fmt: skip
+        elif ident[0].gen > 1:  # a resume: undo what the last generation published past here
             n = self.publisher.republish_undone(self.pos.step)
             if self.ctx.is_main and n:
                 log(f"re-sent {n} rows at their step-{self.pos.step} values: the last "
@@ -153,6 +161,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         t = state["train"]
         self.pos = Position(int(t["step"]), int(t["epoch"]), int(t["offset"]))
+        self.resumed_meta = run_dir.read_meta(step_dir)
         torch.set_rng_state(t["rng"])
         self.source.resume(step_dir)
         if self.ctx.is_main:

@@ -195,11 +195,80 @@ def test_a_resumed_publisher_leaves_no_row_the_final_export_lacks(tmp_path):
 
 
 @needs_redis
+def test_a_gap_in_publishing_is_closed_when_publishing_resumes(tmp_path):
+    """A run published 10 steps; a resume with --no-publish trained 20 more and published
+    nothing; a resume goes on publishing as the run does. A replica of the step-10 export that
+    applies the log in order ends with every row of every table equal to the final export's,
+    and its watermark at the final step: the last resume re-sent every row first."""
+    from rec.train.resume import resume_config
+
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("rec:updates")
+        cfg = _config(url)
+        cfg["training"].update(steps=10, eval_every=0)
+        cfg["checkpoint"] = {"every_steps": 0, "keep_last": 3}  # at each start's end
+        cfg["publish"]["every_steps"] = 3
+        run = tmp_path / "run"
+        run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
+                str(run), "--nproc", "1")  # fmt: skip
+        assert resume_config(run, None, steps=1).publish.url == url  # a resume publishes on
+        run_rec("train", "--resume", str(run), "--nproc", "1", "--steps", "20", "--no-publish")
+        saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
+        assert saved["publish"]["url"] == ""  # off for later resumes too
+        assert max(r.step for _, r in read_records(url)) == 10  # the gap: steps 11-30
+        out = run_rec("train", "--resume", str(run), "--nproc", "1", "--steps", "3", "--publish",
+                      url).stdout  # fmt: skip
+        assert "re-sent all" in out and "at their step-30 values" in out, out
+        records = [r for _, r in read_records(url)]
+
+    exported = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(10)
+    meta = run_dir.read_meta(exported)
+    assert meta["published"] and meta["publish_gen"] == 1
+    meta = run_dir.read_meta(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(30))
+    assert not meta["published"] and meta["publish_gen"] == 1
+    model_cfg = config_from_dict(cfg)
+    state = Applier({t.name: ServedTable(t.rows, t.dim, DTYPES.get(t.name, "int8"))
+                     for t in model_cfg.tables}, export=(1, 10), run=records[0].run)  # fmt: skip
+    for rec in records:
+        assert state.apply(rec)[0] in ("applied", "skipped"), rec
+    assert state.watermark()[:2] == (2, 33)
+    final = run_dir.latest_checkpoint(run)
+    assert final.name == "step_33"
+    for table in state.tables:
+        served = _exported_rows(exported, cfg, table)  # the replica's rows, then the log's
+        for row_id, data in state.rows.get(table, {}).items():
+            served[row_id] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        want = _exported_rows(final, cfg, table)
+        stale = torch.nonzero((served != want).any(dim=1)).flatten().tolist()
+        assert not stale, (table, len(stale), stale[:10])
+
+
+def test_a_zch_run_trained_without_publishing_is_refused_publishing_on_a_resume(tmp_path):
+    """Its rows cannot all be re-sent: the map changes of the unpublished steps are not in the
+    log. Refused before any rank starts, naming the table; from a checkpoint the log holds, or
+    without publishing, the resume goes ahead."""
+    from rec.train.resume import resume_config
+
+    cfg = _config("redis://127.0.0.1:1/s")
+    cfg["tables"][0]["ids"] = {"zch": {"every_steps": 4, "probes": 4}}
+    cfg["publish"]["url"] = ""
+    (tmp_path / run_dir.CONFIG_FILE).write_text(config_from_dict(cfg).to_yaml())
+    (run_dir.checkpoints_dir(tmp_path) / "step_8").mkdir(parents=True)
+    run_dir.commit_checkpoint(tmp_path, 8, {"publish_gen": None, "published": False})
+    with pytest.raises(ConfigError, match=r"cannot publish from step_8: .* ZCH table\(s\) t0 "):
+        resume_config(tmp_path, None, publish="redis://127.0.0.1:1/s")
+    assert resume_config(tmp_path, None).publish.url == ""
+    run_dir.commit_checkpoint(tmp_path, 8, {"publish_gen": 1, "published": True})
+    assert resume_config(tmp_path, None, publish="redis://127.0.0.1:1/s").publish.url
+
+
+@needs_redis
 def test_publish_turns_on_when_resuming_a_run_trained_without_it(tmp_path):
     """The planner makes small tables data_parallel (trained by the dense optimizer), and
     publishing keeps every table to whole-row shards (the fused embedding optimizer): `--resume
-    --publish` loads the rows under the new plan, trains on and publishes. The rows no step
-    after the resume looked up are the checkpoint's: loaded, not initialised afresh."""
+    --publish` loads the rows under the new plan, re-sends every row (the log has none of
+    the 20 steps trained without it), trains on and publishes. The rows no step after the
+    resume looked up are the checkpoint's: loaded, not initialised afresh."""
     cfg = copy.deepcopy(TINY)
     cfg["tables"] = cfg["tables"][:4]
     cfg["tables"][2]["rows"], cfg["tables"][3]["rows"] = 50, 25  # data_parallel on 2 ranks
@@ -220,6 +289,10 @@ def test_publish_turns_on_when_resuming_a_run_trained_without_it(tmp_path):
         out = run_rec("train", "--resume", str(run), "--steps", "2", "--publish", url).stdout
         records = [r for _, r in read_records(url)]
     assert "at step 20" in out and f"table(s) {', '.join(replicated)}: rows as saved" in out, out
+    resent = sum(len(r.ids) for r in records if r.step == 20)
+    assert resent == sum(t["rows"] for t in cfg["tables"]), resent  # every row, once
+    assert f"re-sent all {resent} rows at their step-20 values" in out, out
+    records = [r for r in records if r.step > 20]  # what the 2 steps trained
     rows = sum(len(r.ids) for r in records)  # every rank's, as the summary counts them
     assert f"published to {url}: {rows} rows from 2 ranks (rank 0: " in out, out
     assert not warning_lines(out), warning_lines(out)  # loading under another plan: quiet
@@ -227,6 +300,7 @@ def test_publish_turns_on_when_resuming_a_run_trained_without_it(tmp_path):
     assert {r["sharding_type"] for r in plan} <= {"table_wise", "row_wise", "table_row_wise"}
     state = _applied(cfg, records)
     assert state.watermark()[:2] == (1, 22)
+    assert yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())["publish"]["url"] == url
     start, final = run_dir.checkpoints_dir(run) / "step_20", run_dir.latest_checkpoint(run)
     assert final.name == "step_22"
     for table in state.tables:
@@ -237,8 +311,9 @@ def test_publish_turns_on_when_resuming_a_run_trained_without_it(tmp_path):
         kept = [i for i in range(len(exported)) if i not in looked_up]
         assert kept and looked_up, (table, len(kept), len(looked_up))
         assert torch.equal(exported[kept], _exported_rows(start, cfg, table)[kept]), table
-    # And back: without --publish the small tables are data_parallel again, from whole-row shards.
-    out = run_rec("train", "--resume", str(run), "--steps", "1").stdout
+    # And back: with --no-publish the small tables are data_parallel again, from whole-row
+    # shards (no broker: a resume that still published would fail).
+    out = run_rec("train", "--resume", str(run), "--steps", "1", "--no-publish").stdout
     assert f"table(s) {', '.join(replicated)}: rows as saved" in out, out
     assert run_dir.latest_checkpoint(run).name == "step_23"
     plan = json.loads((run / run_dir.PLAN_FILE).read_text())["tables"]

@@ -262,7 +262,7 @@ def test_a_resume_takes_the_runs_own_config_file_with_a_new_length(tmp_path):
     (tmp_path / run_dir.CONFIG_FILE).write_text(config_from_dict(TINY).to_yaml())
     longer = json.loads(json.dumps(TINY))
     longer["training"].update(steps=0, epochs=3)
-    _, cfg = resume_config(tmp_path, write_config(tmp_path / "longer.yaml", longer))
+    cfg = resume_config(tmp_path, write_config(tmp_path / "longer.yaml", longer))
     assert (cfg.training.steps, cfg.training.epochs) == (0, 3)
     with pytest.raises(ConfigError, match="sets training.epochs, but training.steps=40 decides"):
         resume_config(tmp_path, write_config(tmp_path / "epochs.yaml", {"training": {"epochs": 3}}))
