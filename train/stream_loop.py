@@ -12,9 +12,14 @@ together: before each step one all-reduce sums [events, stop, checkpoint due] ov
     table's backward (torchrec's ReduceScatterV, an all-gather that gloo runs only over equal
     sizes) gets the same batch size from every rank. No event waits for a full batch longer
     than data.stream.wait_s.
-  - A stop (SIGTERM, SIGINT, training.steps, idle_exit_s) or a time-based checkpoint ends the
-    segment on every rank at the same step; the batch read in that same step is held for the
-    next segment (or, at a stop, never trained and never acknowledged: the resumed run gets it).
+  - A time-based checkpoint ends the segment on every rank at the same step; the batch read
+    in that same step is held for the next segment.
+  - A signal (SIGTERM, SIGINT) drains: from the read that sees it, on every rank alike, the
+    readers fetch no new entry (EventReader.drain) and the ranks train what was delivered to
+    them (the batch read then, the entries read ahead, the rest of a part-trained entry) until
+    no rank has an event; then the run checkpoints and acknowledges every entry delivered, so a
+    clean stop leaves nothing pending. idle_exit_s stops with nothing delivered; training.steps
+    stops at its step, and what was delivered past it stays pending for the resumed run.
 
 Exactly once: the checkpoint's meta.json holds each rank's position after the last batch it
 trained (`stream.positions`), with the events it trained and their digest
@@ -147,6 +152,10 @@ class StreamFeed:
         """The last segment ended because checkpoint.every_seconds passed."""
         self.why = ""
         self.refused_all = 0
+        self.draining = False
+        """A signal came: the ranks train the events already delivered to them, then stop."""
+        self.stop_drains = False
+        """Set by _agree: the stop it returned is a signal's (an idle stop has nothing to train)."""
         """Events refused so far over every rank (the last agreement's sum: the same on all)."""
 
     def segment(self, steps: int) -> Iterator[Any]:
@@ -161,6 +170,15 @@ class StreamFeed:
             else:
                 b = self.reader.next_batch(self.cfg.training.batch_size, self.wait_s)
                 total, stop, due = self._agree(len(b))
+                if stop and self.draining:
+                    stop = 0  # a signal's stop comes when the delivered events are trained
+                elif stop and self.stop_drains:
+                    self.draining = True  # every rank at the same read: the sums agree
+                    self.reader.drain()
+                    stop = 0
+                if self.draining and not total:
+                    self.stopping = True  # every event delivered is in the batches trained
+                    return
                 if stop or (due and done):
                     # Read in the step where the ranks stop or checkpoint: trained after it.
                     self.held = b if total else None
@@ -205,6 +223,7 @@ class StreamFeed:
                 self.last_status = now
                 if self.is_main:
                     self._status(now, refused_all)
+        self.stop_drains = bool(signalled_all)
         if signalled_all and not self.why:
             name = signal.Signals(self.stop.signal).name if signalled else ""
             self.why = f"signal {name}" if signalled else "another rank got a signal"

@@ -24,6 +24,9 @@ entries (more may be in the stream): so, as a reader without the thread, it retu
 stream holds now, and waits for more only up to its deadline. It overruns the deadline by one
 fetch at most, after a fetch that brought entries.
 
+`finish` (a clean stop) ends the fetching but keeps what was fetched, the fetch under way's too:
+`get` hands it all out, then returns None at once, so a stop can train every entry delivered.
+
 An exception in `fetch` ends the thread; `get` raises that same exception on the trainer's
 thread once the entries before it are taken. `close` stops the thread and waits for it a bounded
 time; it never hangs the trainer (the thread is a daemon).
@@ -62,6 +65,8 @@ class ReadAhead(Generic[T]):
         self.dry = False
         """The last fetch brought nothing (none yet: False)."""
         self.stopping = False
+        self.finishing = False
+        """finish(): no fetch after the one under way, whose items are kept."""
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -69,9 +74,10 @@ class ReadAhead(Generic[T]):
         try:
             while True:
                 with self.cond:
-                    while self.held > self.depth - self.chunk and not self.stopping:
+                    while (self.held > self.depth - self.chunk and not self.stopping
+                           and not self.finishing):  # fmt: skip
                         self.cond.wait()
-                    if self.stopping:
+                    if self.stopping or self.finishing:
                         return
                     need = self.depth - self.held
                 items = self.fetch(need)  # outside the lock: the trainer takes meanwhile
@@ -110,6 +116,15 @@ class ReadAhead(Generic[T]):
             self.held -= self.size(item)
             self.cond.notify_all()
             return item
+
+    def finish(self, timeout: float) -> None:
+        """Stops fetching, keeping every item fetched (the fetch under way's when it ends
+        within `timeout` s); `get` then hands them out and returns None once they are taken."""
+        with self.cond:
+            self.finishing = True
+            self.cond.notify_all()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout)
 
     def close(self, timeout: float) -> None:
         """Stops the thread: it takes nothing more, and is waited for up to `timeout` s."""

@@ -113,6 +113,9 @@ class EventReader(abc.ABC):
     def lag(self) -> int | None:
         """Events (Redis: entries) in the stream that no consumer has read yet; None if unknown."""
 
+    def drain(self) -> None:  # noqa: B027 (optional: a reader without one ends as it is)
+        """A clean stop: read nothing more; next_batch hands out what was delivered."""
+
     def close(self) -> None:  # noqa: B027 (optional)
         pass
 

@@ -182,6 +182,7 @@ class RedisEventReader(EventReader):
         self.reading = _Link(self, True, sleep=self.stopping.wait)  # close() ends a backoff
         self.side = _Link(self, False, sleep=time.sleep)
         self.read_ahead = read_ahead
+        self.draining = False
         self.ahead: ReadAhead[_Taken] | None = None
 
     # ---- connection ----------------------------------------------------------------------
@@ -203,13 +204,21 @@ class RedisEventReader(EventReader):
         self.reading.close()
         self.side.close()
 
+    def drain(self) -> None:
+        """A clean stop: no entry is read from now on; next_batch hands out the events already
+        delivered (read ahead, or left in an entry) until none is left, so a stop can train
+        them and acknowledge every entry delivered to this consumer."""
+        self.draining = True
+        if self.ahead is not None:
+            self.ahead.finish(timeout=READ_BLOCK_S + 2.0)
+
     # ---- reading -------------------------------------------------------------------------
     def next_batch(self, batch_size: int, wait_s: float | None = None) -> StreamBatch:
         wait = self.cfg.wait_s if wait_s is None else wait_s
         deadline = self.clock() + wait
-        if self.read_ahead > 0:
+        if self.read_ahead > 0 and (self.ahead is not None or not self.draining):
             self._pull(batch_size, deadline)
-        while self.read_ahead <= 0 and self.asm.ready < batch_size:
+        while self.read_ahead <= 0 and not self.draining and self.asm.ready < batch_size:
             need = batch_size - self.asm.ready
             try:
                 progressed, taken = self.reading.command(

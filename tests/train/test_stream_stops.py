@@ -1,10 +1,14 @@
 """How a `rec train --stream` run ends (real torchrun rank, real redis-server): a run that
-refused every event fails naming the field; a short ZCH run admits what it saw at its stop."""
+refused every event fails naming the field; a short ZCH run admits what it saw at its stop; a
+clean SIGTERM trains what was delivered and leaves nothing pending."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import subprocess
 import time
 
 import pytest
@@ -18,7 +22,7 @@ from rec.data.replay import synthetic_events
 from rec.data.stream import StreamConfig, open_reader
 from rec.features import feature_spec
 from rec.train.stream_loop import refusals
-from tests.helpers import TINY, run_rec, write_config
+from tests.helpers import REC, TINY, run_rec, write_config
 from tests.train.test_train_distributed import _flat_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -93,3 +97,46 @@ def test_a_zch_run_shorter_than_a_round_admits_its_ids_at_the_stop(tmp_path):
                      if r["kind"] == "zch"]  # fmt: skip
         assert record["step"] == 10 and record["t0_evicted"] == 0
         assert record["t0_live"] == len(held)
+
+
+def test_a_clean_sigterm_trains_what_was_delivered_and_leaves_nothing_pending(tmp_path):
+    """SIGTERM mid-backlog: the rank trains the entries it had read ahead, checkpoints and
+    acknowledges them all (XPENDING 0), the rest of the stream left unread; the ZCH line at
+    the stop."""
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("term")
+        cfg = _config(url)
+        cfg["tables"][0]["ids"] = {"zch": {}}
+        cfg["training"]["log_every"] = 1
+        cfg["data"]["stream"]["idle_exit_s"] = 0
+        n = 8000
+        _send(broker.port, "term", _events(cfg, n))
+        run = tmp_path / "run"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([REC, "train", "-c", str(write_config(tmp_path / "c.yaml", cfg)),
+                                 "--run-dir", str(run), "--nproc", "1"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").exists() or len(_records(run, "train")) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 0 and "signal SIGTERM" in out, out
+        steps = int(out.split("stopped at step ")[1].split(":")[0])
+        assert f"step {steps}: zch: t0 " in out, out
+        latest = run_dir.latest_checkpoint(run)
+        assert latest is not None and latest.name == f"step_{steps}", out
+        trained = json.loads((latest / "meta.json").read_text())["stream"]["events"][0]
+        client = redis.Redis(port=broker.port)
+        assert client.xpending("term", "rec")["pending"] == 0, out
+        # Every entry delivered to the group was trained whole, and the backlog's rest is unread.
+        (group,) = client.xinfo_groups("term")
+        delivered = client.xrange("term", "-", group["last-delivered-id"])
+        assert trained == 16 * len(delivered) < n, (trained, len(delivered), out)
+        client.close()
+
+
+def _records(run, kind: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
