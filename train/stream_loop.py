@@ -399,8 +399,8 @@ class StreamSource:
         raise NothingTrainedError(
             f"trained nothing: {feed.refused_all:,} events refused (rank {self.ctx.rank}: "
             f"{refusals(feed.reader) or 'none'}) and none trained. Does the config's "
-            f"features/labels match the events? Each refusal is in {dead}, with its reason, "
-            "message and field"
+            f"features/labels match the events? Each refusal is parked in {dead} (fields "
+            "reason, message, column)"
         )
 
 
