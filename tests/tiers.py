@@ -29,7 +29,8 @@ INTEGRATION = frozenset({
     "train/test_default_run.py", "train/test_din.py", "train/test_eval_split.py",
     "train/test_faults.py", "train/test_multihost.py", "train/test_plain_pipeline.py",
     "train/test_publish.py", "train/test_rank_threads.py", "train/test_step_profile_memory.py",
-    "train/test_stream_train.py", "train/test_train_distributed.py", "train/test_zch.py",
+    "train/test_stream_stops.py", "train/test_stream_train.py", "train/test_train_distributed.py",
+    "train/test_zch.py",
     "export/test_trained.py", "export/test_zch_trained.py", "export/test_follow.py",
     # AOTInductor compiles, every format of every architecture, every batch size scanned, a
     # fresh interpreter per kernel path (each file 20 s or more).
