@@ -242,11 +242,10 @@ class UpdatePublisher:
         rank's shards at its value now (the checkpoint's), as this generation's publish at
         `step`, before any training; returns the rows. Whole tables, not the rows changed since
         the last published step: finding those needs that step's checkpoint, which keep_last
-        may have removed, and a replica may serve an export of any step in between."""
-        zch = [s.table for s in self.shards.values() if self.zch and s.table in self.zch.maps]
-        if zch:  # refused before any rank starts (rec.train.resume); a map cannot be resent
-            raise PublishError(f"ZCH table(s) {', '.join(sorted(set(zch)))} cannot be "
-                               "republished: their id map changes are not in the log")  # fmt: skip
+        may have removed, and a replica may serve an export of any step in between. A ZCH
+        table's records say which id each slot holds (`held`), which a replica checks against
+        the map it serves: one serving an export of this checkpoint takes them (a run that
+        published before is refused such a resume: rec.train.resume)."""
         wall_ns, rows_sent = time.time_ns(), 0
         batches = [[self._rows_record(step, wall_ns, shard, local)]
                    for shard in self.shards.values()

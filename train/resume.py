@@ -192,19 +192,23 @@ def _check_publishable(run: Path, cfg: RecConfig) -> None:
 
 def _check_gap_closable(run: Path, cfg: RecConfig) -> None:
     """A checkpoint trained without publishing is resumed with publishing by re-sending every
-    row first (rec.train.publish.republish_all). A ZCH table's rows cannot be: the id maps'
-    changes of those steps are not in the log, and a replica checks each map change against
-    the map it serves."""
-    from rec.train.publish import log_holds
+    row first (rec.train.publish.republish_all). In a run that published before, a ZCH
+    table's cannot be: its replicas hold the id map of the last published step (the export's
+    and the log's changes), the map changes since are not in the log, and a replica refuses
+    rows whose ids disagree with its map."""
+    from rec.train.publish import last_gen, log_holds
 
     latest = run_dir.latest_checkpoint(run)
     zch = [t.name for t in cfg.tables if t.ids.zch is not None]
-    if not zch or latest is None or log_holds(run_dir.read_meta(latest)):
+    if not zch or latest is None or last_gen(run) is None:
+        return
+    if log_holds(run_dir.read_meta(latest)):
         return
     raise ConfigError(
-        f"run {str(run)!r} cannot publish from {latest.name}: it was trained without publishing, "
-        f"and the id map changes of ZCH table(s) {', '.join(zch)} since are not in the update "
-        "log. Export it (rec export) for the replicas instead"
+        f"run {str(run)!r} cannot publish from {latest.name}: it was trained without publishing "
+        f"since it last published, and the id map changes of ZCH table(s) {', '.join(zch)} "
+        "since are not in the update log. Export it (rec export) for the replicas and train "
+        "on with --no-publish, or start a new run"
     )
 
 

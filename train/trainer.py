@@ -139,10 +139,12 @@ class Trainer:
         if self.resumed_meta is not None and not publish.log_holds(self.resumed_meta):
             # Trained (at least in part) without publishing: the log lacks rows a replica's
             # watermark would pass. Every row, which also undoes any dead generation's.
-            n = self.publisher.republish_all(self.pos.step)
+            n = torch.tensor([self.publisher.republish_all(self.pos.step)],
+                             device=self.ctx.device)  # fmt: skip
+            dist.all_reduce(n)  # every rank's shards: the whole model's rows
             if self.ctx.is_main:
-                log(f"re-sent all {n} rows at their step-{self.pos.step} values: this checkpoint "
-                    "was trained without publishing")  # fmt: skip
+                log(f"re-sent all {int(n)} rows at their step-{self.pos.step} values: this "
+                    "checkpoint was trained without publishing")  # fmt: skip
         elif ident[0].gen > 1:  # a resume: undo what the last generation published past here
             n = self.publisher.republish_undone(self.pos.step)
             if self.ctx.is_main and n:

@@ -243,10 +243,12 @@ def test_a_gap_in_publishing_is_closed_when_publishing_resumes(tmp_path):
         assert not stale, (table, len(stale), stale[:10])
 
 
-def test_a_zch_run_trained_without_publishing_is_refused_publishing_on_a_resume(tmp_path):
-    """Its rows cannot all be re-sent: the map changes of the unpublished steps are not in the
-    log. Refused before any rank starts, naming the table; from a checkpoint the log holds, or
-    without publishing, the resume goes ahead."""
+def test_a_gap_in_a_zch_runs_publishing_is_refused(tmp_path):
+    """A ZCH run that published, then trained without: replicas hold the map of its last
+    published step, and the map changes since are not in the log. Publishing again is refused
+    before any rank starts, naming the table; from a checkpoint the log holds, without
+    publishing, or in a run that never published (its rows re-sent with their ids, for a
+    replica of this checkpoint's export), the resume goes ahead."""
     from rec.train.resume import resume_config
 
     cfg = _config("redis://127.0.0.1:1/s")
@@ -255,6 +257,9 @@ def test_a_zch_run_trained_without_publishing_is_refused_publishing_on_a_resume(
     (tmp_path / run_dir.CONFIG_FILE).write_text(config_from_dict(cfg).to_yaml())
     (run_dir.checkpoints_dir(tmp_path) / "step_8").mkdir(parents=True)
     run_dir.commit_checkpoint(tmp_path, 8, {"publish_gen": None, "published": False})
+    assert resume_config(tmp_path, None, publish="redis://127.0.0.1:1/s").publish.url
+    (tmp_path / run_dir.PUBLISH_FILE).write_text('{"run": "r", "gen": 1}\n')
+    run_dir.commit_checkpoint(tmp_path, 8, {"publish_gen": 1, "published": False})
     with pytest.raises(ConfigError, match=r"cannot publish from step_8: .* ZCH table\(s\) t0 "):
         resume_config(tmp_path, None, publish="redis://127.0.0.1:1/s")
     assert resume_config(tmp_path, None).publish.url == ""
