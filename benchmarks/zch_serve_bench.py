@@ -48,13 +48,14 @@ from rec import run_dir
 from rec.benchmarking import RESULTS, Server, bench
 from rec.config import config_from_dict, default_config
 from rec.contract import ModelDir
+from rec.contract.sections import ZCH_MAP_LAYOUT
 from rec.cpu import cpu_info
 from rec.export import id_maps
 from rec.export.pipeline import export_run
 from rec.export.served import feature_major_ids
 from rec.model import TrainModel, build_model, ebc_features, ebc_path
 from rec.train.zch import ZchTables
-from rec.zch import home
+from rec.zch import CHECKPOINT_LAYOUT_KEY, home
 
 LOAD = 0.5  # share of each map's slots that hold an id
 KAGGLE = Path(__file__).resolve().parent.parent / "examples" / "criteo_kaggle.yaml"
@@ -113,7 +114,9 @@ def _run(cfg, path: Path, maps) -> Path:
     if maps:
         state["zch"] = {n: {"keys": k, "used": u} for n, (k, u) in maps.items()}
     dcp.save(state, checkpoint_id=str(run_dir.checkpoints_dir(path) / "step_1"))
-    run_dir.commit_checkpoint(path, 1, {"world_size": 1})
+    # The maps were placed by this rec's home(): the layout a ZCH checkpoint must name.
+    meta = {"world_size": 1, CHECKPOINT_LAYOUT_KEY: ZCH_MAP_LAYOUT} if maps else {"world_size": 1}
+    run_dir.commit_checkpoint(path, 1, meta)
     (path / run_dir.CONFIG_FILE).write_text(cfg.to_yaml())
     return path
 
