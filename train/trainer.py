@@ -153,8 +153,9 @@ class Trainer:
 
     def resume(self, step_dir: Path) -> None:
         """Loads a checkpoint written at any world size into this (re)sharded model."""
+        meta = run_dir.read_meta(step_dir)
         if self.zch is not None:  # before loading: maps another home() placed would misread
-            zch.check_checkpoint_layout(run_dir.read_meta(step_dir), step_dir)
+            zch.check_checkpoint_layout(meta, step_dir)
         _, dense = self.optimizer.optimizers[-1]
         dense.init_state()  # Adam's state is lazy; DCP loads into existing tensors only
         state = self._state()
@@ -163,7 +164,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         t = state["train"]
         self.pos = Position(int(t["step"]), int(t["epoch"]), int(t["offset"]))
-        self.resumed_meta = run_dir.read_meta(step_dir)
+        self.resumed_meta = meta
         torch.set_rng_state(t["rng"])
         self.source.resume(step_dir)
         if self.ctx.is_main:
