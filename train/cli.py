@@ -153,7 +153,7 @@ def plan_command(config, world_size, local_world_size, as_json, calibrate, store
     bytes per collective within and across hosts; no training. With --store-masters, also the
     embedding store's memory per node and the row cache a replica needs (docs/store.md)."""
     from rec.train.plan_stats import format_report, plan_report_for
-    from rec.train.zch import plan_block as zch_plan_block
+    from rec.train.zch_sizing import plan_block as zch_plan_block
 
     report = plan_report_for(config, world_size, local_world_size, calibrate, quiet=as_json)
     text = format_report(report)

@@ -24,15 +24,14 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import rec.ops  # noqa: F401  (rec::zch_remap; a clear ImportError naming the build when missing)
-from rec.config import RecConfig, TableConfig, load_config
-from rec.zch import Changes, IdMap, home
+from rec.config import RecConfig, TableConfig
+from rec.zch import Changes, IdMap
 
 SUMMARY_EVERY_ROUNDS = 10
 """Rounds between two summary lines in the training log (and at every evaluation)."""
@@ -339,97 +338,3 @@ def _seed(seed: int, table: str, step: int) -> int:
     for ch in f"{table}:{step}".encode():
         h = (h * 1_000_003 + ch) % (2**61 - 1)  # no Python hash(): it changes per process
     return h
-
-
-FILE_SAMPLES = 1_000_000  # samples of a file rec plan reads to count live ids
-
-
-def plan_block(config: str | Path) -> str:
-    """`rec plan`'s lines for the config's ZCH tables (after a blank line; "" with none):
-    slots, the id map's memory on every rank, probes, and the expected load: the live ids
-    (synthetic data says them: data.synthetic.live_ids, else the table's rows; files are
-    counted, file_live_ids) over the slots, and the share of ids
-    that then arrive at a full probe window (they evict a colder id, or read the default row)."""
-    cfg = load_config(config)
-    zch = [t for t in cfg.tables if t.zch]
-    if not zch:
-        return ""
-    counted = None if cfg.data.source == "synthetic" else file_live_ids(cfg, zch)
-    lines = [
-        f"ZCH tables (each rank holds every id map, {MAP_BYTES_PER_SLOT} bytes per slot):",
-        f"{'table':<16} {'slots':>12} {'map memory':>12} {'probes':>6} {'every_steps':>11} "
-        f"{'live ids':>10} {'load':>6} {'full window':>11}",
-    ]
-    for t in zch:
-        z = t.zch
-        assert z is not None
-        size = _bytes(z.slots * MAP_BYTES_PER_SLOT)
-        live = (
-            cfg.data.synthetic.live_ids.get(t.name, t.rows)
-            if counted is None
-            else counted[0].get(t.name)
-        )
-        load = f"{live / z.slots:.0%}" if live else "-"
-        full = f"{full_window_share(live / z.slots, z.probes):.1%}" if live else "-"
-        lines.append(f"{t.name:<16} {z.slots:>12} {size:>12} {z.probes:>6} {z.every_steps:>11} "
-                     f"{live if live else '-':>10} {load:>6} {full:>11}")  # fmt: skip
-    lines.append("full window: the share of live ids whose probe window is full when they "
-                 "arrive at that load (simulated)")  # fmt: skip
-    if counted is not None:
-        whole = " (all of them)" if counted[2] else ""
-        lines.append(f"live ids: the distinct ids of the table's features in the first "
-                     f"{counted[1]:,} training samples{whole}")  # fmt: skip
-    return "\n\n" + "\n".join(lines)
-
-
-def file_live_ids(cfg: RecConfig, tables: list[TableConfig], max_samples: int = FILE_SAMPLES
-                  ) -> tuple[dict[str, int], int, bool]:  # fmt: skip
-    """The distinct raw ids of each table's features (its ZCH map's keys) in the training
-    data's first `max_samples` samples, how many samples were read, and whether that was all
-    of them: rec plan reads files only that far, so a long log's count is a lower bound."""
-    from rec.batch import feature_major
-    from rec.data import make_source
-
-    keys = list(cfg.features.sparse)
-    seen: dict[str, list[np.ndarray]] = {t.name: [] for t in tables}
-    read, complete = 0, True
-    for batch in make_source(cfg, "train").batches(4096, 0, 1, drop_last=False):
-        lengths_fm, raw_fm = feature_major(batch.lengths, batch.values)
-        per_feature = lengths_fm.view(len(keys), -1).sum(1).tolist()
-        for key, ids in zip(keys, raw_fm.split(per_feature), strict=True):
-            for t in tables:
-                if key in t.features:
-                    seen[t.name].append(np.unique(ids.numpy()))
-        read += len(batch)
-        if read >= max_samples:
-            complete = False
-            break
-    return ({n: len(np.unique(np.concatenate(a))) if a else 0 for n, a in seen.items()},
-            read, complete)  # fmt: skip
-
-
-def full_window_share(load: float, probes: int, slots: int = 1 << 14, seed: int = 0) -> float:
-    """The share of `load * slots` ids, placed one by one in the first free slot of their probe
-    window (rec.zch's scheme), that find the window full: simulated on `slots` slots."""
-    n = int(load * slots)
-    rng = np.random.default_rng(seed)
-    ids = torch.from_numpy(rng.integers(-(2**63), 2**63 - 1, size=n, dtype=np.int64))
-    starts = home(ids, slots).numpy()
-    used = np.zeros(slots, dtype=bool)
-    offsets, full = np.arange(probes), 0
-    for s in starts.tolist():
-        window = (s + offsets) % slots
-        free = np.flatnonzero(~used[window])
-        if free.size == 0:
-            full += 1
-            continue
-        used[window[free[0]]] = True
-    return full / max(n, 1)
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.2f} GiB"
