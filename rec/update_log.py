@@ -17,15 +17,17 @@ tests, benchmarks, the demo and a resuming publisher look into a stream) all rea
       the table, is refused whole and counted, never applied in part;
     - a record's id map changes (format version 2, a ZCH table's) are checked against the map the
       replica holds before anything is written: a slot outside the table's slots or the
-      admitted id's window (slot_range), an admitted id another slot holds after the record's
-      evictions or admitted twice (id_held), an eviction of an id the slot does not hold or an
-      admission into a slot still held (map_mismatch) refuse the record whole. An accepted
-      record's rows, evictions and admissions are written under the same lock, in that order.
-      A map record of the (gen, step) its rank's newest record has, with every change already
-      in place, is one the publisher sent again: its rows are written again, its map is left;
+      admitted id's window (slot_range), an admitted id another slot holds since the record's
+      own (gen, step) or admitted twice (id_held), an eviction of an id the slot does not hold
+      or an admission into a slot still held (map_mismatch) refuse the record whole. Ranks'
+      records may arrive out of order: each slot keeps the (gen, step) of its last change, and
+      rec.served_map's rule decides by those (an older holder of an admitted id is vacated, a
+      slot's change older than its last one, or that one sent again, leaves the map). An
+      accepted record's rows, evictions and admissions are written under the same lock;
     - a record that says which raw id each row's slot holds (format version 3, `held`) is
-      refused as map_mismatch when that disagrees with the map after its changes (a table kept
-      by raw id in the store has no map: `held` is where its rows go);
+      refused as map_mismatch when that disagrees with the map after its changes, each slot as
+      of the record's (gen, step) (a table kept by raw id in the store has no map: `held` is
+      where its rows go);
     - rows of records at or before the export's (gen, step) are skipped: the export holds them;
     - the watermark is the smallest (gen, step) over the run's ranks of their newest complete
       publish (`last`), once every rank has completed one; the first record of a newer
@@ -40,12 +42,9 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rec.contract.updates import FORMAT_V2, UpdateError, UpdateRecord, decode, parse_url
-
-if TYPE_CHECKING:
-    import torch
+from rec.served_map import Plan, ServedMap
 
 Entry = tuple[str, UpdateRecord | UpdateError]
 """One log entry: its id and its record, or why it is malformed."""
@@ -169,116 +168,6 @@ class ServedTable:
     dtype: str
 
 
-@dataclass
-class ServedMap:
-    """A ZCH table's id map as a replica serves it (rec.contract.sections.ZCH_MAP_LAYOUT): every
-    copy the model holds of its `keys` (int64 [slots]) and `used` (bool or uint8 [slots]),
-    written in place together; the first copy is the one read."""
-
-    probes: int
-    copies: list[tuple[torch.Tensor, torch.Tensor]]
-
-    @classmethod
-    def empty(cls, slots: int, probes: int) -> ServedMap:
-        import torch
-
-        return cls(probes, [(torch.zeros(slots, dtype=torch.int64),
-                             torch.zeros(slots, dtype=torch.bool))])  # fmt: skip
-
-    @property
-    def slots(self) -> int:
-        return int(self.copies[0][0].shape[0])
-
-    def held(self, slot: int) -> int | None:
-        """The id `slot` holds, or None."""
-        keys, used = self.copies[0]
-        return int(keys[slot]) if bool(used[slot]) else None
-
-    def check(self, table: str, rec: UpdateRecord) -> str | None:
-        """Why `rec`'s map changes do not fit this map (Applier's module docstring), or None.
-        Every admitted id's window at once: a record may change thousands of slots."""
-        import torch
-
-        from rec.zch import windows
-
-        for slot, _ in rec.evicted + rec.admitted:
-            if slot >= self.slots:
-                return f"slot range: slot {slot} is outside {table!r}'s {self.slots} slots"
-        ids = torch.tensor([raw for _, raw in rec.admitted], dtype=torch.int64)
-        wins = windows(ids, self.slots, self.probes) if rec.admitted else torch.zeros(0, 1)
-        # the slots this record reads, gathered once (not the whole map: it may be 10M slots)
-        read = torch.tensor([s for s, _ in rec.evicted + rec.admitted], dtype=torch.int64)
-        read = torch.unique(torch.cat([read, wins.flatten().to(torch.int64)]))
-        keys, used = self.copies[0]
-        state = dict(zip(read.tolist(), zip(keys[read].tolist(), used[read].tolist(),
-                                            strict=True), strict=True))  # fmt: skip
-        held = lambda slot: state[slot][0] if state[slot][1] else None  # noqa: E731
-        for slot, raw in rec.evicted:
-            if held(slot) != raw:
-                return (f"map mismatch: slot {slot} of {table!r} holds id {held(slot)}, "
-                        f"the record evicts id {raw}")  # fmt: skip
-        freed = {slot for slot, _ in rec.evicted}
-        admitted: set[int] = set()
-        for (slot, raw), window in zip(rec.admitted, wins.tolist(), strict=True):
-            if slot not in freed and held(slot) is not None:
-                return (f"map mismatch: slot {slot} of {table!r} holds id {held(slot)}, "
-                        f"which the record does not evict, and admits id {raw}")  # fmt: skip
-            if slot not in window:
-                return (f"slot range: slot {slot} is not in id {raw}'s window of {table!r} "
-                        f"({self.probes} slots from {window[0]})")  # fmt: skip
-            if raw in admitted:
-                return f"id held: id {raw} is admitted twice to {table!r}"
-            holder = [s for s in window if s not in freed and s != slot and held(s) == raw]
-            if holder:
-                return f"id held: id {raw} is already held by slot {holder[0]} of {table!r}"
-            admitted.add(raw)
-        return None
-
-    def check_held(self, table: str, rec: UpdateRecord) -> str | None:
-        """Why `rec`'s `held` (format version 3: the id each row's slot holds after the record)
-        disagrees with this map once the record's changes are in it, or None."""
-        if rec.held is None or not rec.ids:
-            return None
-        after = {slot: None for slot, _ in rec.evicted} | dict(rec.admitted)
-        held = dict(rec.held)
-        kept = [s for s in rec.ids if s < self.slots and s not in after]  # slots that keep theirs
-        if kept:
-            import torch
-
-            index = torch.tensor(kept, dtype=torch.int64)
-            keys, used = self.copies[0]
-            now = zip(keys[index].tolist(), used[index].tolist(), strict=True)
-            after.update({s: k if u else None for s, (k, u) in zip(kept, now, strict=True)})
-        for slot in rec.ids:
-            want = after.get(slot)  # the default row (slot == slots) holds no id
-            if held.get(slot) != want:
-                return (f"map mismatch: slot {slot} of {table!r} holds id {want} after the record, "
-                        f"the record says {held.get(slot)}")  # fmt: skip
-        return None
-
-    def in_place(self, rec: UpdateRecord) -> bool:
-        """Whether every change of `rec` is already in the map: each admitted slot holds its id,
-        and no slot only evicted holds its evicted id."""
-        if any(s >= self.slots for s, _ in rec.evicted + rec.admitted):
-            return False  # not read: check() refuses it
-        admitted = {slot for slot, _ in rec.admitted}
-        return all(self.held(s) == raw for s, raw in rec.admitted) and all(
-            self.held(s) != raw for s, raw in rec.evicted if s not in admitted
-        )
-
-    def write(self, rec: UpdateRecord) -> None:
-        """The evictions, then the admissions, into every copy."""
-        import torch
-
-        out = torch.tensor([s for s, _ in rec.evicted], dtype=torch.int64)
-        slots = torch.tensor([s for s, _ in rec.admitted], dtype=torch.int64)
-        ids = torch.tensor([raw for _, raw in rec.admitted], dtype=torch.int64)
-        for keys, used in self.copies:
-            used[out] = False
-            keys[slots] = ids
-            used[slots] = True
-
-
 class Applier:
     """The replica rules (module docstring) over the served model's `tables` and the embedding
     store's `stored` ones (rec.contract.store: their records are checked and count toward the
@@ -312,6 +201,7 @@ class Applier:
         self.mark = (*export, 0)
         """The served watermark (gen, step, wall_ns): from the export's, only growing."""
         self._complete_gen = 0
+        self._plan: Plan | None = None  # how _check_map's record changes a map
 
     def write(self, rec: UpdateRecord) -> None:
         """Puts the rows of `rec` (checked, newer than the export) where they are served."""
@@ -348,8 +238,8 @@ class Applier:
                 if rec.count or (rec.evicted and rec.table in self.raw_keyed):
                     self.write(rec)  # a raw-keyed table's evictions delete ids: write() too
                 served = self.maps.get(rec.table)
-                if (rec.evicted or rec.admitted) and served is not None and not self._resent(rec):
-                    served.write(rec)
+                if (rec.evicted or rec.admitted) and served is not None:
+                    served.write(rec, self._plan)
                 self.applied_rows += rec.count
             self.run = self.run or rec.run
             self._advance(rec)
@@ -373,28 +263,24 @@ class Applier:
 
     def _check_map(self, rec: UpdateRecord) -> str | None:
         """Why the map changes of `rec` (checked, newer than the export) cannot apply, or why
-        its `held` ids disagree with the map, or None; after the export's records are skipped,
-        since the export's map already holds theirs. A table served without a map (a modulo
-        one, or one the store keys by raw id) reads no `held`."""
+        its `held` ids disagree with the map, or None (self._plan: how to write them); after
+        the export's records are skipped, since the export's map already holds theirs. A
+        table served without a map (a modulo one, or one the store keys by raw id) reads no
+        `held`."""
         if rec.table in self.raw_keyed and rec.held is None:
             return (f"row format: {rec.table!r} is stored by raw id, and a record of format "
                     f"{FORMAT_V2!r} or older does not say which id a row is")  # fmt: skip
         served = self.maps.get(rec.table)
+        self._plan = None
         if rec.evicted or rec.admitted:
             if served is None and rec.table not in self.raw_keyed:
                 return (f"slot range: {rec.table!r} is not a ZCH table of the served model: "
                         "no slots")  # fmt: skip
-            if served is not None and not self._resent(rec):
-                why = served.check(rec.table, rec)
+            if served is not None:
+                why, self._plan = served.check(rec.table, rec)
                 if why is not None:
                     return why
-        return served.check_held(rec.table, rec) if served is not None else None
-
-    def _resent(self, rec: UpdateRecord) -> bool:
-        """A map record sent again (the publisher re-sends a batch after a broker error): of the
-        (gen, step) its rank's newest record has, every change already in place. Its rows are
-        written again, as any re-sent record's; its map changes change nothing."""
-        return self.rank_version.get(rec.rank) == rec.version and self.maps[rec.table].in_place(rec)
+        return served.check_held(rec.table, rec, self._plan) if served is not None else None
 
     def _advance(self, rec: UpdateRecord) -> None:
         self.rank_version[rec.rank] = rec.version

@@ -28,7 +28,7 @@ from rec.contract.updates import (
     row_bytes,
 )
 from rec.update_log import Applier, ServedMap, ServedTable
-from rec.zch import home
+from rec.zch import home, windows
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -194,13 +194,16 @@ def _id_at(slot: int, nth: int = 0) -> int:
     return int(torch.nonzero(slot == _HOMES)[nth]) + 1
 
 
-def _zch(held: dict[int, int] | None = None) -> Applier:
+def _zch(held: dict[int, int] | None = None, since: tuple[int, int] | None = None) -> Applier:
     """A replica of t0 (16 slots, probes 4, and the default row) whose map holds `held`
-    {id: slot}, and of t1, a modulo table."""
+    {id: slot} (admitted at (gen, step) `since`; None: at or before the export), and of t1, a
+    modulo table."""
     served = ServedMap.empty(SLOTS, 4)
     keys, used = served.copies[0]
     for raw, slot in (held or {}).items():
         keys[slot], used[slot] = raw, True
+        if since is not None:
+            served.changed[slot] = since
     tables = {"t0": ServedTable(SLOTS + 1, 4, "int8"), "t1": ServedTable(100, 4, "int8")}
     return Applier(tables, maps={"t0": served})
 
@@ -238,7 +241,7 @@ BAD_MAPS = {
     "a slot past the slots": (_map([16], [], [(16, 5)]), "slot_range"),
     "a slot outside the id's window": (_map([9], [], [(9, _id_at(3))]), "slot_range"),
     "a table without a map": (_map([], [(0, 1)], [], table="t1"), "slot_range"),
-    "an id another slot holds": (_map([4], [], [(4, _id_at(3))]), "id_held"),
+    "an id another slot holds since the same step": (_map([4], [], [(4, _id_at(3))]), "id_held"),
     "an id admitted twice": (_map([5, 6], [], [(5, _id_at(5)), (6, _id_at(5))]), "id_held"),
     "an eviction of another id": (_map([], [(3, _id_at(3) + 1)], []), "map_mismatch"),
     "an eviction from a free slot": (_map([], [(8, 5)], []), "map_mismatch"),
@@ -248,7 +251,8 @@ BAD_MAPS = {
 
 @pytest.mark.parametrize("bad", BAD_MAPS)
 def test_a_bad_map_change_is_refused_whole_counted_and_changes_nothing(bad):
-    replica = _zch(held={_id_at(3): 3})
+    # held since the records' own (gen, step) for the id_held case, else since the export
+    replica = _zch(held={_id_at(3): 3}, since=(1, 10) if "same step" in bad else None)
     before = [t.clone() for t in replica.maps["t0"].copies[0]]
     rec, outcome = BAD_MAPS[bad]
     got, why = replica.apply(rec)
@@ -263,3 +267,142 @@ def test_map_changes_the_export_holds_are_skipped_unchecked():
     replica.export = (1, 10)
     assert replica.apply(_map([], [(3, 99)], []))[0] == "skipped"
     assert replica.maps["t0"].held(3) is None and replica.refused == {}
+
+
+# ---- map changes out of order across ranks (rec.served_map) ----------------------------------
+
+
+def _of(rank: int, step: int, ids=(), evicted=(), admitted=(), held=(), row: int = 0):
+    """A t0 record of `rank` (of 2) at `step`, each row all `row`, saying which ids its rows'
+    slots hold."""
+    return _rec(rank=rank, step=step, ids=tuple(ids), rows=bytes([row] * 8) * len(ids),
+                evicted=tuple(evicted), admitted=tuple(admitted), held=tuple(held))  # fmt: skip
+
+
+def _apply_all(replica: Applier, records) -> None:
+    for r in records:
+        assert replica.apply(r) == ("applied", ""), (r.rank, r.step)
+
+
+def test_an_admission_ahead_of_the_eviction_it_follows_is_applied_in_either_order():
+    """Round 10: rank 0 evicts x from slot 5 (its shard) and gives the slot to y; round 12:
+    rank 1 admits x into slot 8. Rank 0's sender a round behind sends its step-9 rows and the
+    round after rank 1's admission: both orders end with the same map and rows."""
+    x, y = _id_at(5), _id_at(5, 1)
+    rank0 = [_of(0, 9, [5], held=[(5, x)], row=1),
+             _of(0, 10, [5], [(5, x)], [(5, y)], [(5, y)], row=2)]  # fmt: skip
+    rank1 = [_of(1, 12, [8], [], [(8, x)], [(8, x)], row=3)]
+    ends = []
+    for records in (rank0 + rank1, rank1 + rank0):
+        replica = _zch(held={x: 5})
+        _apply_all(replica, records)
+        m = replica.maps["t0"]
+        ends.append(([m.held(s) for s in range(SLOTS)], replica.rows["t0"]))
+    assert ends[0] == ends[1]
+    assert (
+        ends[0][0][5] == y
+        and ends[0][0][8] == x
+        and ends[0][1] == {5: bytes([2] * 8), 8: bytes([3] * 8)}
+    )
+
+
+def test_the_vacated_slot_waits_for_its_own_eviction():
+    """While slot 5 is vacated (x moved on, rank 0's eviction not in yet) it holds no id, a
+    record of rank 0 older than the vacate still says x (held), and the eviction is accepted
+    and leaves it free; an admission into it without that eviction, or an eviction of x newer
+    than the vacate, is a mismatch."""
+    x = _id_at(5)
+    replica = _zch(held={x: 5})
+    m = replica.maps["t0"]
+    assert replica.apply(_of(1, 12, [8], [], [(8, x)], [(8, x)])) == ("applied", "")
+    assert m.held(5) is None and m.held(8) == x and m.vacated == {5: (x, (1, 12))}
+    assert replica.apply(_of(0, 9, [5], held=[(5, x)])) == ("applied", "")
+    outcome, why = replica.apply(_of(0, 10, [5], [], [(5, _id_at(5, 1))], [(5, _id_at(5, 1))]))
+    assert outcome == "map_mismatch" and "does not evict" in why, why
+    outcome, why = replica.apply(_of(0, 13, [], [(5, x)]))
+    assert outcome == "map_mismatch" and "evicts id" in why, why
+    assert replica.apply(_of(0, 10, [], [(5, x)])) == ("applied", "")
+    assert m.held(5) is None and m.vacated == {} and m.changed[5] == (1, 10)
+
+
+def test_an_admission_older_than_its_ids_holder_is_applied_vacated():
+    """Rank 1, two rounds behind: its admission of x (step 10) and eviction (step 12) arrive
+    after rank 0 admitted x at step 14. x stays with rank 0's slot; rank 1's slot ends free."""
+    x = _id_at(6)
+    rank0 = [_of(0, 14, [6], [], [(6, x)], [(6, x)], row=4)]
+    rank1 = [_of(1, 10, [8], [], [(8, x)], [(8, x)], row=5), _of(1, 11, [8], held=[(8, x)]),
+             _of(1, 12, [], [(8, x)])]  # fmt: skip
+    for records in (rank0 + rank1, rank1 + rank0, rank1[:1] + rank0 + rank1[1:]):
+        replica = _zch()
+        _apply_all(replica, records)
+        m = replica.maps["t0"]
+        assert (m.held(6), m.held(8), m.vacated) == (x, None, {}), [r.step for r in records]
+
+
+def test_two_holders_of_one_id_at_one_step_are_still_refused():
+    """Not explained by order: an id admitted by two ranks in the same round."""
+    x = _id_at(6)
+    replica = _zch()
+    assert replica.apply(_of(0, 14, [6], [], [(6, x)], [(6, x)])) == ("applied", "")
+    outcome, why = replica.apply(_of(1, 14, [8], [], [(8, x)], [(8, x)]))
+    assert outcome == "id_held" and "since (1, 14)" in why, why
+    assert replica.maps["t0"].held(6) == x and replica.maps["t0"].held(8) is None
+
+
+def _valid_log(seed: int, rounds: int = 12) -> tuple[list[list[UpdateRecord]], dict, dict]:
+    """Two ranks' records (slots 0-7 rank 0's, 8-15 rank 1's) of `rounds` random admission
+    rounds over ids whose windows cross the ranks' boundary, as a publisher writes them: per
+    round each rank's rows of the slots it holds (before the round), then its map changes with
+    the admitted slots' fresh rows. Also the final map {slot: id} and rows {slot: bytes}."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = [_id_at(s, n) for s in range(4, 12) for n in range(3)]  # windows over slots 4-14
+    held: dict[int, int] = {}
+    rows: dict[int, bytes] = {}
+    logs: list[list[UpdateRecord]] = [[], []]
+    pick = lambda n: int(torch.randint(n, (1,), generator=gen))  # noqa: E731
+    for k in range(rounds):
+        step, value = 10 + 2 * k, 16 * k
+        for rank in (0, 1):
+            mine = sorted(s for s in held if s // 8 == rank)
+            logs[rank].append(_of(rank, step - 1, mine, held=[(s, held[s]) for s in mine],
+                                  row=value + rank))  # fmt: skip
+            rows.update({s: bytes([value + rank] * 8) for s in mine})
+        evicted = {s: held.pop(s) for s in list(held) if pick(3) == 0}
+        admitted = {}
+        for raw in pool:
+            if raw in held.values() or raw in admitted.values() or pick(4):
+                continue
+            free = [s for s in windows(torch.tensor([raw]), SLOTS, 4)[0].tolist()
+                    if s not in held and s not in admitted]  # fmt: skip
+            if free:
+                admitted[free[0]] = raw
+        held.update(admitted)
+        for rank in (0, 1):
+            ev = sorted((s, i) for s, i in evicted.items() if s // 8 == rank)
+            ad = sorted((s, i) for s, i in admitted.items() if s // 8 == rank)
+            if ev or ad:
+                slots = [s for s, _ in ad]
+                logs[rank].append(_of(rank, step, slots, ev, ad, ad, row=value + 8 + rank))
+                rows.update({s: bytes([value + 8 + rank] * 8) for s in slots})
+    return logs, held, rows
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_interleaving_of_the_ranks_logs_ends_with_the_final_map_and_rows(seed):
+    """Random rounds, the two ranks' records interleaved at random (each rank's in its order,
+    one rank up to the whole log behind): nothing refused, and the map and rows are the
+    training side's final ones."""
+    logs, final, rows = _valid_log(seed)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    order, at = [], [0, 0]
+    while at[0] < len(logs[0]) or at[1] < len(logs[1]):
+        rank = int(torch.randint(2, (1,), generator=gen))
+        if at[rank] == len(logs[rank]):
+            rank = 1 - rank
+        order.append(logs[rank][at[rank]])
+        at[rank] += 1
+    replica = _zch()
+    _apply_all(replica, order)
+    m = replica.maps["t0"]
+    assert {s: m.held(s) for s in range(SLOTS) if m.held(s) is not None} == final
+    assert replica.rows["t0"] == rows and m.vacated == {}
