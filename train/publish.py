@@ -156,8 +156,9 @@ class UpdatePublisher:
             self.publish(step)
 
     def before_pause(self, step: int) -> None:
-        """Before an evaluation or the end of training: what changed goes out now, not after
-        the pause (rows trained just before a 7 s evaluation waited all of it)."""
+        """Before a pause (an evaluation, a checkpoint, the step profiler's window closing) and
+        the end of training: what changed goes out now, not after the pause (rows trained just
+        before a 7 s evaluation waited all of it)."""
         if self.steps_since:
             self.publish(step)
 

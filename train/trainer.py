@@ -312,7 +312,7 @@ class Trainer:
             # Its summary goes with an evaluation, a stream's online metrics line, the stop.
             online = self.source.online and step % t.log_every == 0
             self._zch_round(step, evaluate or online or stop, save, progress)
-        if self.publisher is not None and evaluate:  # not held through the pause
+        if self.publisher is not None and (evaluate or save):  # not held through the pause
             self.publisher.before_pause(step)
         t0 = time.perf_counter()
         if evaluate:
@@ -406,6 +406,8 @@ class Trainer:
             try:
                 loss, logits, labels = self.pipeline.progress(batches)
             except StopIteration:
+                if self.publisher is not None and self.step_profiler.recording:
+                    self.publisher.before_pause(self.pos.step)  # closing the window pauses
                 spent += self.step_profiler.close()  # a boundary is next
                 if progress:
                     progress.pause(spent)
@@ -414,6 +416,8 @@ class Trainer:
             self.source.after_step(self.pos, loss, logits, labels)
             if self.publisher is not None:
                 self.publisher.after_step(self.pos.step)
+                if self.step_profiler.closes_after():  # rows trained in the window go first
+                    self.publisher.before_pause(self.pos.step)
             spent += self.step_profiler.after(self.pos.step)
             if progress and spent:
                 progress.pause(spent)

@@ -108,6 +108,9 @@ def test_published_rows_equal_the_export_of_the_same_step_across_a_broker_restar
     assert state.watermark()[:2] == (1, STEPS)  # both ranks' last publish is the last step
     for checkpoint in (STEPS // 2, STEPS):  # flushed before each checkpoint was committed
         assert {r.rank for r in records if r.step == checkpoint and r.last} == {0, 1}
+    # The step profiler's window (steps 6-15: rec.train.trainer.PROFILE_WARMUP, profile_steps
+    # 10) pauses training for seconds as it closes: its rows go out first, off the 7-step grid.
+    assert {r.rank for r in records if r.step == 15 and r.last} == {0, 1}
 
     final = run_dir.latest_checkpoint(run)
     middle = run_dir.checkpoints_dir(run) / run_dir.step_dir_name(STEPS // 2)
