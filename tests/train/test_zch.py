@@ -247,3 +247,46 @@ def test_a_rounds_sparse_hits_sum_as_the_dense_counts_did():
     other = ranks[0]._part(list(ranks[0].maps)[1])  # not due: its hits wait for its round
     kept = torch.cat(ranks[0].seen.hits)
     assert kept.numel() > 0 and bool(((kept >= other.start) & (kept < other.stop)).all())
+
+
+def test_consecutive_ids_that_fit_their_slots_are_held_without_eviction(tmp_path):
+    """A log's users numbered 1..600, born through the run, in 799 slots (load 75 %): the run
+    ends holding at least 90 % of them and evicted none (issue #59: ids shaped like real ones)."""
+    users, steps, batch = 600, 40, 64
+    rng = np.random.default_rng(0)
+    events = steps * 2 * batch
+    # user k signs up at event k * events / users; an event picks a user signed up by then
+    born = np.arange(users) * events // users
+    picks = [min(int(rng.integers(0, np.searchsorted(born, t, "right"))), users - 1)
+             for t in range(events)]  # fmt: skip
+    for k, t in enumerate(born):
+        picks[t] = k  # each user's first sighting at its sign-up
+    rows = [f"{rng.integers(0, 2)},{rng.random():.3f},{k + 1}" for k in picks]
+    for name, part in (("train", rows), ("eval", rows[-256:])):
+        (tmp_path / f"{name}.csv").write_text("\n".join(["clicked,price,user", *part]) + "\n")
+    cfg = {
+        "tables": [
+            {"name": "users", "rows": 800, "dim": 8, "features": ["user"], "ids": {"zch": {}}}
+        ],  # fmt: skip
+        "features": {"dense": 1, "dense_names": ["price"]},
+        "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+        "data": {
+            "source": "csv",
+            "train_paths": [str(tmp_path / "train.csv")],
+            "eval_paths": [str(tmp_path / "eval.csv")],
+            "columns": {"label": "clicked"},
+        },
+        "training": {"batch_size": batch, "steps": steps, "eval_every": 0, "log_every": 10},
+        "checkpoint": {"every_steps": 0, "keep_last": 1},
+    }
+    run = tmp_path / "run"
+    run_rec("train", "--config", str(write_config(tmp_path / "cfg.yaml", cfg)), "--run-dir",
+            str(run), "--nproc", "2")  # fmt: skip
+    records = [m for m in _metrics(run) if m["kind"] == "zch"]
+    assert records and records[-1]["step"] == steps
+    held, slots = records[-1]["users_live"], records[-1]["users_slots"]
+    assert slots == 799 and held >= 0.9 * min(users, slots), records[-1]
+    assert sum(r["users_evicted"] for r in records) == 0, records
+    flat = _flat_checkpoint(run_dir.latest_checkpoint(run), tmp_path)
+    keys = flat["zch.users.keys"][flat["zch.users.used"]]
+    assert len(keys) == held and int(keys.min()) >= 1 and int(keys.max()) <= users
