@@ -36,6 +36,7 @@ from rec.contract.store import (
     raw_id_partition,
 )
 from rec.contract.updates import UpdateError, UpdateRecord, parse_url
+from rec.served_map import Version
 from rec.update_log import Applier, Entry, LogReader, ServedTable
 
 READ_ENTRIES = 256
@@ -52,6 +53,42 @@ class FollowStats:
     seconds_writing: float = 0.0
 
 
+class IdPlaces:
+    """rec.served_map's order rule for a table the store keys by raw id, per id rather than per
+    slot: the ids a record moved (admitted, or found in another slot than last seen) or evicted,
+    with the slot each holds (None: evicted) and since which (gen, step). An id evicted by one
+    rank and admitted by another may reach the log in either order, and a lagging rank's rows of
+    the id's old slot after its new slot's: the newer (gen, step) decides, not the arrival.
+
+    An entry is dropped once the follower's watermark reaches its (gen, step): every rank has
+    sent all it published up to there, so no older record of that id can still come."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, tuple[int | None, Version]] = {}
+
+    def evicts(self, slot: int, raw: int, version: Version) -> bool:
+        """Whether an eviction of `raw` from `slot` deletes its row: not when the id took
+        another slot at this (gen, step) or later."""
+        now = self.at.get(raw)
+        if now is not None and now[0] != slot and now[1] >= version:
+            return False
+        self.at[raw] = (None, version)
+        return True
+
+    def places(self, slot: int, raw: int, version: Version, admitted: bool) -> bool:
+        """Whether `slot`'s row at `version` is `raw`'s row now: not when the id has been in
+        another slot (or evicted) since a later (gen, step)."""
+        now = self.at.get(raw)
+        if now is not None and now[0] != slot and now[1] > version:
+            return False
+        if admitted or (now is not None and now[0] != slot):
+            self.at[raw] = (slot, version)
+        return True
+
+    def settle(self, mark: Version) -> None:
+        self.at = {raw: at for raw, at in self.at.items() if at[1] > mark}
+
+
 class StoreApplier(Applier):
     """Applier whose rows go into the stored tables' partition hashes under `prefix`.
 
@@ -59,7 +96,9 @@ class StoreApplier(Applier):
     each row's slot holds (rec.updates/3's `held`): a record's evicted ids are deleted, then each
     held row is written under its raw id and the default row (the table's last) as the table's
     default; a row of a free slot is not written (no id reads it). Evictions go first, so an id
-    a record both evicts and places (another slot) keeps its row.
+    a record both evicts and places (another slot) keeps its row. Across ranks the records'
+    (gen, step) decide (IdPlaces): a late eviction or row of an id's old slot changes nothing.
+    `dry`: the rules and IdPlaces only, nothing written (a restarted follower's replay).
 
     The tables the version keeps in its model (rec.json "updates.tables") are checked as a
     replica checks them and count toward the watermark, but nothing of them is written here
@@ -79,6 +118,16 @@ class StoreApplier(Applier):
         self.prefix, self.partitions, self.client = store.prefix, tables, client
         self.pipe = client.pipeline(transaction=False)
         self.pending = 0
+        self.places = {n: IdPlaces() for n in self.raw_keyed}
+        self.dry = False
+
+    def apply(self, rec: UpdateRecord) -> tuple[str, str]:
+        mark = self.mark
+        out = super().apply(rec)
+        if self.mark != mark:
+            for places in self.places.values():
+                places.settle(self.mark[:2])
+        return out
 
     def _check_map(self, rec: UpdateRecord) -> str | None:
         return None if rec.table in self.tables else super()._check_map(rec)
@@ -91,19 +140,29 @@ class StoreApplier(Applier):
         row_of = {slot: rec.rows[i * width : (i + 1) * width] for i, slot in enumerate(rec.ids)}
         groups: dict[int, dict[str, bytes]] = {}
         if rec.table in self.raw_keyed:
+            places, v = self.places[rec.table], rec.version
             gone: dict[int, list[str]] = {}
-            for _, raw_id in rec.evicted:
-                gone.setdefault(raw_id_partition(raw_id, parts), []).append(str(raw_id))
+            for slot, raw_id in rec.evicted:
+                if places.evicts(slot, raw_id, v):
+                    gone.setdefault(raw_id_partition(raw_id, parts), []).append(str(raw_id))
+            if self.dry:
+                gone = {}
             for p, fields in gone.items():  # before the rows: see the class docstring
                 self.pipe.hdel(partition_key(self.prefix, rec.table, p), *fields)
+            admitted = set(rec.admitted)
             for slot, raw_id in rec.held or ():
-                groups.setdefault(raw_id_partition(raw_id, parts), {})[str(raw_id)] = row_of[slot]
+                if places.places(slot, raw_id, v, (slot, raw_id) in admitted):
+                    groups.setdefault(raw_id_partition(raw_id, parts), {})[str(raw_id)] = row_of[
+                        slot
+                    ]
             default = self.partitions[rec.table].rows - 1
             if default in row_of:
                 groups.setdefault(0, {})[DEFAULT_FIELD] = row_of[default]
         else:
             for slot, row in row_of.items():
                 groups.setdefault(slot % parts, {})[str(slot)] = row
+        if self.dry:
+            return
         for p, fields in groups.items():
             self.pipe.hset(partition_key(self.prefix, rec.table, p), mapping=fields)
         self.pending += rec.count + len(rec.evicted)
@@ -114,6 +173,12 @@ class StoreApplier(Applier):
         if self.pending:
             self.pipe.execute()
             self.pipe, self.pending = self.client.pipeline(transaction=False), 0
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("ms-seq") as what orders it."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 class StoreFollower:
@@ -148,6 +213,26 @@ class StoreFollower:
         if saved[1] and not self.applier.run:
             self.applier.run = saved[1].decode()
         self.stats = FollowStats()
+        if self.applier.raw_keyed and self.cursor != "0":
+            self._replay()
+
+    def _replay(self) -> None:
+        """A restarted follower of a table kept by raw id: the log up to its saved entry through
+        the rules again, writing nothing, so that its order state (IdPlaces) is what it was
+        when it stopped, and a lagging rank's eviction still keeps a moved id's row."""
+        reader = LogReader(self.url, "0", count=READ_ENTRIES, block_ms=None, redis_retries=True)
+        end = _entry_key(self.cursor)
+        self.applier.dry = True
+        try:
+            while entries := reader.read():
+                for entry_id, rec in entries:
+                    if _entry_key(entry_id) > end:
+                        return
+                    if not isinstance(rec, UpdateError):
+                        self.applier.apply(rec)
+        finally:
+            self.applier.dry = False
+            reader.close()
 
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> FollowStats:
         """Reads and applies until `stop` is set (or the log has been idle for `idle_exit_s`);
