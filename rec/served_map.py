@@ -203,6 +203,14 @@ class ServedMap:
                         f"the record says {held.get(slot)}")  # fmt: skip
         return None
 
+    def settle(self, mark: Version) -> None:
+        """Forgets the versions of slots last changed before `mark`, a watermark: every rank
+        has sent all it published before it, so every record still to come is at `mark` or
+        newer, and to such a record a slot changed before it is one changed at the export. (Not
+        at it: a round's map changes follow the rows published at the same step.) Keeps
+        `changed` to the slots changed since the slowest rank's last publish."""
+        self.changed = {s: v for s, v in self.changed.items() if v >= mark}
+
     def write(self, rec: UpdateRecord, plan: Plan | None = None) -> None:
         """The vacated slots, the evictions, then the admissions, into every copy; with no
         `plan`, the record's changes as they are (a reference that applies a log in order)."""
@@ -226,3 +234,21 @@ class ServedMap:
         for s, raw in admitted:
             if s in plan.shadow:
                 self.vacated[s] = (raw, plan.shadow[s])
+
+
+def replayed(keys: torch.Tensor, used: torch.Tensor, probes: int,
+             records: list[UpdateRecord]) -> dict[int, int | None]:  # fmt: skip
+    """The id each slot holds (None: free) in a replica whose map was (`keys`, `used`) and that
+    then applied `records`' map changes in their order by this module's rule, for the slots they
+    changed or freed: what a resume must set back (rec.train.publish.republish_undone). A slot
+    vacated for an eviction that never came (its rank died first) is free there."""
+    served = ServedMap(probes, [(keys.clone(), used.clone())])
+    touched: set[int] = set()
+    for rec in records:
+        if not (rec.evicted or rec.admitted):
+            continue
+        _, plan = served.check(rec.table, rec)
+        if plan is not None:  # one the replica refused changed nothing there
+            served.write(rec, plan)
+            touched |= {s for s, _ in rec.evicted + rec.admitted} | set(plan.vacate)
+    return {s: served.held(s) for s in touched}

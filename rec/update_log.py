@@ -294,6 +294,8 @@ class Applier:
         low = self.watermark()
         if low is not None and low[:2] > self.mark[:2]:
             self.mark = low
+            for served in self.maps.values():
+                served.settle(low[:2])
 
     def watermark(self) -> tuple[int, int, int] | None:
         """(gen, step, wall_ns) of the oldest complete publish of the newest generation, once

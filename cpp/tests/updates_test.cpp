@@ -223,7 +223,8 @@ TEST_F(ZchTables, RefusesABadMapChangeWholeAndChangesNothing) {
   const std::vector<Bad> bad = {
       {MapFields(12, {8}, {}, {{8, c}}), UpdateOutcome::kSlotRange, "outside 't0''s 8 slots"},
       {MapFields(12, {7}, {}, {{7, c}}), UpdateOutcome::kSlotRange, "is not in id"},
-      {MapFields(12, {4}, {}, {{4, a}}), UpdateOutcome::kIdHeld, "already held by slot 3"},
+      // held since the record's own (gen, step): two holders, not explained by order
+      {MapFields(11, {4}, {}, {{4, a}}), UpdateOutcome::kIdHeld, "already held by slot 3"},
       {MapFields(12, {5, 6}, {}, {{5, c}, {6, c}}), UpdateOutcome::kIdHeld, "admitted twice"},
       {MapFields(12, {}, {{3, b}}, {}), UpdateOutcome::kMapMismatch, "the record evicts id"},
       {MapFields(12, {}, {{6, c}}, {}), UpdateOutcome::kMapMismatch, "holds id None"},
@@ -249,6 +250,72 @@ StreamFields HeldFields(StreamFields f, const std::vector<std::pair<int64_t, int
   Set(&f, "format", "rec.updates/3");
   f.insert(f.end(), {{"holds", std::to_string(held.size())}, {"held", Pairs(held)}});
   return f;
+}
+
+StreamFields OfRank(StreamFields f, int rank) {
+  Set(&f, "rank", std::to_string(rank));
+  return f;
+}
+
+// Map changes out of order across ranks (rec.served_map's rule; tests/core/test_updates.py has
+// the Python twins). Round 12: rank 0 evicts a from slot 3 and gives it to b; round 14: rank 1
+// admits a into slot 4. Rank 0's sender a round behind: both orders end with the same map.
+TEST_F(ZchTables, AnAdmissionAheadOfTheEvictionItFollowsIsAppliedInEitherOrder) {
+  const int64_t a = IdAt(3), b = IdAt(3, 1);
+  const StreamFields first = MapFields(11, {3}, {}, {{3, a}});
+  const StreamFields rank0 = MapFields(12, {3}, {{3, a}}, {{3, b}});
+  const StreamFields rank1 = OfRank(MapFields(14, {4}, {}, {{4, a}}), 1);
+  std::vector<std::vector<int64_t>> ends;
+  for (bool lag : {false, true}) {
+    SetUp();
+    ASSERT_EQ(Apply(first), UpdateOutcome::kApplied);
+    std::string why;
+    EXPECT_EQ(Apply(lag ? rank1 : rank0, &why), UpdateOutcome::kApplied) << why;
+    if (lag) {
+      EXPECT_EQ(used_a_[3], 0);  // vacated: a moved on, rank 0's eviction not in yet
+    }
+    EXPECT_EQ(Apply(lag ? rank0 : rank1, &why), UpdateOutcome::kApplied) << why;
+    ends.push_back({keys_a_[3], used_a_[3], keys_a_[4], used_a_[4], keys_b_[3], used_b_[3]});
+  }
+  EXPECT_EQ(ends[0], ends[1]);
+  EXPECT_EQ(ends[0], std::vector<int64_t>({b, 1, a, 1, b, 1}));
+}
+
+TEST_F(ZchTables, AVacatedSlotTakesOnlyTheEvictionItStoodFor) {
+  const int64_t a = IdAt(3), b = IdAt(3, 1);
+  ASSERT_EQ(Apply(MapFields(11, {3}, {}, {{3, a}})), UpdateOutcome::kApplied);
+  ASSERT_EQ(Apply(OfRank(MapFields(14, {4}, {}, {{4, a}}), 1)), UpdateOutcome::kApplied);
+  std::string why;
+  // rank 0's rows before its eviction still say a; an admission without the eviction does not
+  EXPECT_EQ(Apply(HeldFields(MapFields(12, {3}, {}, {}), {{3, a}}), &why), UpdateOutcome::kApplied)
+      << why;
+  EXPECT_EQ(Apply(MapFields(12, {3}, {}, {{3, b}}), &why), UpdateOutcome::kMapMismatch);
+  EXPECT_NE(why.find("until (1, 14), which the record of (1, 12) does not evict"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(Apply(MapFields(15, {}, {{3, a}}, {})), UpdateOutcome::kMapMismatch);  // newer
+  EXPECT_EQ(Apply(MapFields(13, {}, {{3, a}}, {})), UpdateOutcome::kApplied);
+  EXPECT_EQ(used_a_[3], 0);
+  EXPECT_EQ(Apply(MapFields(15, {3}, {}, {{3, b}})), UpdateOutcome::kApplied);  // free since
+}
+
+// Rank 1 two rounds behind: its admission of a (12) and eviction (13) arrive after rank 0
+// admitted a at 14. a stays in rank 0's slot, rank 1's ends free.
+TEST_F(ZchTables, AnAdmissionOlderThanItsIdsHolderIsAppliedVacated) {
+  const int64_t a = IdAt(3);
+  ASSERT_EQ(Apply(MapFields(14, {3}, {}, {{3, a}})), UpdateOutcome::kApplied);
+  std::string why;
+  EXPECT_EQ(Apply(OfRank(HeldFields(MapFields(12, {4}, {}, {{4, a}}), {{4, a}}), 1), &why),
+            UpdateOutcome::kApplied)
+      << why;
+  EXPECT_EQ(used_a_[4], 0);
+  EXPECT_EQ(Apply(OfRank(MapFields(13, {}, {{4, a}}, {}), 1), &why), UpdateOutcome::kApplied)
+      << why;
+  EXPECT_EQ(std::vector<int64_t>({keys_a_[3], used_a_[3], used_a_[4], used_b_[4]}),
+            std::vector<int64_t>({a, 1, 0, 0}));
+  // The same step from two ranks is not explained by order.
+  EXPECT_EQ(Apply(OfRank(MapFields(14, {4}, {}, {{4, a}}), 1), &why), UpdateOutcome::kIdHeld);
+  EXPECT_NE(why.find("since (1, 14), the record's own (gen, step)"), std::string::npos) << why;
 }
 
 TEST_F(ZchTables, HeldIdsThatDisagreeWithTheMapAreAMismatch) {

@@ -406,3 +406,4 @@ def test_any_interleaving_of_the_ranks_logs_ends_with_the_final_map_and_rows(see
     m = replica.maps["t0"]
     assert {s: m.held(s) for s in range(SLOTS) if m.held(s) is not None} == final
     assert replica.rows["t0"] == rows and m.vacated == {}
+    assert all(v >= replica.mark[:2] for v in m.changed.values())  # settled at the watermark

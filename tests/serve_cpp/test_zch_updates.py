@@ -6,6 +6,7 @@ them. The reference is model.pt in this process with the same records written in
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import urllib.request
 
@@ -146,7 +147,8 @@ def test_bad_map_changes_are_refused_counted_and_change_nothing(log):
         "slot_range": record(
             12, [200, T0_SLOTS], other + rows(0.2, 1), admitted=[(T0_SLOTS, int(y[5]))]
         ),  # fmt: skip
-        "id_held": record(12, [1, 200], rows(0.2, 1) + other, admitted=[(1, int(x[0]))]),
+        # x[0] held since step 11, this record's own: two holders (a later one would vacate it)
+        "id_held": record(11, [1, 200], rows(0.2, 1) + other, admitted=[(1, int(x[0]))]),
         "map_mismatch": record(12, [200], other, evicted=[(4, int(y[4]))]),
     }
     bad["slot_range_window"] = record(12, [9, 200], rows(0.2, 1) + other,
@@ -168,5 +170,32 @@ def test_bad_map_changes_are_refused_counted_and_change_nothing(log):
         text = server.stderr()
         assert "is already held by slot 0 of 't0'" in text and "is not in id" in text
         assert 'outcome="map_mismatch"' in metrics_text(server)
+    finally:
+        assert server.stop() == 0, server.stderr()
+
+
+def test_an_admission_ahead_of_the_eviction_it_follows_is_served_as_the_final_map(log):
+    """Round 12: rank 0 evicts x[s] from slot s and gives it to y[s]; round 14: rank 1 admits
+    x[s] into slot s + 1. Rank 0's sender a round behind, rank 1's record reaches the log first:
+    rec-server refuses neither (rec.served_map's rule) and scores as model.pt with the records
+    applied in training order, bit for bit."""
+    x, y = log.x, log.y
+    evens = list(range(0, 40, 2))
+    first = admit(11, evens, x[evens], np.linspace(-0.3, 0.3, 20))
+    rank0 = admit(12, evens, y[evens], 0.2, evict_ids=x[evens])
+    rank1 = admit(14, [s + 1 for s in evens], x[evens], np.linspace(0.5, -0.5, 20))
+    first, rank0, rank1 = (dataclasses.replace(r, rank=rank, world=2)
+                           for r, rank in ((first, 0), (rank0, 0), (rank1, 1)))  # fmt: skip
+    records = [first, rank0, rank1]
+    req = request([x[evens].tolist(), y[evens].tolist(), x[evens[:5]].tolist() + [int(y[1])]])
+    want = scores(log.reference(records), req)
+    assert not np.allclose(want, scores(log.reference([first, rank0]), req), atol=1e-4)
+    stream = "lagging"
+    publish(log, stream, [first, rank1, rank0])
+    server = Server(log.repos["torchscript"], "--updates", log.url(stream))
+    try:
+        server.wait_for_metric("rec_update_records_total", 3)
+        assert server.metric("rec_update_records_total", outcome="applied") == 3, server.stderr()
+        np.testing.assert_array_equal(infer(server, req), want)
     finally:
         assert server.stop() == 0, server.stderr()

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <tuple>
 #include <unordered_set>
 
@@ -56,7 +55,9 @@ Status EmbeddingTables::FindMaps(const UpdatesSpec& spec,
                                  const std::map<std::string, Buffer>& buffers,
                                  std::map<std::string, Map>* out) {
   for (const auto& [name, place] : spec.maps) {
-    Map map{place.slots, place.probes, {}};
+    Map map;
+    map.slots = place.slots;
+    map.probes = place.probes;
     for (const auto& [keys, used] : place.buffers) {
       auto k = buffers.find(keys);
       auto u = buffers.find(used);
@@ -108,7 +109,7 @@ Watermark EmbeddingTables::CurrentWatermark() {
   return r.watermark();
 }
 
-UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) const {
+UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, MapPlan* plan, std::string* why) const {
   if (!run_.empty() && r.run != run_) {
     *why = "record of run '" + r.run + "', the served version is of run '" + run_ + "'";
     return UpdateOutcome::kOtherRun;
@@ -143,11 +144,33 @@ UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, std::string* why) co
   }
   // The export's map already holds the changes of what it holds: skipped, not checked.
   if (std::tie(r.gen, r.step) <= std::tie(spec_.gen, spec_.step)) return UpdateOutcome::kSkipped;
-  return CheckMap(r, why);
+  return CheckMap(r, plan, why);
 }
 
-// rec.update_log.ServedMap.check, rule for rule, in its order and words.
-UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why) const {
+namespace {
+
+using SlotId = UpdateRecord::SlotId;
+
+// The pair of a slot in a record's list (sorted by slot, as the record holds it), or null: a
+// binary search, not a tree.
+const SlotId* Find(const std::vector<SlotId>& list, int64_t slot) {
+  auto it = std::lower_bound(list.begin(), list.end(), slot,
+                             [](const SlotId& e, int64_t s) { return e.slot < s; });
+  return it != list.end() && it->slot == slot ? &*it : nullptr;
+}
+
+std::string Name(const SlotId* c) { return c == nullptr ? "None" : std::to_string(c->id); }
+
+// A (gen, step) as Python prints the tuple, so both replicas' reasons read alike.
+std::string Str(const std::pair<int64_t, int64_t>& v) {
+  return "(" + std::to_string(v.first) + ", " + std::to_string(v.second) + ")";
+}
+
+}  // namespace
+
+// rec.served_map.ServedMap.check, rule for rule, in its order and words.
+UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, MapPlan* plan,
+                                        std::string* why) const {
   const std::string table = "'" + r.table + "'";
   auto stored = spec_.stored.find(r.table);
   if (stored != spec_.stored.end() && stored->second.raw_id) {
@@ -159,13 +182,12 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why)
   }
   auto it = maps_.find(r.table);
   if (!r.changes_map()) {
-    return it == maps_.end() ? UpdateOutcome::kApplied : CheckHeld(r, it->second, why);
+    return it == maps_.end() ? UpdateOutcome::kApplied : CheckHeld(r, it->second, *plan, why);
   }
   if (it == maps_.end()) {
     *why = table + " is not a ZCH table of the served model: no slots";
     return UpdateOutcome::kSlotRange;
   }
-  if (Resent(r)) return CheckHeld(r, it->second, why);
   const Map& m = it->second;
   for (const auto* list : {&r.evicted, &r.admitted}) {
     for (const auto& c : *list) {
@@ -176,27 +198,37 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why)
       }
     }
   }
+  UpdateOutcome done = PlanDone(r, m, plan, why);
+  if (done != UpdateOutcome::kApplied) return done;
+  const Version v{r.gen, r.step};
   auto held = [&](int64_t slot) {
     return m.copies[0].second[slot] != 0 ? std::to_string(m.copies[0].first[slot]) : "None";
   };
-  // The evicted slots, sorted as the record holds them: a binary search each, not a tree.
-  auto freed = [&r](int64_t slot) {
-    auto it = std::lower_bound(r.evicted.begin(), r.evicted.end(), slot,
-                               [](const UpdateRecord::SlotId& e, int64_t s) { return e.slot < s; });
-    return it != r.evicted.end() && it->slot == slot;
-  };
   for (const auto& e : r.evicted) {
-    if (!m.Holds(e.slot, e.id)) {
-      *why = "slot " + std::to_string(e.slot) + " of " + table + " holds id " + held(e.slot) +
-             ", the record evicts id " + std::to_string(e.id);
-      return UpdateOutcome::kMapMismatch;
-    }
+    if (plan->done.count(e.slot) != 0 || m.Holds(e.slot, e.id)) continue;
+    auto gone = m.vacated.find(e.slot);
+    if (gone != m.vacated.end() && gone->second.id == e.id && v <= gone->second.at) continue;
+    *why = "slot " + std::to_string(e.slot) + " of " + table + " holds id " + held(e.slot) +
+           ", the record evicts id " + std::to_string(e.id);
+    return UpdateOutcome::kMapMismatch;
   }
+  // Evicted by this record: its holder leaves here.
+  auto freed = [&](int64_t slot) {
+    return Find(r.evicted, slot) != nullptr && plan->done.count(slot) == 0;
+  };
   std::unordered_set<int64_t> admitted(r.admitted.size());
   for (const auto& a : r.admitted) {
-    if (m.copies[0].second[a.slot] != 0 && !freed(a.slot)) {
+    if (plan->done.count(a.slot) != 0) continue;
+    auto gone = m.vacated.find(a.slot);
+    if (!freed(a.slot) && m.copies[0].second[a.slot] != 0) {
       *why = "slot " + std::to_string(a.slot) + " of " + table + " holds id " + held(a.slot) +
              ", which the record does not evict, and admits id " + std::to_string(a.id);
+      return UpdateOutcome::kMapMismatch;
+    }
+    if (!freed(a.slot) && gone != m.vacated.end() && v <= gone->second.at) {
+      *why = "slot " + std::to_string(a.slot) + " of " + table + " held id " +
+             std::to_string(gone->second.id) + " until " + Str(gone->second.at) +
+             ", which the record of " + Str(v) + " does not evict";
       return UpdateOutcome::kMapMismatch;
     }
     const int64_t home = ZchHome(a.id, m.slots);
@@ -212,42 +244,89 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, std::string* why)
       return UpdateOutcome::kIdHeld;
     }
     for (int64_t k = 0, s = home; k < m.probes; ++k, s = s + 1 == m.slots ? 0 : s + 1) {
-      if (s != a.slot && m.Holds(s, a.id) && !freed(s)) {
+      if (s == a.slot || !m.Holds(s, a.id) || freed(s)) continue;
+      auto own = m.changed.find(s);
+      if (own == m.changed.end() || own->second < v) {
+        plan->vacate[s] = Vacated{a.id, v};  // the id left s since: s's own record is on its way
+      } else if (own->second > v) {
+        plan->shadow[a.slot] = own->second;  // the id left a.slot since, and took s
+      } else {
         *why = "id " + std::to_string(a.id) + " is already held by slot " + std::to_string(s) +
-               " of " + table;
+               " of " + table + " since " + Str(own->second) + ", the record's own (gen, step)";
         return UpdateOutcome::kIdHeld;
       }
     }
   }
-  return CheckHeld(r, m, why);
+  return CheckHeld(r, m, *plan, why);
 }
 
-// rec.updates/3's `held` against the map after the record's changes (the Python twin is
-// rec.update_log.ServedMap.check_held): a cheap check that publisher and replica agree.
-UpdateOutcome EmbeddingTables::CheckHeld(const UpdateRecord& r, const Map& m,
+// rec.served_map.ServedMap._done: the record's slots whose own change is newer (superseded), or
+// this one sent again after a broker error, which must be in place.
+UpdateOutcome EmbeddingTables::PlanDone(const UpdateRecord& r, const Map& m, MapPlan* plan,
+                                        std::string* why) const {
+  const Version v{r.gen, r.step};
+  for (const auto* list : {&r.evicted, &r.admitted}) {
+    for (const auto& c : *list) {
+      auto own = m.changed.find(c.slot);
+      if (own == m.changed.end() || own->second < v || plan->done.count(c.slot) != 0) continue;
+      if (own->second == v) {
+        const SlotId* want = Find(r.admitted, c.slot);
+        SlotId now{c.slot, m.copies[0].first[c.slot]};
+        auto gone = m.vacated.find(c.slot);
+        const SlotId* has = m.copies[0].second[c.slot] != 0 ? &now : nullptr;
+        if (has == nullptr && gone != m.vacated.end()) {
+          now.id = gone->second.id;
+          has = &now;
+        }
+        if ((has == nullptr) != (want == nullptr) || (has != nullptr && has->id != want->id)) {
+          *why = "slot " + std::to_string(c.slot) + " of '" + r.table + "' already changed at " +
+                 Str(own->second) + " to hold id " + Name(has) +
+                 ", the record of that (gen, step) says " + Name(want);
+          return UpdateOutcome::kMapMismatch;
+        }
+      }
+      plan->done.insert(c.slot);
+    }
+  }
+  return UpdateOutcome::kApplied;
+}
+
+// rec.updates/3's `held` against the map after the record's changes, each slot as of the
+// record's (gen, step) (the Python twin is rec.served_map.ServedMap.check_held): a cheap check
+// that publisher and replica agree.
+UpdateOutcome EmbeddingTables::CheckHeld(const UpdateRecord& r, const Map& m, const MapPlan& plan,
                                          std::string* why) const {
   if (!r.has_held) return UpdateOutcome::kApplied;
-  auto find = [](const std::vector<UpdateRecord::SlotId>& list, int64_t slot) {
-    auto it = std::lower_bound(list.begin(), list.end(), slot,
-                               [](const UpdateRecord::SlotId& e, int64_t s) { return e.slot < s; });
-    return it != list.end() && it->slot == slot ? &*it : nullptr;
-  };
-  auto name = [](const UpdateRecord::SlotId* c) {
-    return c == nullptr ? std::string("None") : std::to_string(c->id);
-  };
+  const Version v{r.gen, r.step};
   for (int64_t slot : r.ids) {
-    UpdateRecord::SlotId now{slot, 0};
-    const UpdateRecord::SlotId* want = nullptr;  // the id the slot holds after the record
-    if (const auto* a = find(r.admitted, slot)) {
+    SlotId now{slot, 0};
+    const SlotId* want = nullptr;  // the id the slot holds after the record
+    const bool mine = plan.done.count(slot) == 0;
+    if (const SlotId* a = Find(r.admitted, slot); a != nullptr && mine) {
       want = a;
-    } else if (find(r.evicted, slot) == nullptr && slot < m.slots && m.copies[0].second[slot]) {
-      now.id = m.copies[0].first[slot];
-      want = &now;
+    } else if (Find(r.evicted, slot) != nullptr && mine) {
+      want = nullptr;
+    } else if (slot < m.slots) {
+      auto own = m.changed.find(slot);
+      if (own != m.changed.end() && v < own->second) continue;  // changed since: not kept
+      const Vacated* gone = nullptr;
+      if (auto p = plan.vacate.find(slot); p != plan.vacate.end()) {
+        gone = &p->second;
+      } else if (auto q = m.vacated.find(slot); q != m.vacated.end()) {
+        gone = &q->second;
+      }
+      if (gone != nullptr && v <= gone->at) {
+        now.id = gone->id;
+        want = &now;
+      } else if (m.copies[0].second[slot]) {
+        now.id = m.copies[0].first[slot];
+        want = &now;
+      }
     }
-    const UpdateRecord::SlotId* said = find(r.held, slot);
+    const SlotId* said = Find(r.held, slot);
     if ((want == nullptr) != (said == nullptr) || (want != nullptr && want->id != said->id)) {
-      *why = "slot " + std::to_string(slot) + " of '" + r.table + "' holds id " + name(want) +
-             " after the record, the record says " + name(said);
+      *why = "slot " + std::to_string(slot) + " of '" + r.table + "' holds id " + Name(want) +
+             " after the record, the record says " + Name(said);
       return UpdateOutcome::kMapMismatch;
     }
   }
@@ -256,7 +335,8 @@ UpdateOutcome EmbeddingTables::CheckHeld(const UpdateRecord& r, const Map& m,
 
 UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
   pthread_rwlock_wrlock(&lock_);
-  UpdateOutcome outcome = Check(r, why);
+  MapPlan plan;
+  UpdateOutcome outcome = Check(r, &plan, why);
   auto stored = spec_.stored.find(r.table);
   const bool applied = outcome == UpdateOutcome::kApplied;
   if (applied && stored != spec_.stored.end() && (!r.ids.empty() || r.changes_map())) {
@@ -264,7 +344,7 @@ UpdateOutcome EmbeddingTables::Apply(const UpdateRecord& r, std::string* why) {
   } else if (applied && !r.ids.empty()) {
     WriteRows(r);
   }
-  if (applied && r.changes_map() && maps_.count(r.table) != 0 && !Resent(r)) WriteMap(r);
+  if (applied && r.changes_map() && maps_.count(r.table) != 0) WriteMap(r, plan);
   if (outcome == UpdateOutcome::kApplied || outcome == UpdateOutcome::kSkipped) {
     if (run_.empty()) run_ = r.run;
     Advance(r);
@@ -290,38 +370,35 @@ void EmbeddingTables::WriteRows(const UpdateRecord& r) {
   }
 }
 
-// rec.update_log.Applier._resent: a map record of the (gen, step) its rank's newest record has,
-// every change already in place, is one the publisher sent again after a broker error.
-bool EmbeddingTables::Resent(const UpdateRecord& r) const {
-  auto seen = rank_version_.find(r.rank);
-  auto map = maps_.find(r.table);
-  if (seen == rank_version_.end() || seen->second != std::make_pair(r.gen, r.step) ||
-      map == maps_.end()) {
-    return false;
+// rec.served_map.ServedMap.write: the vacated slots, the evictions, then the admissions (a
+// slot both evicted and admitted ends holding its new id), into every copy; then each written
+// slot's version and vacate.
+void EmbeddingTables::WriteMap(const UpdateRecord& r, const MapPlan& plan) {
+  Map& m = maps_.at(r.table);
+  const Version v{r.gen, r.step};
+  for (const auto& [keys, used] : m.copies) {
+    for (const auto& [slot, gone] : plan.vacate) used[slot] = 0;
+    for (const auto& e : r.evicted) {
+      if (plan.done.count(e.slot) == 0) used[e.slot] = 0;
+    }
+    for (const auto& a : r.admitted) {
+      if (plan.done.count(a.slot) != 0) continue;
+      keys[a.slot] = a.id;
+      used[a.slot] = plan.shadow.count(a.slot) == 0 ? 1 : 0;
+    }
   }
-  std::set<int64_t> admitted;
+  for (const auto& [slot, gone] : plan.vacate) m.vacated[slot] = gone;
   for (const auto* list : {&r.evicted, &r.admitted}) {
     for (const auto& c : *list) {
-      if (c.slot >= map->second.slots) return false;  // not read: CheckMap refuses it
+      if (plan.done.count(c.slot) != 0) continue;
+      m.vacated.erase(c.slot);
+      m.changed[c.slot] = v;
     }
   }
   for (const auto& a : r.admitted) {
-    if (!map->second.Holds(a.slot, a.id)) return false;
-    admitted.insert(a.slot);
-  }
-  for (const auto& e : r.evicted) {
-    if (admitted.count(e.slot) == 0 && map->second.Holds(e.slot, e.id)) return false;
-  }
-  return true;
-}
-
-// Evictions first: a slot both evicted and admitted ends holding its new id.
-void EmbeddingTables::WriteMap(const UpdateRecord& r) {
-  for (const auto& [keys, used] : maps_.at(r.table).copies) {
-    for (const auto& e : r.evicted) used[e.slot] = 0;
-    for (const auto& a : r.admitted) {
-      keys[a.slot] = a.id;
-      used[a.slot] = 1;
+    auto shadow = plan.shadow.find(a.slot);
+    if (plan.done.count(a.slot) == 0 && shadow != plan.shadow.end()) {
+      m.vacated[a.slot] = Vacated{a.id, shadow->second};
     }
   }
 }
@@ -343,7 +420,16 @@ void EmbeddingTables::Advance(const UpdateRecord& r) {
   }
   // The watermark only grows: from the export's (gen, step), past which the log's rows apply.
   bool later = std::tie(low.gen, low.step) > std::tie(watermark_.gen, watermark_.step);
-  if (later) watermark_ = low;
+  if (!later) return;
+  watermark_ = low;
+  // rec.served_map.ServedMap.settle: every record still to come is at the watermark or newer,
+  // and to it a slot changed before it is one changed at the export.
+  const Version mark{low.gen, low.step};
+  for (auto& [name, m] : maps_) {
+    for (auto it = m.changed.begin(); it != m.changed.end();) {
+      it = it->second < mark ? m.changed.erase(it) : std::next(it);
+    }
+  }
 }
 
 }  // namespace rec

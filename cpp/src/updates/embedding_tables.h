@@ -19,6 +19,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -84,23 +86,40 @@ class EmbeddingTables {
  private:
   EmbeddingTables(UpdatesSpec spec, std::map<std::string, Buffer> buffers,
                   std::shared_ptr<void> owner, StoredRowsSink stored_rows);
-  // A ZCH table's id map: every copy of its keys and used flags in the model's buffers.
+  using Version = std::pair<int64_t, int64_t>;  // (gen, step)
+  struct Vacated {
+    int64_t id = 0;  // the id that left the slot
+    Version at;      // the admission elsewhere that freed it
+  };
+  // A ZCH table's id map: every copy of its keys and used flags in the model's buffers, and
+  // the ordering state of rec.served_map (its docstring is the rule): each slot's last own
+  // change (absent: at or before the export) and the slots vacated ahead of their own record.
   struct Map {
     int64_t slots = 0;
     int64_t probes = 0;
     std::vector<std::pair<int64_t*, uint8_t*>> copies;  // the first is read
+    std::unordered_map<int64_t, Version> changed;
+    std::unordered_map<int64_t, Vacated> vacated;
     bool Holds(int64_t slot, int64_t id) const {
       return copies[0].second[slot] != 0 && copies[0].first[slot] == id;
     }
   };
+  // How a checked record changes a map (rec.served_map.Plan).
+  struct MapPlan {
+    std::unordered_set<int64_t> done;             // its slots whose own change is newer or this
+    std::unordered_map<int64_t, Vacated> vacate;  // slots an admission elsewhere frees
+    std::unordered_map<int64_t, Version> shadow;  // admitted slots whose id a newer one holds
+  };
   static Status FindMaps(const UpdatesSpec& spec, const std::map<std::string, Buffer>& buffers,
                          std::map<std::string, Map>* out);
-  UpdateOutcome Check(const UpdateRecord& r, std::string* why) const;
-  UpdateOutcome CheckMap(const UpdateRecord& r, std::string* why) const;
-  UpdateOutcome CheckHeld(const UpdateRecord& r, const Map& m, std::string* why) const;
-  bool Resent(const UpdateRecord& r) const;
+  UpdateOutcome Check(const UpdateRecord& r, MapPlan* plan, std::string* why) const;
+  UpdateOutcome CheckMap(const UpdateRecord& r, MapPlan* plan, std::string* why) const;
+  UpdateOutcome PlanDone(const UpdateRecord& r, const Map& m, MapPlan* plan,
+                         std::string* why) const;
+  UpdateOutcome CheckHeld(const UpdateRecord& r, const Map& m, const MapPlan& plan,
+                          std::string* why) const;
   void WriteRows(const UpdateRecord& r);
-  void WriteMap(const UpdateRecord& r);
+  void WriteMap(const UpdateRecord& r, const MapPlan& plan);
   void Advance(const UpdateRecord& r);
 
   UpdatesSpec spec_;
