@@ -86,8 +86,10 @@ def test_triton_refuses_bad_map_changes_counts_them_and_changes_nothing(served):
     other = rows(0.3, 1)  # a row of slot 300 that must not land either
     served.publish(
         record(14, [300, T0_SLOTS], other + rows(0.2, 1), admitted=[(T0_SLOTS, int(y[5]))]),
-        # y[48] holds slot 48; slot 50 (freed above) is in its window
-        record(14, [50, 300], rows(0.2, 1) + other, admitted=[(50, int(y[48]))]),
+        # y[48] admitted twice, into slots 50 and 51 (freed above, in its window)
+        record(
+            14, [50, 51, 300], rows(0.2, 2) + other, admitted=[(50, int(y[48])), (51, int(y[48]))]
+        ),
         record(14, [300], other, evicted=[(70, int(y[70]))]),  # slot 70 is free
         applied=False,
     )
