@@ -28,7 +28,8 @@ INTEGRATION = frozenset({
     # Real torchrun training.
     "train/test_default_run.py", "train/test_din.py", "train/test_eval_split.py",
     "train/test_faults.py", "train/test_multihost.py", "train/test_plain_pipeline.py",
-    "train/test_publish.py", "train/test_rank_threads.py", "train/test_step_profile_memory.py",
+    "train/test_publish.py", "train/test_publish_order.py", "train/test_rank_threads.py",
+    "train/test_step_profile_memory.py",
     "train/test_stream_stops.py", "train/test_stream_train.py", "train/test_train_distributed.py",
     "train/test_zch.py",
     "export/test_trained.py", "export/test_zch_trained.py", "export/test_follow.py",

@@ -28,6 +28,7 @@ after it: the log holds a slot's rows in the order training wrote them.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -48,6 +49,10 @@ from rec.zch import Changes
 
 RECORD_ROWS = 16384
 """Rows per record at most, so one stream entry stays a few MB."""
+LAG_SEAM = "REC_TEST_PUBLISH_LAG"
+"""A test seam, not a setting: "RANK:SECONDS" makes rank RANK's sender wait SECONDS before it
+sends each batch, so that rank's records reach the log behind the others' (a sender a round
+behind: tests/train/test_publish_order.py)."""
 
 
 class PublishError(RuntimeError):
@@ -140,6 +145,8 @@ class UpdatePublisher:
         self.published_rows = 0
         self.publish_seconds = 0.0  # time the training loop spent publishing (the cost)
         self.error: BaseException | None = None
+        lag_rank, _, lag_s = os.environ.get(LAG_SEAM, "").partition(":")
+        self._lag_s = float(lag_s) if lag_rank and int(lag_rank) == rank else 0.0
         self._sender = threading.Thread(target=self._send_loop, name="rec-publish", daemon=True)
         self._sender.start()
 
@@ -272,16 +279,22 @@ class UpdatePublisher:
         (trained after the checkpoint, then lost with the killed run) hold values no checkpoint
         has. Publishes this rank's share of them at their values now (the checkpoint's), as this
         generation's publish at `step`, before any training; returns the rows."""
+        from rec.served_map import replayed
         from rec.update_log import read_records
 
         touched: dict[str, set[int]] = {}
-        served: dict[str, dict[int, int | None]] = {}  # the dead run's slots: id a replica holds
+        dead: dict[str, list[UpdateRecord]] = {}
         for _, rec in read_records(str(self.url)):
             if rec.run == self.ident.run and rec.gen < self.ident.gen and rec.step > step:
                 touched.setdefault(rec.table, set()).update(rec.ids)
-                slots = served.setdefault(rec.table, {})
-                slots.update({s: None for s, _ in rec.evicted})
-                slots.update(dict(rec.admitted))
+                if rec.evicted or rec.admitted:
+                    dead.setdefault(rec.table, []).append(rec)
+        # The dead run's slots: the id a replica holds after its records, by the replicas' own
+        # order rule (rec.served_map) from the checkpoint's map, which the log held in full when
+        # the checkpoint committed. A slot vacated for an eviction its rank never sent is free.
+        maps = self.zch.maps if self.zch is not None else {}
+        served = {t: replayed(maps[t].keys, maps[t].used, maps[t].cfg.probes, recs)
+                  for t, recs in dead.items() if t in maps}  # fmt: skip
         records, rows_sent, wall_ns = [], 0, time.time_ns()
         for shard in self.shards.values():
             restored = self._restore_map(shard, served.get(shard.table, {}), step, wall_ns)
@@ -399,6 +412,7 @@ class UpdatePublisher:
         down_since = None
         try:
             while (batch := self.pending.get()) is not None:
+                time.sleep(self._lag_s)  # LAG_SEAM, in tests only
                 while True:
                     try:
                         pipe = client.pipeline(transaction=False)
