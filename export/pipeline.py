@@ -111,14 +111,26 @@ class Reiterable:
         return self._make()
 
 
-def eval_batches(cfg: RecConfig, log: Log) -> Reiterable | None:
+def eval_batches(cfg: RecConfig, log: Log, step_dir: Path | None = None) -> Reiterable | None:
     """The held-out split (`export.eval_batches` of them), or None where it cannot be read here
     (e.g. a run carried to a machine without its data files): the export then goes on with the
-    agreement checks on random requests, and rec.json says the quality checks were skipped."""
+    agreement checks on random requests, and rec.json says the quality checks were skipped.
+    A stream run's: the events its checkpoint held out of training (rec.data.held_out)."""
     from rec.data import make_source
     from rec.data.errors import DataError
 
     limit = cfg.export.eval_batches or None
+    if cfg.data.stream.url and step_dir is not None:
+        from rec.data import held_out
+
+        held = held_out.batches(step_dir, cfg.export.max_batch_size)[:limit]
+        if not held:
+            log(f"warning: {step_dir} holds no events held out of the stream "
+                "(data.stream.hold_out_every_nth); quality checks skipped")  # fmt: skip
+            return None
+        log(f"quality checks on {sum(len(b) for b in held):,} events the stream run held out of "
+            "training")  # fmt: skip
+        return Reiterable(lambda: iter(held))
 
     def read() -> Iterator[RecBatch]:
         # Raw dense values, as a client sends them: the exported model applies the transforms.
@@ -385,7 +397,8 @@ def export_run(
     loaded = load_dense(run, checkpoint, cfg)
     log(f"loaded {loaded.step_dir} ({len(cfg.tables)} tables, dtypes {table_dtypes(cfg)})")
     targets = repo_lib.plan_targets(repo, cfg.export.model_name, names, version, force)
-    labelled = list(eval_data) if eval_data is not None else eval_batches(cfg, log)
+    labelled = (list(eval_data) if eval_data is not None
+                else eval_batches(cfg, log, loaded.step_dir))  # fmt: skip
     src = _source(cfg, loaded, labelled, names, repo, log)
     store_sink = store_lib.open_sink(cfg, table_dtypes(cfg), targets[0].model_dir.name,
                                      targets[0].version, run, log, src.maps)  # fmt: skip

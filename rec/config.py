@@ -583,6 +583,12 @@ class StreamConfig:
     max_lag: int = 100_000
     """Entries the stream's head may run ahead of training before the progress line reports it
     (rec does not skip or drop events: what to do is the operator's call); 0: never reported."""
+    hold_out_every_nth: int = 10
+    """About one event in this many is held out of training, chosen by its entry id and place
+    (the same on every rank and resume), for `rec export`'s quality checks; 0: none held out
+    (export then skips them)."""
+    hold_out_keep: int = 20_000
+    """Held-out events a checkpoint keeps (the newest), over all ranks."""
 
     def __post_init__(self) -> None:
         if self.url:
@@ -592,7 +598,8 @@ class StreamConfig:
                 raise ConfigError(f"data.stream.url: {e}") from None
         if self.start not in ("0", "$"):
             raise ConfigError(f"data.stream.start={self.start!r} must be '0' or '$'")
-        for name in ("wait_s", "retry_s", "max_retry_s", "idle_exit_s", "max_lag"):
+        for name in ("wait_s", "retry_s", "max_retry_s", "idle_exit_s", "max_lag",
+                     "hold_out_every_nth", "hold_out_keep"):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"data.stream.{name}={getattr(self, name)!r} must be >= 0")
 
@@ -606,7 +613,7 @@ class DataConfig:
 
     Example: csv"""
     train_paths: list[str] = field(default_factory=list)
-    """Files (or glob patterns) of training samples, for file sources.
+    """Files (or glob patterns) of training samples, for file sources (a stream run needs none).
 
     Example: [data/clicks/train-*.csv]"""
     eval_paths: list[str] = field(default_factory=list)
@@ -630,7 +637,7 @@ class DataConfig:
         _one_of("data.source", self.source, ("synthetic", "criteo_tsv", "csv", "parquet"))
         _one_of("data.on_bad_row", self.on_bad_row, ("error", "skip"))
         _positive("data.eval_every_nth_row", self.eval_every_nth_row)
-        if self.source != "synthetic":
+        if self.source != "synthetic" and not self.stream.url:  # a stream run reads no file
             _check(
                 len(self.train_paths) > 0,
                 f"data.source={self.source!r} needs data.train_paths (files or glob patterns)",

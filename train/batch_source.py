@@ -85,6 +85,9 @@ class BatchSource(Protocol):
     def meta(self) -> dict[str, Any]:
         """Its part of the checkpoint's meta.json (collective)."""
 
+    def write_files(self, step_dir: Path) -> None:
+        """This rank's own files in a checkpoint being written (before it commits)."""
+
     def close(self) -> None:
         """The run ended or failed: releases what the source holds."""
 
@@ -178,6 +181,9 @@ class FileEpochs:
 
     def meta(self) -> dict[str, Any]:
         return {"skipped_rows": self.train.skipped_rows}
+
+    def write_files(self, step_dir: Path) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,10 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.cfg.every_steps > 0 and step > 0 and step % self.cfg.every_steps == 0
 
-    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> Path:
-        """Writes `state` at `step` (all ranks call this). Returns the committed step dir."""
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any],
+             rank_files: Callable[[Path], None] | None = None) -> Path:  # fmt: skip
+        """Writes `state` at `step` (all ranks call this), and each rank's own files
+        (`rank_files(step_dir)`) before the commit. Returns the committed step dir."""
         step_dir = self.root / run_dir.step_dir_name(step)
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -129,6 +132,8 @@ class Checkpointer:
         _barrier()
         t0 = time.perf_counter()
         dcp.save(state, checkpoint_id=str(step_dir), planner=NoCopySavePlanner())
+        if rank_files is not None:
+            rank_files(step_dir)
         _barrier()
         files = _digests(step_dir)
         if self.rank == 0:

@@ -88,13 +88,15 @@ def launch(run: Path, nproc: int, resume: bool, max_restarts: int = 0) -> None:
         # checkpoints before it exits, any other resumes from its last checkpoint.
         latest = run_dir.latest_checkpoint(run)
         name = signal.Signals(e.sigval).name
+        # This run's own --nproc: a stream run stopped without a clean drain resumes only at
+        # it (rec.train.stream_loop.check_world); any other run resumes at any.
+        again = f"`rec train --resume {run} --nproc {nproc}`"
         if latest is None:
             print(f"[rec train] stopped by {name} before any checkpoint: nothing was kept; "
-                  f"`rec train --resume {run}` starts it again from the beginning",
-                  flush=True)  # fmt: skip
+                  f"{again} starts it again from the beginning", flush=True)  # fmt: skip
         else:
-            print(f"[rec train] stopped by {name}: LATEST is {latest.name}; "
-                  f"`rec train --resume {run}` goes on from there", flush=True)  # fmt: skip
+            print(f"[rec train] stopped by {name}: LATEST is {latest.name}; {again} goes on "
+                  "from there", flush=True)  # fmt: skip
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         message = failure.message

@@ -26,6 +26,10 @@ trained (`stream.positions`), with the events it trained and their digest
 (rec.data.stream.event_digest) summed over the run's whole lineage; the reader acknowledges
 only what a committed checkpoint holds, and a resume starts each rank at its position.
 
+Held out: about one event in data.stream.hold_out_every_nth is not trained but kept for `rec
+export`'s quality checks (rec.data.held_out). It is consumed as a trained one is (position,
+count, digest: `events` counts both, `held_out` these), and each checkpoint holds the newest.
+
 Progressive validation: the training forward scores a batch with the weights of before the
 batch's own update, so its logits are the standard online metric, free. Every log_every steps
 the window's scores are gathered and its AUC, log loss and calibration (mean predicted over
@@ -47,8 +51,9 @@ import torch.distributed as dist
 from rec import metrics
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
+from rec.data.held_out import HeldOut
 from rec.data.source import empty_rows
-from rec.data.stream import EventReader, StreamBatch, add_digests, open_reader
+from rec.data.stream import EventReader, StreamBatch, StreamPosition, add_digests, open_reader
 from rec.features import feature_spec
 from rec.train.batch_source import Position, ToTorchrec
 from rec.train.distributed import DistContext, gather_rows
@@ -83,13 +88,24 @@ class Tally:
 
     position: dict[str, Any] | None = None
     events: int = 0
+    """Events consumed: trained and held out."""
     digest: int = 0
+    held_out: int = 0
 
     def add(self, b: StreamBatch) -> None:
-        if len(b):
+        if len(b) or b.held_out:
             self.position = b.position
-        self.events += len(b)
+        self.events += len(b) + b.held_out
+        self.held_out += b.held_out
         self.digest = add_digests(self.digest, b.digest)
+
+
+@dataclass
+class _Passed:
+    """A read whose events were all held out (no rank had one to train): consumed without a
+    step, it goes into the tally in read order with the trained batches around it."""
+
+    batch: StreamBatch
 
 
 @dataclass
@@ -138,7 +154,7 @@ class StreamFeed:
         self.to_torchrec = to_torchrec
         self.wait_s, self.idle_exit_s = cfg.data.stream.wait_s, cfg.data.stream.idle_exit_s
         self.every_seconds = cfg.checkpoint.every_seconds
-        self.trained: deque[StreamBatch] = deque()
+        self.trained: deque[StreamBatch | _Passed] = deque()
         self.held: StreamBatch | None = None
         self.empty_since: float | None = None
         """When the reads began to find nothing on every rank (None: the last one found events)."""
@@ -170,6 +186,8 @@ class StreamFeed:
             else:
                 b = self.reader.next_batch(self.cfg.training.batch_size, self.wait_s)
                 total, stop, due = self._agree(len(b))
+                if not total and b.held_out:
+                    self.trained.append(_Passed(b))
                 if stop and self.draining:
                     stop = 0  # a signal's stop comes when the delivered events are trained
                 elif stop and self.stop_drains:
@@ -284,6 +302,8 @@ class StreamSource:
         """When the line that training lags data.stream.max_lag was last said."""
         self.progress: Progress | None = None
         self.feed: StreamFeed | None = None
+        s = cfg.data.stream
+        self.held_out = HeldOut(s.hold_out_every_nth, -(-s.hold_out_keep // ctx.world_size))
 
     def total_steps(self, pos: Position) -> int | None:
         return self.cfg.training.steps or None
@@ -291,12 +311,14 @@ class StreamSource:
     def resume(self, step_dir) -> None:
         self.tally = resume_tally(step_dir, self.ctx.rank, self.ctx.world_size,
                                   self.cfg.data.stream)  # fmt: skip
+        self.held_out.restore(step_dir, self.ctx.rank, self.ctx.world_size)
 
     def start(self, pos: Position, progress: Progress | None) -> None:
         """Opens the reader at this rank's position and catches SIGTERM and SIGINT."""
         cfg, ctx = self.cfg, self.ctx
+        hold_out = self.held_out if self.held_out.every_nth > 0 else None
         reader = open_reader(cfg.data.stream, feature_spec(cfg), ctx.rank,
-                             start=self.tally.position)  # fmt: skip
+                             start=self.tally.position, hold_out=hold_out)  # fmt: skip
         self.feed = StreamFeed(cfg, ctx.is_main, reader, StopSignal(), self.to_torchrec,
                                pos.step)  # fmt: skip
         self.progress, self.window = progress, _Window()
@@ -312,8 +334,11 @@ class StreamSource:
     def after_step(self, pos: Position, loss: torch.Tensor, logits: torch.Tensor,
                    labels: torch.Tensor) -> None:  # fmt: skip
         assert self.feed is not None
+        self._passed()
         b = self.feed.trained.popleft()
+        assert isinstance(b, StreamBatch)
         self.tally.add(b)
+        self._passed()
         self.feed.step = pos.step
         self.scores.add(logits, labels)
         self.window.loss += float(loss) * len(b)
@@ -380,8 +405,22 @@ class StreamSource:
             self.feed.reader.ack(self.tally.position)
         self.feed.saved(step)
 
+    def _passed(self) -> None:
+        """Reads that were all held out, up to the next trained batch, into the tally."""
+        assert self.feed is not None
+        while self.feed.trained and isinstance(self.feed.trained[0], _Passed):
+            self.tally.add(self.feed.trained.popleft().batch)
+
     def meta(self) -> dict[str, Any]:
+        if self.feed is not None:
+            self._passed()  # at a drained boundary only such reads are left
         return {"skipped_rows": 0, "stream": stream_meta(self.tally, self.cfg.data.stream)}
+
+    def write_files(self, step_dir) -> None:
+        """This rank's files in a checkpoint being written: its held-out events."""
+        at = self.tally.position
+        self.held_out.save(step_dir, self.ctx.rank,
+                           StreamPosition.from_dict(at) if at is not None else None)  # fmt: skip
 
     def close(self) -> None:
         if self.feed is not None:
@@ -428,7 +467,8 @@ class NothingTrainedError(RuntimeError):
 
 def stream_meta(tally: Tally, cfg) -> dict[str, Any]:
     """meta.json's `stream` section (a collective): every rank's position, events and digest."""
-    mine = {"position": tally.position, "events": tally.events, "digest": tally.digest}
+    mine = {"position": tally.position, "events": tally.events, "digest": tally.digest,
+            "held_out": tally.held_out}  # fmt: skip
     every: list[Any] = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
     if dist.is_initialized():
         dist.all_gather_object(every, mine)
@@ -436,7 +476,8 @@ def stream_meta(tally: Tally, cfg) -> dict[str, Any]:
         every[0] = mine
     return {"url": cfg.url, "group": cfg.group, "consumer_prefix": cfg.consumer_prefix,
             "positions": [e["position"] for e in every], "events": [e["events"] for e in every],
-            "digests": [str(e["digest"]) for e in every]}  # fmt: skip
+            "digests": [str(e["digest"]) for e in every],
+            "held_out": [e["held_out"] for e in every]}  # fmt: skip
 
 
 def resume_tally(step_dir, rank: int, world_size: int, cfg) -> Tally:
@@ -452,16 +493,17 @@ def resume_tally(step_dir, rank: int, world_size: int, cfg) -> Tally:
         raise ConfigError(f"{step_dir} was not trained from a stream: it holds no stream positions "
                           "to resume from (data.stream.url)")  # fmt: skip
     saved = len(meta["positions"])
+    held = [int(h) for h in meta.get("held_out", [0] * saved)]
     if saved == world_size:
         return Tally(meta["positions"][rank], int(meta["events"][rank]),
-                     int(meta["digests"][rank]))  # fmt: skip
+                     int(meta["digests"][rank]), held[rank])  # fmt: skip
     check_world(step_dir, saved, world_size, cfg)
     if rank != 0:
         return Tally()
     digest = 0
     for d in meta["digests"]:
         digest = add_digests(digest, int(d))
-    return Tally(None, sum(int(e) for e in meta["events"]), digest)
+    return Tally(None, sum(int(e) for e in meta["events"]), digest, sum(held))
 
 
 def check_world(step_dir, saved: int, world_size: int, cfg) -> None:

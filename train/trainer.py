@@ -455,7 +455,9 @@ class Trainer:
         meta.update(self.source.meta())  # skipped rows; a stream's positions (collective)
         if self.publisher is not None:  # the log first: it must hold all this checkpoint trained
             self.publisher.flush(self.pos.step)
-        step_dir = self.checkpointer.save(self.pos.step, self._state(), meta)
+        step_dir = self.checkpointer.save(
+            self.pos.step, self._state(), meta, self.source.write_files
+        )
         self.saved_step = self.pos.step
         if self.ctx.is_main:
             log(f"checkpoint committed: {step_dir}")

@@ -145,7 +145,10 @@ def plan_block(config: str | Path) -> str:
         "order they arrive; full window: the share of them finding every slot of their window "
         "taken (they evict a colder id, or read the default row)"
     )
-    if counted is not None:
+    if counted is not None and not cfg.data.train_paths:
+        lines.append("live ids: the config names no training file (a stream run); the run's "
+                     "`zch:` lines report the ids it holds")  # fmt: skip
+    elif counted is not None:
         whole = " (all of them)" if counted[2] else ""
         lines.append(f"live ids: the distinct ids of the table's features in the first "
                      f"{counted[1]:,} training samples{whole}")  # fmt: skip

@@ -53,6 +53,7 @@ from rec.contract.features import FeatureSpec
 from rec.data.stream_reader import (
     Assembler,
     EventReader,
+    HoldOutSink,
     StreamBatch,
     StreamPosition,
     add_digests,
@@ -82,11 +83,13 @@ def open_reader(
     rank: int,
     start: dict[str, Any] | None = None,
     raw_dense: bool = False,
+    hold_out: HoldOutSink | None = None,
 ) -> EventReader:
-    """The reader of cfg.url for `rank`, from `start` (a checkpoint's position) if given."""
+    """The reader of cfg.url for `rank`, from `start` (a checkpoint's position) if given; the
+    events training holds out go to `hold_out` (rec.data.held_out)."""
     if cfg.url.startswith("redis://"):
         position = StreamPosition.from_dict(start) if start else None
-        return RedisEventReader(cfg, spec, rank, position, raw_dense)
+        return RedisEventReader(cfg, spec, rank, position, raw_dense, hold_out=hold_out)
     raise ConfigError(f"data.stream.url={cfg.url!r}: rec reads redis://HOST:PORT[/STREAM] streams")
 
 

@@ -14,7 +14,7 @@ import abc
 import json
 from collections import Counter, deque
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -56,11 +56,8 @@ def entry_key(entry_id: str | bytes) -> tuple[int, int]:
 _U64 = np.uint64
 
 
-def event_digest(entry: str, index: np.ndarray) -> int:
-    """An order-free fingerprint of events named by (entry id, place in the entry): the sum,
-    modulo 2**64, of a 64-bit mix of each. Summed over what a run trained, it equals the sum over
-    what the stream holds exactly when every event was trained once (a lost event and a repeated
-    one do not cancel, except by a 2**-64 chance): the exactly-once test's count."""
+def event_hashes(entry: str, index: np.ndarray) -> np.ndarray:
+    """A 64-bit mix of each event named by (entry id, place in the entry), uint64 [n]."""
     ms, seq = entry_key(entry)
     with np.errstate(over="ignore"):
         x = _U64(ms) * _U64(0x100000001B3) + _U64(seq) * _U64(0x9E3779B97F4A7C15)
@@ -70,7 +67,24 @@ def event_digest(entry: str, index: np.ndarray) -> int:
         x ^= x >> _U64(27)
         x *= _U64(0x94D049BB133111EB)
         x ^= x >> _U64(31)
-        return int(np.sum(x, dtype=np.uint64))
+    return np.asarray(x, dtype=np.uint64)
+
+
+def event_digest(entry: str, index: np.ndarray) -> int:
+    """An order-free fingerprint of events named by (entry id, place in the entry): the sum,
+    modulo 2**64, of event_hashes. Summed over what a run consumed, it equals the sum over
+    what the stream holds exactly when every event was consumed once (a lost event and a
+    repeated one do not cancel, except by a 2**-64 chance): the exactly-once test's count."""
+    with np.errstate(over="ignore"):
+        return int(np.sum(event_hashes(entry, index), dtype=np.uint64))
+
+
+def held_out_mask(entry: str, index: np.ndarray, nth: int) -> np.ndarray:
+    """Which events training holds out (data.stream.hold_out_every_nth): about one in `nth`,
+    chosen by the events' own names, so the same on every rank, resume and world size."""
+    if nth <= 0:
+        return np.zeros(len(index), dtype=bool)
+    return (event_hashes(entry, index) >> _U64(40)) % _U64(nth) == 0
 
 
 def add_digests(a: int, b: int) -> int:
@@ -79,11 +93,13 @@ def add_digests(a: int, b: int) -> int:
 
 @dataclass
 class StreamBatch:
-    """One rank's batch, the position after it, and its events' digest (event_digest)."""
+    """One rank's batch, the position after it, its events' digest (event_digest, held-out
+    events included) and how many events it held out of training."""
 
     batch: RecBatch
     position: dict[str, Any]
     digest: int = 0
+    held_out: int = 0
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -120,6 +136,14 @@ class EventReader(abc.ABC):
         pass
 
 
+class HoldOutSink(Protocol):
+    """Where an Assembler puts the events training holds out (rec.data.held_out.HeldOut)."""
+
+    every_nth: int
+
+    def add(self, entry: str, rows: Rows) -> None: ...
+
+
 @dataclass
 class _Held:
     """An entry read and decoded, whose good events are not all delivered yet."""
@@ -128,6 +152,25 @@ class _Held:
     events: Events
     next: int = 0
     """Index into events' good events of the next one to deliver."""
+    held_out: np.ndarray | None = None
+    """Which of the good events training holds out (held_out_mask), None: none."""
+
+    def left(self) -> int:
+        """Events still to deliver to training (held-out ones not counted)."""
+        rest = len(self.events) - self.next
+        if self.held_out is None or rest == 0:
+            return rest
+        return rest - int(np.count_nonzero(self.held_out[self.next :]))
+
+    def stop_after(self, n: int) -> int:
+        """The index just past the n-th event still to deliver to training, or the end."""
+        end = len(self.events)
+        if self.held_out is None:
+            return min(end, self.next + n)
+        trained = np.cumsum(~self.held_out[self.next :])
+        if trained.size == 0 or trained[-1] < n:
+            return end
+        return self.next + int(np.searchsorted(trained, n)) + 1
 
 
 class Assembler:
@@ -135,34 +178,50 @@ class Assembler:
 
     Kept apart from Redis, so a reader of another broker cuts batches the same way."""
 
-    def __init__(self, spec: FeatureSpec, raw_dense: bool = False) -> None:
-        self.spec, self.raw_dense = spec, raw_dense
+    def __init__(self, spec: FeatureSpec, raw_dense: bool = False,
+                 hold_out: HoldOutSink | None = None) -> None:  # fmt: skip
+        self.spec, self.raw_dense, self.hold_out = spec, raw_dense, hold_out
         self.held: deque[_Held] = deque()
         self.at = StreamPosition()
         self.digest = 0
-        """event_digest of the last take's events."""
+        """event_digest of the last take's events, held-out ones included."""
+        self.held_out = 0
+        """Events the last take passed to `hold_out` instead of the batch."""
 
     def add(self, entry: str, events: Events, skip: int = 0) -> None:
         """Holds an entry, its first `skip` events (by place in the entry) already consumed."""
-        held = _Held(entry, events, int(np.searchsorted(events.index, skip)))
+        mask = None
+        if self.hold_out is not None and self.hold_out.every_nth > 0:
+            mask = held_out_mask(entry, events.index, self.hold_out.every_nth)
+        held = _Held(entry, events, int(np.searchsorted(events.index, skip)), mask)
         self.held.append(held)
 
     @property
     def ready(self) -> int:
-        return sum(len(h.events) - h.next for h in self.held)
+        return sum(h.left() for h in self.held)
 
     def take(self, n: int) -> RecBatch:
+        """Up to n events for training. Held-out events on the way are consumed with them (in
+        the position and the digest, so exactly once covers them) and go to `hold_out`."""
         parts: list[Rows] = []
-        self.digest = 0
+        self.digest = self.held_out = 0
         while self.held:
             head = self.held[0]
-            k = min(n, len(head.events) - head.next)
-            if k > 0:
-                parts.append(_rows(head.events, head.next, head.next + k))
-                taken = head.events.index[head.next : head.next + k]
+            stop = head.stop_after(n) if n > 0 else head.next
+            if stop > head.next:
+                rows = _rows(head.events, head.next, stop)
+                taken = head.events.index[head.next : stop]
                 self.digest = add_digests(self.digest, event_digest(head.entry, taken))
-                head.next += k
-                n -= k
+                if head.held_out is not None:
+                    out = head.held_out[head.next : stop]
+                    if out.any():
+                        assert self.hold_out is not None
+                        self.hold_out.add(head.entry, rows.select(out))
+                        self.held_out += int(np.count_nonzero(out))
+                        rows = rows.select(~out)
+                parts.append(rows)
+                head.next = stop
+                n -= len(rows)
             if head.next < len(head.events):  # the batch is full inside this entry
                 self.at = StreamPosition(
                     head.entry, int(head.events.index[head.next]), head.events.size

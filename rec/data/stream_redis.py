@@ -36,6 +36,7 @@ from rec.data.read_ahead import ReadAhead
 from rec.data.stream_reader import (
     Assembler,
     EventReader,
+    HoldOutSink,
     StreamBatch,
     StreamPosition,
     decode_entry,
@@ -157,13 +158,14 @@ class RedisEventReader(EventReader):
         on_event: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         read_ahead: int = READ_AHEAD_BATCHES,
+        hold_out: HoldOutSink | None = None,
     ) -> None:
         self.cfg, self.spec, self.where = cfg, spec, parse_url(cfg.url)
         self.stream, self.group = self.where.stream, cfg.group
         self.dead = dead_stream(self.stream, cfg.dead_letter)
         self.consumer = f"{cfg.consumer_prefix}{rank}"
         self.resume = start
-        self.asm = Assembler(spec, raw_dense)
+        self.asm = Assembler(spec, raw_dense, hold_out)
         if start is not None:
             self.asm.at = start
         self.unacked: deque[str] = deque()
@@ -231,7 +233,7 @@ class RedisEventReader(EventReader):
                 break
         batch = self.asm.take(batch_size)
         self.counts["events"] += len(batch)
-        return StreamBatch(batch, self.position(), self.asm.digest)
+        return StreamBatch(batch, self.position(), self.asm.digest, self.asm.held_out)
 
     def _pull(self, batch_size: int, deadline: float) -> None:
         """Entries from the read-ahead thread until a batch is ready or `deadline` passes."""

@@ -19,9 +19,11 @@ import pytest
 import redis
 import torch
 
+from rec import run_dir
 from rec.broker import RedisBroker, redis_server_path
 from rec.config import config_from_dict
 from rec.contract.events import encode
+from rec.data.held_out import HeldOut
 from rec.data.replay import synthetic_events
 from rec.data.stream import StreamConfig, add_digests, event_digest, open_reader
 from rec.export.load import load_run
@@ -152,7 +154,10 @@ def test_the_plain_pipeline_and_a_row_wise_table_over_many_segments(tmp_path):
         assert _lineage(run) == _stream_digest(broker.port, "plain"), out
         assert _lineage(run)[0] == 400
         steps = int(out.split("stopped at step ")[1].split(":")[0])
-        assert steps >= 7, out  # 400 events in batches of at most 2 x 32: segments of 3 steps
+        meta = json.loads((run_dir.latest_checkpoint(run) / "meta.json").read_text())
+        trained = 400 - sum(meta["stream"]["held_out"])  # about 1 in 10 held out for export
+        assert 300 < trained < 400
+        assert steps >= -(-trained // 64), out  # batches of at most 2 x 32: segments of 3 steps
 
 
 def test_progressive_validation_equals_scoring_each_batch_before_its_step(tmp_path):
@@ -160,7 +165,7 @@ def test_progressive_validation_equals_scoring_each_batch_before_its_step(tmp_pa
         url = broker.url("pv")
         cfg = _config(url, log_every=1, steps=5)
         cfg["checkpoint"] = {"every_steps": 1, "keep_last": 10}
-        _produce(cfg, url, 5 * 32)
+        _produce(cfg, url, 6 * 32)  # 5 batches of 32 once about 1 in 10 is held out
         run = tmp_path / "run"
         run_rec("train", "-c", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
                 str(run), "--nproc", "1", timeout=300)  # fmt: skip
@@ -168,8 +173,9 @@ def test_progressive_validation_equals_scoring_each_batch_before_its_step(tmp_pa
         assert sorted(online) == [1, 2, 3, 4, 5]
         # The same batches, read again by another consumer group.
         model_cfg = config_from_dict(cfg)
+        # The same events held out as training held out (chosen by their names).
         reader = open_reader(StreamConfig(url=url, group="offline", wait_s=0.5),
-                             feature_spec(model_cfg), 0)  # fmt: skip
+                             feature_spec(model_cfg), 0, hold_out=HeldOut(10, 0))  # fmt: skip
         batches = [reader.next_batch(32).batch for _ in range(5)]
         reader.close()
         keys = list(model_cfg.features.sparse)
