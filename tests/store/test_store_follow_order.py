@@ -90,3 +90,41 @@ def test_a_lagging_ranks_eviction_and_old_rows_keep_the_moved_ids_new_row(tmp_pa
         _apply(_applier(client, "forgot"), RANK0)
         assert str(X).encode() not in _stored(client, "forgot")
         client.close()
+
+
+def test_a_restarted_follower_still_keeps_a_moved_ids_row(tmp_path):
+    """`rec store follow`'s StoreFollower stopped after rank 1's records and started again
+    before rank 0's late ones reach the log: it replays the log up to its saved entry (writing
+    nothing) and then leaves x's new row, as one that never stopped does. A real 3-master Redis
+    Cluster holds the store, a real redis-server the log."""
+    import threading
+    from types import SimpleNamespace
+
+    from rec.contract.store import meta_key
+    from rec.contract.updates import encode
+    from rec.store.client import connect
+    from rec.store.cluster import RedisCluster
+    from rec.store.follow import StoreFollower
+
+    table = StoredTable(SLOTS + 1, DIM, "int8", row_bytes(DIM, "int8"), PARTS, "raw_id", SLOTS)
+    with RedisBroker(tmp_path / "redis") as broker, \
+            RedisCluster(tmp_path / "cluster", masters=3, replicas=0) as cluster:  # fmt: skip
+        url = broker.url("rec:updates")
+        store = StoreSection("rec.store/2", cluster.url(), "p", {"t0": table})
+        updates = UpdatesSection("rec.updates/1", url, "r", step=10, gen=1)
+        manifest = SimpleNamespace(store=store, updates=updates)
+        client, log = connect(cluster.url()), redis.Redis(port=broker.port)
+        client.hset(meta_key("p"), mapping={"format": "rec.store/2"})  # a finished export's
+        for records in (RANK1, RANK0):  # rank 0's sender behind: its records come last
+            for r in records:
+                log.xadd("rec:updates", encode(r))
+            follower = StoreFollower(manifest, log=lambda line: None)
+            stats = follower.run(threading.Event(), idle_exit_s=0.5)
+            follower.close()
+            assert stats.refused == 0
+        assert follower.cursor != "0" and _stored(client, "p") == {
+            str(X).encode(): bytes([4] * 8),
+            str(Y).encode(): bytes([2] * 8),
+        }
+        client.close()
+        log.close()
