@@ -1,10 +1,10 @@
 """ZCH map changes in order across ranks, end to end (docs/update_log.md, "Id map changes in
 order across ranks"): real torchrun ranks publish to a real redis-server, rank 0's sender held
-back (train.publish.LAG_SEAM) so its rounds reach the log after rank 1's later ones; the run then
-loses its last checkpoint and resumes on 1 rank (every slot moves to rank 0), restoring what the
-dead run changed. A replica that applied the whole log onto the first export (rec's Triton
-model's code, serve.python_backend.updates.ServedTables, and rec-server) refuses nothing and
-ends with the final export's maps and rows, bit for bit."""
+back (train.publish.LAG_SEAM) so its rounds reach the log after rank 1's later ones; the run
+then loses its last checkpoint and resumes on another number of ranks (slots move between
+ranks), restoring what the dead run changed. A replica that applied the whole log onto the
+first export (rec's Triton model's code, serve.python_backend.updates.ServedTables, and
+rec-server) refuses nothing and ends with the final export's maps and rows, bit for bit."""
 
 from __future__ import annotations
 
@@ -52,12 +52,13 @@ def _config(url: str) -> dict:
     return data
 
 
-def _moved_ahead(records) -> int:
-    """Admissions by rank 1 that reached the log before rank 0's eviction of the same id."""
+def _moved_ahead(records, gen: int) -> int:
+    """Admissions by rank 1 of generation `gen` that reached the log before rank 0's eviction of
+    the same id."""
     pending: dict[int, int] = {}  # id -> the step rank 1 admitted it at
     ahead = 0
     for r in records:
-        if r.gen != 1:
+        if r.gen != gen:
             continue
         if r.rank == 1:
             pending.update({raw: r.step for _, raw in r.admitted})
@@ -104,34 +105,45 @@ def _wait_for_records(server, n: int) -> dict[str, float]:
         time.sleep(0.1)
 
 
-def test_a_lagging_rank_and_a_resume_on_fewer_ranks_reach_the_final_maps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("first, resumed", [(2, 1), (1, 2)])
+def test_a_lagging_rank_and_a_resume_on_other_ranks_reach_the_final_maps(
+    tmp_path, monkeypatch, first, resumed
+):
+    """On 2 ranks, then 1 (rank 0 lagging in the first run), and on 1 rank, then 2 (lagging in
+    the resumed run, whose ranks restore the slots the dead run changed from both shards)."""
     with RedisBroker(tmp_path / "redis") as broker:
         url = broker.url("rec:updates")
         data = _config(url)
         data["training"]["steps"] = 12
-        run, first, final = tmp_path / "run", tmp_path / "first", tmp_path / "final"
-        monkeypatch.setenv(LAG_SEAM, "0:1.0")  # rank 0's sender a round or more behind
+        run, start, final = tmp_path / "run", tmp_path / "first", tmp_path / "final"
+        lagging = 1 if first == 2 else 2  # the generation whose rank 0 lags
+        if lagging == 1:
+            monkeypatch.setenv(LAG_SEAM, "0:1.0")  # rank 0's sender a round or more behind
         run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", data)), "--run-dir",
-                str(run), "--nproc", "2", timeout=900)  # fmt: skip
-        monkeypatch.delenv(LAG_SEAM)
-        run_rec("export", str(run), "--repo", str(first), "--checkpoint",
+                str(run), "--nproc", str(first), timeout=900)  # fmt: skip
+        run_rec("export", str(run), "--repo", str(start), "--checkpoint",
                 run_dir.step_dir_name(4), "--format", "torchscript")  # fmt: skip
-        # The run dies after step 12's round, its checkpoint lost: resume from step 8 on 1 rank.
+        # The run dies after step 12's round, its checkpoint lost: resume from step 8.
         shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(12))
         (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_8\n")
         saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
         saved["training"]["steps"] = 16
         (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
-        out = run_rec("train", "--resume", str(run), "--nproc", "1", timeout=900).stdout
+        if lagging == 2:
+            monkeypatch.setenv(LAG_SEAM, "0:1.0")
+        else:
+            monkeypatch.delenv(LAG_SEAM)
+        out = run_rec("train", "--resume", str(run), "--nproc", str(resumed), timeout=900).stdout
         assert re.search(r"re-sent [1-9]\d* rows at their step-8 values", out), out
         run_rec("export", str(run), "--repo", str(final), "--format", "torchscript")
         records = [r for _, r in read_records(url)]
-        assert _moved_ahead(records) > 0  # the case: an admission ahead of its id's eviction
+        # the case: an admission ahead of its id's eviction
+        assert _moved_ahead(records, lagging) > 0
 
-        module, applied = _served(first, records)
+        module, applied = _served(start, records)
         assert sum(applied.refused.values()) == 0
         final_module = torch.jit.load(str(ModelDir.of(final, "rec").model_file(1)))
-        got, want = _tables_bytes(first, module), _tables_bytes(final, final_module)
+        got, want = _tables_bytes(start, module), _tables_bytes(final, final_module)
         assert got.keys() == want.keys()
         assert [k for k in want if got[k] != want[k]] == []
 
@@ -140,7 +152,7 @@ def test_a_lagging_rank_and_a_resume_on_fewer_ranks_reach_the_final_maps(tmp_pat
         probe = make_probe(cfg, maps, seed=5)
         batches = list(probe.batches())
         torch.set_num_threads(1)
-        with start_cpp(first, http_port=0, grpc_port=0, metrics_port=0,
+        with start_cpp(start, http_port=0, grpc_port=0, metrics_port=0,
                        extra_args=("--updates", url)) as server:  # fmt: skip
             counts = _wait_for_records(server, len(records))
             client = ScoreClient(server.endpoints.http, "http", model="rec")
