@@ -407,3 +407,16 @@ def test_any_interleaving_of_the_ranks_logs_ends_with_the_final_map_and_rows(see
     assert {s: m.held(s) for s in range(SLOTS) if m.held(s) is not None} == final
     assert replica.rows["t0"] == rows and m.vacated == {}
     assert all(v >= replica.mark[:2] for v in m.changed.values())  # settled at the watermark
+
+
+def test_a_resume_sees_a_slot_vacated_for_an_eviction_that_never_came_as_free():
+    """rec.served_map.replayed, what republish_undone sets back: the dead run's rank 1 admitted
+    x (held by slot 5 at the checkpoint) into slot 8; rank 0 died before sending x's eviction.
+    A replica holds x at 8 and slot 5 free, so the resume must give slot 5 back its id."""
+    from rec.served_map import replayed
+
+    x = _id_at(5)
+    keys, used = torch.zeros(SLOTS, dtype=torch.int64), torch.zeros(SLOTS, dtype=torch.bool)
+    keys[5], used[5] = x, True
+    assert replayed(keys, used, 4, [_of(1, 14, [8], [], [(8, x)], [(8, x)])]) == {8: x, 5: None}
+    assert bool(used[5])  # the checkpoint's map itself is left as it is
