@@ -212,6 +212,20 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, MapPlan* plan,
            ", the record evicts id " + std::to_string(e.id);
     return UpdateOutcome::kMapMismatch;
   }
+  UpdateOutcome admitted = PlanAdmissions(r, m, plan, why);
+  if (admitted != UpdateOutcome::kApplied) return admitted;
+  return CheckHeld(r, m, *plan, why);
+}
+
+// The admissions of ServedMap.check: each into a free slot of its id's window, once, and the
+// id's other holder vacated, or the admission written free, or refused (rec.served_map).
+UpdateOutcome EmbeddingTables::PlanAdmissions(const UpdateRecord& r, const Map& m, MapPlan* plan,
+                                              std::string* why) const {
+  const std::string table = "'" + r.table + "'";
+  const Version v{r.gen, r.step};
+  auto held = [&](int64_t slot) {
+    return m.copies[0].second[slot] != 0 ? std::to_string(m.copies[0].first[slot]) : "None";
+  };
   // Evicted by this record: its holder leaves here.
   auto freed = [&](int64_t slot) {
     return Find(r.evicted, slot) != nullptr && plan->done.count(slot) == 0;
@@ -257,7 +271,7 @@ UpdateOutcome EmbeddingTables::CheckMap(const UpdateRecord& r, MapPlan* plan,
       }
     }
   }
-  return CheckHeld(r, m, *plan, why);
+  return UpdateOutcome::kApplied;
 }
 
 // rec.served_map.ServedMap._done: the record's slots whose own change is newer (superseded), or

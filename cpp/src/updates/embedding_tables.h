@@ -116,6 +116,8 @@ class EmbeddingTables {
   UpdateOutcome CheckMap(const UpdateRecord& r, MapPlan* plan, std::string* why) const;
   UpdateOutcome PlanDone(const UpdateRecord& r, const Map& m, MapPlan* plan,
                          std::string* why) const;
+  UpdateOutcome PlanAdmissions(const UpdateRecord& r, const Map& m, MapPlan* plan,
+                               std::string* why) const;
   UpdateOutcome CheckHeld(const UpdateRecord& r, const Map& m, const MapPlan& plan,
                           std::string* why) const;
   void WriteRows(const UpdateRecord& r);
