@@ -35,8 +35,10 @@ def round_trip(cfg: RecConfig, scorer: Scorer, rows: int = ROWS) -> dict[str, An
     if cfg.data.source == "synthetic":
         return {"skipped": "synthetic data has no raw rows"}
     if not (cfg.data.eval_paths or cfg.data.train_paths):
-        return {"skipped": "the run names no data file (a stream run: its events are checked "
-                "as they arrive, rec.contract.events)"}
+        return {
+            "skipped": "the run names no data file (a stream run: its events are checked "
+            "as they arrive, rec.contract.events)"
+        }
     try:
         path = resolve_paths(cfg.data.eval_paths or cfg.data.train_paths)[0]
     except DataError as e:
