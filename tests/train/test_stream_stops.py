@@ -17,6 +17,7 @@ import redis
 from rec import run_dir
 from rec.broker import RedisBroker, redis_server_path
 from rec.config import config_from_dict
+from rec.contract import ModelDir
 from rec.contract.events import encode
 from rec.data.replay import synthetic_events
 from rec.data.stream import StreamConfig, open_reader
@@ -155,7 +156,7 @@ def test_a_clean_sigterm_leaves_nothing_pending_and_its_resume_command_works(tmp
     repo = tmp_path / "repo"
     out = run_rec("export", str(run), "--repo", str(repo)).stdout
     assert f"quality checks on {held:,} events the stream run held out of training" in out, out
-    checks = json.loads((repo / "rec" / "rec.json").read_text())["verification"]
+    checks = json.loads(ModelDir.of(repo, "rec").manifest.read_text())["verification"]
     assert checks["eval"]["eval_samples"] == held, checks
 
 
