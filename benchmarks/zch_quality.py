@@ -40,16 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from rec.benchmarking import run_watched
+from rec.benchmarking import train_records
 from rec.config import RecConfig, config_from_dict, default_config
 from rec.cpu import cpu_info, describe
 from rec.data.churn import TableCollisions, live_collisions, modulo_collisions
@@ -57,7 +54,6 @@ from rec.data.synthetic import SyntheticSource
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "zch_quality.json"
-REC = str(Path(sys.executable).parent / "rec")
 NPROC = 2
 BATCH = 256  # per rank
 DATASETS = {
@@ -95,14 +91,7 @@ def config(dataset: str, budget: float, ids, steps: int, eval_samples: int, seed
 
 def train(cfg: dict) -> dict:
     """One `rec train` on 2 ranks; its final eval and the ZCH tables' last statistics."""
-    with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
-        path = Path(tmp) / "cfg.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        run = Path(tmp) / "run"
-        argv = [REC, "train", "-c", str(path), "--run-dir", str(run), "--nproc", str(NPROC)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        wall, _ = run_watched(argv, Path(tmp) / "train.log", env=env)
-        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records, wall = train_records(cfg, NPROC, ROOT / "runs")
     final = [r for r in records if r["kind"] == "eval"][-1]
     zch = [r for r in records if r["kind"] == "zch"]
     out = {"auc": final["auc"], "log_loss": final["log_loss"], "wall_s": round(wall, 1)}

@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -48,15 +46,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
-from rec.benchmarking import run_watched
+from rec.benchmarking import train_records
 from rec.cpu import cpu_info, describe
 from rec.data.churn import colliding_share
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "zch_quality_real.json"
-REC = str(Path(sys.executable).parent / "rec")
 NPROC = 2
 BATCH = 256  # per rank
 BLOCK = 4096  # events drawn from one snapshot of who is born and how popular
@@ -196,14 +192,7 @@ def config(folder: Path, rows: dict[str, int], ids, steps: int, seed: int = 0,
 
 def train(cfg: dict) -> dict:
     """One `rec train` on 2 ranks; its final eval and the ZCH tables' last statistics."""
-    with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
-        path = Path(tmp) / "cfg.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        run = Path(tmp) / "run"
-        argv = [REC, "train", "-c", str(path), "--run-dir", str(run), "--nproc", str(NPROC)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        wall, _ = run_watched(argv, Path(tmp) / "train.log", env=env)
-        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records, wall = train_records(cfg, NPROC, ROOT / "runs")
     final = [r for r in records if r["kind"] == "eval"][-1]
     out = {"auc": final["auc"], "log_loss": final["log_loss"], "wall_s": round(wall, 1)}
     zch = [r for r in records if r["kind"] == "zch"]

@@ -217,6 +217,25 @@ def run_watched(cmd: list[str], log_path: Path | None = None, **kwargs) -> tuple
     return wall, watch
 
 
+def train_records(cfg: dict, nproc: int, work: Path) -> tuple[list[dict], float]:
+    """One `rec train` of the config dict on `nproc` ranks (one intra-op thread each) in a
+    temporary directory under `work`: its metrics.jsonl records and the wall seconds."""
+    import os
+    import tempfile
+
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        path = Path(tmp) / "cfg.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        run = Path(tmp) / "run"
+        rec = str(Path(sys.executable).parent / "rec")
+        argv = [rec, "train", "-c", str(path), "--run-dir", str(run), "--nproc", str(nproc)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        wall, _ = run_watched(argv, Path(tmp) / "train.log", env=env)
+        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return records, wall
+
+
 def batching_repo(src: Path, model: str, dst: Path, batching: bool, delay_us: int) -> Path:
     """A copy of the model with dynamic batching on (delay_us window) or off."""
     shutil.copytree(src / model, dst / model)
