@@ -213,24 +213,26 @@ class StreamFeed:
 
     def _agree(self, n_local: int) -> tuple[int, int, int]:
         """[events, stop, checkpoint due] over the ranks, and the largest batch (pad_to), from
-        one all-gather per read of [events, signalled, idle, due, refused]. Idle counts only
+        one all-gather per read of [events, signal number, idle, due, refused]. Idle counts only
         reads that found nothing, from the first of them: a step slower than idle_exit_s
         between two reads is not the stream's silence, and a read that found events on any
         rank never stops the run as idle."""
         now = time.monotonic()
-        signalled = self.stop.signal is not None
+        signum = self.stop.signal or 0  # the number, so every rank names the same signal
         idle = (bool(self.idle_exit_s) and self.empty_since is not None
                 and now - self.empty_since > self.idle_exit_s)  # fmt: skip
         due = (self.every_seconds and now - self.last_save >= self.every_seconds
                and self.step > self.saved_step)  # fmt: skip
         refused = sum(self.reader.refused.values())
-        flags = torch.tensor([n_local, signalled, idle, bool(due), refused], dtype=torch.int64)
+        flags = torch.tensor([n_local, signum, idle, bool(due), refused], dtype=torch.int64)
         every = [flags]
         if dist.is_available() and dist.is_initialized():
             every = [torch.zeros_like(flags) for _ in range(dist.get_world_size())]
             dist.all_gather(every, flags)
         self.pad_to = max(int(f[0]) for f in every)
-        total, signalled_all, idle_all, due_all, refused_all = (int(x) for x in sum(every))
+        total, _, idle_all, due_all, refused_all = (int(x) for x in sum(every))
+        signum_all = max(int(f[1]) for f in every)
+        signalled_all = int(signum_all > 0)
         self.refused_all = refused_all
         idle_all = idle_all if not total else 0
         if total:
@@ -242,9 +244,8 @@ class StreamFeed:
                 if self.is_main:
                     self._status(now, refused_all)
         self.stop_drains = bool(signalled_all)
-        if signalled_all and not self.why:
-            name = signal.Signals(self.stop.signal).name if signalled else ""
-            self.why = f"signal {name}" if signalled else "another rank got a signal"
+        if signalled_all and not self.why:  # rank 0 says it whichever rank got it first
+            self.why = f"signal {signal.Signals(signum_all).name}"
         elif idle_all and not self.why:
             self.why = f"no event for {self.idle_exit_s:g} s (data.stream.idle_exit_s)"
         return total, signalled_all + idle_all, due_all
