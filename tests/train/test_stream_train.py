@@ -165,7 +165,7 @@ def test_progressive_validation_equals_scoring_each_batch_before_its_step(tmp_pa
         url = broker.url("pv")
         cfg = _config(url, log_every=1, steps=5)
         cfg["checkpoint"] = {"every_steps": 1, "keep_last": 10}
-        _produce(cfg, url, 6 * 32)  # 5 batches of 32 once about 1 in 10 is held out
+        _produce(cfg, url, 7 * 32)  # 5 batches of 32 once about 1 in 10 is held out
         run = tmp_path / "run"
         run_rec("train", "-c", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
                 str(run), "--nproc", "1", timeout=300)  # fmt: skip
