@@ -29,6 +29,7 @@ class UpdateSubscriber {
 
  private:
   void Loop();
+  bool Stopping();
   bool Sleep(int ms);  // false once stopping
   void SetBehind(int64_t ms);
 
