@@ -13,25 +13,60 @@ servers map them to ids with the model's feature spec; it is not an input of the
 Each input has a role (dense, lengths, values): rec.json records it beside the name, so a
 reader (rec-server among them) finds each input by what it is, not by its dtype and rank.
 
+A context model (features.context; rec.contract.context) scores R requests of one context (the
+user) and N candidates each, B candidates in all; its inputs, in forward order, each named as
+its role, a zero-width one left out (`context_io_manifest`):
+
+    context_dense      FP32  [R, Dc]   the context's dense values (Dc = 0: left out)
+    context_lengths    INT32 [R, Fc]   ids per context per context sparse feature (Fc = 0: out)
+    context_values     INT64 [m]       the context's ids, batch-major (Fc = 0: left out)
+    candidate_dense    FP32  [B, Dn]   the candidates' dense values (Dn = 0: left out)
+    candidate_lengths  INT32 [B, Fn]   ids per candidate per candidate sparse feature (Fn >= 1)
+    candidate_values   INT64 [n]       the candidates' ids, batch-major
+    candidate_offsets  INT32 [R+1]     Fn * (0, N1, N1+N2, ...): filled by the server, never sent
+
+A request carries R = 1 context, and `context_strings` / `candidate_strings` (BYTES) may stand in
+for the values as `sparse_strings` does. The flat inputs stay accepted; `scores` is [B, T].
+
 Example:
     >>> io_manifest(13, 26, 1)["inputs"][2]
     {'name': 'sparse_values', 'role': 'values', 'dtype': 'INT64', 'shape': [-1]}
     >>> EMBEDDING_DTYPES["int4"].bytes_per_row(64)
     36.0
+    >>> from rec.contract.context import ContextSplit
+    >>> split = ContextSplit(dense=(0, 1), sparse=(2,), num_dense=2, num_sparse=4)
+    >>> [i["name"] for i in context_io_manifest(split, 1)["inputs"]][2:]  # no candidate_dense
+    ['context_values', 'candidate_lengths', 'candidate_values', 'candidate_offsets']
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 DENSE, LENGTHS, VALUES, SCORES = "dense_features", "sparse_lengths", "sparse_values", "scores"
 STRINGS = "sparse_strings"
 INPUT_NAMES = (DENSE, LENGTHS, VALUES)
 OUTPUT_NAME = SCORES
+# A context model's inputs, in the model's forward order; each name is also its role.
+CONTEXT_DENSE, CONTEXT_LENGTHS = "context_dense", "context_lengths"
+CONTEXT_VALUES = "context_values"
+CANDIDATE_DENSE, CANDIDATE_LENGTHS = "candidate_dense", "candidate_lengths"
+CANDIDATE_VALUES, CANDIDATE_OFFSETS = "candidate_values", "candidate_offsets"
+CONTEXT_INPUT_NAMES = (CONTEXT_DENSE, CONTEXT_LENGTHS, CONTEXT_VALUES, CANDIDATE_DENSE,
+                       CANDIDATE_LENGTHS, CANDIDATE_VALUES, CANDIDATE_OFFSETS)  # fmt: skip
+# Request-only, in place of the values (as STRINGS).
+CONTEXT_STRINGS, CANDIDATE_STRINGS = "context_strings", "candidate_strings"
 # Triton's / KServe's dtype names (config.pbtxt writes them as TYPE_<name>).
-DTYPES = {DENSE: "FP32", LENGTHS: "INT32", VALUES: "INT64", STRINGS: "BYTES", SCORES: "FP32"}
+DTYPES = {
+    DENSE: "FP32", LENGTHS: "INT32", VALUES: "INT64", STRINGS: "BYTES", SCORES: "FP32",
+    CONTEXT_DENSE: "FP32", CONTEXT_LENGTHS: "INT32", CONTEXT_VALUES: "INT64",
+    CANDIDATE_DENSE: "FP32", CANDIDATE_LENGTHS: "INT32", CANDIDATE_VALUES: "INT64",
+    CANDIDATE_OFFSETS: "INT32", CONTEXT_STRINGS: "BYTES", CANDIDATE_STRINGS: "BYTES",
+}  # fmt: skip
 # What each input is, as rec.json's "inputs" name it ("role").
 ROLES = {DENSE: "dense", LENGTHS: "lengths", VALUES: "values"}
+CONTEXT_ROLES = {name: name for name in CONTEXT_INPUT_NAMES}
 # numpy's dtype of each Triton dtype the I/O uses (tritonclient takes and returns numpy arrays).
 NUMPY_DTYPES = {"FP32": "float32", "INT32": "int32", "INT64": "int64", "BYTES": "object"}
 
@@ -49,6 +84,35 @@ def io_manifest(num_dense: int, num_sparse: int, num_tasks: int) -> dict[str, li
         "inputs": [
             {"name": n, "role": ROLES[n], "dtype": DTYPES[n], "shape": shapes[n]}
             for n in INPUT_NAMES
+        ],
+        "outputs": [{"name": SCORES, "dtype": DTYPES[SCORES], "shape": [-1, num_tasks]}],
+    }
+
+
+def context_io_manifest(split: Any, num_tasks: int) -> dict[str, list[dict]]:
+    """rec.json's "inputs" and "outputs" of a context model: its inputs in forward order, a
+    zero-width one (no context dense, no candidate dense, no context sparse) left out. `split`
+    is a rec.contract.context.ContextSplit (not imported here: context imports this module)."""
+    widths = {
+        CONTEXT_DENSE: len(split.dense),
+        CONTEXT_LENGTHS: len(split.sparse),
+        CONTEXT_VALUES: len(split.sparse),
+        CANDIDATE_DENSE: len(split.cand_dense),
+        CANDIDATE_LENGTHS: len(split.cand_sparse),
+        CANDIDATE_VALUES: len(split.cand_sparse),
+        CANDIDATE_OFFSETS: 1,
+    }
+    one_dim = (CONTEXT_VALUES, CANDIDATE_VALUES, CANDIDATE_OFFSETS)
+    return {
+        "inputs": [
+            {
+                "name": n,
+                "role": CONTEXT_ROLES[n],
+                "dtype": DTYPES[n],
+                "shape": [-1] if n in one_dim else [-1, widths[n]],
+            }
+            for n in CONTEXT_INPUT_NAMES
+            if widths[n] > 0
         ],
         "outputs": [{"name": SCORES, "dtype": DTYPES[SCORES], "shape": [-1, num_tasks]}],
     }
