@@ -37,7 +37,8 @@ from rec.config import QUANT_DTYPES, export_formats
     "-c",
     type=click.Path(path_type=Path),
     default=None,
-    help="YAML whose `export:` section overrides the run's (per-table dtypes, batching).",
+    help="YAML whose `export:` section (per-table dtypes, batching) and `features.context` "
+    "override the run's.",
 )
 @click.option(
     "--version",

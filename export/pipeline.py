@@ -70,11 +70,13 @@ def resolve_config(
     config: str | Path | None,
     store: str | None = None,
 ) -> RecConfig:
-    """The run's config.yaml with export settings overridden by `config`'s `export:` section,
-    then by the command-line `quantize`, `fmt` and `store` (export.store.url)."""
+    """The run's config.yaml with export settings overridden by `config`'s `export:` section
+    and `features.context` (training does not depend on it: one run exports both forms), then
+    by the command-line `quantize`, `fmt` and `store` (export.store.url)."""
     if not (run / run_dir.CONFIG_FILE).is_file():
         run_dir.resolve_checkpoint(run)  # raises the right RunDirError
     export: dict[str, Any] = {}
+    context: dict[str, Any] = {}
     if config is not None:
         path = Path(config)
         if not path.is_file():
@@ -83,14 +85,18 @@ def resolve_config(
         if not isinstance(data, dict) or not isinstance(data.get("export", {}), dict):
             raise ConfigError(f"export config {str(path)!r} must hold an `export:` mapping")
         export.update(data.get("export", {}))
+        features = data.get("features")
+        if isinstance(features, dict) and "context" in features:
+            context = {"context": features["context"]}
     if quantize is not None:
         export["quantize"] = quantize
     if fmt is not None:
         export["format"] = fmt
     if store is not None:
         export["store"] = {**export.get("store", {}), "url": store}
-    overrides = {"export": export} if export else None
-    return load_config(run / run_dir.CONFIG_FILE, overrides=overrides)
+    overrides = {**({"export": export} if export else {}),
+                 **({"features": context} if context else {})}  # fmt: skip
+    return load_config(run / run_dir.CONFIG_FILE, overrides=overrides or None)
 
 
 def stored_bytes(cfg: RecConfig) -> int:
@@ -379,7 +385,7 @@ def export_run(
     Args:
         run: run directory (Contract 1). checkpoint: step dir name; default LATEST.
         quantize, fmt: override export.quantize / export.format of the run's config.
-        config: YAML file whose `export:` section overrides the run's export settings.
+        config: YAML file whose `export:` section and `features.context` override the run's.
         version: version directory to write; default the next one. force: replace it.
         skip_exported: write nothing when every format's newest version already holds this
             checkpoint (a deployment that runs export on every start exports each one once).

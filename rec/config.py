@@ -277,6 +277,17 @@ class FeaturesConfig:
     servers for `sparse_strings` requests, count negative values per feature (serve/README.md).
 
     Example: error"""
+    context: list[str] = field(default_factory=list)
+    """Features of the request rather than of the item scored (the user, the device, the time):
+    names of dense features (`dense_names`) and sparse features. Given, the exported model also
+    takes the context form (rec.contract.context): one request carries the context once and N
+    candidates, its context bags are looked up once and its scores are bit for bit those of the
+    flat batch with the context repeated per candidate. Flat requests still work. Training is
+    unchanged, so a run exports with or without it (`rec export -c`). A candidate keeps at
+    least one sparse feature of its own; din's `model.candidate` is never context. Not yet with
+    model.factory, onnx, or export.store.tables. Empty: the flat form only.
+
+    Example: [user_id, recent_items, dense_0, dense_1]"""
 
     def __post_init__(self) -> None:
         _one_of("features.negative", self.negative, NEGATIVE_POLICIES)
@@ -1053,6 +1064,7 @@ class RecConfig:
             )
         self._check_sequences(names)
         self._check_zch()
+        self._check_context()
         _check(
             not (self.data.stream.url and not self.training.steps
                  and self.training.lr_schedule != "constant"),
@@ -1092,6 +1104,53 @@ class RecConfig:
                 "data_parallel: a ZCH table's admitted rows and their optimizer state are reset "
                 "in the embedding kernel; allow another sharding type (table_wise, row_wise, ...)",
             )
+
+    def _check_context(self) -> None:
+        """features.context: names the model's features, leaves each candidate a sparse feature
+        and keeps to what the context form exports to (docs in FeaturesConfig.context)."""
+        context = self.features.context
+        if not context:
+            return
+        dense, sparse = self.features.dense_names, self.features.sparse
+        for name in context:
+            _check(context.count(name) == 1, f"features.context={context!r} lists {name!r} twice")
+            _check(
+                name in dense or name in sparse,
+                f"features.context names {name!r}, which is not a feature: the dense features "
+                f"are {dense} and the sparse features {sparse}",
+            )
+            _check(
+                not (name in dense and name in sparse),
+                f"features.context names {name!r}, which is both a dense and a sparse feature",
+            )
+        _check(
+            any(f not in context for f in sparse),
+            f"features.context names every sparse feature {sparse}: a candidate needs at least "
+            "one sparse feature of its own",
+        )
+        _check(
+            not (self.model.arch == "din" and self.model.candidate in context),
+            f"features.context names {self.model.candidate!r}, din's model.candidate: the item "
+            "scored is the candidate's, never the context's",
+        )
+        _check(
+            not self.model.factory,
+            f"features.context is not yet supported with model.factory={self.model.factory!r}: "
+            "a factory's model takes the whole batch as one KeyedJaggedTensor, so its context "
+            "cannot be looked up once; leave features.context empty",
+        )
+        _check(
+            "onnx" not in contract_formats.resolve(self.export.format),
+            f"features.context is not yet supported with export.format={self.export.format!r}: "
+            "the context form exports to TorchScript and AOTInductor only; use torchscript or "
+            "aoti",
+        )
+        _check(
+            not self.export.store.tables,
+            f"features.context is not yet supported with export.store.tables="
+            f"{self.export.store.tables}: stored tables are looked up per flat row; leave "
+            "them in the model, or leave features.context empty",
+        )
 
     def _check_sequences(self, names: list[str]) -> None:
         sequence = [t for t in self.tables if t.pooling == "none"]

@@ -9,9 +9,10 @@ A resume trains the run's own config.yaml. On top of it:
 - `-c FILE` is laid over config.yaml (a file holding only `training: {steps: 0, epochs: 3}` is
   enough; epochs alone, where training.steps decides the length, is refused). Only the
   settings a checkpoint does not depend on may change (RESUMABLE: training length,
-  evaluation, logging and checkpoint intervals, publishing); any other change (model, tables,
-  features, data, optimizer, sharding, export) is refused naming each field, since the
-  checkpoint holds the model, the optimizer's state and the data position they made.
+  evaluation, logging and checkpoint intervals, publishing, features.context); any other
+  change (model, tables, features, data, optimizer, sharding, export) is refused naming each
+  field, since the checkpoint holds the model, the optimizer's state and the data position
+  they made.
 - `--publish URL` turns publishing on and `--no-publish` off, for this start and the ones
   after it (publish.url); without either a resume publishes as the run did. Publishing from a
   checkpoint trained without it first re-sends every row (rec.train.publish.republish_all).
@@ -39,6 +40,7 @@ RESUMABLE = (
     "training.pg_timeout_s",
     "checkpoint.",
     "publish.",
+    "features.context",  # export's concern only: the model trains the same either way
 )
 """Fields (a trailing dot: every field of that section) that `-c` may change on a resume."""
 
