@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REDIS_SERVER = "redis-server"
@@ -40,9 +41,13 @@ def _free_port(host: str) -> int:
 
 
 class RedisBroker:
-    """redis-server on `host`:`port` (0: a free one), data and log in `folder`."""
+    """redis-server on `host`:`port` (0: a free one), data and log in `folder`; `extra`: more
+    arguments (`--cluster-enabled yes`: a node of no cluster yet, which answers cluster
+    commands)."""
 
-    def __init__(self, folder: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, folder: Path, host: str = "127.0.0.1", port: int = 0, extra: Sequence[str] = ()
+    ) -> None:
         binary = redis_server_path()
         if binary is None:
             raise BrokerError("redis-server is not installed (Debian: apt-get install "
@@ -51,6 +56,7 @@ class RedisBroker:
         self.binary, self.folder, self.host = binary, Path(folder).resolve(), host
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = port or _free_port(host)
+        self.extra = tuple(extra)
         self.proc: subprocess.Popen | None = None
         self.start()
 
@@ -66,7 +72,7 @@ class RedisBroker:
         args = [self.binary, "--port", str(self.port), "--bind", self.host,
                 "--dir", str(self.folder), "--logfile", str(self.log_path),
                 "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-                "--daemonize", "no", "--protected-mode", "no"]
+                "--daemonize", "no", "--protected-mode", "no", *self.extra]
         # fmt: on
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
