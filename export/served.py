@@ -65,8 +65,16 @@ class DlrmHead(nn.Module):
         self.over_arch = model.over_arch
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        embedded_dense = self.dense_arch(dense)
-        concatenated = self.inter_arch(dense_features=embedded_dense, sparse_features=pooled)
+        return self.top(self.embed_dense(dense), pooled)
+
+    def embed_dense(self, dense: torch.Tensor) -> torch.Tensor:
+        """The dense arch (bottom MLP): row by row, so a context's runs once for its candidates
+        (rec.export.served_context)."""
+        return self.dense_arch(dense)
+
+    def top(self, embedded: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """The interaction and over arch of the embedded dense and pooled features -> logits."""
+        concatenated = self.inter_arch(dense_features=embedded, sparse_features=pooled)
         return self.over_arch(concatenated)
 
 
@@ -74,9 +82,8 @@ class ConcatHead(DlrmHead):
     """A rec.model.ConcatModel's (DCN-v2's, MMoE's) dense arch, interaction and over arch:
     (dense, pooled [B, sum of the features' dims]) -> logits. Takes the modules themselves."""
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        x0 = torch.cat([self.dense_arch(dense), pooled], 1)
-        return self.over_arch(self.inter_arch(x0))
+    def top(self, embedded: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return self.over_arch(self.inter_arch(torch.cat([embedded, pooled], 1)))
 
 
 def make_head(model: nn.Module, cfg: RecConfig) -> nn.Module:
@@ -139,14 +146,19 @@ class ServedModule(nn.Module):
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """The sigmoid of the request's logits [B, T]."""
-        if not self.batch_invariant:
-            return torch.sigmoid(logits)
-        # ATen's vectorized sigmoid and its scalar tail loop differ in the last bit, and which
-        # scores fall in the tail of a contiguous [B, T] depends on B. Read through a view
-        # whose rows are not adjacent, every row is its own loop: score (b, t) takes the same
-        # path for every B.
-        tasks = logits.shape[1]
-        return torch.sigmoid(torch.cat([logits, logits], 1)[:, :tasks])
+        return sigmoid_scores(logits, self.batch_invariant)
+
+
+def sigmoid_scores(logits: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
+    """The sigmoid of logits [B, T], each score's bits the same for every B if batch_invariant."""
+    if not batch_invariant:
+        return torch.sigmoid(logits)
+    # ATen's vectorized sigmoid and its scalar tail loop differ in the last bit, and which
+    # scores fall in the tail of a contiguous [B, T] depends on B. Read through a view
+    # whose rows are not adjacent, every row is its own loop: score (b, t) takes the same
+    # path for every B.
+    tasks = logits.shape[1]
+    return torch.sigmoid(torch.cat([logits, logits], 1)[:, :tasks])
 
 
 def table_indices(
@@ -260,9 +272,12 @@ class TbeLookup(nn.Module):
         tbe: IntNBitTableBatchedEmbeddingBagsCodegen,
         cfg: RecConfig,
         feature_order: list[str],
+        columns: list[str] | None = None,
     ) -> None:
         super().__init__()
-        columns = list(cfg.features.sparse)
+        # The request's columns: features.sparse, or a context model's side
+        # (rec.export.served_context.subset).
+        columns = list(cfg.features.sparse) if columns is None else columns
         owner = cfg.feature_to_table()
         by_name = {t.name: t for t in cfg.tables}
         self.num_features = len(feature_order)
@@ -437,8 +452,19 @@ class DinHead(nn.Module):
         dense: torch.Tensor,
         looked: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
+        return self.top(self.embed_dense(dense), looked)
+
+    def embed_dense(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.dense_arch(dense)
+
+    def top(
+        self,
+        embedded: torch.Tensor,
+        looked: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """DinLookup's output with the embedded dense -> logits."""
         pooled, candidate, items, owner = looked
-        x0 = torch.cat([self.dense_arch(dense), pooled], 1)
+        x0 = torch.cat([embedded, pooled], 1)
         # min_rows first: a history's length is data-dependent, which torch.export cannot test.
         if self.min_rows > 1 and items.shape[0] < self.min_rows:
             # The attention's layers see one row per history item; oneDNN's (bf16) are batch
