@@ -53,13 +53,18 @@ from rec.contract.io import (
     CANDIDATE_STRINGS,
     CANDIDATE_VALUES,
     CONTEXT_DENSE,
+    CONTEXT_INPUT_NAMES,
     CONTEXT_LENGTHS,
     CONTEXT_STRINGS,
     CONTEXT_VALUES,
+    DENSE,
     DTYPES,
+    LENGTHS,
     NUMPY_DTYPES,
+    STRINGS,
+    VALUES,
 )
-from rec.contract.sections import ManifestError, get
+from rec.contract.sections import ManifestError, get, integer
 
 VERSION = 1
 """rec.json's context.version: what `from_dict` reads."""
@@ -67,6 +72,10 @@ VERSION = 1
 _DENSE = NUMPY_DTYPES[DTYPES[CONTEXT_DENSE]]
 _LENGTHS = NUMPY_DTYPES[DTYPES[CONTEXT_LENGTHS]]
 _OFFSETS = NUMPY_DTYPES[DTYPES[CANDIDATE_OFFSETS]]
+FLAT_REQUEST_INPUTS = (DENSE, LENGTHS, VALUES, STRINGS)
+CONTEXT_REQUEST_INPUTS = (*CONTEXT_INPUT_NAMES, CONTEXT_STRINGS, CANDIDATE_STRINGS)
+"""What a request to a context model may carry, each form's in the I/O table's order (a mixed
+request's refusal names the first of each)."""
 
 
 @dataclass(frozen=True)
@@ -115,15 +124,15 @@ class ContextSplit:
     def from_dict(cls, data: Any, source: str = "rec.json") -> ContextSplit:
         """Checks rec.json's "context" section; ManifestError names the field at fault."""
         if not isinstance(data, dict):
-            raise ManifestError(source, "context", "an object", data)
+            raise ManifestError(source, "context", "an object or null", data)
         version = get(data, "version")
         if version != VERSION or type(version) is not int:
             raise ManifestError(source, "context.version", str(VERSION), version)
         widths = []
         for key in ("num_dense", "num_sparse"):
             value = get(data, key)
-            if type(value) is not int or value < 0:
-                raise ManifestError(source, f"context.{key}", "an integer >= 0", value)
+            if not integer(value, 0):
+                raise ManifestError(source, f"context.{key}", "an integer in [0, 2^30]", value)
             widths.append(value)
         columns = []
         for key, width in zip(("dense", "sparse"), widths, strict=True):
@@ -233,3 +242,43 @@ def repeat(
     pool = np.concatenate([ctx_values, cand_values])
     values = pool[_gather_bags(starts.reshape(-1), lengths.reshape(-1))]
     return dense, lengths, values
+
+
+class RequestError(ValueError):
+    """A request to a context model that both servers refuse, with their text."""
+
+
+def request_form(shapes: dict[str, Sequence[int]], max_batch_size: int) -> str:
+    """ "flat" or "context": the form of a request to a context model, given its inputs' shapes,
+    or RequestError with the text both servers give (tests/data/request_golden.json). Checked in
+    this order: both forms at once, candidate_offsets sent, a context batch other than 1, no
+    candidate, more than `max_batch_size`. Dtypes, widths and lengths against values are the
+    servers' own checks, as for a flat request."""
+    flat = [n for n in FLAT_REQUEST_INPUTS if n in shapes]
+    context = [n for n in CONTEXT_REQUEST_INPUTS if n in shapes]
+    if flat and context:
+        raise RequestError(
+            f"a request carries either the flat inputs ({DENSE}, {LENGTHS}, {VALUES}) or the "
+            f"context form (context_*, candidate_*), not both: got {flat[0]!r} and {context[0]!r}"
+        )
+    if not context:
+        return "flat"
+    if CANDIDATE_OFFSETS in shapes:
+        raise RequestError(f"input {CANDIDATE_OFFSETS!r}: filled by the server, do not send it")
+    for name in (CONTEXT_DENSE, CONTEXT_LENGTHS):
+        rows = list(shapes.get(name, [1]))[:1]
+        if rows != [1]:
+            got = rows[0] if rows else "a scalar"
+            raise RequestError(
+                f"input {name!r}: a request carries one context (batch 1), got {got}"
+            )
+    candidates = list(shapes.get(CANDIDATE_LENGTHS, [1]))[:1]
+    if candidates == [0]:
+        raise RequestError(
+            f"input {CANDIDATE_LENGTHS!r}: a request needs at least one candidate, got 0"
+        )
+    if candidates and candidates[0] > max_batch_size:
+        raise RequestError(
+            f"request has {candidates[0]} candidates, above max_batch_size {max_batch_size}"
+        )
+    return "context"

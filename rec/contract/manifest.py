@@ -13,7 +13,8 @@ export and are not checked here):
 
     features.dense, features.sparse   names, in the column order of dense_features / sparse_lengths
     num_tasks                         columns of `scores`
-    inputs                            [{name, role, dtype, shape}]; role: dense, lengths or values
+    inputs                            [{name, role, dtype, shape}]; role: dense, lengths or values,
+                                      or a context model's context_* / candidate_* (io.py)
     serving                           max_batch_size, max_queue_delay_us, preferred_batch_sizes
     feature_spec                      rec.features' spec (sparse encodings, hash), or null
 
@@ -26,6 +27,7 @@ server that never reads one is not refused for it):
     store        format, url, prefix, tables (rec.contract.store)       (StoreSection)
     aoti         the package's CPU target, its tables file and index    (AotiSection)
     zch          the id map layout and each ZCH table's slots, policy   (ZchSection)
+    context      the context form's flat columns (rec.contract.context) (ContextSplit)
 
 Example:
     >>> m = parse_manifest({"features": {"dense": ["d0"], "sparse": ["s0"]}, "num_tasks": 1})
@@ -47,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from rec.contract import sections
-from rec.contract.io import ROLES
+from rec.contract.context import ContextSplit
+from rec.contract.io import CONTEXT_ROLES, ROLES
 from rec.contract.sections import (
     AotiSection,
     BatchProbe,
@@ -58,7 +61,10 @@ from rec.contract.sections import (
     ZchSection,
 )
 
-ROLE_NAMES = tuple(ROLES.values())
+ROLE_NAMES = (*ROLES.values(), *CONTEXT_ROLES.values())
+# Roles that come in pairs: a model takes a lengths input with its values.
+_PAIRED = (("lengths", "values"), ("context_lengths", "context_values"),
+           ("candidate_lengths", "candidate_values"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,8 @@ class Manifest:
     sparse_names: tuple[str, ...]
     num_tasks: int
     roles: dict[str, str] = field(default_factory=dict)
-    """role (dense, lengths, values) -> input name; {} for a manifest written before roles."""
+    """role (dense, lengths, values; a context model's CONTEXT_ROLES) -> input name; {} for a
+    manifest written before roles."""
     serving: dict[str, Any] = field(default_factory=dict)
     """max_batch_size, max_queue_delay_us, preferred_batch_sizes; {} when absent."""
     feature_spec: dict | None = None
@@ -109,6 +116,18 @@ class Manifest:
     def zch(self) -> ZchSection | None:
         return self._section("zch", ZchSection)
 
+    @cached_property
+    def context(self) -> ContextSplit | None:
+        """The context form's columns, None for a flat-only model; its widths are the
+        features'."""
+        split = self._section("context", ContextSplit)
+        if split is not None:
+            for key, names in (("num_dense", self.dense_names), ("num_sparse", self.sparse_names)):
+                if getattr(split, key) != len(names):
+                    want = f"{len(names)}, the number of features.{key[4:]}"
+                    raise ManifestError(self.source, f"context.{key}", want, getattr(split, key))
+        return split
+
     def has(self, section: str) -> bool:
         """rec.json has `section` (not null), before it is checked."""
         return self.data.get(section) is not None
@@ -145,8 +164,10 @@ def _roles(data: dict, source: str) -> dict[str, str]:
             want = f"one of {', '.join(ROLE_NAMES)}, each once"
             raise ManifestError(source, f"inputs[{i}].role", want, role)
         roles[role] = name
-    if ("lengths" in roles) != ("values" in roles):
-        raise ManifestError(source, "inputs", "roles with both lengths and values", inputs)
+    for lengths, values in _PAIRED:
+        if (lengths in roles) != (values in roles):
+            want = f"roles with both {lengths} and {values}"
+            raise ManifestError(source, "inputs", want, inputs)
     return roles
 
 
@@ -196,7 +217,7 @@ def read_manifest(path: str | Path) -> Manifest:
     return parse_manifest(data, str(path))
 
 
-SECTIONS = ("dense", "batch_probe", "updates", "store", "aoti", "zch")
+SECTIONS = ("dense", "batch_probe", "updates", "store", "aoti", "zch", "context")
 
 
 def write_manifest(path: str | Path, data: dict[str, Any]) -> None:

@@ -6,13 +6,24 @@ and refuses what no model can have."""
 from __future__ import annotations
 
 import doctest
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rec.contract import context as ctx
 from rec.contract import io
-from rec.contract.context import ContextSplit, offsets, repeat, split_flat
+from rec.contract.context import (
+    ContextSplit,
+    RequestError,
+    offsets,
+    repeat,
+    request_form,
+    split_flat,
+)
+from rec.contract.features import FeatureSpec
+from rec.contract.manifest import parse_manifest, write_manifest
 from rec.contract.requests import random_request
 from rec.contract.sections import ManifestError
 
@@ -140,7 +151,7 @@ GOOD = {"version": 1, "dense": [0], "sparse": [1], "num_dense": 2, "num_sparse":
     [
         ({"version": 2}, '"context.version" must be 1, got 2'),
         ({"version": True}, '"context.version" must be 1, got true'),
-        ({"num_sparse": -1}, '"context.num_sparse" must be an integer >= 0, got -1'),
+        ({"num_sparse": -1}, '"context.num_sparse" must be an integer in [0, 2^30], got -1'),
         (
             {"dense": [1, 0]},
             '"context.dense" must be ascending distinct column indices in '
@@ -159,10 +170,84 @@ GOOD = {"version": 1, "dense": [0], "sparse": [1], "num_dense": 2, "num_sparse":
 )
 def test_the_section_refuses_by_field(change, message):
     with pytest.raises(ManifestError) as e:
-        ContextSplit.from_dict({**GOOD, **change}, "m/rec.json")
-    assert str(e.value).startswith(f"m/rec.json: {message}")
+        ContextSplit.from_dict({**GOOD, **change}, "my_model")
+    assert str(e.value).startswith(f"my_model: {message}")
 
 
 def test_the_section_must_be_an_object():
-    with pytest.raises(ManifestError, match='"context" must be an object, got \\[\\]'):
+    with pytest.raises(ManifestError, match='"context" must be an object or null, got \\[\\]'):
         ContextSplit.from_dict([])
+
+
+# ---- tests/data/request_golden.json: what both servers accept and refuse ---------------------
+GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "request_golden.json").read_text())
+_NUMPY = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BYTES": object}
+
+
+def _arrays(tensors: dict) -> dict[str, np.ndarray]:
+    return {name: np.asarray(t["data"], dtype=_NUMPY[t["datatype"]]).reshape(t["shape"])
+            for name, t in tensors.items()}  # fmt: skip
+
+
+def _shapes(tensors: dict) -> dict[str, list[int]]:
+    return {name: t["shape"] for name, t in tensors.items()}
+
+
+def test_the_golden_model_reads_as_a_context_model():
+    m = parse_manifest(GOLDEN["manifest"])
+    assert m.context == ContextSplit((0, 2), (0, 2), 3, 4)
+    assert list(m.roles) == [i["name"] for i in io.context_io_manifest(m.context, 1)["inputs"]]
+    assert m.serving_max_batch_size == 8
+    assert {c["form"] for c in GOLDEN["valid"]} == {"context", "flat"}
+    assert len(GOLDEN["refused"]) >= 5
+
+
+@pytest.mark.parametrize("case", GOLDEN["valid"], ids=lambda c: c["name"])
+def test_golden_valid_requests_mean_their_flat_batch(case):
+    split = parse_manifest(GOLDEN["manifest"]).context
+    spec = FeatureSpec.from_dict(GOLDEN["manifest"]["feature_spec"])
+    assert request_form(_shapes(case["inputs"]), 8) == case["form"]
+    request, model, flat = (_arrays(case[k]) for k in ("inputs", "model_inputs", "flat"))
+    assert list(model) == [i["name"] for i in GOLDEN["manifest"]["inputs"]]
+    assert len(flat["sparse_lengths"]) == case["candidates"]
+    want = offsets([1] * case["candidates"] if case["form"] == "flat" else [case["candidates"]], 2)
+    assert model["candidate_offsets"].tolist() == want.tolist()
+    # The model's inputs are the flat batch, context repeated per candidate ...
+    for got, expected in zip(repeat(split, model), flat.values(), strict=True):
+        assert np.array_equal(got, expected) and got.dtype == expected.dtype
+    # ... the strings are each side's features' encodings ...
+    if "sparse_strings" in request or "candidate_strings" in request:
+        tokens = request.get("sparse_strings")
+        if tokens is None:
+            tokens = repeat(split, {k: v for k, v in request.items() if "_values" not in k})[2]
+        ids = spec.encode_values(flat["sparse_lengths"], list(tokens))
+        assert np.array_equal(ids, flat["sparse_values"])
+    # ... and a flat request is split into one context per row.
+    if case["form"] == "flat":
+        values = flat["sparse_values"]
+        parts = split_flat(split, request["dense_features"], request["sparse_lengths"], values)
+        assert all(np.array_equal(parts[k], model[k]) for k in model)
+
+
+@pytest.mark.parametrize("case", GOLDEN["refused"], ids=lambda c: c["name"])
+def test_golden_refusals_have_the_servers_text(case):
+    with pytest.raises(RequestError) as e:
+        request_form(_shapes(case["inputs"]), 8)
+    assert str(e.value) == case["error"]
+
+
+def test_the_manifest_takes_the_context_roles_in_pairs():
+    split = SPLITS["dense_and_sparse"]
+    data = {"features": {"dense": list("abcd"), "sparse": list("vwxyz")}, "num_tasks": 1,
+            **io.context_io_manifest(split, 1), "context": split.to_dict()}  # fmt: skip
+    m = parse_manifest(data)
+    assert m.roles["candidate_offsets"] == "candidate_offsets" and m.context == split
+    no_values = [i for i in data["inputs"] if i["role"] != "context_values"]
+    with pytest.raises(ManifestError, match="roles with both context_lengths and context_values"):
+        parse_manifest({**data, "inputs": no_values})
+    wider = {**data, "context": {**split.to_dict(), "num_sparse": 6}}
+    with pytest.raises(ManifestError, match='"context.num_sparse" must be 5, the number of '):
+        _ = parse_manifest(wider).context
+    with pytest.raises(ManifestError, match='"context.num_sparse"'):
+        write_manifest(Path("unwritten.json"), wider)
+    assert not Path("unwritten.json").exists()
