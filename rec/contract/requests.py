@@ -8,9 +8,13 @@ Example:
     [('dense_features', 'float32', 4), ('sparse_lengths', 'int32', 4)]
     >>> int(r["sparse_lengths"].sum()) == len(r["sparse_values"])
     True
+    >>> random_request(0, 3, 2, hotness=[(1, 1), (0, 0), (5, 5)])["sparse_lengths"].tolist()
+    [[1, 0, 5], [1, 0, 5]]
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,12 +32,21 @@ def random_request(
     seed: int = 0,
     ids_per_bag: tuple[int, int] = (0, 3),
     id_range: tuple[int, int] = ANY_ID,
+    hotness: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """{input name: array}: N(0, 1) dense values, `ids_per_bag` (inclusive) ids per sample per
-    sparse feature (0 allows empty bags), ids drawn uniformly from [id_range[0], id_range[1])."""
+    sparse feature (0 allows empty bags), ids drawn uniformly from [id_range[0], id_range[1]).
+    `hotness`, one (low, high) per sparse feature, gives each feature its own bag sizes (a
+    user's history of 20 beside an item's one id) in place of `ids_per_bag`."""
     rng = np.random.default_rng(seed)
     dense = rng.standard_normal((batch, num_dense)).astype(NUMPY_DTYPES[DTYPES[DENSE]])
-    lengths = rng.integers(ids_per_bag[0], ids_per_bag[1] + 1, size=(batch, num_sparse))
+    low, high = ids_per_bag
+    if hotness is not None:
+        if len(hotness) != num_sparse:
+            raise ValueError(f"hotness has {len(hotness)} (low, high) pairs for {num_sparse} "
+                             "sparse features")  # fmt: skip
+        low, high = (np.array([h[i] for h in hotness]) for i in (0, 1))
+    lengths = rng.integers(low, high + 1, size=(batch, num_sparse))
     lengths = lengths.astype(NUMPY_DTYPES[DTYPES[LENGTHS]])
     n = int(lengths.sum())
     values = rng.integers(*id_range, size=n, dtype=NUMPY_DTYPES[DTYPES[VALUES]])

@@ -251,3 +251,14 @@ def test_the_manifest_takes_the_context_roles_in_pairs():
     with pytest.raises(ManifestError, match='"context.num_sparse"'):
         write_manifest(Path("unwritten.json"), wider)
     assert not Path("unwritten.json").exists()
+
+
+def test_random_request_sizes_each_features_bags_by_its_hotness():
+    hotness = [(20, 30), (1, 1), (0, 2)]
+    r = random_request(2, 3, 200, seed=5, hotness=hotness)
+    lengths = r["sparse_lengths"]
+    for f, (low, high) in enumerate(hotness):
+        assert lengths[:, f].min() == low and lengths[:, f].max() == high
+    assert len(r["sparse_values"]) == lengths.sum()
+    with pytest.raises(ValueError, match="hotness has 1 \\(low, high\\) pairs for 3 sparse"):
+        random_request(2, 3, 4, hotness=[(1, 2)])
