@@ -234,8 +234,8 @@ def repeat(
     lengths[:, list(split.cand_sparse)] = cand_lengths
 
     # Every flat bag (row, column), batch-major, as (start, length) in ctx ++ cand values.
-    ctx_values = np.asarray(_values(inputs, CONTEXT_VALUES, CONTEXT_STRINGS))
-    cand_values = np.asarray(_values(inputs, CANDIDATE_VALUES, CANDIDATE_STRINGS))
+    ctx_values = np.asarray(_values(inputs, CONTEXT_VALUES, CONTEXT_STRINGS)).reshape(-1)
+    cand_values = np.asarray(_values(inputs, CANDIDATE_VALUES, CANDIDATE_STRINGS)).reshape(-1)
     starts = np.zeros((rows, split.num_sparse), np.int64)
     starts[:, list(split.sparse)] = _bag_starts(np.asarray(ctx_lengths))[owner]
     starts[:, list(split.cand_sparse)] = _bag_starts(cand_lengths) + len(ctx_values)
