@@ -16,6 +16,11 @@ of decoded events; next_batch takes entries from it, so the round trip and the d
 next batch overlap the training step. The thread has its own connection; XACK and XINFO go
 through another one, on the trainer's thread, as do the position, the acknowledgements, the
 refusal counts and the `on_event` "dead" messages ("up" and "down" come from the thread).
+
+On a Redis Cluster (a URL of several nodes, or one node of a cluster), each connection dials the
+master of the stream's slot (rec.logs.route.Router), and an answer that the slot is served
+elsewhere or not now (MOVED, ASK, CLUSTERDOWN, TRYAGAIN, READONLY) is an outage like a lost
+connection: close, route afresh, back off. On one plain node nothing changes.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from rec.data.stream_reader import (
     decode_entry,
     entry_key,
 )
+from rec.logs.route import Router, describe
 
 MAX_COUNT = 512
 """Entries asked for by one XREADGROUP at most."""
@@ -72,9 +78,10 @@ class _Down(Exception):
 
 
 class _Link:
-    """One connection, reconnecting with backoff while the broker is away. The reader has two:
-    one for reading (the read-ahead thread's, when there is one) and one for XACK and XINFO,
-    since a blocked XREADGROUP holds its connection."""
+    """One connection, reconnecting with backoff while the broker is away (or the stream's slot
+    is moving: module docstring). The reader has two: one for reading (the read-ahead thread's,
+    when there is one) and one for XACK and XINFO, since a blocked XREADGROUP holds its
+    connection."""
 
     def __init__(self, reader: RedisEventReader, reads: bool, sleep: Callable[[float], None]):
         self.r, self.reads = reader, reads
@@ -88,9 +95,10 @@ class _Link:
         from redis.retry import Retry
 
         r = self.r
+        host, port = r.router.node_for(r.stream)
         client = redis.Redis(
-            host=r.where.host,
-            port=r.where.port,
+            host=host,
+            port=port,
             socket_connect_timeout=1,
             socket_timeout=5 + max(r.cfg.wait_s, READ_BLOCK_S),
             retry=Retry(NoBackoff(), 0),
@@ -107,7 +115,8 @@ class _Link:
             raise
         self.client = client
         if self.reads:
-            r.connected(announce=self.up is not True)
+            on = f" on {host}:{port}" if r.router.cluster else ""
+            r.connected(announce=self.up is not True, on=on)
         self.up = True
 
     def command(self, fn: Callable[[Any], Any], deadline: float) -> Any:
@@ -121,14 +130,20 @@ class _Link:
                 result = fn(self.client)
                 self.backoff.reset()
                 return result
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            except (redis.RedisError, OSError) as e:
+                if not self.r.router.reroutes(e):
+                    raise
                 self.close()
+                self.r.router.invalidate()  # the next connect asks who serves the stream now
                 if self.up is not False:
                     self.up = False
                     if self.reads:  # one message per outage, from the reading connection
                         self.r.counts["outages"] += 1
+                        moved = self.r.router.moved(e)
+                        state = "not served where it was" if moved else "unreachable"
                         self.r.on_event(
-                            "down", f"event stream {self.r.where} unreachable ({e}); retrying"
+                            "down",
+                            f"event stream {self.r.where} {state} ({describe(e)}); retrying",
                         )
                 left = deadline - self.r.clock()
                 if left <= 0:
@@ -163,6 +178,7 @@ class RedisEventReader(EventReader):
         self.cfg, self.spec, self.where = cfg, spec, parse_url(cfg.url)
         self.stream, self.group = self.where.stream, cfg.group
         self.dead = dead_stream(self.stream, cfg.dead_letter)
+        self.router = Router(self.where.nodes)
         self.consumer = f"{cfg.consumer_prefix}{rank}"
         self.resume = start
         self.asm = Assembler(spec, raw_dense, hold_out)
@@ -188,14 +204,15 @@ class RedisEventReader(EventReader):
         self.ahead: ReadAhead[_Taken] | None = None
 
     # ---- connection ----------------------------------------------------------------------
-    def connected(self, announce: bool) -> None:
-        """The reading connection is (re)made. A reply lost with the old one may have handed
-        entries to this consumer: they are in its pending list, after the last entry taken."""
+    def connected(self, announce: bool, on: str = "") -> None:
+        """The reading connection is (re)made (`on`: " on HOST:PORT", the node of a cluster). A
+        reply lost with the old one may have handed entries to this consumer: they are in its
+        pending list, after the last entry taken."""
         self.cursor = self.last
         if announce:
             self.on_event(
                 "up",
-                f"reading {self.where} as {self.group}/{self.consumer} "
+                f"reading {self.where}{on} as {self.group}/{self.consumer} "
                 f"from its pending entries after {self.last}",
             )
 
@@ -398,7 +415,8 @@ def pending_entries(cfg: StreamConfig) -> int:
     import redis
 
     u = parse_url(cfg.url)
-    client = redis.Redis(host=u.host, port=u.port, socket_timeout=5, socket_connect_timeout=3)
+    host, port = Router(u.nodes).node_for(u.stream)  # a MOVED is no "no such group"
+    client = redis.Redis(host=host, port=port, socket_timeout=5, socket_connect_timeout=3)
     try:
         return int(client.xpending(u.stream, cfg.group)["pending"])
     except redis.ResponseError:  # no such stream or group
