@@ -20,7 +20,8 @@ refusal counts and the `on_event` "dead" messages ("up" and "down" come from the
 On a Redis Cluster (a URL of several nodes, or one node of a cluster), each connection dials the
 master of the stream's slot (rec.logs.route.Router), and an answer that the slot is served
 elsewhere or not now (MOVED, ASK, CLUSTERDOWN, TRYAGAIN, READONLY) is an outage like a lost
-connection: close, route afresh, back off. On one plain node nothing changes.
+connection: close, route afresh, back off. On one plain node nothing changes. On a cluster the
+dead-letter stream must share the stream's slot (check_dead_slot), as a partition's does.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from rec.config import StreamConfig
 from rec.contract.events import Events, dead_stream, parse_url
 from rec.contract.features import FeatureSpec
+from rec.contract.partitions import key_slot
 from rec.data.backoff import Backoff
 from rec.data.read_ahead import ReadAhead
 from rec.data.stream_reader import (
@@ -96,6 +98,8 @@ class _Link:
 
         r = self.r
         host, port = r.router.node_for(r.stream)
+        if r.router.cluster:
+            r.check_dead_slot()
         client = redis.Redis(
             host=host,
             port=port,
@@ -215,6 +219,18 @@ class RedisEventReader(EventReader):
                 f"reading {self.where}{on} as {self.group}/{self.consumer} "
                 f"from its pending entries after {self.last}",
             )
+
+    def check_dead_slot(self) -> None:
+        """On a cluster: a ValueError unless the dead-letter stream shares the stream's slot. The
+        reader parks refused entries in the pipeline that acknowledges them, on the stream's
+        node; a dead-letter key elsewhere would be redirected on every refusal."""
+        if key_slot(self.dead) == key_slot(self.stream):
+            return
+        tagged = "{" + self.stream + "}:dead"  # the tag hashes as the untagged stream name
+        hint = (f"; set data.stream.dead_letter to {tagged!r}, which does"
+                if key_slot(tagged) == key_slot(self.stream) else "")  # fmt: skip
+        raise ValueError(f"event stream {self.where}: on a Redis Cluster the dead-letter stream "
+                         f"{self.dead!r} must share the stream's hash slot{hint}")  # fmt: skip
 
     def close(self) -> None:
         self.stopping.set()

@@ -146,7 +146,8 @@ def test_the_event_reader_follows_its_stream_to_another_master(cluster):
     stream = "route-reader"
     sent = _produce(cluster, stream, 0, 20)
     messages: list[tuple[str, str]] = []
-    cfg = StreamConfig(url=f"{cluster.url()}/{stream}", retry_s=0.05, max_retry_s=0.2)
+    cfg = StreamConfig(url=f"{cluster.url()}/{stream}", retry_s=0.05, max_retry_s=0.2,
+                       dead_letter="{route-reader}:dead")  # fmt: skip
     reader = RedisEventReader(cfg, SPEC, 0, on_event=lambda k, m: messages.append((k, m)))
     try:
         got = _read_until(reader, 20)
@@ -171,3 +172,29 @@ def test_the_event_reader_follows_its_stream_to_another_master(cluster):
         client.close()
     finally:
         reader.close()
+
+
+def test_on_a_cluster_the_dead_letters_share_the_streams_slot(cluster):
+    """The reader parks a refused event in the pipeline that acknowledges its entry, on the
+    stream's node: `<stream>:dead` hashes elsewhere and is refused, naming a key that does not."""
+    from rec.store.client import connect
+
+    stream, refused = "route-dead", {"clicked": 3, "n": 1, "item": ""}  # a label of 3
+    client = connect(cluster.url())
+    client.xadd(stream, encode([refused, {"clicked": 1, "n": 2, "item": "2"}]))
+    url = f"{cluster.url()}/{stream}"
+    reader = RedisEventReader(StreamConfig(url=url, retry_s=0.05), SPEC, 0)
+    with pytest.raises(ValueError, match=r"set data.stream.dead_letter to '\{route-dead\}:dead'"):
+        reader.next_batch(2, wait_s=5.0)
+    reader.close()
+
+    cfg = StreamConfig(url=url, retry_s=0.05, dead_letter="{route-dead}:dead")
+    reader = RedisEventReader(cfg, SPEC, 0)
+    try:
+        assert _read_until(reader, 1) == [2]
+        assert dict(reader.refused) == {"label_not_binary": 1}
+        dead = client.xrange("{route-dead}:dead")
+        assert [fields[b"reason"] for _, fields in dead] == [b"label_not_binary"]
+    finally:
+        reader.close()
+        client.close()
