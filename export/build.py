@@ -182,3 +182,19 @@ def check_batching(name: str, scorer: verify.Scorer, sample, exact: bool, hint: 
             f"samples sent one by one (max diff {diff:g}), but the export is batch invariant{hint}"
         )
     return diff
+
+
+def check_context_batching(
+    name: str, model, request: dict[str, torch.Tensor], split, exact: bool, hint: str = ""
+) -> float:
+    """check_batching of a context model: the probe's contexts as one batch vs each request
+    alone and each candidate alone (rec.batch_probe.context_variance)."""
+    diff = batch_probe.context_variance(model, request, len(split.cand_sparse))
+    if exact and diff != 0:
+        contexts = request["candidate_offsets"].numel() - 1
+        raise verify.VerificationError(
+            f"{name}: {contexts} contexts scored as one batch score differently from each "
+            f"request alone or each candidate alone (max diff {diff:g}), but the export is "
+            f"batch invariant{hint}"
+        )
+    return diff

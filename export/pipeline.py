@@ -39,6 +39,8 @@ from rec import versions as rec_versions
 from rec.batch import RecBatch
 from rec.config import ConfigError, RecConfig, load_config
 from rec.contract import EMBEDDING_DTYPES, ModelDir, io_manifest
+from rec.contract.context import ContextSplit
+from rec.contract.io import context_io_manifest
 from rec.export import formats, id_maps, stream, verify, zch_checks
 from rec.export import reference as reference_lib
 from rec.export import repository as repo_lib
@@ -168,7 +170,7 @@ def manifest(
 ) -> dict[str, Any]:
     """rec.json: what a server needs to feed the model, and where it came from."""
     fmt = formats.get(target.fmt)
-    num_sparse, num_tasks = len(cfg.features.sparse), cfg.model.num_tasks
+    num_tasks = cfg.model.num_tasks
     tables, fp32_total, stored_total = [], 0, 0
     for t in cfg.tables:
         fp32 = t.rows * t.dim * 4
@@ -184,7 +186,7 @@ def manifest(
         "model_name": target.model_dir.name,
         "version": target.version,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **io_manifest(cfg.features.dense, num_sparse, num_tasks),
+        **model_io(cfg),
         "features": {
             "dense": list(cfg.features.dense_names),
             "sparse": list(cfg.features.sparse),
@@ -233,6 +235,34 @@ def manifest(
     }
 
 
+def model_io(cfg: RecConfig) -> dict[str, Any]:
+    """rec.json's "inputs" and "outputs" of the model: the flat ones, or a context model's
+    (features.context) with its "context" section."""
+    if not cfg.features.context:
+        return io_manifest(cfg.features.dense, len(cfg.features.sparse), cfg.model.num_tasks)
+    split = ContextSplit.from_config(cfg)
+    return {**context_io_manifest(split, cfg.model.num_tasks), "context": split.to_dict()}
+
+
+def check_context(checks: dict[str, Any], built: dict[str, Built]) -> None:
+    """verification's context_vs_flat_max_diff: a context model must score each held-out batch
+    given row 0's context as one context exactly as the flat batch with it repeated
+    (rec.export.context_checks); VerificationError otherwise."""
+    diffs = {
+        f: b.checks["context_vs_flat"] for f, b in built.items() if "context_vs_flat" in b.checks
+    }
+    if not diffs:
+        return
+    checks["context_vs_flat_max_diff"] = diffs
+    for fmt, diff in diffs.items():
+        if diff != 0:
+            raise verify.VerificationError(
+                f"{fmt}: held-out batches scored as one context of their rows differ from the "
+                f"flat batches with that context repeated (max diff {diff:g}); a context "
+                "request must score exactly as its flat form"
+            )
+
+
 def _synthetic_batches(cfg: RecConfig, count: int = 4, size: int = 256) -> list[RecBatch]:
     """Random requests for the agreement checks when there is no held-out data (no labels)."""
     out = []
@@ -255,6 +285,7 @@ def run_checks(
             fmt: b.batched_vs_single_max_diff for fmt, b in built.items()
         }
     }
+    check_context(checks, built)
     for name in built:  # in build order: a verifier may compare with an earlier format
         formats.get(name).verify(built, checks)
     exported = {fmt: b.reloaded for fmt, b in built.items()}

@@ -54,6 +54,15 @@ from pathlib import Path
 from rec import contract
 from rec.config import ExportConfig
 from rec.contract import FORMATS, ModelDir
+from rec.contract.context import ContextSplit
+from rec.contract.io import (
+    CANDIDATE_LENGTHS,
+    CANDIDATE_OFFSETS,
+    CONTEXT_DENSE,
+    CONTEXT_LENGTHS,
+    SCORES,
+    context_io_manifest,
+)
 
 _STAGING_PREFIX = ".staging-"
 
@@ -112,19 +121,31 @@ def _dims(values: list[int]) -> str:
 
 
 def triton_config(
-    name: str, platform: str, num_dense: int, num_sparse: int, num_tasks: int, export: ExportConfig
+    name: str,
+    platform: str,
+    num_dense: int,
+    num_sparse: int,
+    num_tasks: int,
+    export: ExportConfig,
+    context: ContextSplit | None = None,
 ) -> str:
     """config.pbtxt text for a model on Triton's `platform` (see the module docstring for
-    batching); each format's `Format.triton_config` calls it with its own."""
+    batching); each format's `Format.triton_config` calls it with its own. `context`: a
+    context model's columns (features.context), whose config lists both forms' inputs."""
     ragged = export.triton_batching == "ragged"
     io = contract.io_manifest(num_dense, num_sparse, num_tasks)
+    inputs = io["inputs"]
+    if context is not None:
+        inputs = _context_inputs(io["inputs"], context, num_tasks, ragged)
 
     def tensor(spec: dict, last: bool) -> list[str]:
         # rec.json's shapes have the batch dimension (-1) first; a ragged config leaves it out,
         # but for the ids, whose [-1] is N, merged across requests.
         ids = spec["name"] == contract.VALUES
-        dims = spec["shape"][1:] if ragged and not ids else spec["shape"]
-        extra = ["    allow_ragged_batch: true"] if ragged and ids else []
+        dims = spec.get("dims") or (spec["shape"][1:] if ragged and not ids else spec["shape"])
+        extra = ["    allow_ragged_batch: true"] if spec.get("ragged", ragged and ids) else []
+        if spec.get("optional"):
+            extra.append("    optional: true")
         return ["  {", f'    name: "{spec["name"]}"', f"    data_type: TYPE_{spec['dtype']}",
                 f"    dims: {_dims(dims)}", *extra, "  }" if last else "  },"]  # fmt: skip
 
@@ -134,7 +155,7 @@ def triton_config(
         f'platform: "{platform}"',
         f"max_batch_size: {export.max_batch_size if ragged else 0}",
         "input [",
-        *[line for i, s in enumerate(io["inputs"]) for line in tensor(s, i == 2)],
+        *[line for i, s in enumerate(inputs) for line in tensor(s, i == len(inputs) - 1)],
         "]",
         "output [",
         *tensor(io["outputs"][0], True),
@@ -142,6 +163,8 @@ def triton_config(
         f"instance_group [ {{ count: {export.instances} kind: KIND_CPU }} ]",
         "version_policy: { latest: { num_versions: 1 } }",
     ]
+    if context is not None and ragged:
+        lines += _ragged_context_batching()
     if ragged:
         lines.append("dynamic_batching {")
         if export.preferred_batch_sizes:
@@ -149,6 +172,52 @@ def triton_config(
         lines.append(f"  max_queue_delay_microseconds: {export.max_queue_delay_us}")
         lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _context_inputs(
+    flat: list[dict], split: ContextSplit, num_tasks: int, ragged: bool
+) -> list[dict]:
+    """A context model's config.pbtxt inputs. `none` form: the flat inputs and the context
+    model's, each optional (a request carries one form; stock libtorch clients send
+    candidate_offsets [0, N * Fn] themselves). `ragged` form (one request = one context,
+    merged across requests by Triton's batcher): the context's dims without the batch
+    dimension, the candidates' ragged, candidate_offsets made by Triton (`batch_input`); the
+    flat inputs are left out (the server splits nothing there)."""
+    model = context_io_manifest(split, num_tasks)["inputs"]
+    if not ragged:
+        return [{**spec, "optional": True} for spec in [*flat, *model]]
+    out = []
+    for spec in model:
+        if spec["name"] == CANDIDATE_OFFSETS:
+            continue  # a batch_input
+        if spec["name"] in (CONTEXT_DENSE, CONTEXT_LENGTHS):  # one row per request: batched
+            out.append({**spec, "dims": spec["shape"][1:], "ragged": False})
+        else:  # the ids, and the candidates' N rows: merged across requests
+            out.append({**spec, "dims": spec["shape"], "ragged": True})
+    return out
+
+
+def _ragged_context_batching() -> list[str]:
+    """The `ragged` context form's batch input and output: candidate_offsets [requests + 1]
+    is each request's candidate_lengths elements summed up (Fn * (0, N1, ...)), and the scores
+    [B, T] go back to each request by its candidate count."""
+    return [
+        "batch_input [",
+        "  {",
+        "    kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+        f'    target_name: "{CANDIDATE_OFFSETS}"',
+        "    data_type: TYPE_INT32",
+        f'    source_input: "{CANDIDATE_LENGTHS}"',
+        "  }",
+        "]",
+        "batch_output [",
+        "  {",
+        f'    target_name: "{SCORES}"',
+        "    kind: BATCH_SCATTER_WITH_INPUT_SHAPE",
+        f'    source_input: "{CANDIDATE_LENGTHS}"',
+        "  }",
+        "]",
+    ]
 
 
 def staging_dir(repo: Path) -> Path:

@@ -547,8 +547,10 @@ class TbeSink:
 
 def table_buffers(module: nn.Module) -> list[str]:
     """The names of the served module's TBE storage buffers (each TbeLookup's `weights_host`:
-    the tables), in a fixed order."""
-    return [name for name, _ in module.named_buffers() if name.endswith("weights_host")]
+    the tables), in a fixed order; every name of one shared by several lookups (a context
+    model's two sides), which freeze must keep as attributes, not fold into constants."""
+    named = module.named_buffers(remove_duplicate=False)
+    return [name for name, _ in named if name.endswith("weights_host")]
 
 
 def table_storage(tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> dict[str, dict]:

@@ -20,6 +20,8 @@ from torch import nn
 from torchrec.fx import symbolic_trace
 
 from rec.config import ConfigError, RecConfig
+from rec.contract.context import ContextSplit
+from rec.export import served_context
 from rec.export.dense import PackedLinear, swap_dense
 from rec.export.id_maps import map_buffers
 from rec.export.load import dense_copy
@@ -42,7 +44,8 @@ from rec.model import ebc_features, ebc_path, replace_submodule
 
 def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]):
     """(ServedModule, its TBE) for `model`'s dense weights (copied; its tables are not read and
-    may be on the meta device), with the tables' storage allocated and zeroed.
+    may be on the meta device), with the tables' storage allocated and zeroed. With
+    features.context, the module is its context form (rec.export.served_context).
 
     A factory's model (rec.factory) is its own head: the copy keeps its forward, with its
     EmbeddingBagCollection swapped for a TbeBagCollection fed by a KjtLookup. din has two
@@ -72,6 +75,9 @@ def served_module(model: nn.Module, cfg: RecConfig, table_dtypes: dict[str, str]
     swap_dense(head, cfg.export.batch_invariant, cfg.export.dense_dtype)
     transform = DenseTransform(feature_spec(cfg).transforms)
     module = ServedModule(transform, lookup, head, cfg.export.batch_invariant)
+    if cfg.features.context:  # the context form: the same modules and storage, other inputs
+        split = ContextSplit.from_config(cfg)
+        return served_context.context_module(module, cfg, split), tbe
     return module.eval(), tbe
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rec.contract import formats as contract_formats
+from rec.contract.context import ContextSplit
 from rec.contract.formats import FormatSpec
 from rec.export import repository
 
@@ -74,9 +75,10 @@ class Format:
 
     def triton_config(self, cfg: RecConfig, model_dir_name: str) -> str:
         """config.pbtxt for this format's model; a format with other needs overrides it."""
+        context = ContextSplit.from_config(cfg) if cfg.features.context else None
         return repository.triton_config(
             model_dir_name, self.platform, cfg.features.dense, len(cfg.features.sparse),
-            cfg.model.num_tasks, cfg.export,
+            cfg.model.num_tasks, cfg.export, context,
         )  # fmt: skip
 
 

@@ -20,9 +20,10 @@ def build(src: b.Source, out: Path) -> b.Built:
     scored in memory, released, reloaded from disk and scored again."""
     import torch
 
+    from rec.contract.context import ContextSplit
     from rec.contract.store import is_raw_keyed, store_order
     from rec.export import build as b
-    from rec.export import raw_rows, served, torchscript_builder
+    from rec.export import context_checks, raw_rows, served, torchscript_builder
 
     cfg = src.cfg
     stored = store_order(src.store) if src.store else []
@@ -63,6 +64,13 @@ def build(src: b.Source, out: Path) -> b.Built:
 
         def scorer(model):
             return TieredScorer(model, reader)
+    elif cfg.features.context:  # flat batches as B contexts of one candidate, as servers do
+        split = ContextSplit.from_config(cfg)
+        sample = context_checks.context_sample(split, src.sample)
+        scripted = torchscript_builder.to_torchscript(module, sample, what)
+
+        def scorer(model):
+            return context_checks.FlatScorer(model, split)
     else:
         scripted = torchscript_builder.to_torchscript(module, src.sample, what)
 
@@ -73,14 +81,24 @@ def build(src: b.Source, out: Path) -> b.Built:
     scores = b.score(scorer(scripted), src.batches)
     del scripted, module, tbe  # the TBE storage: make room for the reloaded copy
     gc.collect()
-    reloaded = scorer(torch.jit.load(str(out)))
-    request = b.batching_request(cfg)
+    loaded = torch.jit.load(str(out))
+    reloaded = scorer(loaded)
     hint = b.BF16_NOT_INVARIANT if cfg.export.dense_dtype == "bf16" else ""
-    batching = b.check_batching("torchscript", reloaded, request, cfg.export.batch_invariant, hint)
+    checks = {"raw_rows": raw_rows.round_trip(cfg, reloaded), **src.score_zch(reloaded)}
+    if cfg.features.context:
+        request = context_checks.probe_request(split)
+        batching = b.check_context_batching("torchscript", loaded, request, split,
+                                            cfg.export.batch_invariant, hint)  # fmt: skip
+        checks["context_vs_flat"] = context_checks.context_vs_flat(loaded, split, src.batches)
+        request = context_checks.probe_section(request, split)
+    else:
+        request = b.batching_request(cfg)
+        batching = b.check_batching("torchscript", reloaded, request, cfg.export.batch_invariant,
+                                    hint)  # fmt: skip
     return b.Built(
         scores, b.score(reloaded, src.batches), batching, tables,
         sections={**b.dense_sections(cfg, layers, request), "updates": updates, **zch},
-        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded), **src.score_zch(reloaded)},
+        checks=checks,
     )  # fmt: skip
 
 
