@@ -1,6 +1,7 @@
 // The formats rec-server shares with Python, against the golden files both test suites load
 // (tests/data/*_golden.json, written once; Python's tests read the same): update records valid
-// and refused with their reasons, row bytes, URLs and store keys.
+// and refused with their reasons, row bytes, URLs and store keys, and requests to a context
+// model accepted as the model's inputs or refused with the text both servers give.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -15,6 +16,8 @@
 #include "contract/store_spec.h"
 #include "contract/update_record.h"
 #include "contract/zch_home.h"
+#include "model/model_spec.h"
+#include "model/request.h"
 
 namespace rec {
 namespace {
@@ -270,6 +273,89 @@ TEST(Golden, StoreTableOrder) {
     std::vector<std::string> order;
     for (const StoreTable& t : spec.tables) order.push_back(t.name);
     EXPECT_EQ(order, c["order"].get<std::vector<std::string>>());
+  }
+}
+
+// The config.pbtxt `rec export` writes beside a context model's rec.json (the unbatched form):
+// the flat inputs and the model's, each optional.
+std::string ContextConfig(const json& manifest) {
+  const auto dense = manifest["features"]["dense"].size();
+  const auto sparse = manifest["features"]["sparse"].size();
+  std::string text = "name: \"c\" platform: \"pytorch_libtorch\" max_batch_size: 0 input [";
+  auto input = [&](const std::string& name, const std::string& dtype, const json& shape) {
+    text += "{ name: \"" + name + "\" data_type: TYPE_" + dtype + " dims: " + shape.dump() +
+            " optional: true },";
+  };
+  input("dense_features", "FP32", json::array({-1, dense}));
+  input("sparse_lengths", "INT32", json::array({-1, sparse}));
+  input("sparse_values", "INT64", json::array({-1}));
+  for (const json& i : manifest["inputs"]) input(i["name"], i["dtype"], i["shape"]);
+  text.pop_back();
+  const json& out = manifest["outputs"][0];
+  return text + "] output [{ name: \"" + out["name"].get<std::string>() + "\" data_type: TYPE_" +
+         out["dtype"].get<std::string>() + " dims: " + out["shape"].dump() + " }]";
+}
+
+// A tensor in KServe's JSON form ({datatype, shape, data}) named `name`.
+Tensor JsonTensor(const std::string& name, const json& j) {
+  Tensor t;
+  t.name = name;
+  t.dtype = ParseDataType(j["datatype"].get<std::string>());
+  t.shape = j["shape"].get<std::vector<int64_t>>();
+  for (const json& v : j["data"]) {
+    auto put = [&](auto x) { t.data.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
+    switch (t.dtype) {
+      case DataType::kFp32:
+        put(v.get<float>());
+        break;
+      case DataType::kInt32:
+        put(v.get<int32_t>());
+        break;
+      case DataType::kInt64:
+        put(v.get<int64_t>());
+        break;
+      default:
+        AppendBytesElement(v.get<std::string>(), &t.data);
+    }
+  }
+  return t;
+}
+
+InferRequest JsonRequest(const json& inputs) {
+  InferRequest r;
+  for (const auto& [name, t] : inputs.items()) r.inputs.push_back(JsonTensor(name, t));
+  return r;
+}
+
+TEST(Golden, ContextRequestsBecomeTheModelsInputsOrAreRefusedWithTheirText) {
+  const json g = Golden("request_golden.json");
+  ASSERT_TRUE(g.contains("manifest"));
+  ModelSpec spec;
+  ASSERT_TRUE(ParseModelSpec(ContextConfig(g["manifest"]), "c", &spec).ok());
+  Status loaded = ApplyManifestText(g["manifest"].dump(), "rec.json", &spec);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  ASSERT_TRUE(spec.context.present);
+  for (const json& c : Cases(g, "valid")) {
+    InferRequest r = JsonRequest(c["inputs"]);
+    Status st = ValidateRequest(spec, &r);
+    ASSERT_TRUE(st.ok()) << c["name"] << ": " << st.message();
+    EXPECT_EQ(r.batch_size, c["candidates"].get<int64_t>()) << c["name"];
+    const json& want = c["model_inputs"];
+    ASSERT_EQ(r.inputs.size(), want.size()) << c["name"];
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      const Tensor expected = JsonTensor(spec.inputs[i].name, want[spec.inputs[i].name]);
+      EXPECT_EQ(r.inputs[i].name, expected.name) << c["name"];
+      EXPECT_EQ(r.inputs[i].shape, expected.shape) << c["name"] << " " << expected.name;
+      EXPECT_EQ(Hex(r.inputs[i].data), Hex(expected.data)) << c["name"] << " " << expected.name;
+    }
+  }
+  for (const json& c : Cases(g, "refused")) {
+    InferRequest r = JsonRequest(c["inputs"]);
+    Status st = ValidateRequest(spec, &r);
+    ASSERT_FALSE(st.ok()) << c["name"];
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c["name"];
+    EXPECT_TRUE(Contains(st, c["error"].get<std::string>()))
+        << c["name"] << ": " << st.message() << "\n  want: " << c["error"];
   }
 }
 

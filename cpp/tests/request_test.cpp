@@ -5,14 +5,22 @@
 #include <cmath>
 #include <cstdio>
 
+#include "model/context_request.h"
 #include "test_util.h"
 
 namespace rec {
 namespace {
 
+using testing::MakeContextRequest;
+using testing::MakeContextSpec;
 using testing::MakeRequest;
 using testing::MakeSpec;
 using testing::MakeTensor;
+
+template <typename T>
+std::vector<T> Values(const Tensor& t) {
+  return std::vector<T>(t.As<T>(), t.As<T>() + t.data.size() / sizeof(T));
+}
 
 TEST(ModelSpec, FindsTheJaggedPair) {
   ModelSpec spec = MakeSpec();
@@ -276,6 +284,216 @@ TEST(Batch, CheckOutputsCatchesWrongShape) {
   Tensor wrong = MakeTensor<float>("scores", DataType::kFp32, {4, 2}, std::vector<float>(8));
   EXPECT_EQ(CheckOutputs(spec, 4, {wrong}).code(), StatusCode::kInternal);
   EXPECT_EQ(CheckOutputs(spec, 3, {ok}).code(), StatusCode::kInternal);
+}
+
+// The context form (#61): one context and N candidates; a flat request split into B contexts.
+
+TEST(ContextSpec, ReadsRolesColumnsAndEachSidesEncodings) {
+  ModelSpec spec = MakeContextSpec();
+  const ContextSpec& c = spec.context;
+  ASSERT_TRUE(c.present);
+  EXPECT_EQ(spec.inputs.size(), 7u);
+  EXPECT_EQ(c.context_dense, 0);
+  EXPECT_EQ(c.candidate_lengths, 4);
+  EXPECT_EQ(c.candidate_offsets, 6);
+  EXPECT_TRUE(spec.inputs[c.candidate_offsets].ragged);
+  EXPECT_EQ(spec.lengths_input, -1);  // no flat jagged pair in the model
+  EXPECT_EQ(spec.max_batch_size, 8);
+  EXPECT_EQ(c.cand_dense, std::vector<int64_t>{1});
+  EXPECT_EQ(c.cand_sparse, (std::vector<int64_t>{1, 3}));
+  ASSERT_EQ(c.candidate_encodings.size(), 2u);
+  EXPECT_EQ(c.candidate_encodings[0].feature, "item");
+  EXPECT_EQ(c.candidate_encodings[0].encoding, Encoding::kHex);
+  EXPECT_EQ(c.context_encodings[1].feature, "history");
+  ASSERT_TRUE(c.flat);
+  EXPECT_EQ(c.flat->inputs[1].dims, std::vector<int64_t>{4});
+  std::vector<std::string> names;
+  for (const IoSpec& io : RequestInputs(spec)) names.push_back(io.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"context_dense", "context_lengths", "context_values",
+                                      "candidate_dense", "candidate_lengths", "candidate_values",
+                                      "context_strings", "candidate_strings", "dense_features",
+                                      "sparse_lengths", "sparse_values", "sparse_strings"}));
+}
+
+TEST(ContextSpec, RefusesAManifestThatDisagrees) {
+  const std::string good = testing::kContextManifest;
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string m = good;
+    m.replace(m.find(from), from.size(), to);
+    return m;
+  };
+  const std::pair<std::string, std::string> bad[] = {
+      {with(R"("sparse": [0, 2], "num_dense")", R"("sparse": [0, 1, 2, 3], "num_dense")"),
+       "\"context.sparse\" must be fewer than num_sparse=4 columns (a candidate needs a sparse "
+       "feature)"},
+      {with(R"("num_dense": 3)", R"("num_dense": 4)"),
+       "\"context.num_dense\" must be 3, the number of features.dense, got 4"},
+      {with(R"("sparse": [0, 2], "num_dense")", R"("sparse": [2, 0], "num_dense")"),
+       "\"context.sparse\" must be ascending distinct column indices in [0, num_sparse=4), "
+       "got [2,0]"},
+      {with(R"("version": 1)", R"("version": 2)"), "\"context.version\" must be 1"},
+      {with(R"("dense": [0, 2])", R"("dense": [0])"), "(context_dense) must be FP32 [1]"},
+      {with(R"(, "role": "candidate_offsets")", ""), "needs a context role"},
+      {with(R"("name": "context_values", "role")", R"("name": "nope", "role")"),
+       "input 'nope' is not an input of config.pbtxt"},
+  };
+  for (const auto& [manifest, expected] : bad) {
+    ModelSpec spec;
+    ASSERT_TRUE(ParseModelSpec(testing::kContextConfig, "c", &spec).ok());
+    Status st = ApplyManifestText(manifest, "rec.json", &spec);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << manifest;
+    EXPECT_NE(st.message().find(expected), std::string::npos) << st.message();
+  }
+}
+
+TEST(ContextRequest, AcceptedWithItsOffsetsAndCountedInCandidates) {
+  ModelSpec spec = MakeContextSpec();
+  InferRequest r = MakeContextRequest(3, 2);
+  std::swap(r.inputs[0], r.inputs[5]);            // any order
+  r.inputs[0].shape = {1, r.inputs[0].shape[0]};  // candidate_values as [1, n]
+  ASSERT_TRUE(ValidateRequest(spec, &r).ok());
+  EXPECT_EQ(r.batch_size, 3);  // candidates, not contexts
+  ASSERT_EQ(r.inputs.size(), 7u);
+  EXPECT_EQ(r.inputs[0].name, "context_dense");
+  EXPECT_EQ(r.inputs[5].shape, std::vector<int64_t>{4});
+  EXPECT_EQ(r.inputs[6].name, "candidate_offsets");
+  EXPECT_EQ(Values<int32_t>(r.inputs[6]), (std::vector<int32_t>{0, 6}));  // Fn * (0, N)
+}
+
+TEST(ContextRequest, EachRefusalHasTheContractsText) {
+  ModelSpec spec = MakeContextSpec();
+  auto set_rows = [](int i, int64_t rows) {
+    return [=](InferRequest* r) { r->inputs[i].shape[0] = rows; };
+  };
+  std::vector<BadCase> cases = {
+      {"three contexts", set_rows(1, 3),
+       "input 'context_lengths': a request carries one context (batch 1), got 3"},
+      {"two context dense rows", set_rows(0, 2),
+       "input 'context_dense': a request carries one context (batch 1), got 2"},
+      {"no candidate", set_rows(4, 0),
+       "input 'candidate_lengths': a request needs at least one candidate, got 0"},
+      {"offsets sent",
+       [](InferRequest* r) {
+         r->inputs.push_back(
+             MakeTensor<int32_t>("candidate_offsets", DataType::kInt32, {2}, {0, 2}));
+       },
+       "input 'candidate_offsets': filled by the server, do not send it"},
+      {"mixed",
+       [](InferRequest* r) {
+         r->inputs.push_back(
+             MakeTensor<int32_t>("sparse_lengths", DataType::kInt32, {1, 4}, {0, 0, 0, 0}));
+       },
+       "a request carries either the flat inputs (dense_features, sparse_lengths, "
+       "sparse_values) or the context form (context_*, candidate_*), not both: got "
+       "'sparse_lengths' and 'context_dense'"},
+      {"too many", [](InferRequest* r) { *r = MakeContextRequest(9, 1); },
+       "request has 9 candidates, above max_batch_size 8"},
+      {"candidate rows differ", set_rows(3, 2),
+       "input 'candidate_dense': 2 candidates, other inputs have 1"},
+      {"wrong width",
+       [](InferRequest* r) {
+         r->inputs[3] = MakeTensor<float>("candidate_dense", DataType::kFp32, {1, 2}, {0, 0});
+       },
+       "input 'candidate_dense': expected shape [N, 1], got [1, 2]"},
+      {"ids short", [](InferRequest* r) { r->inputs[5].shape[0] -= 1; },
+       "input 'candidate_values': shape [0] needs 0 bytes of data"},
+      {"missing", [](InferRequest* r) { r->inputs.erase(r->inputs.begin() + 2); },
+       "'context_values' (INT64 ids) or 'context_strings' (BYTES tokens); this one has neither"},
+      {"nan", [](InferRequest* r) { r->inputs[0].MutableAs<float>()[1] = NAN; },
+       "input 'context_dense': value nan at [0, 1]"},
+  };
+  for (const BadCase& c : cases) {
+    InferRequest r = MakeContextRequest(1, 1);
+    c.mutate(&r);
+    Status st = ValidateRequest(spec, &r);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(st.message().find(c.expected), std::string::npos) << c.what << ": " << st.message();
+  }
+}
+
+TEST(ContextRequest, StringsUseEachSidesEncodingsAndCountNegativesPerFlatFeature) {
+  ModelSpec spec = MakeContextSpec();
+  InferRequest r = MakeContextRequest(2, 1);
+  r.inputs.erase(r.inputs.begin() + 5);  // candidate_values
+  r.inputs.erase(r.inputs.begin() + 2);  // context_values
+  r.inputs.push_back(testing::MakeBytesTensor("context_strings", {3}, {"-4", "7", "-1"}));
+  // Candidate 0: item ff; candidate 1: item 1a, tags -3 (item is hex: "-3" would not read).
+  r.inputs.push_back(testing::MakeBytesTensor("candidate_strings", {3}, {"ff", "1a", "-3"}));
+  ASSERT_TRUE(ValidateRequest(spec, &r).ok()) << ValidateRequest(spec, &r).message();
+  EXPECT_EQ(Values<int64_t>(r.inputs[2]), (std::vector<int64_t>{-4, 7, -1}));
+  EXPECT_EQ(Values<int64_t>(r.inputs[5]), (std::vector<int64_t>{255, 26, -3}));
+  // user (flat 0) one, history (flat 2) one, tags (flat 3) one; item (hex) none.
+  EXPECT_EQ(r.negative_ids, (std::vector<int64_t>{1, 0, 1, 1}));
+  InferRequest bad = MakeContextRequest(1, 1);
+  bad.inputs.erase(bad.inputs.begin() + 5);
+  bad.inputs.push_back(testing::MakeBytesTensor("candidate_strings", {1}, {"zz"}));
+  Status st = ValidateRequest(spec, &bad);
+  EXPECT_NE(st.message().find("'item'"), std::string::npos) << st.message();
+}
+
+TEST(ContextRequest, FlatRequestIsSplitIntoContextsOfOneCandidate) {
+  ModelSpec spec = MakeContextSpec();
+  InferRequest r;
+  // Row 0: user [5], item [6], history [], tags [7, 8]; row 1: user [9], item [10], history
+  // [11], tags [].
+  r.inputs.push_back(
+      MakeTensor<float>("dense_features", DataType::kFp32, {2, 3}, {1, 2, 3, 4, 5, 6}));
+  r.inputs.push_back(
+      MakeTensor<int32_t>("sparse_lengths", DataType::kInt32, {2, 4}, {1, 1, 0, 2, 1, 1, 1, 0}));
+  r.inputs.push_back(
+      MakeTensor<int64_t>("sparse_values", DataType::kInt64, {7}, {5, 6, 7, 8, 9, 10, 11}));
+  ASSERT_TRUE(ValidateRequest(spec, &r).ok());
+  EXPECT_EQ(r.batch_size, 2);
+  ASSERT_EQ(r.inputs.size(), 7u);
+  EXPECT_EQ(Values<float>(r.inputs[0]), (std::vector<float>{1, 3, 4, 6}));
+  EXPECT_EQ(r.inputs[0].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(Values<int32_t>(r.inputs[1]), (std::vector<int32_t>{1, 0, 1, 1}));
+  EXPECT_EQ(Values<int64_t>(r.inputs[2]), (std::vector<int64_t>{5, 9, 11}));
+  EXPECT_EQ(Values<float>(r.inputs[3]), (std::vector<float>{2, 5}));
+  EXPECT_EQ(Values<int32_t>(r.inputs[4]), (std::vector<int32_t>{1, 2, 1, 0}));
+  EXPECT_EQ(Values<int64_t>(r.inputs[5]), (std::vector<int64_t>{6, 7, 8, 10}));
+  EXPECT_EQ(Values<int32_t>(r.inputs[6]), (std::vector<int32_t>{0, 2, 4}));
+  // Flat refusals stay the flat ones.
+  InferRequest big;
+  big.inputs.push_back(
+      MakeTensor("dense_features", DataType::kFp32, {9, 3}, std::vector<float>(27)));
+  big.inputs.push_back(
+      MakeTensor("sparse_lengths", DataType::kInt32, {9, 4}, std::vector<int32_t>(36)));
+  big.inputs.push_back(MakeTensor("sparse_values", DataType::kInt64, {0}, std::vector<int64_t>{}));
+  Status st = ValidateRequest(spec, &big);
+  EXPECT_NE(st.message().find("batch size 9 exceeds max_batch_size 8"), std::string::npos);
+}
+
+TEST(ContextBatch, OffsetsShiftByThePairsBeforeAndSliceBack) {
+  ModelSpec spec = MakeContextSpec();
+  InferRequest a = MakeContextRequest(2, 1), b = MakeContextRequest(3, 2);
+  InferRequest flat;
+  flat.inputs.push_back(
+      MakeTensor<float>("dense_features", DataType::kFp32, {2, 3}, {1, 2, 3, 4, 5, 6}));
+  flat.inputs.push_back(
+      MakeTensor<int32_t>("sparse_lengths", DataType::kInt32, {2, 4}, {1, 1, 0, 0, 0, 1, 1, 0}));
+  flat.inputs.push_back(MakeTensor<int64_t>("sparse_values", DataType::kInt64, {4}, {1, 2, 3, 4}));
+  for (InferRequest* r : {&a, &b, &flat}) ASSERT_TRUE(ValidateRequest(spec, r).ok());
+  std::vector<Tensor> batch = ConcatenateInputs(spec, {&a, &b, &flat});
+  EXPECT_EQ(Values<int32_t>(batch[6]), (std::vector<int32_t>{0, 4, 10, 12, 14}));
+  EXPECT_EQ(batch[0].shape, (std::vector<int64_t>{4, 2}));  // contexts
+  EXPECT_EQ(batch[4].shape, (std::vector<int64_t>{7, 2}));  // candidates
+  EXPECT_EQ(batch[5].data, a.inputs[5].data + b.inputs[5].data + flat.inputs[5].data);
+  ASSERT_EQ(ContextCount(spec, batch), 4);
+  // Each request comes back out of the batch as it went in.
+  const std::vector<std::pair<const InferRequest*, int64_t>> parts = {{&a, 0}, {&b, 1}};
+  for (const auto& [request, context] : parts) {
+    std::vector<Tensor> alone = SliceContext(spec, batch, context, 0, request->batch_size);
+    for (size_t i = 0; i < alone.size(); ++i) {
+      EXPECT_EQ(alone[i].shape, request->inputs[i].shape) << i;
+      EXPECT_EQ(alone[i].data, request->inputs[i].data) << i;
+    }
+  }
+  std::vector<Tensor> third = SliceContext(spec, batch, 1, 2, 1);  // b's last candidate
+  EXPECT_EQ(Values<float>(third[3]), std::vector<float>{4});
+  EXPECT_EQ(Values<int64_t>(third[2]), (std::vector<int64_t>{200, 201, 202}));
+  EXPECT_EQ(Values<int32_t>(third[6]), (std::vector<int32_t>{0, 2}));
 }
 
 }  // namespace

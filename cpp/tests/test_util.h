@@ -109,4 +109,108 @@ inline InferRequest MakeRequest(int64_t rows, float base) {
   return r;
 }
 
+// A context model shaped like tests/data/request_golden.json's: dense [hour, price, age] with
+// hour and age context, sparse [user, item, history, tags] with user and history context (item
+// hex-encoded). So Dc = 2, Fc = 2, Dn = 1, Fn = 2; config.pbtxt in the unbatched form.
+inline const char* kContextConfig = R"pb(
+  name: "c"
+  platform: "pytorch_libtorch"
+  max_batch_size: 0 input
+  [ {
+    name: "context_dense"
+    data_type: TYPE_FP32
+    dims: [ -1, 2 ]
+  }
+    , {
+      name: "context_lengths"
+      data_type: TYPE_INT32
+      dims: [ -1, 2 ]
+    }
+    , {
+      name: "context_values"
+      data_type: TYPE_INT64
+      dims: [ -1 ]
+    }
+    , {
+      name: "candidate_dense"
+      data_type: TYPE_FP32
+      dims: [ -1, 1 ]
+    }
+    , {
+      name: "candidate_lengths"
+      data_type: TYPE_INT32
+      dims: [ -1, 2 ]
+    }
+    , {
+      name: "candidate_values"
+      data_type: TYPE_INT64
+      dims: [ -1 ]
+    }
+    , {
+      name: "candidate_offsets"
+      data_type: TYPE_INT32
+      dims: [ -1 ]
+    }] output
+  [ {
+    name: "scores"
+    data_type: TYPE_FP32
+    dims: [ -1, 1 ]
+  }]
+)pb";
+
+inline const char* kContextManifest = R"({
+  "features": {"dense": ["hour", "price", "age"], "sparse": ["user", "item", "history", "tags"]},
+  "num_tasks": 1,
+  "inputs": [{"name": "context_dense", "role": "context_dense"},
+             {"name": "context_lengths", "role": "context_lengths"},
+             {"name": "context_values", "role": "context_values"},
+             {"name": "candidate_dense", "role": "candidate_dense"},
+             {"name": "candidate_lengths", "role": "candidate_lengths"},
+             {"name": "candidate_values", "role": "candidate_values"},
+             {"name": "candidate_offsets", "role": "candidate_offsets"}],
+  "serving": {"max_batch_size": 8, "max_queue_delay_us": 1000},
+  "context": {"version": 1, "dense": [0, 2], "sparse": [0, 2], "num_dense": 3, "num_sparse": 4},
+  "feature_spec": {"format": "csv", "labels": ["label"], "dense": [],
+    "sparse": [{"name": "user", "column": "user", "encoding": "int_or_hash"},
+               {"name": "item", "column": "item", "encoding": "hex"},
+               {"name": "history", "column": "history", "encoding": "int_or_hash"},
+               {"name": "tags", "column": "tags", "encoding": "int_or_hash"}],
+    "hash": {"algorithm": "blake2b", "digest_bytes": 8, "version": 1}}})";
+
+inline ModelSpec MakeContextSpec(const std::string& manifest = kContextManifest) {
+  ModelSpec spec;
+  Status st = ParseModelSpec(kContextConfig, "c", &spec);
+  if (st.ok()) st = ApplyManifestText(manifest, "rec.json", &spec);
+  if (!st.ok()) throw std::runtime_error(st.message());
+  return spec;
+}
+
+// A context request: one context (user `base`, history of two ids; dense base, base + 0.5) and
+// `candidates` candidates (candidate i: dense base + i, one item, i % 2 tags).
+inline InferRequest MakeContextRequest(int64_t candidates, float base) {
+  const int64_t user = static_cast<int64_t>(base) * 100;
+  std::vector<float> cand_dense;
+  std::vector<int32_t> cand_lengths;
+  std::vector<int64_t> cand_values;
+  for (int64_t i = 0; i < candidates; ++i) {
+    cand_dense.push_back(base + static_cast<float>(i));
+    cand_lengths.push_back(1);
+    cand_lengths.push_back(static_cast<int32_t>(i % 2));
+    cand_values.push_back(user + 10 + i);
+    if (i % 2) cand_values.push_back(user + 50 + i);
+  }
+  InferRequest r;
+  r.inputs.push_back(
+      MakeTensor<float>("context_dense", DataType::kFp32, {1, 2}, {base, base + .5f}));
+  r.inputs.push_back(MakeTensor<int32_t>("context_lengths", DataType::kInt32, {1, 2}, {1, 2}));
+  r.inputs.push_back(
+      MakeTensor<int64_t>("context_values", DataType::kInt64, {3}, {user, user + 1, user + 2}));
+  r.inputs.push_back(MakeTensor("candidate_dense", DataType::kFp32, {candidates, 1}, cand_dense));
+  r.inputs.push_back(
+      MakeTensor("candidate_lengths", DataType::kInt32, {candidates, 2}, cand_lengths));
+  r.inputs.push_back(MakeTensor("candidate_values", DataType::kInt64,
+                                {static_cast<int64_t>(cand_values.size())}, cand_values));
+  return r;
+}
+
 }  // namespace rec::testing

@@ -1,8 +1,12 @@
 #include "contract/manifest.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "contract/row_bytes.h"
@@ -183,14 +187,17 @@ Status ParseNames(const json& manifest, const Where& where, Manifest* out) {
   return Status::Ok();
 }
 
-// "inputs": each input's role; dense, lengths and values each at most once.
+// "inputs": each input's role (kInputRoles), each at most once.
 Status ParseRoles(const json& manifest, const Where& where, std::vector<InputRole>* out) {
   if (!manifest.contains("inputs")) return Status::Ok();
   const json& inputs = manifest["inputs"];
   if (!inputs.is_array()) {
     return where.BadField("inputs", "a list of {name, role} objects", &inputs);
   }
-  bool seen_dense = false, seen_lengths = false, seen_values = false;
+  std::string want = "one of ";
+  for (const char* role : kInputRoles) want += std::string(role) + ", ";
+  want += "each once";
+  std::set<std::string> seen;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const json& entry = inputs[i];
     const std::string at = "inputs[" + std::to_string(i) + "]";
@@ -199,21 +206,86 @@ Status ParseRoles(const json& manifest, const Where& where, std::vector<InputRol
     InputRole r{name->get<std::string>(), ""};
     if (entry.contains("role")) {
       const json& role = entry["role"];
-      const std::string want = "one of dense, lengths, values, each once";
       if (!role.is_string()) return where.BadField(at + ".role", want, &role);
       r.role = role.get<std::string>();
-      bool* seen = r.role == "dense"     ? &seen_dense
-                   : r.role == "lengths" ? &seen_lengths
-                   : r.role == "values"  ? &seen_values
-                                         : nullptr;
-      if (!seen || *seen) return where.BadField(at + ".role", want, &role);
-      *seen = true;
+      const bool known = std::any_of(std::begin(kInputRoles), std::end(kInputRoles),
+                                     [&](const char* k) { return r.role == k; });
+      if (!known || !seen.insert(r.role).second) return where.BadField(at + ".role", want, &role);
     }
     out->push_back(std::move(r));
   }
-  if (seen_lengths != seen_values) {
+  if (seen.count("lengths") != seen.count("values")) {
     return where.BadField("inputs", "roles with both lengths and values", &inputs);
   }
+  return Status::Ok();
+}
+
+// A list of ascending distinct column indices in [0, width).
+bool IsColumnList(const json& v, int64_t width) {
+  if (!v.is_array()) return false;
+  int64_t last = -1;
+  for (const auto& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() <= last || x.get<int64_t>() >= width) {
+      return false;
+    }
+    last = x.get<int64_t>();
+  }
+  return true;
+}
+
+// "context": absent (or null) for a model without a context form; checked as
+// rec/contract/context.py ContextSplit.from_dict and Manifest.context check it.
+Status ParseContext(const json& manifest, const Where& where, const Manifest& names,
+                    ContextSection* out) {
+  auto it = manifest.find("context");
+  if (it == manifest.end() || it->is_null()) return Status::Ok();
+  const json& c = *it;
+  if (!c.is_object()) return where.BadField("context", "an object or null", &c);
+  auto field = [&](const char* k) { return c.contains(k) ? &c[k] : nullptr; };
+  const json* version = field("version");
+  if (!version || !version->is_number_integer() || *version != kContextVersion) {
+    return where.BadField("context.version", std::to_string(kContextVersion), version);
+  }
+  for (auto [key, dst] :
+       {std::pair{"num_dense", &out->num_dense}, std::pair{"num_sparse", &out->num_sparse}}) {
+    const json* n = field(key);
+    if (!n || !n->is_number_integer() || n->get<int64_t>() < 0 ||
+        n->get<int64_t>() > (int64_t{1} << 30)) {
+      return where.BadField(std::string("context.") + key, "an integer in [0, 2^30]", n);
+    }
+    *dst = n->get<int64_t>();
+  }
+  for (auto [key, width, dst] : {std::tuple{"dense", out->num_dense, &out->dense},
+                                 std::tuple{"sparse", out->num_sparse, &out->sparse}}) {
+    const json* cols = field(key);
+    if (!cols || !IsColumnList(*cols, width)) {
+      return where.BadField(std::string("context.") + key,
+                            "ascending distinct column indices in [0, num_" + std::string(key) +
+                                "=" + std::to_string(width) + ")",
+                            cols);
+    }
+    *dst = cols->get<std::vector<int64_t>>();
+  }
+  if (out->dense.empty() && out->sparse.empty()) {
+    return where.BadField("context", "at least one context column", &c);
+  }
+  if (static_cast<int64_t>(out->sparse.size()) == out->num_sparse) {
+    return where.BadField("context.sparse",
+                          "fewer than num_sparse=" + std::to_string(out->num_sparse) +
+                              " columns (a candidate needs a sparse feature)",
+                          &c["sparse"]);
+  }
+  if (names.has_features) {
+    for (auto [key, width, count] :
+         {std::tuple{"dense", out->num_dense, names.dense_features.size()},
+          std::tuple{"sparse", out->num_sparse, names.sparse_features.size()}}) {
+      if (width == static_cast<int64_t>(count)) continue;
+      return where.BadField(std::string("context.num_") + key,
+                            std::to_string(count) + ", the number of features." + key,
+                            &c[std::string("num_") + key]);
+    }
+  }
+  out->present = true;
   return Status::Ok();
 }
 
@@ -327,8 +399,8 @@ Status ParseZch(const json& manifest, const Where& where, ZchSection* out) {
   if (!zch.is_object()) return where.BadField("zch", "an object", &zch);
   const json* layout = zch.contains("layout") ? &zch["layout"] : nullptr;
   if (!layout || !layout->is_string() || layout->get<std::string>() != kZchMapLayout) {
-    std::string want = std::string(kZchMapLayout) + " (the id map layout this reader knows: " +
-                       kZchMapLayoutText + ")";
+    std::string want = std::string(kZchMapLayout) +
+                       " (the id map layout this reader knows: " + kZchMapLayoutText + ")";
     if (layout && layout->is_string() && layout->get<std::string>() == kZchMapLayoutV1) {
       want += kZchReexport;
     }
@@ -390,6 +462,7 @@ Status ParseManifest(const std::string& text, const std::string& model, const st
     REC_RETURN_IF_ERROR(ParseRoles(manifest, where, &out->inputs));
     REC_RETURN_IF_ERROR(ParseZch(manifest, where, &out->zch));
     ZchMapPlaces(out->zch, &out->updates);
+    REC_RETURN_IF_ERROR(ParseContext(manifest, where, *out, &out->context));
     return ParseFeatureSpec(manifest, where, out->sparse_features, &out->feature_spec);
   });
 }

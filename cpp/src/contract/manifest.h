@@ -24,10 +24,35 @@ struct ServingSection {
   std::vector<int64_t> preferred_batch_sizes;
 };
 
-// One entry of "inputs": an input's name and its role (dense, lengths, values; empty: none given).
+// One entry of "inputs": an input's name and its role (dense, lengths, values, or a context
+// model's context_* / candidate_* roles, kInputRoles; empty: none given).
 struct InputRole {
   std::string name;
   std::string role;
+};
+
+// Every role an input may have, each at most once (rec/contract/io.py ROLES).
+inline constexpr const char* kInputRoles[] = {"dense",
+                                              "lengths",
+                                              "values",
+                                              "context_dense",
+                                              "context_lengths",
+                                              "context_values",
+                                              "candidate_dense",
+                                              "candidate_lengths",
+                                              "candidate_values",
+                                              "candidate_offsets"};
+
+// "context" (rec/contract/context.py ContextSplit): which flat columns belong to the request's
+// one context (user, device, time) rather than to each candidate, for a model exported with
+// features.context. Columns are ascending, within [0, num_dense) and [0, num_sparse).
+inline constexpr int64_t kContextVersion = 1;
+struct ContextSection {
+  bool present = false;
+  std::vector<int64_t> dense;
+  std::vector<int64_t> sparse;
+  int64_t num_dense = 0;
+  int64_t num_sparse = 0;
 };
 
 // "feature_spec": each sparse feature's encoding, in sparse_lengths' column order. The hash it
@@ -78,6 +103,7 @@ struct Manifest {
   int64_t num_tasks = -1;         // -1: not given
   std::vector<InputRole> inputs;  // empty: not given
   FeatureSpecSection feature_spec;
+  ContextSection context;
 };
 
 // Parses rec.json's text (read from `source`, named in errors, of model `model`).

@@ -9,6 +9,7 @@
 
 #include "contract/manifest.h"
 #include "contract/repository_layout.h"
+#include "model/context_spec.h"
 #include "model_config.pb.h"
 
 namespace rec {
@@ -179,6 +180,15 @@ Status ApplyFeatureSpec(FeatureSpecSection feature_spec, const std::string& sour
     return InvalidArgument("model '" + spec->name + "': " + source + ": feature_spec" + problem);
   };
   const size_t n = feature_spec.sparse.size();
+  if (spec->context.present) {  // the flat columns, split between context and candidates
+    if (static_cast<int64_t>(n) != spec->context.num_sparse) {
+      return bad(" lists " + std::to_string(n) + " sparse features but \"context\" has " +
+                 std::to_string(spec->context.num_sparse));
+    }
+    spec->has_feature_spec = true;
+    spec->sparse_encodings = std::move(feature_spec.sparse);
+    return Status::Ok();
+  }
   if (spec->lengths_input < 0) {
     return bad(" is given but config.pbtxt has no sparse lengths / ragged values pair of inputs");
   }
@@ -267,8 +277,13 @@ Status ApplyManifestText(const std::string& manifest_text, const std::string& so
   }
   if (manifest.num_tasks > 0) spec->num_tasks = manifest.num_tasks;
   REC_RETURN_IF_ERROR(ApplyRoles(manifest.inputs, source, spec));
+  const bool batched_config = spec->config && spec->config->max_batch_size() > 0;
+  REC_RETURN_IF_ERROR(
+      ApplyContext(manifest.context, manifest.inputs, source, batched_config, spec));
   REC_RETURN_IF_ERROR(CheckCounts(spec));
-  return ApplyFeatureSpec(std::move(manifest.feature_spec), source, spec);
+  REC_RETURN_IF_ERROR(ApplyFeatureSpec(std::move(manifest.feature_spec), source, spec));
+  FinishContext(spec);
+  return Status::Ok();
 }
 
 Status LoadModelSpec(const std::string& model_dir, const std::string& model_name, ModelSpec* spec) {

@@ -25,6 +25,36 @@ struct IoSpec {
   bool ragged = false;        // allow_ragged_batch: concatenated end to end, no batch dim
 };
 
+struct ModelSpec;
+
+// A context model (rec.json "context"): a request carries one context (the request's own
+// features: user, device, time) and N candidates, and the model reads the context once per
+// request. Its inputs, by role, in forward order: context_dense, context_lengths,
+// context_values, candidate_dense, candidate_lengths, candidate_values, candidate_offsets (a
+// zero-width one left out). The offsets are [R+1] per batch of R requests, filled by the server.
+struct ContextSpec {
+  bool present = false;
+  // Indices into ModelSpec::inputs by role; -1 for an input left out (zero width).
+  int context_dense = -1;
+  int context_lengths = -1;
+  int context_values = -1;
+  int candidate_dense = -1;
+  int candidate_lengths = -1;
+  int candidate_values = -1;
+  int candidate_offsets = -1;
+  // Flat column indices, ascending: the context's, and the candidates' (the complement). A flat
+  // request (dense_features [B, num_dense], sparse_lengths [B, num_sparse]) is split by them.
+  std::vector<int64_t> dense, sparse, cand_dense, cand_sparse;
+  int64_t num_dense = 0;
+  int64_t num_sparse = 0;
+  // With a feature spec: the encodings of `sparse` and of `cand_sparse`, for context_strings
+  // and candidate_strings.
+  std::vector<SparseEncoding> context_encodings, candidate_encodings;
+  // The flat form as a spec of its own (dense_features, sparse_lengths, sparse_values; the
+  // model's limits and feature spec): what a flat request is validated against before its split.
+  std::shared_ptr<const ModelSpec> flat;
+};
+
 struct ModelSpec {
   std::string name;
   // As parsed, for the config endpoints. Behind a pointer so that this header does not pull
@@ -57,6 +87,9 @@ struct ModelSpec {
   // rec.json's "updates": the tables' places for the update log (present: the model can take
   // updates).
   UpdatesSpec updates;
+  // rec.json's "context": the model takes the context form (lengths_input and values_input are
+  // then -1; the flat form is split into it per request, model/context_request.h).
+  ContextSpec context;
 };
 
 // Parses <model_dir>/config.pbtxt (protobuf text format) and <model_dir>/rec.json if present,
@@ -69,7 +102,8 @@ Status ParseModelSpec(const std::string& config_text, const std::string& model_n
 
 // Applies rec.json's text (read from `source`, named in errors) to a parsed spec: feature names,
 // num_tasks, the sparse encodings of "feature_spec" (a hash other than the one this server
-// implements fails), and for a max_batch_size 0 config the batching settings of "serving".
+// implements fails), for a max_batch_size 0 config the batching settings of "serving", and
+// "context" (the model's inputs become rec.json's "inputs", in their order).
 // Exposed for tests.
 Status ApplyManifestText(const std::string& manifest_text, const std::string& source,
                          ModelSpec* spec);

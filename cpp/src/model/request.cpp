@@ -5,6 +5,8 @@
 #include <cstring>
 #include <iterator>
 
+#include "model/context_request.h"
+
 namespace rec {
 namespace {
 
@@ -62,22 +64,35 @@ Status CheckFinite(const Tensor& t) {
   return Status::Ok();
 }
 
-Status CheckInput(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64_t* batch) {
-  if (t->dtype != io.dtype) {
-    return InvalidArgument(InputError(t->name, std::string("expected datatype ") +
-                                                   DataTypeName(io.dtype) + ", got " +
-                                                   DataTypeName(t->dtype)));
-  }
-  REC_RETURN_IF_ERROR(CheckInputShape(spec, io, t, batch));
-  size_t expected_bytes = static_cast<size_t>(ElementCount(t->shape)) * ElementSize(t->dtype);
-  if (t->data.size() != expected_bytes) {
+}  // namespace
+
+Status CheckDtype(const IoSpec& io, const Tensor& t) {
+  if (t.dtype == io.dtype) return Status::Ok();
+  return InvalidArgument(InputError(t.name, std::string("expected datatype ") +
+                                                DataTypeName(io.dtype) + ", got " +
+                                                DataTypeName(t.dtype)));
+}
+
+Status CheckData(const Tensor& t) {
+  size_t expected_bytes = static_cast<size_t>(ElementCount(t.shape)) * ElementSize(t.dtype);
+  if (t.data.size() != expected_bytes) {
     return InvalidArgument(InputError(
-        t->name, "shape " + ShapeString(t->shape) + " needs " + std::to_string(expected_bytes) +
-                     " bytes of data, got " + std::to_string(t->data.size())));
+        t.name, "shape " + ShapeString(t.shape) + " needs " + std::to_string(expected_bytes) +
+                    " bytes of data, got " + std::to_string(t.data.size())));
   }
-  if (t->dtype == DataType::kFp32) return CheckFinite(*t);
+  if (t.dtype == DataType::kFp32) return CheckFinite(t);
   return Status::Ok();
 }
+
+namespace {
+
+Status CheckInput(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64_t* batch) {
+  REC_RETURN_IF_ERROR(CheckDtype(io, *t));
+  REC_RETURN_IF_ERROR(CheckInputShape(spec, io, t, batch));
+  return CheckData(*t);
+}
+
+}  // namespace
 
 // lengths >= 0 and sum(lengths) == the number of values (`values_count`, named `values_name`).
 Status CheckJagged(const Tensor& lengths, const std::string& values_name, int64_t values_count) {
@@ -106,32 +121,29 @@ bool HasInput(const InferRequest& r, const std::string& name) {
   return false;
 }
 
-// Takes `sparse_strings` out of the request's inputs into *strings (*has_strings says whether
-// there was one) after checking that the request carries exactly one of it and the values.
-Status TakeStrings(const ModelSpec& spec, InferRequest* r, Tensor* strings, bool* has_strings) {
+Status TakeStrings(const ModelSpec& spec, const std::string& strings_name,
+                   const std::string& values_name, InferRequest* r, Tensor* strings,
+                   bool* has_strings) {
   *has_strings = false;
-  const bool given = HasInput(*r, kSparseStringsInput);
-  const bool has_values =
-      spec.values_input >= 0 && HasInput(*r, spec.inputs[spec.values_input].name);
+  const bool given = HasInput(*r, strings_name);
+  const bool has_values = HasInput(*r, values_name);
   if (!given && (!spec.has_feature_spec || has_values)) return Status::Ok();
-  const std::string values_name =
-      spec.values_input >= 0 ? spec.inputs[spec.values_input].name : "sparse_values";
   if (given && !spec.has_feature_spec) {
     return InvalidArgument(InputError(
-        kSparseStringsInput, "model '" + spec.name +
-                                 "' has no feature spec (its rec.json has no \"feature_spec\"), "
-                                 "so it cannot map strings to ids: send '" +
-                                 values_name + "' as INT64 ids"));
+        strings_name, "model '" + spec.name +
+                          "' has no feature spec (its rec.json has no \"feature_spec\"), "
+                          "so it cannot map strings to ids: send '" +
+                          values_name + "' as INT64 ids"));
   }
   if (given == has_values) {
     return InvalidArgument("a request carries either '" + values_name + "' (INT64 ids) or '" +
-                           kSparseStringsInput + "' (BYTES tokens); this one has " +
+                           strings_name + "' (BYTES tokens); this one has " +
                            (given ? "both" : "neither"));
   }
-  auto is_strings = [](const Tensor& t) { return t.name == kSparseStringsInput; };
+  auto is_strings = [&](const Tensor& t) { return t.name == strings_name; };
   auto it = std::find_if(r->inputs.begin(), r->inputs.end(), is_strings);
   if (std::find_if(std::next(it), r->inputs.end(), is_strings) != r->inputs.end()) {
-    return InvalidArgument(InputError(kSparseStringsInput, "given more than once"));
+    return InvalidArgument(InputError(strings_name, "given more than once"));
   }
   *strings = std::move(*it);
   r->inputs.erase(it);
@@ -139,9 +151,9 @@ Status TakeStrings(const ModelSpec& spec, InferRequest* r, Tensor* strings, bool
   return Status::Ok();
 }
 
-// Maps a request's `sparse_strings` to ids in the values input's place: checked like the values
-// (datatype, shape, count against the lengths), then each token with its feature's encoding.
-Status StringsToValues(const ModelSpec& spec, Tensor* strings, InferRequest* r) {
+Status StringsToValues(const std::vector<SparseEncoding>& encodings, Tensor* strings,
+                       const Tensor& lengths, const std::string& values_name, Tensor* values,
+                       std::vector<int64_t>* negatives) {
   if (strings->dtype != DataType::kBytes) {
     return InvalidArgument(InputError(strings->name, std::string("expected datatype BYTES, got ") +
                                                          DataTypeName(strings->dtype)));
@@ -152,21 +164,20 @@ Status StringsToValues(const ModelSpec& spec, Tensor* strings, InferRequest* r) 
     return InvalidArgument(
         InputError(strings->name, "expected shape [n], got " + ShapeString(strings->shape)));
   }
-  const Tensor& lengths = r->inputs[spec.lengths_input];
   REC_RETURN_IF_ERROR(CheckJagged(lengths, strings->name, strings->shape[0]));
-  Tensor& values = r->inputs[spec.values_input];
-  REC_RETURN_IF_ERROR(
-      EncodeSparseStrings(spec.sparse_encodings, *strings, lengths, &values, &r->negative_ids));
-  values.name = spec.inputs[spec.values_input].name;
+  REC_RETURN_IF_ERROR(EncodeSparseStrings(encodings, *strings, lengths, values, negatives));
+  values->name = values_name;
   return Status::Ok();
 }
 
-}  // namespace
-
 Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
+  if (spec.context.present) return ValidateContextModelRequest(spec, request);
   Tensor strings;
   bool has_strings = false;
-  REC_RETURN_IF_ERROR(TakeStrings(spec, request, &strings, &has_strings));
+  const std::string values_name =
+      spec.values_input >= 0 ? spec.inputs[spec.values_input].name : "sparse_values";
+  REC_RETURN_IF_ERROR(
+      TakeStrings(spec, kSparseStringsInput, values_name, request, &strings, &has_strings));
   // With strings, the values' slot stays empty until they are mapped, once the lengths are
   // known to be good.
   auto pending = [&](size_t i) { return has_strings && static_cast<int>(i) == spec.values_input; };
@@ -195,13 +206,18 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
       return InvalidArgument("output '" + o.name + "': unexpected output name");
     }
   }
-  if (has_strings) return StringsToValues(spec, &strings, request);
+  if (has_strings) {
+    return StringsToValues(spec.sparse_encodings, &strings, request->inputs[spec.lengths_input],
+                           spec.inputs[spec.values_input].name, &request->inputs[spec.values_input],
+                           &request->negative_ids);
+  }
   if (spec.lengths_input < 0) return Status::Ok();
   const Tensor& values = request->inputs[spec.values_input];
   return CheckJagged(request->inputs[spec.lengths_input], values.name, values.shape[0]);
 }
 
 std::vector<IoSpec> RequestInputs(const ModelSpec& spec) {
+  if (spec.context.present) return ContextRequestInputs(spec);
   std::vector<IoSpec> inputs = spec.inputs;
   if (spec.has_feature_spec) {
     IoSpec strings;
@@ -218,6 +234,10 @@ std::vector<Tensor> ConcatenateInputs(const ModelSpec& spec,
                                       const std::vector<const InferRequest*>& requests) {
   std::vector<Tensor> batch(spec.inputs.size());
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if (static_cast<int>(i) == spec.context.candidate_offsets) {
+      batch[i] = ConcatenateOffsets(spec, requests);
+      continue;
+    }
     Tensor& out = batch[i];
     out.name = spec.inputs[i].name;
     out.dtype = spec.inputs[i].dtype;

@@ -46,14 +46,16 @@ inline constexpr char kSparseStringsInput[] = "sparse_strings";
 // sum(lengths) == number of values). A request may send `sparse_strings` instead of the values:
 // they are mapped to ids here (spec.sparse_encodings), so the batcher and the model only ever
 // see INT64 ids. On success, inputs are reordered to the spec's order, ragged inputs are
-// flattened to 1-D and batch_size is set. Messages name the tensor.
+// flattened to 1-D and batch_size is set. Messages name the tensor. A context model's requests
+// go to ValidateContextModelRequest (model/context_request.h).
 Status ValidateRequest(const ModelSpec& spec, InferRequest* request);
 
 // The inputs a request may carry, for model metadata: the model's, and `sparse_strings` (BYTES
 // [-1], ragged) when the model has a feature spec.
 std::vector<IoSpec> RequestInputs(const ModelSpec& spec);
 
-// Concatenates validated requests (inputs in spec order) into one batch of inputs.
+// Concatenates validated requests (inputs in spec order) into one batch of inputs (a context
+// model's candidate_offsets: ConcatenateOffsets).
 std::vector<Tensor> ConcatenateInputs(const ModelSpec& spec,
                                       const std::vector<const InferRequest*>& requests);
 
@@ -66,5 +68,26 @@ Status CheckOutputs(const ModelSpec& spec, int64_t batch_size, const std::vector
 
 // Rows [begin, begin + rows) of each batch output (each output's dim 0 is the batch).
 std::vector<Tensor> SliceOutputs(const std::vector<Tensor>& outputs, int64_t begin, int64_t rows);
+
+// The checks ValidateRequest is made of, shared with model/context_request.cpp. Each message
+// names the tensor.
+// t's datatype is io's.
+Status CheckDtype(const IoSpec& io, const Tensor& t);
+// t's data has the bytes its shape needs, and FP32 values are finite.
+Status CheckData(const Tensor& t);
+// lengths >= 0 and sum(lengths) == the number of values (`values_count`, named `values_name`).
+Status CheckJagged(const Tensor& lengths, const std::string& values_name, int64_t values_count);
+bool HasInput(const InferRequest& r, const std::string& name);
+// Takes the BYTES input `strings_name` out of the request's inputs into *strings (*has_strings
+// says whether there was one) after checking that the request carries exactly one of it and
+// `values_name` (a model with a feature spec), or neither's strings (one without).
+Status TakeStrings(const ModelSpec& spec, const std::string& strings_name,
+                   const std::string& values_name, InferRequest* r, Tensor* strings,
+                   bool* has_strings);
+// Maps `strings` to INT64 ids in *values (named `values_name`): checked like the values
+// (datatype, shape, count against the lengths), then each token with its feature's encoding.
+Status StringsToValues(const std::vector<SparseEncoding>& encodings, Tensor* strings,
+                       const Tensor& lengths, const std::string& values_name, Tensor* values,
+                       std::vector<int64_t>* negatives);
 
 }  // namespace rec
