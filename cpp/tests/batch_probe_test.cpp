@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "model/context_request.h"
 #include "temp_file_test.h"
 #include "test_util.h"
 
@@ -114,6 +115,78 @@ TEST_F(ProbeFile, RunCatchesABatchDependentModel) {
   ASSERT_TRUE(RunBatchProbe(&variant, spec, probe, &diff).ok());
   EXPECT_GT(diff, 0.0);
   EXPECT_LT(diff, 1e-5);
+}
+
+// A context model's probe: R = 2 contexts of 1 and 2 candidates, keyed by the model's input
+// names (candidate_offsets included), checked request by request and candidate by candidate.
+const char* kContextProbe = R"("batch_probe": {
+  "context_dense": [[1.0, 2.0], [3.0, 4.0]],
+  "context_lengths": [[1, 0], [0, 2]],
+  "context_values": [11, 21, 22],
+  "candidate_dense": [[0.5], [0.25], [0.125]],
+  "candidate_lengths": [[1, 1], [1, 0], [1, 2]],
+  "candidate_values": [1, 2, 3, 4, 5, 6],
+  "candidate_offsets": [0, 2, 6]})";
+
+// Scores candidate b as its context's first dense value plus its own, plus the pass's
+// contexts and candidates when `variant`.
+class ContextFakeRunner : public Runner {
+ public:
+  explicit ContextFakeRunner(bool variant) : variant_(variant) {}
+  const std::string& version() const override { return version_; }
+  Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
+    const Tensor& offsets = inputs[6];
+    const int64_t contexts = offsets.shape[0] - 1, rows = inputs[3].shape[0];
+    std::vector<float> scores;
+    for (int64_t r = 0; r < contexts; ++r) {
+      for (int32_t k = offsets.As<int32_t>()[r] / 2; k < offsets.As<int32_t>()[r + 1] / 2; ++k) {
+        scores.push_back(inputs[0].As<float>()[r * 2] + inputs[3].As<float>()[k] +
+                         (variant_ ? 1e-6f * static_cast<float>(contexts + rows) : 0.0f));
+      }
+    }
+    outputs->assign(1, testing::MakeTensor<float>("scores", DataType::kFp32, {rows, 1}, scores));
+    return Status::Ok();
+  }
+
+ private:
+  bool variant_;
+  std::string version_ = "1";
+};
+
+TEST_F(ProbeFile, ContextProbeIsCheckedPerRequestAndPerCandidate) {
+  ModelSpec spec = testing::MakeContextSpec();
+  BatchProbe probe;
+  ASSERT_TRUE(ReadBatchProbe(Write(Manifest(kContextProbe)), spec, &probe).ok());
+  ASSERT_TRUE(probe.present);
+  EXPECT_EQ(probe.rows, 3);  // candidates
+  std::vector<Tensor> second = SliceContext(spec, probe.batch, 1, 0, 2);
+  EXPECT_EQ(second[2].shape, std::vector<int64_t>{2});
+  EXPECT_EQ(second[2].As<int64_t>()[1], 22);
+  EXPECT_EQ(second[5].shape, std::vector<int64_t>{4});  // candidates 1 and 2: 1 + 3 ids
+  EXPECT_EQ(second[5].As<int64_t>()[0], 3);
+  double diff = -1;
+  ContextFakeRunner invariant(false), variant(true);
+  ASSERT_TRUE(RunBatchProbe(&invariant, spec, probe, &diff).ok());
+  EXPECT_EQ(diff, 0.0);
+  ASSERT_TRUE(RunBatchProbe(&variant, spec, probe, &diff).ok());
+  EXPECT_GT(diff, 0.0);
+  EXPECT_LT(diff, 1e-4);
+}
+
+TEST_F(ProbeFile, RefusesAContextProbeWhoseOffsetsDisagree) {
+  ModelSpec spec = testing::MakeContextSpec();
+  BatchProbe probe;
+  std::string bad = kContextProbe;
+  bad.replace(bad.find("[0, 2, 6]"), 9, "[0, 3, 6]");
+  Status st = ReadBatchProbe(Write(Manifest(bad)), spec, &probe);
+  EXPECT_NE(st.message().find("candidate_offsets do not split"), std::string::npos) << st.message();
+  bad = kContextProbe;
+  bad.replace(bad.find("[1, 2, 3, 4, 5, 6]"), 18, "[1, 2, 3]");
+  st = ReadBatchProbe(Write(Manifest(bad)), spec, &probe);
+  EXPECT_NE(st.message().find("ids in 'candidate_values' but its lengths count 6"),
+            std::string::npos)
+      << st.message();
+  EXPECT_FALSE(probe.present);
 }
 
 }  // namespace

@@ -291,5 +291,95 @@ TEST(Batcher, UnknownIdsAreCountedPerFeatureForPassesThatSucceed) {
   EXPECT_EQ(text.find("feature=\"x\",reason=\"unknown\""), std::string::npos);  // modulo
 }
 
+// A context model's runner: candidate b's score is its context's first dense value * 1000 plus
+// its own dense value, the context found through candidate_offsets; it records each pass's
+// contexts and candidates.
+class ContextEchoRunner : public Runner {
+ public:
+  const std::string& version() const override { return version_; }
+  Status Run(const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) override {
+    if (hold_all) hold_all->wait();
+    const Tensor& context = inputs[0];    // context_dense [R, 2]
+    const Tensor& candidate = inputs[3];  // candidate_dense [B, 1]
+    const Tensor& offsets = inputs[6];    // [R + 1], Fn = 2
+    const int64_t contexts = offsets.shape[0] - 1, rows = candidate.shape[0];
+    if (context.shape[0] != contexts || offsets.As<int32_t>()[contexts] != 2 * rows) {
+      return Internal("offsets do not match the batch");
+    }
+    std::vector<float> scores;
+    for (int64_t r = 0; r < contexts; ++r) {
+      for (int32_t k = offsets.As<int32_t>()[r] / 2; k < offsets.As<int32_t>()[r + 1] / 2; ++k) {
+        scores.push_back(context.As<float>()[r * 2] * 1000 + candidate.As<float>()[k]);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      passes.emplace_back(contexts, rows);
+    }
+    outputs->assign(1, testing::MakeTensor("scores", DataType::kFp32, {rows, 1}, scores));
+    return Status::Ok();
+  }
+  std::string version_ = "1";
+  std::shared_future<void>* hold_all = nullptr;
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> passes;  // (contexts, candidates) of each pass
+};
+
+// Requests of 1 to 7 candidates and flat ones of 2 rows, batched by pairs: no pass above
+// max_batch_size (8) candidates, each request answered with its own candidates' scores.
+TEST(Batcher, ContextRequestsBatchByCandidatesWithShiftedOffsets) {
+  ModelSpec spec = testing::MakeContextSpec();
+  auto runner = std::make_shared<ContextEchoRunner>();
+  ModelStats stats;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  runner->hold_all = &gate;
+  Batcher batcher(
+      spec, {1, 1000, 0}, [&] { return runner; }, &stats);
+  std::vector<std::future<InferResult>> futures;
+  std::vector<std::vector<float>> expected;
+  bool enqueued = [&] {
+    for (int i = 0; i < 20; ++i) {
+      const float base = static_cast<float>(i + 1);
+      InferRequest r;
+      std::vector<float> want;
+      if (i % 5 == 4) {  // flat: 2 rows, each its own context
+        r.inputs.push_back(testing::MakeTensor<float>("dense_features", DataType::kFp32, {2, 3},
+                                                      {base, 7, 0, base + 1, 9, 0}));
+        r.inputs.push_back(testing::MakeTensor("sparse_lengths", DataType::kInt32, {2, 4},
+                                               std::vector<int32_t>(8, 0)));
+        r.inputs.push_back(
+            testing::MakeTensor("sparse_values", DataType::kInt64, {0}, std::vector<int64_t>{}));
+        want = {base * 1000 + 7, (base + 1) * 1000 + 9};
+      } else {
+        const int64_t n = 1 + (i * 3) % 7;
+        r = testing::MakeContextRequest(n, base);
+        for (int64_t k = 0; k < n; ++k) want.push_back(base * 1000 + base + static_cast<float>(k));
+      }
+      if (!ValidateRequest(spec, &r).ok()) return false;
+      expected.push_back(want);
+      auto promise = std::make_shared<std::promise<InferResult>>();
+      futures.push_back(promise->get_future());
+      auto done = [promise](InferResult&& res) { promise->set_value(std::move(res)); };
+      if (!batcher.Enqueue(std::move(r), done).ok()) return false;
+    }
+    return true;
+  }();
+  release.set_value();
+  ASSERT_TRUE(enqueued);
+  for (size_t i = 0; i < futures.size(); ++i) {
+    InferResult res = Await(&futures[i]);
+    ASSERT_EQ(res.outputs[0].shape[0], static_cast<int64_t>(expected[i].size())) << i;
+    const float* got = res.outputs[0].As<float>();
+    EXPECT_EQ(std::vector<float>(got, got + expected[i].size()), expected[i]) << i;
+  }
+  std::lock_guard<std::mutex> lock(runner->mu);
+  EXPECT_LT(runner->passes.size(), futures.size());  // requests were batched
+  for (const auto& [contexts, candidates] : runner->passes) {
+    EXPECT_LE(candidates, 8);
+    EXPECT_LE(contexts, candidates);
+  }
+}
+
 }  // namespace
 }  // namespace rec

@@ -6,6 +6,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+
+#include "model/context_request.h"
 
 namespace rec {
 namespace {
@@ -24,7 +27,8 @@ Status FillInput(const nlohmann::json& value, const IoSpec& io, const std::strin
   for (const auto& row : value) {
     if (io.ragged) {
       if (!row.is_number_integer()) return bad("must hold integer ids");
-      flat.push_back(0);  // ids are copied below as integers, not through double
+      // ids are copied below as integers, not through double; offsets (INT32) are small
+      flat.push_back(io.dtype == DataType::kInt32 ? row.get<double>() : 0);
       continue;
     }
     if (!row.is_array()) return bad("must be an array of rows");
@@ -68,9 +72,48 @@ Status FillInput(const nlohmann::json& value, const IoSpec& io, const std::strin
   return Status::Ok();
 }
 
+// A context probe's parts agree with each other: offsets Fn * (0, N1, ...) ascending from 0 over
+// R contexts and every candidate row, and each side's ids as many as its lengths count.
+Status CheckContextProbe(const ModelSpec& spec, const BatchProbe& probe,
+                         const std::string& source) {
+  const ContextSpec& c = spec.context;
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument(source + ": batch_probe " + why);
+  };
+  const Tensor& offsets = probe.batch[c.candidate_offsets];
+  const int64_t fn = spec.inputs[c.candidate_lengths].dims[0];
+  const int64_t contexts = offsets.shape[0] - 1;
+  const int64_t candidates = probe.batch[c.candidate_lengths].shape[0];
+  const int32_t* o = offsets.As<int32_t>();
+  bool ascending = contexts >= 1 && o[0] == 0 && o[contexts] == fn * candidates;
+  for (int64_t r = 0; ascending && r < contexts; ++r) {
+    ascending = o[r + 1] > o[r] && (o[r + 1] - o[r]) % fn == 0;
+  }
+  if (!ascending) return bad("candidate_offsets do not split its candidates into contexts");
+  for (int i : {c.context_dense, c.context_lengths, c.candidate_dense}) {
+    const int64_t want = i == c.candidate_dense ? candidates : contexts;
+    if (i >= 0 && probe.batch[i].shape[0] != want) {
+      return bad("inputs have different numbers of rows");
+    }
+  }
+  for (auto [lengths, values] : {std::pair{c.context_lengths, c.context_values},
+                                 std::pair{c.candidate_lengths, c.candidate_values}}) {
+    if (lengths < 0) continue;
+    int64_t ids = 0;
+    const Tensor& l = probe.batch[lengths];
+    for (int64_t k = 0; k < ElementCount(l.shape); ++k) ids += l.As<int32_t>()[k];
+    if (probe.batch[values].shape[0] != ids) {
+      return bad("has " + std::to_string(probe.batch[values].shape[0]) + " ids in '" +
+                 probe.batch[values].name + "' but its lengths count " + std::to_string(ids));
+    }
+  }
+  return Status::Ok();
+}
+
 // The probe's parts agree with each other: as many rows in every batch-major input, and as many
 // ids as the lengths count (SliceRow relies on both).
 Status CheckProbeShape(const ModelSpec& spec, const BatchProbe& probe, const std::string& source) {
+  if (spec.context.present) return CheckContextProbe(spec, probe, source);
   int64_t rows = -1, ids = 0;
   for (size_t i = 0; i < probe.batch.size(); ++i) {
     const Tensor& t = probe.batch[i];
@@ -105,7 +148,7 @@ Status ReadProbeJson(const nlohmann::json& manifest, const std::string& manifest
     REC_RETURN_IF_ERROR(FillInput(stored[io.name], io, manifest_path, &t));
     probe->batch.push_back(std::move(t));
   }
-  probe->rows = probe->batch[0].shape[0];
+  probe->rows = probe->batch[spec.context.present ? spec.context.candidate_lengths : 0].shape[0];
   const auto verified = dense.value("verified_on", nlohmann::json::object());
   probe->verified_on =
       verified.is_object() ? verified.value("model", "an unrecorded CPU") : "an unrecorded CPU";
@@ -159,6 +202,38 @@ std::vector<Tensor> SliceRow(const ModelSpec& spec, const std::vector<Tensor>& b
   return out;
 }
 
+namespace {
+
+// Folds the difference between `want` and `got` (`width` scores each) into *max_diff.
+void Compare(const float* want, const float* got, int64_t width, double* max_diff) {
+  if (std::memcmp(want, got, static_cast<size_t>(width) * sizeof(float)) == 0) return;
+  for (int64_t c = 0; c < width; ++c) {
+    double d = std::fabs(static_cast<double>(want[c]) - static_cast<double>(got[c]));
+    *max_diff = std::max(*max_diff, std::isnan(d) ? INFINITY : std::max(d, 1e-45));
+  }
+}
+
+// A context probe: each request (context with its candidates) alone, and each candidate alone
+// with its context, against the batch's rows.
+Status RunContextProbe(Runner* runner, const ModelSpec& spec, const BatchProbe& probe,
+                       const float* scores, int64_t width, double* max_diff) {
+  for (int64_t r = 0; r < ContextCount(spec, probe.batch); ++r) {
+    int64_t first = 0, count = 0;
+    ContextCandidates(spec, probe.batch, r, &first, &count);
+    std::vector<Tensor> alone;
+    REC_RETURN_IF_ERROR(runner->Run(SliceContext(spec, probe.batch, r, 0, count), &alone));
+    Compare(scores + first * width, alone[0].As<float>(), count * width, max_diff);
+    for (int64_t k = 0; k < count; ++k) {
+      std::vector<Tensor> pair;
+      REC_RETURN_IF_ERROR(runner->Run(SliceContext(spec, probe.batch, r, k, 1), &pair));
+      Compare(scores + (first + k) * width, pair[0].As<float>(), width, max_diff);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status RunBatchProbe(Runner* runner, const ModelSpec& spec, const BatchProbe& probe,
                      double* max_diff) {
   *max_diff = 0;
@@ -166,16 +241,13 @@ Status RunBatchProbe(Runner* runner, const ModelSpec& spec, const BatchProbe& pr
   REC_RETURN_IF_ERROR(runner->Run(probe.batch, &batched));
   const Tensor& scores = batched[0];
   const int64_t width = scores.shape.size() > 1 ? scores.shape[1] : 1;
+  if (spec.context.present) {
+    return RunContextProbe(runner, spec, probe, scores.As<float>(), width, max_diff);
+  }
   for (int64_t row = 0; row < probe.rows; ++row) {
     std::vector<Tensor> single;
     REC_RETURN_IF_ERROR(runner->Run(SliceRow(spec, probe.batch, row), &single));
-    const float* want = scores.As<float>() + row * width;
-    const float* got = single[0].As<float>();
-    if (std::memcmp(want, got, static_cast<size_t>(width) * sizeof(float)) == 0) continue;
-    for (int64_t c = 0; c < width; ++c) {
-      double d = std::fabs(static_cast<double>(want[c]) - static_cast<double>(got[c]));
-      *max_diff = std::max(*max_diff, std::isnan(d) ? INFINITY : std::max(d, 1e-45));
-    }
+    Compare(scores.As<float>() + row * width, single[0].As<float>(), width, max_diff);
   }
   return Status::Ok();
 }

@@ -17,8 +17,8 @@ namespace rec {
 struct BatchProbe {
   bool present = false;       // rec.json claims batch invariance and carries a probe
   std::vector<Tensor> batch;  // the probe request, inputs in the spec's order
-  int64_t rows = 0;
-  std::string verified_on;  // the CPU export verified on, for messages
+  int64_t rows = 0;           // a context model's: candidates
+  std::string verified_on;    // the CPU export verified on, for messages
 };
 
 // Reads `manifest_path` (a version's rec.json). A missing file, a model not claimed invariant
@@ -29,7 +29,8 @@ Status ReadBatchProbe(const std::string& manifest_path, const ModelSpec& spec, B
 // Row `row` of a batch as its own request (dense and lengths rows, that row's ids).
 std::vector<Tensor> SliceRow(const ModelSpec& spec, const std::vector<Tensor>& batch, int64_t row);
 
-// Scores the probe as one batch and row by row; *max_diff is the largest absolute difference
+// Scores the probe as one batch and row by row (a context model's: request by request, and
+// candidate by candidate with its context); *max_diff is the largest absolute difference
 // of any score (0 exactly when every score has the same bits).
 Status RunBatchProbe(Runner* runner, const ModelSpec& spec, const BatchProbe& probe,
                      double* max_diff);

@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "model/context_request.h"
 #include "model/request.h"
 #include "model/torch_io.h"
 
@@ -314,6 +315,8 @@ namespace {
 
 // A small valid batch: lengths of 1 and distinct ids, so every embedding path runs.
 std::vector<Tensor> WarmupBatch(const ModelSpec& spec, int64_t rows) {
+  // A context model: the flat batch split into `rows` contexts of one candidate each.
+  if (spec.context.present) return SplitFlatInputs(spec, WarmupBatch(*spec.context.flat, rows));
   std::vector<Tensor> inputs(spec.inputs.size());
   int64_t num_ids = 0;
   if (spec.lengths_input >= 0) num_ids = rows * spec.inputs[spec.lengths_input].dims[0];
