@@ -38,7 +38,9 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from rec.contract import ModelDir
+from rec.contract import ModelDir, io_manifest, triton_dtype
+from rec.contract.context import ContextSplit
+from rec.contract.io import CANDIDATE_STRINGS, CONTEXT_STRINGS, context_io_manifest
 from rec.contract.repository import read_version_manifest
 from rec.contract.updates import UpdateError, parse_url
 from rec.serve.client import FEATURES_PARAMETER
@@ -128,6 +130,11 @@ def python_backend_config(
     dynamic batcher needs max_batch_size > 0, so each request runs as its own batch. A config
     already in the `none` form (the export's default) is kept as it is.
 
+    A context model (rec.json's "context" section) takes both forms in the `none` form, each
+    input optional (model.py says which form a request is and what it lacks); Triton's
+    `batch_input` / `batch_output` of a `ragged` context config are dropped, as model.py
+    fills candidate_offsets per request and slices the scores itself (_context_inputs).
+
     `updates` (rec-server's `--updates URL|none`) becomes the `updates_url` parameter: the
     update log model.py applies instead of rec.json's `updates.url`, or `none` for no log;
     None leaves rec.json's.
@@ -145,6 +152,9 @@ def python_backend_config(
         for io in [*config.input, *config.output]:
             if io.name != VALUES:
                 io.dims.insert(0, -1)
+    split = _context_split(model)
+    if split is not None:
+        _context_inputs(config, model, split)
     config.parameters["model_path"].string_value = str(model.model_path.resolve())
     config.parameters["max_rows"].string_value = str(model.max_batch_size)
     config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
@@ -168,15 +178,42 @@ def python_backend_config(
         for io in config.input:
             if io.name == VALUES:
                 io.optional = True
-        strings = config.input.add(name=STRINGS, data_type=model_config_pb2.TYPE_STRING)
-        strings.dims.append(-1)
-        strings.optional = True
+        names = [STRINGS]
+        if split is not None:  # each side's strings, encoded with that side's features
+            names += [CONTEXT_STRINGS] if split.sparse else []
+            names.append(CANDIDATE_STRINGS)
+        for name in names:
+            strings = config.input.add(name=name, data_type=model_config_pb2.TYPE_STRING)
+            strings.dims.append(-1)
+            strings.optional = True
         spec = json.dumps(model.feature_spec)
         config.parameters["feature_spec"].string_value = spec
     for group in config.instance_group:
         group.kind = group.KIND_CPU  # this Triton has no GPU support; the model is CPU-only
         group.ClearField("gpus")
     return config
+
+
+def _context_split(model: ServedModel) -> ContextSplit | None:
+    """The version's context columns (rec.json beside the model file, which model.py reads),
+    None for a flat-only model."""
+    manifest = read_version_manifest(model.model_path.parent)
+    return manifest.context if manifest is not None else None
+
+
+def _context_inputs(config, model: ServedModel, split: ContextSplit) -> None:
+    """A context model's inputs in the `none` form: the flat ones and the model's, each
+    optional. candidate_offsets stays declared (optional) only so that a client sending it gets
+    the refusal both servers give ("filled by the server, do not send it") from model.py,
+    not Triton's "unexpected inference input"; model.py fills it for every request."""
+    del config.input[:]
+    config.ClearField("batch_input")
+    config.ClearField("batch_output")
+    flat = io_manifest(len(model.dense_names), len(model.sparse_names), model.num_tasks)
+    for spec in [*flat["inputs"], *context_io_manifest(split, model.num_tasks)["inputs"]]:
+        io = config.input.add(name=spec["name"], optional=True)
+        io.data_type = model_config_pb2.DataType.Value(triton_dtype(spec["name"]))
+        io.dims.extend(spec["shape"])
 
 
 def stage_repository(

@@ -27,7 +27,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from rec.contract import DENSE, LENGTHS, SCORES, STRINGS, VALUES
+from rec.contract import SCORES
 from rec.serve.python_backend.config import InstanceConfig, LoadError
 from rec.serve.python_backend.inputs import Failure, Inputs
 from rec.serve.python_backend.instance import ModelInstance
@@ -52,11 +52,9 @@ def _log(level, message):
 
 
 def _inputs(request):
-    def array(name):
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        return None if tensor is None else tensor.as_numpy()
-
-    return Inputs(array(DENSE), array(LENGTHS), array(VALUES), array(STRINGS))
+    # Every input the request carries (a context model's config declares both forms, each
+    # optional): which form it is, and what is missing or extra, is python_backend's to say.
+    return Inputs({t.name(): t.as_numpy() for t in request.inputs()})
 
 
 def _response(result):

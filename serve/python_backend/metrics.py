@@ -160,8 +160,10 @@ class NegativeIds:
                          for s in spec.sparse if s.encoding == "int_or_hash"}  # fmt: skip
         self.unknown = {}
 
-    def count(self, lengths, tokens) -> None:
-        for name, n in self.spec.negative_counts(lengths, tokens).items():
+    def count(self, lengths, tokens, spec=None) -> None:
+        """A string request's negative tokens; `spec` holds lengths' columns (a context
+        model's side: a subset of the model's features, by name), the model's by default."""
+        for name, n in (spec or self.spec).negative_counts(lengths, tokens).items():
             if n:
                 self.counters[name].increment(n)
 

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import fbgemm_gpu  # noqa: F401  (registers the ops model.pt calls)
 import numpy as np
@@ -25,13 +26,16 @@ from google.protobuf import json_format
 import rec.ops  # noqa: F401  (registers torch.ops.rec.linear, which model.pt calls)
 from rec import run_dir
 from rec.broker import RedisBroker, redis_server_path
-from rec.contract import DENSE, LENGTHS, VALUES
+from rec.contract import DENSE, LENGTHS, NUMPY_DTYPES, VALUES, parse_manifest
+from rec.contract.context import offsets
 from rec.contract.repository import ModelDir
 from rec.contract.requests import random_request
 from rec.contract.updates import UpdateRecord, encode
+from rec.features import FeatureSpec
 from rec.quantize import fused_rows
 from rec.serve.python_backend.config import InstanceConfig, LoadError
-from rec.serve.python_backend.inputs import INTERNAL, INVALID_ARG, Failure, Inputs
+from rec.serve.python_backend.context_inputs import ContextModel
+from rec.serve.python_backend.inputs import INTERNAL, INVALID_ARG, Failure, Inputs, concatenate
 from rec.serve.python_backend.instance import ModelInstance
 from rec.serve.python_backend.metrics import MemoryMetrics
 from rec.serve.repository import load_model
@@ -77,7 +81,7 @@ def served(tiny_repo):
 
 
 def inputs(request: dict) -> Inputs:
-    return Inputs(request[DENSE], request[LENGTHS], request[VALUES])
+    return Inputs.flat(request[DENSE], request[LENGTHS], request[VALUES])
 
 
 def forward(model, request: dict) -> np.ndarray:
@@ -107,7 +111,7 @@ def test_a_batch_of_requests_scores_as_the_models_own_forward(served):
     assert served.metrics.value("rec_model_batch_variant", model="rec", version="1") == 0
     # Ragged ids as batching clients send them, [1, N], are the same request.
     one = requests[1]
-    flat = served.instance.execute([Inputs(one[DENSE], one[LENGTHS], one[VALUES][None, :])])
+    flat = served.instance.execute([Inputs.flat(one[DENSE], one[LENGTHS], one[VALUES][None, :])])
     assert np.array_equal(flat[0], got[1])
 
 
@@ -120,27 +124,28 @@ def bad_requests() -> dict[str, tuple[Inputs, str]]:
     nan[1, 2], inf[3, 0], negative[2, 1] = np.nan, -np.inf, -1
     big = random_request(NUM_DENSE, NUM_SPARSE, MAX_BATCH_SIZE + 1, seed=3)
     return {
-        "neither": (Inputs(dense, lengths), "a request carries either 'sparse_values' (INT64 "
+        "neither": (Inputs.flat(dense, lengths), "a request carries either 'sparse_values' (INT64 "
                     "ids) or 'sparse_strings' (BYTES tokens); this one has neither"),
-        "both": (Inputs(dense, lengths, values, np.array([b"1"] * total, dtype=object)),
+        "both": (Inputs.flat(dense, lengths, values, np.array([b"1"] * total, dtype=object)),
                  "this one has both"),
-        "empty": (Inputs(dense[:0], lengths[:0], values[:0]),
+        "empty": (Inputs.flat(dense[:0], lengths[:0], values[:0]),
                   f"input 'dense_features': expected shape [B,{NUM_DENSE}] with B >= 1, got "
                   f"[0,{NUM_DENSE}]"),
         "too_many": (inputs(big), f"input 'dense_features': batch size {MAX_BATCH_SIZE + 1} "
                                   f"exceeds max_batch_size {MAX_BATCH_SIZE}"),
-        "uneven": (Inputs(dense[:3], lengths, values), "input 'sparse_lengths': batch size 4 "
+        "uneven": (Inputs.flat(dense[:3], lengths, values), "input 'sparse_lengths': batch size 4 "
                                                        "differs from other inputs' 3"),
-        "nan": (Inputs(nan, lengths, values), "input 'dense_features': value nan at [1, 2]: "
+        "nan": (Inputs.flat(nan, lengths, values), "input 'dense_features': value nan at [1, 2]: "
                                               "every value must be a finite number"),
-        "-inf": (Inputs(inf, lengths, values), "input 'dense_features': value -inf at [3, 0]"),
-        "negative": (Inputs(dense, negative, values),
+        "-inf": (Inputs.flat(inf, lengths, values), "input 'dense_features': value -inf at [3, 0]"),
+        "negative": (Inputs.flat(dense, negative, values),
                      f"input 'sparse_lengths': negative length -1 at flat index "
                      f"{2 * NUM_SPARSE + 1}"),
-        "short": (Inputs(dense, lengths, values[:-1]), f"input 'sparse_values': has {total - 1} "
-                                                       f"values but sum of 'sparse_lengths' is "
-                                                       f"{total}"),
-        "short_strings": (Inputs(dense, lengths, strings=np.array([b"7"] * (total + 1), object)),
+        "short": (Inputs.flat(dense, lengths, values[:-1]),
+                  f"input 'sparse_values': has {total - 1} values but sum of 'sparse_lengths' "
+                  f"is {total}"),
+        "short_strings": (Inputs.flat(dense, lengths, strings=np.array([b"7"] * (total + 1),
+                                                                       object)),
                           f"input 'sparse_strings': has {total + 1} values but sum of "
                           f"'sparse_lengths' is {total}"),
     }  # fmt: skip
@@ -154,6 +159,109 @@ def test_bad_requests_are_refused_each_with_its_message_and_the_rest_served(serv
     for (case, (_, message)), result in zip(cases.items(), got[1:], strict=True):
         assert isinstance(result, Failure) and result.code == INVALID_ARG, (case, result)
         assert message in result.message, (case, result.message)
+
+
+# ---- tests/data/request_golden.json: a context model's requests, decoded as rec-server does --
+GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "request_golden.json").read_text())
+
+
+def golden_arrays(tensors: dict) -> dict[str, np.ndarray]:
+    """KServe JSON tensors as model.py gets them from Triton (BYTES: an object array of bytes)."""
+    out = {}
+    for name, t in tensors.items():
+        data = t["data"]
+        if t["datatype"] == "BYTES":
+            data = [d.encode() for d in data]
+        out[name] = np.asarray(data, dtype=NUMPY_DTYPES[t["datatype"]]).reshape(t["shape"])
+    return out
+
+
+def golden_model() -> ContextModel:
+    m = parse_manifest(GOLDEN["manifest"])
+    spec = FeatureSpec.from_dict(m.feature_spec)
+    return ContextModel(m.context, m.serving_max_batch_size, spec)
+
+
+@pytest.mark.parametrize("case", GOLDEN["valid"], ids=lambda c: c["name"])
+def test_golden_requests_give_the_golden_model_inputs(case):
+    """Either form, ids or each side's strings: the model's inputs in forward order, strings
+    encoded with their side's features, candidate_offsets filled, as the golden file holds."""
+    heard = []
+    feed = golden_model().decode(Inputs(golden_arrays(case["inputs"])),
+                                 lambda lengths, tokens, spec: heard.append(spec))  # fmt: skip
+    assert not isinstance(feed, Failure), feed
+    want = golden_arrays(case["model_inputs"])
+    assert list(feed.tensors) == list(want) and feed.rows == case["candidates"]
+    for name, a in want.items():
+        got = feed.tensors[name]
+        assert got.dtype == a.dtype and np.array_equal(got, a), (name, got, a)
+    strings = [n for n in case["inputs"] if n.endswith("_strings")]
+    # A side's tokens are heard with that side's features (the negative-id counts by name).
+    sides = {"context_strings": ["user", "history"], "candidate_strings": ["item", "tags"],
+             "sparse_strings": ["user", "item", "history", "tags"]}  # fmt: skip
+    assert [[f.name for f in spec.sparse] for spec in heard] == [sides[n] for n in strings]
+
+
+@pytest.mark.parametrize("case", GOLDEN["refused"], ids=lambda c: c["name"])
+def test_golden_refusals_have_rec_servers_text(case):
+    failure = golden_model().decode(Inputs(golden_arrays(case["inputs"])))
+    assert isinstance(failure, Failure) and failure.code == INVALID_ARG
+    assert failure.message == case["error"]
+
+
+def test_context_requests_the_shared_checks_cannot_see_are_refused_as_rec_server_does():
+    """What rec-server's ValidateContextRequest refuses past request_form, in its words."""
+    case = golden_arrays(GOLDEN["valid"][0]["inputs"])
+    nan = case["candidate_dense"].copy()
+    nan[2, 0] = np.nan
+    negative = case["context_lengths"].copy()
+    negative[0, 1] = -1
+    strings = np.array([b"1", b"2", b"3"], dtype=object)
+    bad = {
+        "input 'candidate_dense': missing": {"candidate_dense": None},
+        "a request carries either 'candidate_values' (INT64 ids) or 'candidate_strings' (BYTES "
+        "tokens); this one has neither": {"candidate_values": None},
+        "input 'candidate_dense': value nan at [2, 0]: every value must be a finite number":
+            {"candidate_dense": nan},
+        "input 'candidate_dense': 2 candidates, other inputs have 3":
+            {"candidate_dense": case["candidate_dense"][:2]},
+        "input 'context_lengths': expected shape [1, 2], got [1, 3]":
+            {"context_lengths": np.ones((1, 3), np.int32)},
+        "input 'context_lengths': negative length -1 at flat index 1":
+            {"context_lengths": negative},
+        "input 'candidate_values': has 5 values but sum of 'candidate_lengths' is 6":
+            {"candidate_values": case["candidate_values"][:5]},
+        "input 'context_strings': has 3 values but sum of 'context_lengths' is 2":
+            {"context_values": None, "context_strings": strings,
+             "context_lengths": np.array([[1, 1]], np.int32)},
+        "a request carries either 'context_values' (INT64 ids) or 'context_strings' (BYTES "
+        "tokens); this one has both": {"context_strings": strings},
+        "input 'candidate_strings': sample 0, feature 'item', value at flat index 0: 'zz' is "
+        "not hex": {"candidate_values": None,
+                    "candidate_strings": np.array([b"zz"] + [b"1"] * 5, dtype=object)},
+        "input 'sparse_strings_': unexpected input name": {"sparse_strings_": strings},
+    }  # fmt: skip
+    model = golden_model()
+    for message, change in bad.items():
+        tensors = {k: v for k, v in {**case, **change}.items() if v is not None}
+        failure = model.decode(Inputs(tensors))
+        assert isinstance(failure, Failure) and message in failure.message, (message, failure)
+    # Ids as batching clients send them, [1, n], are the same request.
+    ragged = {**case, "candidate_values": case["candidate_values"][None, :]}
+    assert np.array_equal(model.decode(Inputs(ragged)).tensors["candidate_values"],
+                          case["candidate_values"])  # fmt: skip
+
+
+def test_requests_join_with_their_candidate_offsets_continued():
+    feeds = [golden_model().decode(Inputs(golden_arrays(c["inputs"]))) for c in GOLDEN["valid"]]
+    joined = concatenate(feeds)
+    counts = []
+    for c in GOLDEN["valid"]:
+        counts += [c["candidates"]] if c["form"] == "context" else [1] * c["candidates"]
+    assert joined["candidate_offsets"].tolist() == offsets(counts, 2).tolist()
+    assert joined["candidate_offsets"].dtype == np.int32
+    assert len(joined["context_dense"]) == len(counts)
+    assert len(joined["candidate_lengths"]) == sum(f.rows for f in feeds) == sum(counts)
 
 
 def test_a_model_failure_fails_its_batch_not_the_instance(served):
@@ -176,7 +284,9 @@ def test_string_ids_score_as_their_encoded_ids_and_negative_tokens_are_counted(s
     strings = np.array([t.encode() for t in tokens], dtype=object)
     negative = spec.negative_counts(request[LENGTHS], tokens)
     assert sum(negative.values()) >= 1
-    (got,) = served.instance.execute([Inputs(request[DENSE], request[LENGTHS], strings=strings)])
+    (got,) = served.instance.execute(
+        [Inputs.flat(request[DENSE], request[LENGTHS], strings=strings)]
+    )
     encoded = dict(request, **{VALUES: spec.encode_values(request[LENGTHS], tokens)})
     assert np.array_equal(got, forward(served.model, encoded))
     for feature, n in negative.items():
