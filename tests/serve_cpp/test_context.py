@@ -1,0 +1,185 @@
+"""rec-server and a context model (#61): one user and N candidates per request, over real sockets
+with the stock tritonclient (HTTP JSON, HTTP binary, gRPC).
+
+A seeded run is exported twice, flat and with features.context. A context request's scores must
+be the flat scores of the same pairs with the context repeated, bit for bit: from the server's
+flat form on the context model (which it splits into contexts of one candidate) and from the
+flat export's model.pt in this process. Concurrent requests of both forms are batched together
+and each gets its own answer; each refusal of the context form gives its pinned text."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from server import Server
+from tritonclient.utils import InferenceServerException
+
+from rec.contract import random_request
+from rec.contract.context import ContextSplit, repeat, split_flat
+from rec.contract.io import DTYPES, INPUT_NAMES
+from rec.contract.repository import ModelDir
+from rec.export.pipeline import export_run
+from tests.export.conftest import write_seeded_run
+from tests.helpers import write_config
+
+# features.sparse of the seeded run (tests/export/conftest.py EXPORT_TINY) is [e, a, c, b, d]:
+# a, c and d are the user's (c shares table t1 with the candidates' b), and 2 of 4 dense.
+CONTEXT = ["dense_0", "dense_2", "a", "c", "d"]
+PROTOCOLS = ["http_json", "http_binary", "grpc"]
+
+
+@pytest.fixture(scope="module", params=["fp32", "int8"])
+def exports(request, tmp_path_factory):
+    """(context repository, the flat export's model.pt, its rec.json), the dense layers in
+    `request.param` (rec::linear or Int8Linear, both row-invariant)."""
+    tmp = tmp_path_factory.mktemp("context_server")
+    run = write_seeded_run(tmp / "run")
+    quiet = {"fmt": "torchscript", "log": lambda _: None}
+    dense = {"export": {"dense_dtype": request.param}}
+    flat = export_run(run, tmp / "flat", config=write_config(tmp / "f.yaml", dense), **quiet)
+    overrides = {**dense, "features": {"context": CONTEXT}}
+    context = export_run(run, tmp / "ctx", config=write_config(tmp / "c.yaml", overrides), **quiet)
+    manifest = json.loads(ModelDir.of(context.repo, "rec").manifest.read_text())
+    return context.repo, ModelDir.of(flat.repo, "rec").model_file(1), manifest
+
+
+@pytest.fixture(scope="module")
+def server(exports):
+    s = Server(exports[0], "--executor-threads", "2", "--http-threads", "4")
+    assert "version 1: batch probe passed on" in s.stderr()  # the context probe, on this CPU
+    yield s
+    assert s.stop() == 0, s.stderr()
+
+
+@pytest.fixture(scope="module")
+def split(exports) -> ContextSplit:
+    return ContextSplit.from_dict(exports[2]["context"])
+
+
+@pytest.fixture(scope="module")
+def flat_module(exports):
+    torch.set_num_threads(1)
+    return torch.jit.load(str(exports[1]))
+
+
+def context_request(split: ContextSplit, candidates: int, user: int) -> dict[str, np.ndarray]:
+    """One user's context (from seed `user`) and `candidates` candidates, by input name."""
+    d, f = split.num_dense, split.num_sparse
+    ctx = split_flat(split, *random_request(d, f, 1, seed=user).values())
+    cand = split_flat(split, *random_request(d, f, candidates, seed=10_000 + user).values())
+    request = {k: v for k, v in ctx.items() if k.startswith("context_")}
+    request |= {k: v for k, v in cand.items() if k.startswith("candidate_")}
+    del request["candidate_offsets"]  # the server's to fill
+    return request
+
+
+def infer(server, protocol: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """Scores `inputs` (any form, by name) with a fresh stock client of `protocol`."""
+    module = grpcclient if protocol == "grpc" else httpclient
+    url = server.grpc if protocol == "grpc" else server.http
+    infer_inputs = []
+    for name, arr in inputs.items():
+        i = module.InferInput(name, list(arr.shape), DTYPES[name])
+        if module is httpclient:
+            i.set_data_from_numpy(arr, binary_data=protocol == "http_binary")
+        else:
+            i.set_data_from_numpy(arr)
+        infer_inputs.append(i)
+    with module.InferenceServerClient(url) as client:
+        return client.infer("rec", infer_inputs).as_numpy("scores")
+
+
+def flat_form(split: ContextSplit, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The request's pairs as a flat batch, the context repeated per candidate."""
+    return dict(zip(INPUT_NAMES, repeat(split, request), strict=True))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_context_scores_are_the_flat_scores_with_the_context_repeated(
+    server, split, flat_module, protocol
+):
+    for candidates, user in ((1, 1), (7, 2), (64, 3)):
+        request = context_request(split, candidates, user)
+        flat = flat_form(split, request)
+        got = infer(server, protocol, request)
+        assert got.shape == (candidates, 1)
+        np.testing.assert_array_equal(got, infer(server, protocol, flat))
+        with torch.inference_mode():
+            want = flat_module(*(torch.from_numpy(flat[k]) for k in INPUT_NAMES)).numpy()
+        np.testing.assert_array_equal(got, want)
+
+
+def test_strings_on_each_side_score_as_their_ids(server, split, exports):
+    request = context_request(split, 5, user=4)
+    as_strings = {k: v for k, v in request.items() if not k.endswith("_values")}
+    for side in ("context", "candidate"):
+        ids = request[f"{side}_values"]
+        as_strings[f"{side}_strings"] = np.array([str(i).encode() for i in ids], dtype=np.object_)
+    for protocol in PROTOCOLS:
+        np.testing.assert_array_equal(
+            infer(server, protocol, as_strings), infer(server, protocol, request)
+        )
+
+
+def test_concurrent_requests_of_both_forms_each_get_their_own_scores(server, split):
+    sizes = [1, 7, 64, 1, 7, 64, 3, 1] * 3
+    requests: list[dict[str, np.ndarray]] = []
+    for i, n in enumerate(sizes):
+        request = context_request(split, n, user=100 + i)
+        requests.append(flat_form(split, request) if i % 4 == 3 else request)
+    solo = [infer(server, PROTOCOLS[i % 3], r) for i, r in enumerate(requests)]
+
+    def stats() -> dict:
+        with httpclient.InferenceServerClient(server.http) as c:
+            return c.get_inference_statistics("rec")["model_stats"][0]
+
+    before = stats()
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        futures = [pool.submit(infer, server, PROTOCOLS[i % 3], r) for i, r in enumerate(requests)]
+        together = [f.result() for f in futures]
+    after = stats()
+    for got, want in zip(together, solo, strict=True):
+        np.testing.assert_array_equal(got, want)
+    pairs = sum(len(r.get("candidate_lengths", r.get("sparse_lengths"))) for r in requests)
+    assert after["inference_count"] - before["inference_count"] == pairs  # counted in pairs
+    assert after["execution_count"] - before["execution_count"] < len(requests), "none batched"
+
+
+def _refused(server, protocol: str, inputs: dict[str, np.ndarray]) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as e:
+        infer(server, protocol, inputs)
+    status = str(e.value.status())
+    assert status == "StatusCode.INVALID_ARGUMENT" if protocol == "grpc" else "400" in status
+    return e.value
+
+
+def test_each_refusal_gives_its_text_on_every_protocol(server, split, exports):
+    max_batch = exports[2]["serving"]["max_batch_size"]
+    good = context_request(split, 3, user=7)
+    cases = [
+        ({**good, "context_lengths": np.repeat(good["context_lengths"], 3, axis=0),
+          "context_values": np.concatenate([good["context_values"]] * 3)},
+         "input 'context_lengths': a request carries one context (batch 1), got 3"),
+        ({**good, "candidate_dense": good["candidate_dense"][:0],
+          "candidate_lengths": good["candidate_lengths"][:0], "candidate_values":
+          good["candidate_values"][:0]},
+         "input 'candidate_lengths': a request needs at least one candidate, got 0"),
+        ({**good, "candidate_offsets": np.array([0, 6], np.int32)},
+         "input 'candidate_offsets': filled by the server, do not send it"),
+        ({**good, "sparse_lengths": flat_form(split, good)["sparse_lengths"]},
+         "a request carries either the flat inputs (dense_features, sparse_lengths, "
+         "sparse_values) or the context form (context_*, candidate_*), not both: got "
+         "'sparse_lengths' and 'context_dense'"),
+        (context_request(split, max_batch + 1, user=9),
+         f"request has {max_batch + 1} candidates, above max_batch_size {max_batch}"),
+    ]  # fmt: skip
+    for inputs, text in cases:
+        for protocol in PROTOCOLS:
+            assert text in _refused(server, protocol, inputs).message(), (protocol, text)
+    np.testing.assert_array_equal(infer(server, "grpc", good), infer(server, "http_json", good))
