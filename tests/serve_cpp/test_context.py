@@ -115,6 +115,16 @@ def test_context_scores_are_the_flat_scores_with_the_context_repeated(
         np.testing.assert_array_equal(got, want)
 
 
+def test_metadata_lists_both_forms_but_not_the_offsets(server):
+    with httpclient.InferenceServerClient(server.http) as c:
+        names = [i["name"] for i in c.get_model_metadata("rec")["inputs"]]
+    assert names == [
+        "context_dense", "context_lengths", "context_values", "candidate_dense",
+        "candidate_lengths", "candidate_values", "context_strings", "candidate_strings",
+        "dense_features", "sparse_lengths", "sparse_values", "sparse_strings",
+    ]  # fmt: skip
+
+
 def test_strings_on_each_side_score_as_their_ids(server, split, exports):
     request = context_request(split, 5, user=4)
     as_strings = {k: v for k, v in request.items() if not k.endswith("_values")}
