@@ -91,10 +91,20 @@ def serve(repo, backend, model, host, http_port, grpc_port, metrics_port, verbos
 @click.option("--output", type=_PATH, help="Write scores as CSV here (default: stdout).")
 @click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic rows.")
+@click.option(
+    "--group-by", metavar="COLUMN",
+    help="Rows sharing this column's value make one request: one context (rec.json's context "
+    "columns, the same on each of its rows) and its candidates; a context model's.",
+)  # fmt: skip
+@click.option(
+    "--form", type=click.Choice(["context", "flat"]), default="context", show_default=True,
+    help="With --group-by: send the context once per request, or the flat rows it stands for.",
+)  # fmt: skip
 @_user_errors
 def predict(
-    url, protocol, model, input_path, input_format, send, synthetic, repo, output, batch_size, seed
-):
+    url, protocol, model, input_path, input_format, send, synthetic, repo, output, batch_size, seed,
+    group_by, form,
+):  # fmt: skip
     """Score rows on a running server (rec-server or Triton); AUC too when the file has labels."""
     from rec.serve.predict import PredictConfig
     from rec.serve.predict import predict as run_predict
@@ -112,6 +122,8 @@ def predict(
             seed,
             input_format,
             send,
+            group_by,
+            form,
         )  # fmt: skip
     )
 

@@ -11,6 +11,10 @@ are printed too, computed as export's verification computes them. A stderr line 
 feature, negative values in categorical columns, and with `--repo`, ids the model's ZCH maps do
 not hold (rec.serve.unknown_ids: counted here, as the server returns only scores).
 
+With `--group-by COLUMN` (a context model, features.context), rows sharing that column's value
+make one request of one context and its candidates (rec.serve.groups), sent in the context form
+(`--form context`) or as the flat rows (`--form flat`); scores are written in file order.
+
 The spec comes from `--repo` (its rec.json) or else from the server, when its model config
 publishes it (Triton started by `rec serve` does); synthetic rows need only the input sizes.
 """
@@ -26,19 +30,20 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from rec.contract import ModelDir
+from rec.contract import ManifestError, ModelDir, read_manifest
+from rec.contract.context import ContextSplit
+from rec.contract.io import CONTEXT_INPUT_NAMES
 from rec.data.errors import DataError
 from rec.data.raw import FORMATS, RawRows, read_raw
 from rec.features import FeatureSpec, TokenError
-from rec.serve.client import Rows, ScoreClient, synthetic_rows
+from rec.serve import groups
+from rec.serve.client import ContextRows, Rows, ScoreClient, synthetic_rows
+from rec.serve.groups import InputError
 from rec.serve.repository import ServeError, load_model
 from rec.serve.unknown_ids import artifact_maps, format_unknown, unknown_counts
 
 SEND = ("ids", "strings")
-
-
-class InputError(ServeError):
-    """A row of the input file does not match the model's features."""
+FORMS = ("context", "flat")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,10 @@ class PredictConfig:
     """One of rec.data.raw.FORMATS; None guesses from the file's suffix."""
     send: str = "ids"
     """ids: sparse_values mapped here; strings: sparse_strings mapped by the server."""
+    group_by: str | None = None
+    """A column of request ids: rows sharing one make one request (a context model's)."""
+    form: str = "context"
+    """With group_by: send each request in the context form, or as its flat rows."""
 
 
 @dataclass
@@ -109,19 +118,29 @@ def request_rows(raw: RawRows, spec: FeatureSpec, send: str, path: Path | None =
         raise InputError(f"{where}: {str(e).split(': ', 1)[1]}") from None
 
 
-def predict(cfg: PredictConfig) -> Prediction:
-    """Scores the rows of cfg.input (or cfg.synthetic random rows); writes or prints them."""
+def check_options(cfg: PredictConfig) -> None:
     if (cfg.input is None) == (cfg.synthetic <= 0):
         raise ServeError("give exactly one of --input FILE or --synthetic N")
     if cfg.send not in SEND:
         raise ServeError(f"--send {cfg.send!r} is not one of {SEND}")
+    if cfg.form not in FORMS:
+        raise ServeError(f"--form {cfg.form!r} is not one of {FORMS}")
+    if cfg.group_by is not None and cfg.input is None:
+        raise ServeError("--group-by reads a column of --input FILE (not --synthetic rows)")
+
+
+def predict(cfg: PredictConfig) -> Prediction:
+    """Scores the rows of cfg.input (or cfg.synthetic random rows); writes or prints them."""
+    check_options(cfg)
     client = ScoreClient(cfg.url, cfg.protocol, cfg.model)
     labels, negative, unknown, tasks = None, None, None, ()
     try:
         if cfg.input is not None:
             spec = resolve_spec(client, cfg.repo)
+            split = context_split(client, cfg.repo) if cfg.group_by is not None else None
+            extra = (cfg.group_by,) if cfg.group_by is not None else ()
             try:
-                raw = read_raw(cfg.input, spec, cfg.input_format)
+                raw = read_raw(cfg.input, spec, cfg.input_format, extra_columns=extra)
             except DataError as e:
                 raise InputError(str(e)) from None
             rows, labels = request_rows(raw, spec, cfg.send, cfg.input), raw.labels
@@ -129,7 +148,10 @@ def predict(cfg: PredictConfig) -> Prediction:
             unknown = count_unknown(cfg, client.model, spec, raw, rows)
         else:
             rows = synthetic_rows(*client.input_sizes(), batch=cfg.synthetic, seed=cfg.seed)
-        scores = np.concatenate([client.score(chunk) for chunk in rows.split(cfg.batch_size)])
+        if cfg.group_by is not None:
+            scores = score_groups(client, cfg, spec, split, raw, rows)
+        else:
+            scores = np.concatenate([client.score(chunk) for chunk in rows.split(cfg.batch_size)])
         tasks = task_names(client, cfg.repo) if scores.shape[1] > 1 else ()
     except (InferenceServerException, OSError) as e:
         raise ServeError(f"request to {cfg.url} ({cfg.protocol}) failed: {e}") from e
@@ -160,6 +182,74 @@ def predict(cfg: PredictConfig) -> Prediction:
     if unknown and any(unknown.values()):
         print(format_unknown(unknown), file=sys.stderr)
     return Prediction(scores, columns, quality, negative, unknown)
+
+
+def repo_context(repo: Path, model: str | None) -> tuple[ContextSplit | None, str]:
+    """The context columns of `model` in `repo` (None for a model without them), and where
+    they were read, for messages."""
+    served = load_model(repo, model)
+    try:
+        split = read_manifest(ModelDir(served.dir).manifest).context
+    except ManifestError as e:
+        raise ServeError(str(e)) from None
+    return split, f"{repo}/{served.name}'s rec.json"
+
+
+def context_split(client: ScoreClient, repo: Path | None) -> ContextSplit:
+    """The model's context columns: --repo's rec.json, else as the server publishes them; a
+    model without them (exported without features.context) is refused."""
+    if repo is not None:
+        split, where = repo_context(repo, client.model)
+    else:
+        features = client.features()
+        data = features.context if features is not None else None
+        where = f"the server's config of {client.model!r}"
+        if data is None and set(client.input_dims()) & set(CONTEXT_INPUT_NAMES):
+            raise ServeError(
+                f"the server at {client.url} does not publish model {client.model!r}'s context "
+                "columns; pass --repo <model repository> to read them from its rec.json"
+            )
+        try:
+            split = None if data is None else ContextSplit.from_dict(data, where)
+        except ManifestError as e:
+            raise ServeError(str(e)) from None
+    if split is None:
+        raise no_context(where, client.model)
+    return split
+
+
+def no_context(where: str, model: str) -> ServeError:
+    return ServeError(
+        f"{where} has no context section: model {model!r} was exported without "
+        "features.context, so it takes no request of one context and many candidates; export "
+        "it with features.context set"
+    )
+
+
+def score_groups(
+    client: ScoreClient,
+    cfg: PredictConfig,
+    spec: FeatureSpec,
+    split: ContextSplit,
+    raw: RawRows,
+    rows: Rows,
+) -> np.ndarray:
+    """Scores, in file order, of the requests the --group-by column makes (rec.serve.groups):
+    each at most the model's max_batch_size candidates, in cfg.form."""
+    column = cfg.group_by
+    ids = groups.check_ids(raw, column, cfg.input)
+    grouped = groups.group_rows(ids)
+    groups.check_context(raw, spec, split, grouped, column, cfg.input)
+    limit = load_model(cfg.repo, client.model).max_batch_size if cfg.repo else 0
+    limit = limit or client.max_batch_size()
+    scores: np.ndarray | None = None
+    for index in groups.parts(grouped, limit):
+        part = rows.take(index)
+        got = client.score(ContextRows.from_flat(split, part) if cfg.form == "context" else part)
+        if scores is None:
+            scores = np.empty((len(rows), got.shape[1]), dtype=got.dtype)
+        scores[index] = got
+    return scores
 
 
 def count_unknown(
@@ -225,4 +315,4 @@ def format_scores(scores: np.ndarray, columns: list[str]) -> str:
     return out.getvalue()
 
 
-__all__ = ["FORMATS", "PredictConfig", "Prediction", "predict"]
+__all__ = ["FORMATS", "FORMS", "InputError", "PredictConfig", "Prediction", "predict"]

@@ -18,7 +18,7 @@ import csv
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,9 @@ class RawRows:
     numbers: list[int]
     """Each row's 1-based line (text files) or row (Parquet), for messages."""
     unit: str = "line"
+    extra: dict[str, list[str]] = field(default_factory=dict)
+    """The `extra_columns` asked for, each row's cell as text ("" when empty or null): a
+    request id `rec predict --group-by` reads, for example."""
 
     def __len__(self) -> int:
         return int(self.dense.shape[0])
@@ -63,8 +66,15 @@ def guess_format(path: Path, spec: FeatureSpec) -> str:
     )
 
 
-def read_raw(path: Path, spec: FeatureSpec, fmt: str | None = None, limit: int = 0) -> RawRows:
-    """The first `limit` rows of `path` (all if 0) as RawRows."""
+def read_raw(
+    path: Path,
+    spec: FeatureSpec,
+    fmt: str | None = None,
+    limit: int = 0,
+    extra_columns: tuple[str, ...] = (),
+) -> RawRows:
+    """The first `limit` rows of `path` (all if 0) as RawRows, with the text of
+    `extra_columns` (columns besides the features', or features' own) in RawRows.extra."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
@@ -74,7 +84,7 @@ def read_raw(path: Path, spec: FeatureSpec, fmt: str | None = None, limit: int =
     if (why := empty_reason(str(path), fmt)) is not None:
         raise DataError(f"{path}: the file is empty ({why}): no rows to read")
     try:
-        return _read(path, spec, fmt, limit)
+        return _read(path, spec, fmt, limit, tuple(extra_columns))
     except UnicodeDecodeError as e:
         byte = e.object[e.start : e.start + 1].hex()
         raise DataError(
@@ -83,7 +93,7 @@ def read_raw(path: Path, spec: FeatureSpec, fmt: str | None = None, limit: int =
         ) from None
 
 
-def _read(path: Path, spec: FeatureSpec, fmt: str, limit: int) -> RawRows:
+def _read(path: Path, spec: FeatureSpec, fmt: str, limit: int, extra: tuple[str, ...]) -> RawRows:
     if fmt == "criteo_tsv":
         records, columns = _criteo_records(path, spec), None
     elif fmt in ("csv", "tsv"):
@@ -92,10 +102,13 @@ def _read(path: Path, spec: FeatureSpec, fmt: str, limit: int) -> RawRows:
         records, columns = _parquet_records(path)
     else:
         records, columns = _json_records(path), None
-    return _collect(path, spec, records, columns, limit, "line" if fmt != "parquet" else "row")
+    unit = "line" if fmt != "parquet" else "row"
+    return _collect(path, spec, records, columns, limit, unit, extra)
 
 
-def _collect(path, spec: FeatureSpec, records, columns, limit: int, unit: str) -> RawRows:
+def _collect(
+    path, spec: FeatureSpec, records, columns, limit: int, unit: str, extra: tuple[str, ...] = ()
+) -> RawRows:
     dense_cols = [d.column for d in spec.dense]
     sparse_cols = [s.column for s in spec.sparse]
     has_labels = columns is None or all(c in columns for c in spec.labels)
@@ -106,7 +119,10 @@ def _collect(path, spec: FeatureSpec, records, columns, limit: int, unit: str) -
                 f"{path}: no column {missing[0]!r} (it has {columns}); the model reads "
                 f"dense {dense_cols} and sparse {sparse_cols}"
             )
+        if unknown := [c for c in extra if c not in columns]:
+            raise DataError(f"{path}: no column {unknown[0]!r} (it has {columns})")
     dense, lengths, tokens, labels, numbers = [], [], [], [], []
+    extra_cells: dict[str, list[str]] = {c: [] for c in extra}
     for number, record in records:
         if limit and len(dense) >= limit:
             break
@@ -121,6 +137,8 @@ def _collect(path, spec: FeatureSpec, records, columns, limit: int, unit: str) -
             row_lengths.append(len(bag))
             tokens.extend(bag)
         lengths.append(row_lengths)
+        for c in extra:
+            extra_cells[c].append(_text(record, c, at))
         if has_labels:
             row = [_number(record, c, at, empty=None) for c in spec.labels]
             for c, y in zip(spec.labels, row, strict=True):
@@ -137,6 +155,7 @@ def _collect(path, spec: FeatureSpec, records, columns, limit: int, unit: str) -
         np.asarray(labels, dtype=np.float32).reshape(n, -1) if has_labels else None,
         numbers,
         unit,
+        extra_cells,
     )
 
 
@@ -144,6 +163,15 @@ def _cell(record: dict, column: str, at: tuple):
     if column not in record:
         raise DataError(f"{where(*at, column)}: the column is missing")
     return record[column]
+
+
+def _text(record: dict, column: str, at: tuple) -> str:
+    value = _cell(record, column, at)
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        raise DataError(f"{where(*at, column)}: {value!r} is not a single value")
+    return str(value)
 
 
 def _number(record: dict, column: str, at: tuple, empty: float | None) -> float:
