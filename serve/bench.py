@@ -5,6 +5,11 @@ Targets are running servers (`name=http://host:port`, `name=grpc://host:port`), 
 repository, servers that bench starts itself one backend at a time (so two servers never share
 the cores during a measurement) and stops afterwards. Results go to a JSON file and a PNG of
 p99 latency against throughput; each point prints one progress line as it finishes.
+
+With `candidates` (a context model, features.context), the sweep is over requests of one context
+and N candidates instead of batch sizes, in the context form, the flat form (the context
+repeated per candidate) or both; rows add pairs_per_s and request_bytes (the request's body as
+tritonclient sends it on the target's protocol: HTTP with binary tensors, or gRPC).
 """
 
 from __future__ import annotations
@@ -23,11 +28,21 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from rec.serve.client import ScoreClient, synthetic_rows
+from rec.contract.context import ContextSplit
+from rec.contract.io import CANDIDATE_LENGTHS
+from rec.serve.client import (
+    ContextRows,
+    Rows,
+    ScoreClient,
+    request_bytes,
+    synthetic_request,
+    synthetic_rows,
+)
 from rec.serve.loadgen import Job, Outcome, run_job
 from rec.serve.repository import ServeError
 
 PERCENTILES = (50, 95, 99, 99.9)
+FORMS = {"context": ("context",), "flat": ("flat",), "both": ("context", "flat")}
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,14 @@ class BenchConfig:
     model: str = "rec"
     batch_sizes: tuple[int, ...] = (1, 256)
     """Samples per request."""
+    candidates: tuple[int, ...] = ()
+    """Candidates per request of one context, swept in place of batch_sizes (a context
+    model's requests; () keeps the batch-size sweep)."""
+    form: str = "context"
+    """With candidates: "context", "flat" (the context repeated per candidate) or "both"."""
+    context: ContextSplit | None = None
+    """With candidates: the requests' context columns; default the model's, from cfg.repo's
+    rec.json or as the server publishes them (set it to send a plain model the same pairs)."""
     concurrency: tuple[int, ...] = (1, 4, 16)
     """Closed-loop points: requests kept in flight."""
     rates: tuple[float, ...] = ()
@@ -79,10 +102,28 @@ class BenchConfig:
         for name, values in (("batch size", self.batch_sizes), ("concurrency", self.concurrency)):
             if not values or min(values) < 1:
                 raise ServeError(f"every {name} must be >= 1, got {list(values)}")
+        if self.candidates and min(self.candidates) < 1:
+            raise ServeError(f"every candidate count must be >= 1, got {list(self.candidates)}")
+        if self.form not in FORMS:
+            raise ServeError(f"--form {self.form!r} is not one of {tuple(FORMS)}")
         if self.processes < 1 or self.duration_s <= 0 or self.warmup_s < 0:
             raise ServeError("processes >= 1, duration > 0 and warm-up >= 0 are required")
         if not self.targets and self.repo is None:
             raise ServeError("give --target NAME=PROTOCOL://HOST:PORT (repeatable) or --repo")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measurement of a target: its requests, and the load they are sent at."""
+
+    batch: int
+    """Samples (pairs) per request."""
+    concurrency: int
+    rate: float
+    """Offered requests per second (open loop); 0 is closed loop."""
+    form: str = ""
+    """"" for `batch` independent rows; "context" or "flat" for one context and `batch`
+    candidates (BenchConfig.candidates)."""
 
 
 def summarize(target: Target, batch: int, concurrency: int, rate: float, outcomes) -> dict:
@@ -118,17 +159,19 @@ def summarize(target: Target, batch: int, concurrency: int, rate: float, outcome
 def progress_line(i: int, n: int, row: dict) -> str:
     lat = row["latency_ms"]
     load = f"rate={row['offered_rps']:g}/s" if row["offered_rps"] else f"c={row['concurrency']}"
+    shape = f"N={row['batch']} {row['form']}" if "form" in row else f"B={row['batch']}"
     if not row["ok"]:
-        return f"[{i}/{n}] {row['target']} B={row['batch']} {load}: no successful request"
+        return f"[{i}/{n}] {row['target']} {shape} {load}: no successful request"
     return (
-        f"[{i}/{n}] {row['target']} B={row['batch']} {load}: {row['throughput_rps']:,.1f} req/s "
+        f"[{i}/{n}] {row['target']} {shape} {load}: {row['throughput_rps']:,.1f} req/s "
         f"({row['throughput_samples_per_s']:,.0f} samples/s) p50 {lat['p50']:.2f} ms "
         f"p99 {lat['p99']:.2f} ms p99.9 {lat['p99.9']:.2f} ms errors {row['errors']}"
     )
 
 
-def measure(pool, target: Target, sizes, batch, concurrency, rate, cfg: BenchConfig) -> dict:
+def measure(pool, target: Target, sizes, point: Point, split, cfg: BenchConfig) -> dict:
     """Runs one point in up to cfg.processes worker processes and summarizes it."""
+    batch, concurrency, rate = point.batch, point.concurrency, point.rate
     procs = min(cfg.processes, concurrency)
     shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
     start_at = time.monotonic() + 0.2  # every worker is already running; this aligns their windows
@@ -148,33 +191,77 @@ def measure(pool, target: Target, sizes, batch, concurrency, rate, cfg: BenchCon
             duration_s=cfg.duration_s,
             max_requests=per_process,
             seed=cfg.seed + i,
+            candidates=batch if point.form else 0,
+            form=point.form or "context",
+            context=split if point.form else None,
         )
         for i, share in enumerate(shares)
     ]
     outcomes: list[Outcome] = list(pool.map(run_job, jobs))
     row = summarize(target, batch, concurrency, rate, outcomes)
+    if point.form:
+        row["candidates"], row["form"] = batch, point.form
+        request = point_request(point, sizes, split, jobs[0].seed)
+        row["request_bytes"] = request_bytes(request, target.protocol, True, target.model)
     if rate and not cfg.requests:
         # Open loop sends on a schedule: the window is the scheduled one, not first-to-last
         # answer (which for few requests would inflate the rate).
         row["window_s"] = cfg.duration_s
         row["throughput_rps"] = row["ok"] / cfg.duration_s
         row["throughput_samples_per_s"] = row["throughput_rps"] * batch
+    if point.form:
+        row["pairs_per_s"] = row["throughput_samples_per_s"]
     return row
 
 
-def points(cfg: BenchConfig) -> list[tuple[int, int, float]]:
-    """(batch, concurrency, rate) of every point of one target, in run order."""
-    out = [(b, c, 0.0) for b in cfg.batch_sizes for c in cfg.concurrency]
-    out += [(b, max(cfg.concurrency), r) for b in cfg.batch_sizes for r in cfg.rates]
+def points(cfg: BenchConfig) -> list[Point]:
+    """Every point of one target, in run order."""
+    if cfg.candidates:
+        shapes = [(n, form) for n in cfg.candidates for form in FORMS[cfg.form]]
+    else:
+        shapes = [(b, "") for b in cfg.batch_sizes]
+    out = [Point(b, c, 0.0, form) for b, form in shapes for c in cfg.concurrency]
+    out += [Point(b, max(cfg.concurrency), r, form) for b, form in shapes for r in cfg.rates]
     return out
 
 
-def prime(target: Target, sizes: tuple[int, int], batch: int, requests: int = 5) -> None:
-    """A few requests of this batch size before the timed warm-up: TorchScript's profiling
+def context_split(client: ScoreClient, sizes: tuple[int, int], cfg: BenchConfig) -> ContextSplit:
+    """The context columns of a --candidates sweep on this target (cfg.context, else the
+    model's), checked against the target's inputs so that no point is all errors."""
+    from rec.serve.predict import context_split as model_split
+
+    split = cfg.context
+    if split is None:
+        try:
+            split = model_split(client, cfg.repo)
+        except ServeError as e:
+            raise ServeError(f"--candidates: {e} (rec bench: or --context-from REPO)") from None
+    if (split.num_dense, split.num_sparse) != sizes:
+        raise ServeError(
+            f"the context columns are of {split.num_dense} dense and {split.num_sparse} sparse "
+            f"features; model {client.model!r} at {client.url} has {sizes[0]} and {sizes[1]}"
+        )
+    if "context" in FORMS[cfg.form] and CANDIDATE_LENGTHS not in client.input_dims():
+        raise ServeError(
+            f"model {client.model!r} at {client.url} has no context inputs (exported without "
+            "features.context): measure it with --form flat"
+        )
+    return split
+
+
+def point_request(point: Point, sizes: tuple[int, int], split, seed: int) -> Rows | ContextRows:
+    """A request of this point's shape (as a worker with this seed sends it)."""
+    if point.form:
+        return synthetic_request(split, point.batch, point.form, seed)
+    return synthetic_rows(*sizes, point.batch, seed=seed)
+
+
+def prime(target: Target, request: Rows | ContextRows, requests: int = 5) -> None:
+    """A few requests of this point's shape before the timed warm-up: TorchScript's profiling
     executor re-optimizes on the first calls with a new shape (about a second each here),
     which a short time-based warm-up at concurrency 1 would not absorb."""
     client = ScoreClient(target.url, target.protocol, target.model)
-    prepared = client.prepare(synthetic_rows(*sizes, batch, seed=12345))
+    prepared = client.prepare(request)
     try:
         for _ in range(requests):
             client.send(prepared)
@@ -191,11 +278,12 @@ def bench_targets(pool, targets: list[Target], cfg: BenchConfig, log) -> list[di
         client = ScoreClient(target.url, target.protocol, target.model)
         try:
             sizes = client.input_sizes()  # also fails fast if the target is not serving
+            split = context_split(client, sizes, cfg) if cfg.candidates else None
         finally:
             client.close()
-        for i, (batch, concurrency, rate) in enumerate(plan, start=1):
-            prime(target, sizes, batch)
-            row = measure(pool, target, sizes, batch, concurrency, rate, cfg)
+        for i, point in enumerate(plan, start=1):
+            prime(target, point_request(point, sizes, split, seed=12345))
+            row = measure(pool, target, sizes, point, split, cfg)
             rows.append(row)
             log(progress_line(i, len(plan), row))
     return rows

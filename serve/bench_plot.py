@@ -10,13 +10,18 @@ matplotlib.use("Agg")  # files only; no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _series(row: dict) -> str:
+    """A line's name: the target, and the request form of a --candidates sweep."""
+    return f"{row['target']} {row['form']}" if "form" in row else row["target"]
+
+
 def plot_results(rows: list[dict], path: Path, title: str | None = None) -> None:
     """Closed-loop sweeps as solid lines (one point per concurrency), open-loop as markers."""
     batches = sorted({r["batch"] for r in rows})
     fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 4.8), squeeze=False)
     for ax, batch in zip(axes[0], batches, strict=True):
-        for target in dict.fromkeys(r["target"] for r in rows):
-            mine = [r for r in rows if r["target"] == target and r["batch"] == batch and r["ok"]]
+        for target in dict.fromkeys(_series(r) for r in rows):
+            mine = [r for r in rows if _series(r) == target and r["batch"] == batch and r["ok"]]
             closed = sorted(
                 (r for r in mine if not r["offered_rps"]), key=lambda r: r["concurrency"]
             )

@@ -184,6 +184,22 @@ def _numbers(kind):
     callback=_numbers(float),
     help="Offered requests/s, open loop (comma-separated sweep).",
 )
+@click.option(
+    "--candidates", default="", callback=_numbers(int),
+    help="Requests of one context and N candidates, swept in place of --batch-size "
+    "(comma-separated, e.g. 16,128,512; a context model's, or see --context-from).",
+)  # fmt: skip
+@click.option(
+    "--form", type=click.Choice(["context", "flat", "both"]), default="context",
+    show_default=True,
+    help="With --candidates: the context once per request, the flat rows with the context "
+    "repeated per candidate, or both.",
+)  # fmt: skip
+@click.option(
+    "--context-from", type=_PATH, metavar="REPO",
+    help="With --candidates: the context columns of this repository's model (--model), to send "
+    "a plain model (--form flat) the same pairs as its context twin.",
+)  # fmt: skip
 @click.option("--warmup", type=float, default=1.0, show_default=True, help="Seconds per point.")
 @click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per point.")
 @click.option(
@@ -199,10 +215,18 @@ def _numbers(kind):
 @click.option("--plot", type=_PATH, default=Path("bench.png"), show_default=True)
 @click.option("--no-plot", is_flag=True)
 @_user_errors
-def bench(targets, repo, backends, protocols, model, batch_sizes, concurrency, rates, warmup,
-          duration, requests, processes, output, plot, no_plot):  # fmt: skip
+def bench(targets, repo, backends, protocols, model, batch_sizes, concurrency, rates, candidates,
+          form, context_from, warmup, duration, requests, processes, output, plot,
+          no_plot):  # fmt: skip
     """Measure throughput and p50/p95/p99/p99.9 latency of serving targets."""
     from rec.serve.bench import BenchConfig, Target, run_bench
+    from rec.serve.predict import no_context, repo_context
+
+    context = None
+    if context_from is not None:
+        context, where = repo_context(context_from, model)
+        if context is None:
+            raise no_context(where, model)
 
     cfg = BenchConfig(
         targets=[Target.parse(t, model) for t in targets],
@@ -213,6 +237,9 @@ def bench(targets, repo, backends, protocols, model, batch_sizes, concurrency, r
         batch_sizes=batch_sizes,
         concurrency=concurrency,
         rates=rates,
+        candidates=candidates,
+        form=form,
+        context=context,
         warmup_s=warmup,
         duration_s=duration,
         requests=requests,

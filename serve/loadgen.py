@@ -13,6 +13,9 @@ omission); at most `concurrency` are in flight per process.
 
 All processes start warm-up at one agreed CLOCK_MONOTONIC instant (system-wide on Linux) and
 record only requests sent inside the measurement window that follows.
+
+A job with `candidates` sends requests of one context and that many candidates: in the context
+form, or (`form` flat) as the flat rows with the context repeated, the same pairs either way.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rec.serve.client import synthetic_rows
-from rec.serve.repository import DENSE, LENGTHS, SCORES, VALUES
+from rec.contract.context import ContextSplit
+from rec.serve.client import ContextRows, Rows, infer_inputs, synthetic_request, synthetic_rows
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,18 @@ class Job:
     max_requests: int
     """Stop after this many measured requests (0: run for duration_s)."""
     seed: int
+    candidates: int = 0
+    """Candidates per request of one context (0: `batch` independent rows, the flat form)."""
+    form: str = "context"
+    """With candidates: "context" (the context once) or "flat" (the context repeated)."""
+    context: ContextSplit | None = None
+    """The model's context columns, with candidates."""
+
+    def request(self) -> Rows | ContextRows:
+        """The request this job sends (built once, sent again and again)."""
+        if not self.candidates:
+            return synthetic_rows(self.num_dense, self.num_sparse, self.batch, seed=self.seed)
+        return synthetic_request(self.context, self.candidates, self.form, self.seed)
 
 
 @dataclass
@@ -72,23 +87,9 @@ def _client(job: Job):
     return mod, mod.InferenceServerClient(job.url)
 
 
-def _prepare(mod, job: Job):
-    rows = synthetic_rows(job.num_dense, job.num_sparse, job.batch, seed=job.seed)
-    inputs = []
-    for name, array, dtype in (
-        (DENSE, rows.dense, "FP32"),
-        (LENGTHS, rows.lengths, "INT32"),
-        (VALUES, rows.values, "INT64"),
-    ):
-        tensor = mod.InferInput(name, list(array.shape), dtype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs, [mod.InferRequestedOutput(SCORES)]
-
-
 async def _run(job: Job) -> Outcome:
     mod, client = _client(job)
-    inputs, outputs = _prepare(mod, job)
+    inputs, outputs = infer_inputs(mod, job.request())
     measure_from = job.start_at + job.warmup_s
     measure_to = measure_from + job.duration_s if job.max_requests == 0 else float("inf")
     latencies: list[float] = []
