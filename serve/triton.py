@@ -169,6 +169,7 @@ def python_backend_config(
         "sparse": list(model.sparse_names),
         "feature_spec": model.feature_spec,
         "tasks": list(model.task_names),
+        "context": split.to_dict() if split is not None else None,  # rec predict --group-by
     }
     config.parameters[FEATURES_PARAMETER].string_value = json.dumps(features)
     if model.feature_spec is not None:

@@ -1,6 +1,6 @@
 """A context model (features.context) for the tools' tests: the tiny seeded run of the serving
 tests exported by the real `rec export` with one dense and two sparse features as context, and
-rec-server on it."""
+rec-server and Triton on it."""
 
 from __future__ import annotations
 
@@ -41,5 +41,15 @@ def cpp_context(context_repo):
     except ServeError as e:
         pytest.skip(str(e))
     server = start_cpp(context_repo, http_port=0, grpc_port=0, metrics_port=0)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def triton_context(context_repo):
+    """Triton (the Python backend rec serve stages) on the context model."""
+    from rec.serve.triton import start_triton
+
+    server = start_triton(context_repo, http_port=0, grpc_port=0, metrics_port=0)
     yield server
     server.stop()

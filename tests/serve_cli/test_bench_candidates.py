@@ -55,3 +55,15 @@ def test_plain_model_takes_the_same_pairs_flat(cpp, context_repo, tmp_path):
     assert result.exit_code == 2 and "has no context inputs" in result.output
     result = bench("--target", target, "--candidates", "16", "--output", str(out), "--no-plot")
     assert result.exit_code == 2 and "--context-from" in result.output
+
+
+def test_triton_publishes_the_context_columns(triton_context, tmp_path):
+    """Triton's config carries rec.json's context section: no --context-from needed."""
+    out = tmp_path / "triton.json"
+    target = f"triton-http=http://{triton_context.endpoints.http}"
+    result = bench("--target", target, "--candidates", "8", "--form", "both",
+                   "--output", str(out), "--no-plot")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert {r["form"] for r in rows} == {"context", "flat"}
+    assert all(r["errors"] == 0 and r["ok"] >= 8 for r in rows), rows

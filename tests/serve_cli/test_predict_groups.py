@@ -82,6 +82,27 @@ def test_group_by_scores_as_the_flat_rows(cpp_context, context_repo, tmp_path, p
     assert np.array_equal(outs["flat"], outs["plain"])
 
 
+@pytest.mark.parametrize("send", ["ids", "strings"])
+def test_group_by_on_triton_without_the_repository(
+    triton_context, cpp_context, context_repo, tmp_path, send
+):
+    """Triton publishes the context columns with the feature spec, so --group-by needs no
+    --repo there; its scores are rec-server's, both forms."""
+    path = tmp_path / "rows.csv"
+    write_csv(path, records(SESSIONS, seed=2))
+    outs = []
+    for server in (triton_context, cpp_context):
+        for form in ("context", "flat"):
+            code, out = predict("--url", server.endpoints.grpc, "--protocol", "grpc",
+                                "--input", str(path), "--send", send, "--group-by", "session",
+                                "--form", form, *([] if server is triton_context else
+                                                  ["--repo", str(context_repo)]))  # fmt: skip
+            assert code == 0, out
+            outs.append(scores(out))
+    for other in outs[1:]:
+        assert np.array_equal(outs[0], other)
+
+
 def test_group_by_scores_exactly_and_splits_above_max_batch_size(
     cpp_context, context_repo, tmp_path
 ):
