@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -82,7 +83,8 @@ class Side:
 
 @dataclass(frozen=True)
 class ContextModel:
-    """What a request to a context model is checked against."""
+    """What a request to a context model is checked against (the derived views are computed
+    once, at load, not per request)."""
 
     split: ContextSplit
     max_rows: int
@@ -90,12 +92,12 @@ class ContextModel:
     spec: FeatureSpec | None = None
     """The flat feature spec, for strings."""
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         """The model's inputs in forward order (zero-width ones left out), offsets last."""
         return tuple(i["name"] for i in context_io_manifest(self.split, 1)["inputs"])
 
-    @property
+    @cached_property
     def widths(self) -> dict[str, int]:
         s = self.split
         return {
@@ -105,7 +107,7 @@ class ContextModel:
             CANDIDATE_LENGTHS: len(s.cand_sparse),
         }
 
-    @property
+    @cached_property
     def sides(self) -> tuple[Side, ...]:
         """The sides with sparse inputs: the context's when it has sparse features, then the
         candidates'."""
@@ -120,7 +122,7 @@ class ContextModel:
                 out.append(Side(*names, spec))
         return tuple(out)
 
-    @property
+    @cached_property
     def request_inputs(self) -> tuple[str, ...]:
         """What a context-form request may carry (the model's inputs but the offsets, and each
         side's strings when the model has a feature spec)."""
