@@ -14,11 +14,19 @@
 //                     [--call infer|live] [--grpc-client generic|stub] [--grpc-arg NAME=INT]...
 //                     [--shared-memory none|system] [--rate R]
 //
+// --candidates N [--form context|flat] (any mode, in place of --batch): each request is one
+// user's context and N candidates (#61), sent in the context form (the context once, batch 1)
+// or flat (N rows, the context repeated in each), the same pairs either way; "context" is the
+// default on a context model (rec.json "context"), which --form context needs (a flat model is
+// sent N independent rows). Without it, a context model is sent --batch independent flat rows,
+// which the server splits per row.
 // --call live: a bare liveness round trip (GET /v2/health/live, ServerLive), no model involved.
 // --shared-memory system (http, grpc): each thread's inputs sit in a POSIX shared memory region
 // it registers with the server, and the scores are written into another; the request carries
 // only their names, so no tensor crosses the socket.
-// Prints one JSON object: requests/s, rows/s and latency percentiles in microseconds.
+// Prints one JSON object: requests/s, rows/s (pairs/s with --candidates) and latency percentiles
+// in microseconds, and request_bytes: the mean over threads of a request's body (HTTP: the JSON
+// header and binary tensors; gRPC: the serialized ModelInferRequest; forward: its tensors' bytes).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -39,6 +47,7 @@
 
 #include "bench_io.h"
 #include "common/malloc_settings.h"
+#include "context_inputs.h"
 #include "grpc_service.grpc.pb.h"
 #include "model/aoti_model.h"
 #include "model/model_spec.h"
@@ -59,11 +68,46 @@ struct Options {
   std::string grpc_client = "generic";  // or "stub"
   std::string shared_memory = "none";   // or "system": inputs and scores in shared memory
   int64_t batch = 1;
+  int64_t candidates = 0;  // --candidates N: one user's N candidates per request (0: --batch)
+  std::string form;        // --candidates' form: "context" or "flat" (CheckForm's default)
   int concurrency = 1;
   int intra_op_threads = 1;  // forward only
   double seconds = 5;
   double rate = 0;  // requests/s in all, Poisson arrivals; 0: closed loop
+
+  // Pairs (rows) per request.
+  int64_t rows() const { return candidates > 0 ? candidates : batch; }
 };
+
+// Each thread's request bytes (its one request, sent over and over), written by its factory.
+using RequestBytes = std::vector<size_t>;
+
+// The --form default and the combinations refused, each with what to do instead.
+Status CheckForm(const ModelSpec& spec, Options* o) {
+  if (o->form.empty()) o->form = o->candidates > 0 && spec.context.present ? "context" : "flat";
+  if (o->form != "context" && o->form != "flat") {
+    return InvalidArgument("--form takes context or flat, got '" + o->form + "'");
+  }
+  if (o->form == "context" && !spec.context.present) {
+    return InvalidArgument("--form context: model '" + o->model +
+                           "' has no \"context\" section in rec.json (export it with "
+                           "features.context)");
+  }
+  if (o->form == "context" && o->candidates == 0) {
+    return InvalidArgument("--form context needs --candidates N");
+  }
+  return Status::Ok();
+}
+
+// What thread `t` sends: --batch B independent rows (to a context model in the flat form, which
+// the server splits per row), or --candidates N pairs of one user in o.form.
+std::vector<Tensor> RequestInputs(const Options& o, const ModelSpec& spec, int t) {
+  const auto seed = static_cast<uint32_t>(1000 + t);
+  if (!spec.context.present) return RandomBatch(spec, o.rows(), seed);
+  if (o.candidates == 0) return RandomBatch(*spec.context.flat, o.batch, seed);
+  std::vector<Tensor> request = RandomContextRequest(spec, o.candidates, seed);
+  return o.form == "context" ? request : RepeatContext(spec, request);
+}
 
 nlohmann::json RunLoad(const Options& o, const ClientFactory& factory) {
   std::atomic<bool> stop{false};
@@ -128,7 +172,9 @@ nlohmann::json RunLoad(const Options& o, const ClientFactory& factory) {
   };
   double rps = static_cast<double>(all.size()) / elapsed;
   return {{"mode", o.mode},
-          {"batch", o.batch},
+          {"batch", o.rows()},
+          {"candidates", o.candidates},
+          {"form", o.form},
           {"concurrency", o.concurrency},
           {"requests", all.size()},
           {"failures", failures.load()},
@@ -136,7 +182,7 @@ nlohmann::json RunLoad(const Options& o, const ClientFactory& factory) {
           {"late", late.load()},
           {"seconds", elapsed},
           {"requests_per_s", rps},
-          {"rows_per_s", rps * static_cast<double>(o.batch)},
+          {"rows_per_s", rps * static_cast<double>(o.rows())},
           {"p50_us", pct(0.50)},
           {"p90_us", pct(0.90)},
           {"p99_us", pct(0.99)},
@@ -147,9 +193,17 @@ nlohmann::json RunLoad(const Options& o, const ClientFactory& factory) {
            }()}};
 }
 
-ClientFactory ForwardClients(const ModelSpec& spec, std::shared_ptr<Runner> runner, int64_t batch) {
-  return [&spec, runner, batch](int t) -> RequestFn {
-    auto inputs = std::make_shared<std::vector<Tensor>>(RandomBatch(spec, batch, 1000 + t));
+ClientFactory ForwardClients(const Options& o, const ModelSpec& spec,
+                             std::shared_ptr<Runner> runner, RequestBytes* bytes) {
+  return [&o, &spec, runner, bytes](int t) -> RequestFn {
+    std::vector<Tensor> request = RequestInputs(o, spec, t);
+    for (const Tensor& tensor : request) (*bytes)[static_cast<size_t>(t)] += tensor.data.size();
+    auto inputs = std::make_shared<std::vector<Tensor>>();
+    Status st = ModelInputs(spec, std::move(request), inputs.get());
+    if (!st.ok()) {
+      std::cerr << "rec-bench: " << st.message() << "\n";
+      std::exit(1);
+    }
     return [runner, inputs] {
       std::vector<Tensor> outputs;
       return runner->Run(*inputs, &outputs).ok();
@@ -213,7 +267,7 @@ std::shared_ptr<SharedMemoryInputs> ThreadSharedMemory(const Options& o, const M
   if (o.shared_memory != "system") return nullptr;
   std::string tag = "rec_bench_" + std::to_string(getpid()) + "_" + std::to_string(t);
   auto shm = std::make_shared<SharedMemoryInputs>(std::move(registrar), tag, inputs,
-                                                  OutputBytes(spec, o.batch));
+                                                  OutputBytes(spec, o.rows()));
   if (!shm->ok()) {
     std::cerr << "rec-bench: could not set up shared memory " << tag << "\n";
     std::exit(1);
@@ -225,10 +279,10 @@ std::shared_ptr<SharedMemoryInputs> ThreadSharedMemory(const Options& o, const M
 // sent as bytes, and the answer's status is all that is read (a generic stub on a completion
 // queue of the thread's own). --grpc-client stub: the generated sync stub, which serializes the
 // request and parses the response on every call.
-ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
-  return [&o, &spec](int t) -> RequestFn {
+ClientFactory GrpcClients(const Options& o, const ModelSpec& spec, RequestBytes* bytes) {
+  return [&o, &spec, bytes](int t) -> RequestFn {
     auto channel = GrpcChannel(o);
-    std::vector<Tensor> inputs = RandomBatch(spec, o.batch, 1000 + t);
+    std::vector<Tensor> inputs = RequestInputs(o, spec, t);
     std::shared_ptr<inference::GRPCInferenceService::Stub> control =
         inference::GRPCInferenceService::NewStub(channel);
     SharedMemoryInputs::Registrar registrar{
@@ -252,6 +306,7 @@ ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
     std::shared_ptr<SharedMemoryInputs> shm = ThreadSharedMemory(o, spec, inputs, t, registrar);
     auto request =
         std::make_shared<inference::ModelInferRequest>(GrpcInferRequest(o, inputs, shm.get()));
+    if (o.call != "live") (*bytes)[static_cast<size_t>(t)] = request->ByteSizeLong();
     if (o.grpc_client == "stub" || o.call == "live") {
       auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
           inference::GRPCInferenceService::NewStub(channel));
@@ -288,16 +343,17 @@ ClientFactory GrpcClients(const Options& o, const ModelSpec& spec) {
   };
 }
 
-ClientFactory HttpClients(const Options& o, const ModelSpec& spec) {
-  return [&o, &spec](int t) -> RequestFn {
+ClientFactory HttpClients(const Options& o, const ModelSpec& spec, RequestBytes* bytes) {
+  return [&o, &spec, bytes](int t) -> RequestFn {
     auto conn = std::make_shared<HttpConnection>(o.target);
-    std::vector<Tensor> inputs = RandomBatch(spec, o.batch, 1000 + t);
+    std::vector<Tensor> inputs = RequestInputs(o, spec, t);
     std::shared_ptr<SharedMemoryInputs> shm =
         ThreadSharedMemory(o, spec, inputs, t, HttpRegistrar(o.target));
     auto request = std::make_shared<std::string>(
         o.call == "live" ? "GET /v2/health/live HTTP/1.1\r\nHost: " + o.target + "\r\n\r\n"
         : shm            ? HttpSharedMemoryRequest(o.target, o.model, inputs, *shm)
                          : HttpInferRequest(o.target, o.model, inputs));
+    (*bytes)[static_cast<size_t>(t)] = request->size() - (request->find("\r\n\r\n") + 4);
     return [conn, request, shm] { return conn->RoundTrip(*request) == 200; };
   };
 }
@@ -308,7 +364,8 @@ int Main(int argc, char** argv) {
     std::cerr << "usage: rec-bench forward|http|grpc --model-repository DIR [--target H:P]"
                  " [--model NAME] [--batch B] [--concurrency C] [--seconds S]"
                  " [--intra-op-threads N] [--call infer|live] [--grpc-client generic|stub]"
-                 " [--grpc-arg NAME=INT] [--shared-memory none|system] [--rate R]\n";
+                 " [--grpc-arg NAME=INT] [--shared-memory none|system] [--rate R]"
+                 " [--candidates N] [--form context|flat]\n";
     return 2;
   }
   o.mode = argv[1];
@@ -326,18 +383,22 @@ int Main(int argc, char** argv) {
       o.grpc_args.emplace_back(value.substr(0, eq), std::stoi(value.substr(eq + 1)));
     }
     if (flag == "--batch") o.batch = std::stoll(value);
+    if (flag == "--candidates") o.candidates = std::stoll(value);
+    if (flag == "--form") o.form = value;
     if (flag == "--concurrency") o.concurrency = std::stoi(value);
     if (flag == "--seconds") o.seconds = std::stod(value);
     if (flag == "--rate") o.rate = std::stod(value);
   }
   ModelSpec spec;
   Status st = LoadModelSpec(o.repository + "/" + o.model, o.model, &spec);
+  if (st.ok()) st = CheckForm(spec, &o);
   if (!st.ok()) {
     std::cerr << st.message() << "\n";
     return 1;
   }
   ClientFactory factory;
   std::shared_ptr<Runner> runner;
+  RequestBytes bytes(static_cast<size_t>(o.concurrency), 0);
   if (o.mode == "forward") {
     int loaded = 0;
     st = LoadFbgemmLibraries(DefaultFbgemmDir(), &loaded);
@@ -350,11 +411,11 @@ int Main(int argc, char** argv) {
     } else if (st.ok()) {
       st = LoadTorchModel(dir + "/model.pt", spec, version, &runner);
     }
-    factory = ForwardClients(spec, runner, o.batch);
+    factory = ForwardClients(o, spec, runner, &bytes);
   } else if (o.mode == "grpc") {
-    factory = GrpcClients(o, spec);
+    factory = GrpcClients(o, spec, &bytes);
   } else if (o.mode == "http") {
-    factory = HttpClients(o, spec);
+    factory = HttpClients(o, spec, &bytes);
   } else {
     st = InvalidArgument("unknown mode " + o.mode);
   }
@@ -362,7 +423,11 @@ int Main(int argc, char** argv) {
     std::cerr << st.message() << "\n";
     return 1;
   }
-  std::cout << RunLoad(o, factory).dump() << std::endl;
+  nlohmann::json result = RunLoad(o, factory);
+  size_t total = 0;
+  for (size_t b : bytes) total += b;
+  result["request_bytes"] = total / bytes.size();
+  std::cout << result.dump() << std::endl;
   return 0;
 }
 
