@@ -84,6 +84,9 @@ class BenchConfig:
     context: ContextSplit | None = None
     """With candidates: the requests' context columns; default the model's, from cfg.repo's
     rec.json or as the server publishes them (set it to send a plain model the same pairs)."""
+    hotness: tuple[tuple[int, int], ...] | None = None
+    """Ids per bag of the synthetic requests, (low, high) per sparse feature (a user history
+    of 20 beside an item's one id); None: 1 to 3 ids for each."""
     concurrency: tuple[int, ...] = (1, 4, 16)
     """Closed-loop points: requests kept in flight."""
     rates: tuple[float, ...] = ()
@@ -194,6 +197,7 @@ def measure(pool, target: Target, sizes, point: Point, split, cfg: BenchConfig) 
             candidates=batch if point.form else 0,
             form=point.form or "context",
             context=split if point.form else None,
+            hotness=cfg.hotness,
         )
         for i, share in enumerate(shares)
     ]
@@ -201,7 +205,7 @@ def measure(pool, target: Target, sizes, point: Point, split, cfg: BenchConfig) 
     row = summarize(target, batch, concurrency, rate, outcomes)
     if point.form:
         row["candidates"], row["form"] = batch, point.form
-        request = point_request(point, sizes, split, jobs[0].seed)
+        request = point_request(point, sizes, split, jobs[0].seed, cfg.hotness)
         row["request_bytes"] = request_bytes(request, target.protocol, True, target.model)
     if rate and not cfg.requests:
         # Open loop sends on a schedule: the window is the scheduled one, not first-to-last
@@ -249,11 +253,11 @@ def context_split(client: ScoreClient, sizes: tuple[int, int], cfg: BenchConfig)
     return split
 
 
-def point_request(point: Point, sizes: tuple[int, int], split, seed: int) -> Rows | ContextRows:
+def point_request(point: Point, sizes, split, seed: int, hotness) -> Rows | ContextRows:
     """A request of this point's shape (as a worker with this seed sends it)."""
     if point.form:
-        return synthetic_request(split, point.batch, point.form, seed)
-    return synthetic_rows(*sizes, point.batch, seed=seed)
+        return synthetic_request(split, point.batch, point.form, seed, hotness)
+    return synthetic_rows(*sizes, point.batch, seed, hotness)
 
 
 def prime(target: Target, request: Rows | ContextRows, requests: int = 5) -> None:
@@ -282,7 +286,7 @@ def bench_targets(pool, targets: list[Target], cfg: BenchConfig, log) -> list[di
         finally:
             client.close()
         for i, point in enumerate(plan, start=1):
-            prime(target, point_request(point, sizes, split, seed=12345))
+            prime(target, point_request(point, sizes, split, 12345, cfg.hotness))
             row = measure(pool, target, sizes, point, split, cfg)
             rows.append(row)
             log(progress_line(i, len(plan), row))

@@ -215,18 +215,30 @@ def request_bytes(
     return int(request.ByteSize())
 
 
-def synthetic_rows(num_dense: int, num_sparse: int, batch: int, seed: int = 0) -> Rows:
-    """Random samples: N(0,1) dense values, 1..3 ids per sparse feature, ids in [0, 2^31)."""
-    r = random_request(num_dense, num_sparse, batch, seed, ids_per_bag=(1, 3), id_range=(0, 2**31))
+def synthetic_rows(
+    num_dense: int,
+    num_sparse: int,
+    batch: int,
+    seed: int = 0,
+    hotness: tuple[tuple[int, int], ...] | None = None,
+) -> Rows:
+    """Random samples: N(0,1) dense values, 1..3 ids per sparse feature (or `hotness`' (low,
+    high) per feature, inclusive), ids in [0, 2^31)."""
+    r = random_request(num_dense, num_sparse, batch, seed, ids_per_bag=(1, 3),
+                       id_range=(0, 2**31), hotness=hotness)  # fmt: skip
     return Rows(r[DENSE], r[LENGTHS], r[VALUES])
 
 
 def synthetic_request(
-    split: ContextSplit, candidates: int, form: str = "context", seed: int = 0
+    split: ContextSplit,
+    candidates: int,
+    form: str = "context",
+    seed: int = 0,
+    hotness: tuple[tuple[int, int], ...] | None = None,
 ) -> Rows | ContextRows:
     """One context and `candidates` candidates of random samples (synthetic_rows' values; the
     context row 0's): the context form, or ("flat") the same pairs as flat rows."""
-    rows = synthetic_rows(split.num_dense, split.num_sparse, candidates, seed=seed)
+    rows = synthetic_rows(split.num_dense, split.num_sparse, candidates, seed, hotness)
     request = ContextRows.from_flat(split, rows)
     return request if form == "context" else request.flat(split)
 

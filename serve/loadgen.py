@@ -56,12 +56,16 @@ class Job:
     """With candidates: "context" (the context once) or "flat" (the context repeated)."""
     context: ContextSplit | None = None
     """The model's context columns, with candidates."""
+    hotness: tuple[tuple[int, int], ...] | None = None
+    """Ids per bag, (low, high) per sparse feature; None: 1 to 3 for each."""
 
     def request(self) -> Rows | ContextRows:
         """The request this job sends (built once, sent again and again)."""
         if not self.candidates:
-            return synthetic_rows(self.num_dense, self.num_sparse, self.batch, seed=self.seed)
-        return synthetic_request(self.context, self.candidates, self.form, self.seed)
+            return synthetic_rows(
+                self.num_dense, self.num_sparse, self.batch, self.seed, self.hotness
+            )
+        return synthetic_request(self.context, self.candidates, self.form, self.seed, self.hotness)
 
 
 @dataclass

@@ -161,3 +161,12 @@ def test_bench_candidates_sweep_the_forms():
         BenchConfig(targets=[None], candidates=(4,), form="ragged")
     with pytest.raises(ServeError, match="candidate count"):
         BenchConfig(targets=[None], candidates=(0,))
+
+
+def test_hotness_gives_each_feature_its_bags():
+    """A history of 20 ids per context feature beside one id per candidate feature."""
+    hot = tuple((20, 20) if i in KAGGLE.sparse else (1, 1) for i in range(26))
+    request = synthetic_request(KAGGLE, 8, "context", seed=0, hotness=hot)
+    assert request.context.lengths.tolist() == [[20] * 13]
+    assert request.candidates.lengths.tolist() == [[1] * 13] * 8
+    assert len(request.context.values) == 260 and len(request.candidates.values) == 104
