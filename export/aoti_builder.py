@@ -66,16 +66,20 @@ _ALIGN = 64
 
 class TablesAsInputs(nn.Module):
     """`module` with the buffers `names` taken from the call's trailing arguments, so that an
-    exported graph reads them as inputs instead of holding them as constants."""
+    exported graph reads them as inputs instead of holding them as constants. The first
+    `num_inputs` arguments are the model's own (three flat ones, or a context model's)."""
 
-    def __init__(self, module: nn.Module, names: Sequence[str]) -> None:
+    def __init__(self, module: nn.Module, names: Sequence[str], num_inputs: int = 3) -> None:
         super().__init__()
         self.module = module
         self.names = list(names)
+        self.num_inputs = num_inputs
 
-    def forward(self, dense_features, sparse_lengths, sparse_values, *tables):
-        buffers = dict(zip(self.names, tables, strict=True))
-        args = (dense_features, sparse_lengths, sparse_values)
+    def forward(self, *inputs):
+        buffers = dict(zip(self.names, inputs[self.num_inputs :], strict=True))
+        args = inputs[: self.num_inputs]
+        # tie_weights (the default): a buffer shared by several lookups (a context model's two
+        # sides read one table storage) is one input, for every name it has.
         return torch.func.functional_call(self.module, buffers, args, strict=False)
 
 
@@ -99,34 +103,68 @@ def export_program(module: nn.Module, cfg: RecConfig) -> torch.export.ExportedPr
     are swapped for the stand-ins too while it is traced, then put back."""
     names = input_buffers(module)
     maps = set(map_buffers(module))
-    real = {n: module.get_buffer(n) for n in names}
+    aliases = buffer_aliases(module)
+    real = {n: module.get_buffer(n) for names_of in aliases.values() for n in names_of}
     # A map's stand-in is its bytes' size: static, so that Inductor knows the slots (the
     # remainder's divisor) as a constant.
     stand_ins = tuple(torch.zeros(_nbytes(real[n]) if n in maps else _ALIGN, dtype=torch.uint8)
                       for n in names)  # fmt: skip
-    # An example of 8 samples: export specializes sizes 0 and 1, so neither may appear.
-    sample = sample_batch(cfg.features.dense, len(cfg.features.sparse), 8, seed=3)
-    batch = torch.export.Dim("batch", min=1, max=max(2, cfg.export.max_batch_size))
-    ids = torch.export.Dim("ids")
+    sample, shapes = _example(cfg)
     sizes = tuple(None if n in maps else {0: torch.export.Dim(f"table_bytes_{i}", min=2)}
                   for i, n in enumerate(names))  # fmt: skip
     try:
         for name, t in zip(names, stand_ins, strict=True):
-            _set_buffer(module, name, t)
+            for alias in aliases[name]:
+                _set_buffer(module, alias, t)
         with torch.no_grad():
             return torch.export.export(
-                TablesAsInputs(module, names), sample + stand_ins, strict=False,
-                dynamic_shapes=({0: batch}, {0: batch}, {0: ids}, sizes),
+                TablesAsInputs(module, names, len(sample)), sample + stand_ins, strict=False,
+                dynamic_shapes=((*shapes, *sizes),),
             )  # fmt: skip
     finally:
         for name, t in real.items():
             _set_buffer(module, name, t)
 
 
+def _example(cfg: RecConfig) -> tuple[tuple[torch.Tensor, ...], tuple[dict, ...]]:
+    """The example inputs torch.export traces and their dynamic dimensions. Export specializes
+    sizes 0 and 1, so neither may appear: 8 samples; a context model's 3 contexts of 8
+    candidates (requests carry one context, the batches rec-server makes several)."""
+    if not cfg.features.context:
+        sample = sample_batch(cfg.features.dense, len(cfg.features.sparse), 8, seed=3)
+        batch = torch.export.Dim("batch", min=1, max=max(2, cfg.export.max_batch_size))
+        ids = torch.export.Dim("ids")
+        return sample, ({0: batch}, {0: batch}, {0: ids})
+    from rec.contract.context import ContextSplit
+    from rec.export import context_checks
+
+    request = context_checks.context_request(ContextSplit.from_config(cfg), [3, 1, 4], seed=3)
+    limit = max(3, cfg.export.max_batch_size)
+    contexts = torch.export.Dim("contexts", min=1, max=limit)
+    candidates = torch.export.Dim("candidates", min=1, max=limit)
+    dims = {"context_dense": {0: contexts}, "context_lengths": {0: contexts},
+            "context_values": {0: torch.export.Dim("context_ids")},
+            "candidate_dense": {0: candidates}, "candidate_lengths": {0: candidates},
+            "candidate_values": {0: torch.export.Dim("candidate_ids")},
+            "candidate_offsets": {0: contexts + 1}}  # fmt: skip
+    return tuple(request.values()), tuple(dims[name] for name in request)
+
+
 def input_buffers(module: nn.Module) -> list[str]:
     """The buffers the package takes as inputs, in order: the tables, then the ZCH tables' id
-    maps (keys, used; rec.export.id_maps), all as raw bytes from tables.bin."""
-    return table_buffers(module) + map_buffers(module)
+    maps (keys, used; rec.export.id_maps), all as raw bytes from tables.bin; a buffer shared
+    by several lookups once, by its first name."""
+    return list(buffer_aliases(module))
+
+
+def buffer_aliases(module: nn.Module) -> dict[str, list[str]]:
+    """Each input buffer's first name -> every name it has in `module`."""
+    first: dict[int, str] = {}
+    out: dict[str, list[str]] = {}
+    for name in table_buffers(module) + map_buffers(module):
+        key = id(module.get_buffer(name))
+        out.setdefault(first.setdefault(key, name), []).append(name)
+    return out
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -163,16 +201,25 @@ def compile_package(program: torch.export.ExportedProgram, out: Path, isa: str) 
     vec = next((v for v in valid_vec_isa_list() if v.bit_width() == target.simdlen), None)
     vec_flags = str(vec).split() if vec else []
     started = time.perf_counter()
-    aoti_compile_and_package(
-        program,
-        package_path=str(out),
-        inductor_configs={
-            "cpp.simdlen": target.simdlen,
-            "cpp.march": target.march,
-            # Folds the dense weights' constant arithmetic once, at compile time.
-            "freezing": True,
-        },
-    )
+    # Deterministic: Inductor's own index_add (din's candidate ids and attention summed per
+    # sample) adds with atomics across threads, in whatever order they come, so a score
+    # changed from call to call (seen with a 3-id candidate on 2 threads); in this mode it
+    # calls ATen's, which adds in index order, as the TorchScript module does.
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        aoti_compile_and_package(
+            program,
+            package_path=str(out),
+            inductor_configs={
+                "cpp.simdlen": target.simdlen,
+                "cpp.march": target.march,
+                # Folds the dense weights' constant arithmetic once, at compile time.
+                "freezing": True,
+            },
+        )
+    finally:
+        torch.use_deterministic_algorithms(was)
     return {
         "cpu_isa": isa,
         "march": target.march,

@@ -36,6 +36,7 @@ from rec.export.served import (
     DinLookup,
     ServedModule,
     TbeLookup,
+    candidate_and_history,
     sigmoid_scores,
 )
 from rec.features import DenseTransform, feature_spec
@@ -150,7 +151,7 @@ class DinContextLookup(nn.Module):
             history = self.ctx_seq.lookup(ctx_indices, ctx_offsets)  # once per context
             items, item_owner = _broadcast_jagged(history, ctx_offsets, owner)
             return pooled, candidate, items, item_owner
-        candidate, items, item_owner = _candidate_and_history(rows, offsets, batch)
+        candidate, items, item_owner = candidate_and_history(rows, offsets, batch)
         return pooled, candidate, items, item_owner
 
 
@@ -203,19 +204,6 @@ def _summed(rows: torch.Tensor, counts: torch.Tensor, batch: int) -> torch.Tenso
     return rows.new_zeros(batch, rows.shape[1]).index_add(0, owner, rows)
 
 
-def _candidate_and_history(
-    rows: torch.Tensor, offsets: torch.Tensor, batch: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """rec.export.served.candidate_and_history (TorchScript's path)."""
-    counts = (offsets[1:] - offsets[:-1]).view(2, batch)
-    first = int(offsets[batch])
-    candidate = _summed(rows[:first], counts[0], batch)
-    history = torch.repeat_interleave(
-        torch.arange(batch), counts[1], output_size=rows.shape[0] - first
-    )
-    return candidate, rows[first:], history
-
-
 def _broadcast_jagged(
     rows: torch.Tensor, offsets: torch.Tensor, owner: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +211,11 @@ def _broadcast_jagged(
     (owner[b] = r), candidates in order: (the rows, the candidate of each)."""
     counts = (offsets[1:] - offsets[:-1]).index_select(0, owner)
     starts = offsets[:-1].index_select(0, owner)
-    total = int(counts.sum())
+    if torch.jit.is_scripting():
+        total = int(counts.sum())
+    else:  # torch.export: a count read from the data
+        total = counts.sum().item()
+        torch._check(total >= 0)
     item_owner = torch.repeat_interleave(torch.arange(owner.shape[0]), counts, output_size=total)
     ends = torch.cumsum(counts, 0)
     within = torch.arange(total) - (ends - counts).index_select(0, item_owner)

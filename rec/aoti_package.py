@@ -92,8 +92,9 @@ def map_tables(directory: Path) -> list[torch.Tensor]:
 
 
 class AotiModel:
-    """A model.pt2 version directory, loaded to score requests: (dense, lengths, values) ->
-    scores, as the served module. Refuses a CPU without the package's ISA (rec.json)."""
+    """A model.pt2 version directory, loaded to score requests: (dense, lengths, values), or a
+    context model's inputs, -> scores, as the served module. Refuses a CPU without the
+    package's ISA (rec.json)."""
 
     def __init__(
         self, directory: str | Path, target: AotiSection | dict[str, Any] | None = None
@@ -112,6 +113,8 @@ class AotiModel:
         self.tables = map_tables(directory)
         self.package = aoti_load_package(str(package))
 
-    def __call__(self, dense: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor):
-        out = self.package(dense, lengths, values, *self.tables)
+    def __call__(self, *inputs: torch.Tensor):
+        """The model's inputs in rec.json's order: (dense, lengths, values), or a context
+        model's (rec.contract.io.context_io_manifest)."""
+        out = self.package(*inputs, *self.tables)
         return out[0] if isinstance(out, (list, tuple)) else out

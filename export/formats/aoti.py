@@ -20,11 +20,17 @@ if TYPE_CHECKING:  # the registry is read at config load: heavy imports wait for
 def build(src: b.Source, out: Path) -> b.Built:
     """torch.export -> AOTInductor -> model.pt2 and tables.bin; the in-memory module scored and
     released, then the package loaded from disk (tables memory-mapped) and scored."""
-    from rec.export import aoti_builder, raw_rows, served, torchscript_builder
+    from rec.contract.context import ContextSplit
+    from rec.export import aoti_builder, context_checks, raw_rows, served, torchscript_builder
     from rec.export import build as b
     from rec.export import verify as v
 
     cfg = src.cfg
+    split = ContextSplit.from_config(cfg) if cfg.features.context else None
+
+    def scorer(model):  # a context model scores flat batches as servers do (B contexts)
+        return model if split is None else context_checks.FlatScorer(model, split)
+
     module, tbe = torchscript_builder.served_module(src.loaded.model, cfg, b.table_dtypes(cfg))
     zch = src.zch_sections(module)
     aoti_builder.refuse_unexportable(module, cfg)
@@ -38,12 +44,21 @@ def build(src: b.Source, out: Path) -> b.Built:
     del program
     index = aoti_builder.write_tables(module, out.parent)
     updates = b.updates_section(src, served.update_layout(module, tbe))
-    scores = b.score(module, src.batches)
+    scores = b.score(scorer(module), src.batches)
     del module, tbe  # the TBE storage: the package reads tables.bin's mapping instead
     gc.collect()
-    reloaded = aoti_builder.AotiModel(out.parent, target)
-    request = b.batching_request(cfg)
-    batching = b.check_batching("aoti", reloaded, request, cfg.export.batch_invariant)
+    package = aoti_builder.AotiModel(out.parent, target)
+    reloaded = scorer(package)
+    checks = {"raw_rows": raw_rows.round_trip(cfg, reloaded), **src.score_zch(reloaded)}
+    if split is not None:
+        request = context_checks.probe_request(split)
+        batching = b.check_context_batching("aoti", package, request, split,
+                                            cfg.export.batch_invariant)  # fmt: skip
+        checks["context_vs_flat"] = context_checks.context_vs_flat(package, split, src.batches)
+        request = context_checks.probe_section(request, split)
+    else:
+        request = b.batching_request(cfg)
+        batching = b.check_batching("aoti", reloaded, request, cfg.export.batch_invariant)
     reloaded_scores = b.score(reloaded, src.batches)
     diff = v.check_close(
         "the AOTInductor package vs the in-memory module",
@@ -55,7 +70,7 @@ def build(src: b.Source, out: Path) -> b.Built:
         scores, reloaded_scores, batching, tables,
         sections={**b.dense_sections(cfg, layers, request), "aoti": section, "updates": updates,
                   **zch},
-        checks={"raw_rows": raw_rows.round_trip(cfg, reloaded), **src.score_zch(reloaded)},
+        checks=checks,
     )  # fmt: skip
 
 
@@ -71,7 +86,7 @@ FORMAT = Format(
     load_requires="torch's AOTInductor package loader (torch._inductor.aoti_load_package in "
     "Python, torch::inductor::AOTIModelPackageLoader in C++) with FBGEMM's and rec's op "
     "libraries loaded as for torchscript, a CPU with the package's ISA (the `aoti` section), and "
-    "tables.bin memory-mapped and passed after the three inputs (rec.export.aoti_builder)",
+    "tables.bin memory-mapped and passed after the model's inputs (rec.export.aoti_builder)",
     build=build,
     verify=verify,
 )

@@ -16,7 +16,7 @@ from rec.config import ExportConfig
 from rec.contract.context import ContextSplit, repeat
 from rec.contract.io import INPUT_NAMES, context_io_manifest
 from rec.contract.repository import ModelDir
-from rec.export import context_checks
+from rec.export import context_checks, verify
 from rec.export.pipeline import export_run
 from rec.export.repository import triton_config
 from tests.helpers import write_config
@@ -167,3 +167,67 @@ def test_the_context_probe_finds_a_batch_dependent_model(exports):
         return model(*inputs) + 1e-6 * (inputs[-1].numel() - 2)  # R - 1
 
     assert context_variance(variant, request, len(SPLIT.cand_sparse)) > 0
+
+
+def test_a_zch_context_model_exports_with_each_sides_maps(tmp_path):
+    """ZCH tables read by context features (t0: a) and by both sides (t1: c context, b
+    candidate): the export's ZCH checks pass through the context model, and rec.json names
+    every copy of a map, which the update log writes alike."""
+    from tests.export.zch_run import write_zch_run
+
+    run = write_zch_run(tmp_path / "run")
+    overrides = {
+        "export": {"format": "torchscript"},
+        "features": {"context": ["dense_0", "a", "c"]},
+    }
+    result = export_run(run, tmp_path / "repo", config=write_config(tmp_path / "c.yaml", overrides),
+                        **quiet)  # fmt: skip
+    m = json.loads(ModelDir.of(result.repo, "rec").manifest.read_text())
+    assert m["verification"]["context_vs_flat_max_diff"] == {"torchscript": 0.0}
+    assert m["verification"]["zch"]["tables_with_admitted_ids"] == ["t0", "t1"]
+    sides = {
+        t: sorted({b.split(".")[2] for b in z["buffers"]}) for t, z in m["zch"]["tables"].items()
+    }
+    assert sides == {"t0": ["ctx"], "t1": ["cand", "ctx"]}
+
+
+@pytest.mark.parametrize("arch", ["dlrm_dcn", "din"])
+def test_aoti_package_scores_as_torchscript(tmp_path, arch):
+    """AOTInductor: contexts and candidates are dynamic dimensions; the package scores one
+    context (R = 1, a request) and three (R = 3, rec-server's batches) bit for bit as it
+    scores the flat pairs (B contexts of one candidate), and as model.pt does within the
+    flat package's bound; the export's context checks pass (din: its multi-id candidates
+    summed in index order on every thread); tables.bin holds each table storage once."""
+    from rec.config import config_from_dict
+    from rec.export.aoti_builder import AotiModel
+    from tests.export.conftest import write_seeded_run
+    from tests.export.test_aoti import _config
+
+    data = _config(arch)
+    context = CONTEXT if arch == "dlrm_dcn" else ["history_items", "cat_0", "dense_0", "dense_1"]
+    split = ContextSplit.from_config(
+        config_from_dict({**data, "features": {**data["features"], "context": context}})
+    )
+    run = write_seeded_run(tmp_path / "run", data)
+    overrides = write_config(tmp_path / "c.yaml", {"features": {"context": context}})
+    repo = tmp_path / "repo"
+    for fmt in ("torchscript", "aoti"):
+        export_run(run, repo, fmt=fmt, config=overrides, **quiet)
+    package = AotiModel(ModelDir.of(repo, "rec_aoti").version(1))
+    scripted = torch.jit.load(str(ModelDir.of(repo, "rec").model_file(1)))
+    m = json.loads(ModelDir.of(repo, "rec_aoti").manifest.read_text())
+    assert m["inputs"] == context_io_manifest(split, 1)["inputs"]
+    assert m["verification"]["context_vs_flat_max_diff"] == {"aoti": 0.0}
+    assert m["verification"]["batched_vs_single_max_diff"] == {"aoti": 0.0}
+    stored = [t["name"] for t in m["aoti"]["tables"] if t["name"].endswith("weights_host")]
+    assert len(stored) == (1 if arch == "dlrm_dcn" else 2)  # din: pooled and sequence tables
+    flat = context_checks.FlatScorer(package, split)
+    for counts, seed in (([1], 1), ([6], 2), ([2, 5, 1], 3)):
+        request = context_checks.context_request(split, counts, seed)
+        inputs = {k: v.numpy() for k, v in request.items()}
+        with torch.inference_mode():
+            got = package(*request.values())
+            repeated = flat(*(torch.from_numpy(a) for a in repeat(split, inputs)))
+            assert torch.equal(got, repeated)
+            # Inductor's sigmoid (SLEEF) may differ from ATen's in an ulp (verify.AOTI_TOLERANCE)
+            assert (got - scripted(*request.values())).abs().max() <= verify.AOTI_TOLERANCE
