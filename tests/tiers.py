@@ -37,6 +37,7 @@ INTEGRATION = frozenset({
     # fresh interpreter per kernel path (each file 20 s or more).
     "export/test_aoti.py", "export/test_streamed.py", "export/test_dense_kernel.py",
     "export/test_int8_kernel.py", "export/test_kernel_paths.py", "export/test_id_maps.py",
+    "export/test_context_export.py::test_aoti_package_scores_as_torchscript",
 })  # fmt: skip
 
 # Executables whose start means training, serving or a broker.
