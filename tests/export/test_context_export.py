@@ -231,3 +231,16 @@ def test_aoti_package_scores_as_torchscript(tmp_path, arch):
             assert torch.equal(got, repeated)
             # Inductor's sigmoid (SLEEF) may differ from ATen's in an ulp (verify.AOTI_TOLERANCE)
             assert (got - scripted(*request.values())).abs().max() <= verify.AOTI_TOLERANCE
+
+
+def test_context_difference_is_recorded_not_refused_without_batch_invariance():
+    """export.batch_invariant false (MKL's layers: a row's bits depend on its batch): the
+    difference is recorded, as the batching check's is."""
+    from rec.export.build import Built
+    from rec.export.pipeline import check_context
+
+    none = torch.zeros(0)
+    built = {"torchscript": Built(none, none, 0.0, {}, checks={"context_vs_flat": 3e-8})}
+    checks: dict = {}
+    check_context(checks, built, exact=False)
+    assert checks["context_vs_flat_max_diff"] == {"torchscript": 3e-8}
