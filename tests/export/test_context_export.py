@@ -244,3 +244,32 @@ def test_context_difference_is_recorded_not_refused_without_batch_invariance():
     checks: dict = {}
     check_context(checks, built, exact=False)
     assert checks["context_vs_flat_max_diff"] == {"torchscript": 3e-8}
+
+
+def test_a_published_row_reaches_both_sides(exports):
+    """model.pt's two lookups share one storage after loading too: rows written where rec.json's
+    "updates" places table t1 (the Python backend's writer) are read by the context's c and
+    the candidates' b, so the context model still scores as the updated flat one."""
+    from rec.quantize import quantize_rows
+    from rec.update_log import write_rows
+
+    models = {}
+    for form, result in zip(("flat", "context"), exports, strict=True):
+        model = torch.jit.load(str(ModelDir.of(result.repo, "rec").model_file(1)))
+        place = json.loads(ModelDir.of(result.repo, "rec").manifest.read_text())["updates"][
+            "tables"]["t1"]  # fmt: skip
+        rows = torch.randn(place["rows"], place["dim"], generator=torch.Generator().manual_seed(4))
+        codes, scale_bias = quantize_rows(rows, place["dtype"])
+        log_rows = torch.cat([codes, scale_bias], 1).numpy().tobytes()  # the log's row layout
+        buffer = dict(model.named_buffers())[place["buffer"]]
+        models[form] = (model, buffer, place, log_rows)
+    request = context_checks.context_request(SPLIT, [3, 4], seed=9)
+    inputs = {k: v.numpy() for k, v in request.items()}
+    flat_request = [torch.from_numpy(a) for a in repeat(SPLIT, inputs)]
+    with torch.inference_mode():
+        before = models["context"][0](*request.values())
+        for _model, buffer, place, log_rows in models.values():
+            write_rows(buffer, place, list(range(place["rows"])), log_rows)
+        got = models["context"][0](*request.values())
+        assert not torch.equal(got, before)
+        assert torch.equal(got, models["flat"][0](*flat_request))
