@@ -452,6 +452,13 @@ class SyntheticConfig:
     """Skew of id popularity; larger means a few ids dominate."""
     max_hotness: int = 3
     """Multi-hot features draw 1..max_hotness ids per sample; 1 makes every feature one-hot."""
+    hotness: dict[str, int] = field(default_factory=dict)
+    """Ids per sample, fixed, per sparse feature name: every sample's bag of that feature holds
+    exactly that many ids (never none), as MLPerf DLRM-v2's multi-hot Criteo does. A feature
+    left out is drawn as above (one-hot, or multi-hot with 0..max_hotness ids); empty changes
+    nothing. Not for din's model.candidate or model.history, whose lengths din sets.
+
+    Example: {cat_0: 3, cat_1: 20}"""
     multi_hot_fraction: float = 0.5
     """Fraction of sparse features that are multi-hot; the rest are one-hot."""
     signal: float = 2.5
@@ -500,6 +507,11 @@ class SyntheticConfig:
             f"data.synthetic.seed={self.seed!r} must be a non-negative integer",
         )
         _check(self.zipf_alpha >= 0, f"data.synthetic.zipf_alpha={self.zipf_alpha!r} must be >= 0")
+        for feature, count in self.hotness.items():
+            _check(
+                isinstance(count, int) and not isinstance(count, bool) and count >= 1,
+                f"data.synthetic.hotness.{feature}={count!r} must be an integer >= 1",
+            )
         _check(
             isinstance(self.max_hotness, int) and self.max_hotness >= 1,
             f"data.synthetic.max_hotness={self.max_hotness!r} must be an integer >= 1",
@@ -1063,6 +1075,7 @@ class RecConfig:
                 f"export.table_dtypes.{t.name}: fp16",
             )
         self._check_sequences(names)
+        self._check_hotness()
         self._check_zch()
         self._check_context()
         _check(
@@ -1086,6 +1099,21 @@ class RecConfig:
             # Named tasks read the label columns of the same names (one task: unless
             # data.columns.label names its column).
             self.data.columns.labels = list(self.model.tasks)
+
+    def _check_hotness(self) -> None:
+        """data.synthetic.hotness names sparse features, and not din's candidate or history."""
+        din = (self.model.candidate, self.model.history) if self.model.arch == "din" else ()
+        for feature in self.data.synthetic.hotness:
+            _check(
+                feature in self.features.sparse,
+                f"data.synthetic.hotness names {feature!r}, which is not a sparse feature; "
+                f"they are {self.features.sparse}",
+            )
+            _check(
+                feature not in din,
+                f"data.synthetic.hotness names {feature!r}, din's model.candidate or "
+                "model.history, whose lengths din sets (1 id; 0..history_length ids)",
+            )
 
     def _check_zch(self) -> None:
         """What ZCH tables (tables[].ids.zch) cannot do yet, refused by name (docs/zch.md)."""
@@ -1294,8 +1322,9 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Mappings keyed by table name are taken whole from the file, not merged with the default's.
-_REPLACE_KEYS = {"constraints", "table_dtypes", "sparse", "live_ids"}
+# Mappings keyed by table or feature name are taken whole from the file, not merged with the
+# default's.
+_REPLACE_KEYS = {"constraints", "table_dtypes", "sparse", "live_ids", "hotness"}
 
 
 def default_config_dict() -> dict[str, Any]:

@@ -8,7 +8,8 @@ What a sample holds:
   - sparse features: ids drawn from a Zipf-like law over the rows of the feature's table,
     mapped through a seeded bijection so that the popular ids are not 0, 1, 2, ...;
     a `multi_hot_fraction` of the features are multi-hot (1..max_hotness ids, sometimes none),
-    the others one-hot;
+    the others one-hot; a feature named in `hotness` has exactly that many ids in every sample
+    (drawn after the others' lengths, so the features it leaves out are as without it);
   - dense features: log-normal counts (sometimes missing, i.e. 0) turned into log1p(count),
     Criteo's usual preprocessing;
   - labels, one per task, Bernoulli(sigmoid(logit_t)) from a hidden teacher (`Teacher`).
@@ -133,6 +134,9 @@ class World:
         num_f = len(self.features)
         self.multi_hot = np.zeros(num_f, dtype=bool)
         self.multi_hot[rng.permutation(num_f)[: round(syn.multi_hot_fraction * num_f)]] = True
+        # Fixed ids per sample: feature indices and their counts (data.synthetic.hotness).
+        self.fixed = np.array([self.features.index(f) for f in syn.hotness], dtype=np.int64)
+        self.fixed_count = np.array(list(syn.hotness.values()), dtype=np.int32)
         self.ids = id_space(cfg)
         if self.ids is None:
             # id = (rank * mult + add) mod rows, mult coprime to rows: a bijection of [0, rows).
@@ -174,6 +178,8 @@ class World:
             multi = rng.integers(1, self.max_hotness + 1, size=(n, n_multi), dtype=np.int32)
             multi[rng.random((n, n_multi)) < _EMPTY_BAG_P] = 0
             lengths[:, self.multi_hot] = multi
+        # After the draws above, which stay as they are without hotness: same bytes then.
+        lengths[:, self.fixed] = self.fixed_count
         if self.history >= 0:
             lengths[:, self.candidate] = 1
             lengths[:, self.history] = rng.integers(0, self.history_length + 1, n)

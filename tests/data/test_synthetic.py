@@ -177,3 +177,72 @@ def test_din_history_plants_the_candidate_match():
     assert 0.45 < match[with_history].mean() < 0.6  # planted, plus a few by chance
     labels = np.asarray(rows.labels)[:, 0]
     assert labels[match].mean() > 3 * labels[~match].mean()
+
+
+# sha256 (first 16 hex) of the dense, lengths, values and labels bytes of positions [0, 5000),
+# computed before data.synthetic.hotness existed: an empty hotness must keep every byte.
+_DIN = {
+    "tables": [
+        {"name": "item", "rows": 5000, "dim": 8, "pooling": "none", "features": ["cand", "hist"]},
+        {"name": "t0", "rows": 100, "dim": 8, "features": ["a"]},
+    ],
+    "model": {"arch": "din", "candidate": "cand", "history": "hist", "dense_arch": [8]},
+}
+_CHURN = {"data": {"synthetic": {"live_ids": {"t0": 30000}, "churn": 0.5, "teacher_drift": 1.0}}}
+_DIGESTS = [
+    ({}, "train", "fbffc2c24a69be80"),
+    ({}, "eval", "095e34fba39fd348"),
+    (_DIN, "train", "874621f71969d52d"),
+    (_DIN, "eval", "984d1a2004cccd77"),
+    (_CHURN, "train", "54febb403a84e477"),
+    (_CHURN, "eval", "0496ed8b6c50a94a"),
+]
+
+
+def _digest(rows) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in (rows.dense, rows.lengths, rows.values, rows.labels):
+        h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize(("data", "split", "digest"), _DIGESTS)
+def test_without_hotness_the_bytes_are_unchanged(data, split, digest):
+    from rec.config import config_from_dict
+
+    rows = fresh(config_from_dict(data), split).take(0, 5000).rows
+    assert _digest(rows) == digest
+
+
+def test_hotness_fixes_ids_per_sample():
+    """data.synthetic.hotness: the named features hold exactly their count in every sample
+    (never an empty bag); the other features' lengths are as without it."""
+    from rec.config import config_from_dict
+
+    hot = {"cat_0": 7, "cat_3": 1, "cat_5": 100}
+    plain = fresh(config_from_dict({}), "train").take(0, 5000).rows
+    rows = fresh(config_from_dict({"data": {"synthetic": {"hotness": hot}}}), "train")
+    rows = rows.take(0, 5000).rows
+    lengths, before = np.asarray(rows.lengths), np.asarray(plain.lengths)
+    for f, count in [(0, 7), (3, 1), (5, 100)]:
+        assert (lengths[:, f] == count).all()
+    others = [1, 2, 4, 6, 7]
+    np.testing.assert_array_equal(lengths[:, others], before[:, others])
+    assert len(rows.values) == lengths.sum()
+    assert 0.15 < np.asarray(rows.labels).mean() < 0.35  # the teacher calibrates on it too
+
+
+def test_hotness_is_checked():
+    from rec.config import config_from_dict
+
+    with pytest.raises(ConfigError, match=r"hotness names 'cat_9', which is not a sparse"):
+        config_from_dict({"data": {"synthetic": {"hotness": {"cat_9": 2}}}})
+    with pytest.raises(ConfigError, match=r"hotness.cat_0=0 must be an integer >= 1"):
+        config_from_dict({"data": {"synthetic": {"hotness": {"cat_0": 0}}}})
+    with pytest.raises(ConfigError, match=r"hotness.cat_0=2.5 must be of type int"):
+        config_from_dict({"data": {"synthetic": {"hotness": {"cat_0": 2.5}}}})
+    din = {**_DIN, "data": {"synthetic": {"hotness": {"hist": 5}}}}
+    with pytest.raises(ConfigError, match=r"hotness names 'hist', din's model.candidate"):
+        config_from_dict(din)
