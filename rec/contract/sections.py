@@ -121,7 +121,8 @@ class BatchProbe:
     """The request a server scores at load, as one batch and one by one (rec.batch_probe)."""
 
     inputs: dict[str, list]
-    """Input name (dense_features, sparse_lengths, sparse_values) -> its values as lists."""
+    """Input name -> its values as lists: the flat inputs (dense_features, sparse_lengths,
+    sparse_values) always; a context model's own inputs (context_*, candidate_*) beside them."""
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "rec.json") -> BatchProbe:
@@ -129,7 +130,10 @@ class BatchProbe:
         for name in INPUT_NAMES:
             if not isinstance(get(data, name), list):
                 raise ManifestError(source, f"batch_probe.{name}", "a list", get(data, name))
-        return cls({name: data[name] for name in INPUT_NAMES})
+        for name, value in data.items():
+            if not isinstance(value, list):
+                raise ManifestError(source, f"batch_probe.{name}", "a list", value)
+        return cls(dict(data))
 
     def to_dict(self) -> dict[str, list]:
         return dict(self.inputs)
