@@ -16,6 +16,7 @@
 #include "contract/store_spec.h"
 #include "contract/update_record.h"
 #include "contract/zch_home.h"
+#include "golden_file.h"
 #include "model/model_spec.h"
 #include "model/request.h"
 
@@ -24,28 +25,9 @@ namespace {
 
 using nlohmann::json;
 
-json Golden(const std::string& name) {
-  const std::string path = std::string(REC_TEST_DATA) + "/" + name;
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  // Integers parse exactly (int64 / uint64), never through double.
-  json golden = json::parse(ss.str(), nullptr, false);
-  EXPECT_TRUE(golden.is_object()) << "cannot read " << path;
-  return golden.is_object() ? golden : json::object();
-}
-
-// A list of cases, failing the test when the file has none (a renamed key would pass vacuously).
-const json& Cases(const json& parent, const char* key) {
-  static const json kNone = json::array();
-  const bool listed = parent.contains(key) && parent[key].is_array() && !parent[key].empty();
-  EXPECT_TRUE(listed) << "no cases under '" << key << "'";
-  return listed ? parent[key] : kNone;
-}
-
-bool Contains(const Status& st, const std::string& error) {
-  return st.message().find(error) != std::string::npos;
-}
+using testing::Cases;
+using testing::Contains;
+using testing::Golden;
 
 std::string Unhex(const std::string& hex) {
   std::string out;
@@ -167,6 +149,7 @@ TEST(Golden, UpdateLogUrls) {
     EXPECT_EQ(u.host, c["host"].get<std::string>()) << c["url"];
     EXPECT_EQ(u.port, c["port"].get<int>()) << c["url"];
     EXPECT_EQ(u.stream, c["stream"].get<std::string>()) << c["url"];
+    EXPECT_EQ(u.nodes, (std::vector<std::pair<std::string, int>>{{u.host, u.port}})) << c["url"];
   }
   for (const json& c : Cases(log, "refused")) {
     UpdateUrl u;
@@ -174,6 +157,40 @@ TEST(Golden, UpdateLogUrls) {
     ASSERT_FALSE(st.ok()) << c["url"];
     EXPECT_TRUE(Contains(st, c["error"].get<std::string>())) << st.message();
   }
+}
+
+// Node lists (a Redis Cluster's nodes, as the store's URL lists them): host and port are the
+// first node's; a bad node is named, a URL of another form refused as a whole.
+TEST(Golden, UpdateLogUrlNodeLists) {
+  const json g = Golden("stream_url_golden.json");
+  EXPECT_EQ(g.value("default_stream", ""), kDefaultUpdateStream);
+  for (const json& c : Cases(g, "valid")) {
+    UpdateUrl u;
+    Status st = ParseUpdateUrl(c["url"].get<std::string>(), &u);
+    ASSERT_TRUE(st.ok()) << c["url"] << ": " << st.message();
+    EXPECT_EQ(u.nodes, (c["nodes"].get<std::vector<std::pair<std::string, int>>>())) << c["url"];
+    EXPECT_EQ(u.host, c["host"].get<std::string>()) << c["url"];
+    EXPECT_EQ(u.port, c["port"].get<int>()) << c["url"];
+    EXPECT_EQ(u.stream, c["stream"].get<std::string>()) << c["url"];
+  }
+  for (const json& c : Cases(g, "refused")) {
+    UpdateUrl u;
+    Status st = ParseUpdateUrl(c["url"].get<std::string>(), &u);
+    ASSERT_FALSE(st.ok()) << c["url"];
+    EXPECT_TRUE(Contains(st, c["error"].get<std::string>())) << st.message();
+  }
+}
+
+// The whole-URL refusal and a bad node's, in full as rec/contract/urls.py words them (the golden
+// files pin their beginnings).
+TEST(Golden, UpdateLogUrlRefusalsInFull) {
+  UpdateUrl u;
+  EXPECT_EQ(ParseUpdateUrl("redis://h/s", &u).message(),
+            "update log URL 'redis://h/s' must look like redis://HOST:PORT[/STREAM] (a cluster: "
+            "redis://HOST:PORT,HOST:PORT...[/STREAM])");
+  EXPECT_EQ(ParseUpdateUrl("redis://a:1,b/s", &u).message(),
+            "update log URL 'redis://a:1,b/s': 'b' is not HOST:PORT; want "
+            "redis://HOST:PORT,HOST:PORT...[/STREAM]");
 }
 
 TEST(Golden, StoreUrls) {

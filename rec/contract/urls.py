@@ -5,7 +5,7 @@ contract 5) are each one Redis stream, and their URLs differ only in the stream 
 without a path names and in what a message calls the URL. One parser serves both, so the two
 cannot drift apart; tests/data/url_golden.json pins its parts and refusals for one node, which
 rec-server's C++ parser of update log URLs reads too, and tests/data/stream_url_golden.json
-node lists (not read by C++ yet).
+node lists, which rec-server's ParseUpdateUrl reads too (cpp/tests/contract_golden_test.cpp).
 
 The nodes are those of the store's URL (rec.contract.store.parse_store_url): one node, or any
 nodes of a Redis Cluster (a client learns the rest from them). `host` and `port` are the first

@@ -192,47 +192,73 @@ Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out) {
   return Status::Ok();
 }
 
+namespace {
+
+constexpr char kUrlForm[] = "redis://HOST:PORT[/STREAM]";
+constexpr char kClusterUrlForm[] = "redis://HOST:PORT,HOST:PORT...[/STREAM]";
+
+// No character of `banned` and no white space in `s`.
+bool Clean(const std::string& s, const char* banned) {
+  return std::none_of(s.begin(), s.end(), [banned](char c) {
+    return std::strchr(banned, c) != nullptr || std::isspace(static_cast<unsigned char>(c));
+  });
+}
+
+bool Digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// One node of the list, HOST:PORT (rec/contract/urls.py _NODE: no '/', ':', '?', '#', ',' or
+// space in the host, five digits at most in the port); false when it is not of that form.
+bool ParseNode(const std::string& part, std::pair<std::string, int>* node) {
+  const size_t colon = part.find(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string host = part.substr(0, colon), port = part.substr(colon + 1);
+  if (!Clean(host, "/:?#,") || port.size() > 5 || !Digits(port)) return false;
+  *node = {host, std::stoi(port)};
+  return true;
+}
+
+}  // namespace
+
 Status ParseUpdateUrl(const std::string& url, UpdateUrl* out) {
   // By hand, not std::regex: GCC 12's regex trips -Wmaybe-uninitialized in the sanitized build.
-  const Status bad =
-      InvalidArgument("update log URL '" + url + "' must look like redis://HOST:PORT[/STREAM]");
+  const std::string where = "update log URL '" + url + "'";
+  const Status bad = InvalidArgument(where + " must look like " + kUrlForm +
+                                     " (a cluster: " + kClusterUrlForm + ")");
   const std::string scheme = "redis://";
   if (url.rfind(scheme, 0) != 0) return bad;
+  // The node list stops at the first '/', so a stream may hold ',' or ':'.
   const std::string rest = url.substr(scheme.size());
-  const size_t colon = rest.find(':');
-  if (colon == std::string::npos || colon == 0) return bad;
-  const std::string host = rest.substr(0, colon);
-  const size_t slash = rest.find('/', colon);
-  const std::string port_text =
-      rest.substr(colon + 1, slash == std::string::npos ? std::string::npos : slash - colon - 1);
+  const size_t slash = rest.find('/');
+  const std::string list = rest.substr(0, slash);
   std::string stream = slash == std::string::npos ? "" : rest.substr(slash + 1);
-  auto clean = [](const std::string& s, const char* banned) {
-    for (char c : s) {
-      if (std::strchr(banned, c) != nullptr || std::isspace(static_cast<unsigned char>(c))) {
-        return false;
-      }
+  if (list.empty() || !Clean(list, "?#") || !Clean(stream, "?#")) return bad;
+  std::vector<std::pair<std::string, int>> nodes;
+  for (size_t start = 0, end = 0; end != std::string::npos; start = end + 1) {
+    end = list.find(',', start);
+    const std::string part = list.substr(start, end == std::string::npos ? end : end - start);
+    std::pair<std::string, int> node;
+    if (!ParseNode(part, &node)) {
+      if (start == 0 && end == std::string::npos) return bad;  // one node: the whole URL's form
+      return InvalidArgument(where + ": '" + part + "' is not HOST:PORT; want " + kClusterUrlForm);
     }
-    return true;
-  };
-  if (!clean(host, "/:?#") || !clean(stream, "?#") || port_text.empty() || port_text.size() > 5 ||
-      !std::all_of(port_text.begin(), port_text.end(),
-                   [](char c) { return c >= '0' && c <= '9'; })) {
-    return bad;
-  }
-  int port = std::stoi(port_text);
-  if (port < 1 || port > 65535) {
-    return InvalidArgument("update log URL '" + url + "': port " + std::to_string(port) +
-                           " is not in [1, 65535]");
+    if (node.second < 1 || node.second > 65535) {
+      return InvalidArgument(where + ": port " + std::to_string(node.second) +
+                             " is not in [1, 65535]");
+    }
+    nodes.push_back(std::move(node));
   }
   if (stream.empty()) stream = kDefaultUpdateStream;
-  if (std::all_of(stream.begin(), stream.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return InvalidArgument("update log URL '" + url + "': the path names the stream, and '" +
-                           stream + "' looks like a Redis database number; name the stream " +
+  if (Digits(stream)) {
+    return InvalidArgument(where + ": the path names the stream, and '" + stream +
+                           "' looks like a Redis database number; name the stream " +
                            "(for example /rec:updates)");
   }
-  out->host = host;
-  out->port = port;
+  out->host = nodes[0].first;
+  out->port = nodes[0].second;
   out->stream = stream;
+  out->nodes = std::move(nodes);
   return Status::Ok();
 }
 

@@ -59,13 +59,19 @@ using StreamFields = std::vector<std::pair<std::string, std::string>>;
 // One entry's fields -> the checked record; InvalidArgument naming the field otherwise.
 Status DecodeUpdateRecord(const StreamFields& fields, UpdateRecord* out);
 
+// A stream URL's parts (rec/contract/urls.py StreamUrl): the nodes, one or any of a Redis
+// Cluster's, as the store's URL lists them; host and port are the first node's, so a reader that
+// dials one node reads a one-node URL as before.
 struct UpdateUrl {
   std::string host;
   int port = 0;
   std::string stream;
+  std::vector<std::pair<std::string, int>> nodes;
 };
 
-// redis://HOST:PORT[/STREAM] (the path names the stream; a number is refused as a database).
+// redis://HOST:PORT[,HOST:PORT...][/STREAM] (the path names the stream; a number is refused as a
+// database), refused with rec/contract/urls.py's words (tests/data/url_golden.json for one node,
+// stream_url_golden.json for node lists).
 Status ParseUpdateUrl(const std::string& url, UpdateUrl* out);
 
 }  // namespace rec
