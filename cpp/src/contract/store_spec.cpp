@@ -145,15 +145,18 @@ int KeySlot(const std::string& key) {
       len = close - open - 1;
     }
   }
-  uint16_t crc = 0;  // CRC16/XMODEM: polynomial 0x1021, initial 0
-  for (size_t i = start; i < start + len; ++i) {
-    crc ^= static_cast<uint16_t>(static_cast<uint8_t>(key[i])) << 8;
+  return Crc16(std::string_view(key).substr(start, len)) & 16383;
+}
+
+uint16_t Crc16(std::string_view data, uint16_t crc) {
+  for (char c : data) {
+    crc ^= static_cast<uint16_t>(static_cast<uint8_t>(c)) << 8;
     for (int b = 0; b < 8; ++b) {
       crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021)
                            : static_cast<uint16_t>(crc << 1);
     }
   }
-  return crc & 16383;
+  return crc;
 }
 
 }  // namespace rec

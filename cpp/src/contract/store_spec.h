@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -67,5 +68,9 @@ std::string MetaKey(const std::string& prefix);
 
 // Redis Cluster's hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
 int KeySlot(const std::string& key);
+
+// CRC16/XMODEM (polynomial 0x1021, no reflection) of `data`, continuing from `crc` (0 to start):
+// Crc16(a + b) == Crc16(b, Crc16(a)).
+uint16_t Crc16(std::string_view data, uint16_t crc = 0);
 
 }  // namespace rec
