@@ -1,6 +1,8 @@
 // ZchHome (cpp/src/contract/zch_home.h) spreads every id family as random ids spread: n ids in m
 // slots take about m(1 - e^(-n/m)) distinct homes. The same families and bound as
 // tests/core/test_zch_home.py; the golden file pins the values themselves.
+#include "contract/zch_home.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,8 +14,6 @@
 #include <unordered_set>
 #include <utility>
 #include <vector>
-
-#include "contract/zch_home.h"
 
 namespace rec {
 namespace {
