@@ -38,6 +38,8 @@ INTEGRATION = frozenset({
     "export/test_aoti.py", "export/test_streamed.py", "export/test_dense_kernel.py",
     "export/test_int8_kernel.py", "export/test_kernel_paths.py", "export/test_id_maps.py",
     "export/test_context_export.py::test_aoti_package_scores_as_torchscript",
+    "train/test_dlrm_v2_example.py::"
+    "test_a_small_variant_trains_and_exports_int8_with_the_context_form",
 })  # fmt: skip
 
 # Executables whose start means training, serving or a broker.
