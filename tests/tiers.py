@@ -24,7 +24,8 @@ TIER_ENV = "REC_TEST_TIER"
 INTEGRATION = frozenset({
     # Every test here starts rec-server, tritonserver, redis-server or a Docker stack.
     "serve_cpp", "serve_triton", "serve_cli", "reliability", "store", "deploy",
-    "data/test_replay.py", "data/test_stream.py", "logs/test_keyslot.py", "logs/test_route.py",
+    "data/test_replay.py", "data/test_stream.py", "data/test_partitions.py",
+    "logs/test_keyslot.py", "logs/test_route.py",
     # Real torchrun training.
     "train/test_default_run.py", "train/test_din.py", "train/test_eval_split.py",
     "train/test_faults.py", "train/test_multihost.py", "train/test_plain_pipeline.py",

@@ -10,8 +10,11 @@ events (the most recent ones are what a deployed model meets next).
 
 At each checkpoint every rank writes the held-out events its position covers to
 `held_out/rank<r>.npz` in the step directory (events read ahead of the position are left out:
-a resume reads them again). A resume at any world size loads every rank's file and keeps its
-share; `rec export` of a stream run's checkpoint scores its quality checks on all of them.
+a resume reads them again). Each event is named by (entry ms, entry seq, place, partition): the
+partition of a partitioned stream (rec.contract.partitions), 0 for one stream; files of before
+partitions have 3 columns and load as partition 0. A resume at any world size loads every
+rank's file and keeps its share (of a partitioned stream: its own partitions' events);
+`rec export` of a stream run's checkpoint scores its quality checks on all of them.
 Dense values are kept raw (a client's values: the exported model applies the transforms).
 """
 
@@ -35,15 +38,17 @@ class HeldOut:
 
     def __init__(self, every_nth: int, keep: int) -> None:
         self.every_nth, self.keep = every_nth, keep
-        # rows, names [n, 3] (ms, seq, place), and whether a checkpoint already held them
+        # rows, names [n, 4] (ms, seq, place, partition), whether a checkpoint already held them
         self.parts: deque[tuple[Rows, np.ndarray, bool]] = deque()
         self.size = 0
 
-    def add(self, entry: str, rows: Rows) -> None:
+    def add(self, entry: str, rows: Rows, partition: int = 0) -> None:
         if len(rows) == 0 or self.keep <= 0:
             return
         ms, seq = entry_key(entry)
-        names = np.stack([np.full(len(rows), ms), np.full(len(rows), seq), rows.pos], axis=1)
+        n = len(rows)
+        names = np.stack([np.full(n, ms), np.full(n, seq), rows.pos, np.full(n, partition)],
+                         axis=1)  # fmt: skip
         self._append(rows, names.astype(np.int64), False)
 
     def _append(self, rows: Rows, names: np.ndarray, saved: bool) -> None:
@@ -52,25 +57,29 @@ class HeldOut:
         while self.parts and self.size - len(self.parts[0][0]) >= self.keep:
             self.size -= len(self.parts.popleft()[0])
 
-    def covered(self, at: StreamPosition | None) -> tuple[Rows, np.ndarray] | None:
-        """The events up to position `at` (what a checkpoint at `at` has consumed; None: only
-        those a checkpoint already held), the newest `keep` of them; None if there are none."""
+    def covered(self, at: StreamPosition | dict[int, StreamPosition] | None,
+                ) -> tuple[Rows, np.ndarray] | None:  # fmt: skip
+        """The events up to position `at` (what a checkpoint at `at` has consumed: one
+        stream's position, or each partition's; None: only those a checkpoint already held),
+        the newest `keep` of them; None if there are none."""
         if not self.parts:
             return None
         rows = Rows.concat([r for r, _, _ in self.parts])
         names = np.concatenate([n for _, n, _ in self.parts])
         keep = np.concatenate([np.full(len(r), saved) for r, _, saved in self.parts])
-        if at is not None:
-            ms, seq = entry_key(at.entry)
+        positions = at if isinstance(at, dict) else {} if at is None else {0: at}
+        for k, pos in positions.items():
+            ms, seq = entry_key(pos.entry)
             before = (names[:, 0] < ms) | ((names[:, 0] == ms) & (names[:, 1] < seq))
-            inside = (names[:, 0] == ms) & (names[:, 1] == seq) & (names[:, 2] < at.events)
-            keep |= before | inside
+            inside = (names[:, 0] == ms) & (names[:, 1] == seq) & (names[:, 2] < pos.events)
+            keep |= (before | inside) & (names[:, 3] == k)
         keep &= np.cumsum(keep[::-1])[::-1] <= self.keep  # the newest `keep`
         if not keep.any():
             return None
         return rows.select(keep), names[keep]
 
-    def save(self, step_dir: Path, rank: int, at: StreamPosition | None) -> None:
+    def save(self, step_dir: Path, rank: int,
+             at: StreamPosition | dict[int, StreamPosition] | None) -> None:  # fmt: skip
         """This rank's file in a checkpoint at position `at` (before it commits)."""
         got = self.covered(at)
         if got is None:
@@ -81,14 +90,16 @@ class HeldOut:
         np.savez(folder / f"rank{rank}.npz", dense=rows.dense, lengths=rows.lengths,
                  values=rows.values, labels=rows.labels, names=names)  # fmt: skip
 
-    def restore(self, step_dir: Path, rank: int, world: int) -> None:
+    def restore(self, step_dir: Path, rank: int, world: int, partitioned: bool = False) -> None:
         """A resume: this rank's share of the checkpoint's held-out events (every rank's files,
-        whatever the world size that wrote them)."""
+        whatever the world size that wrote them): of a partitioned stream, those of the
+        partitions it reads (k mod world == rank), so each is saved again by its reader."""
         got = load(step_dir)
         if got is None:
             return
         rows, names = got
-        mine = np.arange(len(rows)) % world == rank
+        share = names[:, 3] if partitioned else np.arange(len(rows))
+        mine = share % world == rank
         self._append(rows.select(mine), names[mine], True)
 
 
@@ -102,9 +113,12 @@ def load(step_dir: Path) -> tuple[Rows, np.ndarray] | None:
         with np.load(path) as f:
             parts.append(Rows.build(f["dense"], f["lengths"], f["values"], f["labels"],
                                     f["names"][:, 2]))  # fmt: skip
-            names.append(f["names"])
+            got = f["names"]
+        if got.shape[1] == 3:  # a file of before partitions: one stream, partition 0
+            got = np.concatenate([got, np.zeros((len(got), 1), got.dtype)], axis=1)
+        names.append(got)
     rows, all_names = Rows.concat(parts), np.concatenate(names)
-    order = np.lexsort((all_names[:, 2], all_names[:, 1], all_names[:, 0]))
+    order = np.lexsort((all_names[:, 2], all_names[:, 3], all_names[:, 1], all_names[:, 0]))
     return _reorder(rows, order), all_names[order]
 
 

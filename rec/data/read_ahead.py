@@ -27,6 +27,9 @@ fetch at most, after a fetch that brought entries.
 `finish` (a clean stop) ends the fetching but keeps what was fetched, the fetch under way's too:
 `get` hands it all out, then returns None at once, so a stop can train every entry delivered.
 
+`notify` (optional) is called after each fetch that brought items, outside the lock: a reader
+of several streams (rec.data.stream.PartitionedReader) waits on one condition for any of them.
+
 An exception in `fetch` ends the thread; `get` raises that same exception on the trainer's
 thread once the entries before it are taken. `close` stops the thread and waits for it a bounded
 time; it never hangs the trainer (the thread is a daemon).
@@ -54,8 +57,9 @@ class ReadAhead(Generic[T]):
         depth: int,
         chunk: int,
         name: str,
+        notify: Callable[[], None] | None = None,
     ) -> None:
-        self.fetch, self.size = fetch, size
+        self.fetch, self.size, self.notify = fetch, size, notify
         self.depth, self.chunk = max(1, depth), min(max(1, chunk), max(1, depth))
         self.items: deque[T] = deque()
         self.held = 0
@@ -89,11 +93,15 @@ class ReadAhead(Generic[T]):
                         self.held += self.size(item)
                     self.dry = not items
                     self.cond.notify_all()
+                if items and self.notify is not None:
+                    self.notify()
         except BaseException as e:  # noqa: BLE001 (raised again on the trainer's thread)
             with self.cond:
                 if not self.stopping:
                     self.error = e
                 self.cond.notify_all()
+            if self.notify is not None:
+                self.notify()
 
     def get(self, timeout: float) -> T | None:
         """The oldest item, waiting up to `timeout` s for one, and past it while the last fetch

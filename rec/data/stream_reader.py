@@ -56,11 +56,15 @@ def entry_key(entry_id: str | bytes) -> tuple[int, int]:
 _U64 = np.uint64
 
 
-def event_hashes(entry: str, index: np.ndarray) -> np.ndarray:
-    """A 64-bit mix of each event named by (entry id, place in the entry), uint64 [n]."""
+def event_hashes(entry: str, index: np.ndarray, partition: int = 0) -> np.ndarray:
+    """A 64-bit mix of each event named by (entry id, place in the entry, partition), uint64
+    [n]. The partition is added before the mix, partition 0 adding nothing: so the legacy
+    layout's (one stream, partition 0) hashes, digests and held-out choices are as they were,
+    and the same entry id in two partitions names two different events."""
     ms, seq = entry_key(entry)
     with np.errstate(over="ignore"):
         x = _U64(ms) * _U64(0x100000001B3) + _U64(seq) * _U64(0x9E3779B97F4A7C15)
+        x = x + _U64(partition) * _U64(0xC2B2AE3D27D4EB4F)
         x = x + np.asarray(index, dtype=np.uint64) * _U64(0xD6E8FEB86659FD93)
         x ^= x >> _U64(30)
         x *= _U64(0xBF58476D1CE4E5B9)
@@ -70,21 +74,22 @@ def event_hashes(entry: str, index: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.uint64)
 
 
-def event_digest(entry: str, index: np.ndarray) -> int:
-    """An order-free fingerprint of events named by (entry id, place in the entry): the sum,
+def event_digest(entry: str, index: np.ndarray, partition: int = 0) -> int:
+    """An order-free fingerprint of events named by (entry id, place in the entry, partition):
+    the sum,
     modulo 2**64, of event_hashes. Summed over what a run consumed, it equals the sum over
     what the stream holds exactly when every event was consumed once (a lost event and a
     repeated one do not cancel, except by a 2**-64 chance): the exactly-once test's count."""
     with np.errstate(over="ignore"):
-        return int(np.sum(event_hashes(entry, index), dtype=np.uint64))
+        return int(np.sum(event_hashes(entry, index, partition), dtype=np.uint64))
 
 
-def held_out_mask(entry: str, index: np.ndarray, nth: int) -> np.ndarray:
+def held_out_mask(entry: str, index: np.ndarray, nth: int, partition: int = 0) -> np.ndarray:
     """Which events training holds out (data.stream.hold_out_every_nth): about one in `nth`,
     chosen by the events' own names, so the same on every rank, resume and world size."""
     if nth <= 0:
         return np.zeros(len(index), dtype=bool)
-    return (event_hashes(entry, index) >> _U64(40)) % _U64(nth) == 0
+    return (event_hashes(entry, index, partition) >> _U64(40)) % _U64(nth) == 0
 
 
 def add_digests(a: int, b: int) -> int:
@@ -141,7 +146,7 @@ class HoldOutSink(Protocol):
 
     every_nth: int
 
-    def add(self, entry: str, rows: Rows) -> None: ...
+    def add(self, entry: str, rows: Rows, partition: int = 0) -> None: ...
 
 
 @dataclass
@@ -176,11 +181,13 @@ class _Held:
 class Assembler:
     """Cuts decoded entries into batches and says the position after each (module docstring).
 
-    Kept apart from Redis, so a reader of another broker cuts batches the same way."""
+    Kept apart from Redis, so a reader of another broker cuts batches the same way. `partition`
+    names the events of a partitioned stream's partition (event_hashes; 0 for one stream)."""
 
     def __init__(self, spec: FeatureSpec, raw_dense: bool = False,
-                 hold_out: HoldOutSink | None = None) -> None:  # fmt: skip
+                 hold_out: HoldOutSink | None = None, partition: int = 0) -> None:  # fmt: skip
         self.spec, self.raw_dense, self.hold_out = spec, raw_dense, hold_out
+        self.partition = partition
         self.held: deque[_Held] = deque()
         self.at = StreamPosition()
         self.digest = 0
@@ -192,7 +199,7 @@ class Assembler:
         """Holds an entry, its first `skip` events (by place in the entry) already consumed."""
         mask = None
         if self.hold_out is not None and self.hold_out.every_nth > 0:
-            mask = held_out_mask(entry, events.index, self.hold_out.every_nth)
+            mask = held_out_mask(entry, events.index, self.hold_out.every_nth, self.partition)
         held = _Held(entry, events, int(np.searchsorted(events.index, skip)), mask)
         self.held.append(held)
 
@@ -201,8 +208,19 @@ class Assembler:
         return sum(h.left() for h in self.held)
 
     def take(self, n: int) -> RecBatch:
-        """Up to n events for training. Held-out events on the way are consumed with them (in
-        the position and the digest, so exactly once covers them) and go to `hold_out`."""
+        """take_rows as a batch, its dense values transformed (unless raw_dense)."""
+        return self.to_batch(self.take_rows(n))
+
+    def to_batch(self, rows: Rows) -> RecBatch:
+        """Rows of take_rows (one reader's, or several partitions' concatenated) as a batch."""
+        if not self.raw_dense:
+            rows = replace(rows, dense=transform_dense(self.spec, rows.dense))
+        return rows.to_batch()
+
+    def take_rows(self, n: int) -> Rows:
+        """Up to n events for training, untransformed. Held-out events on the way are consumed
+        with them (in the position and the digest, so exactly once covers them) and go to
+        `hold_out`."""
         parts: list[Rows] = []
         self.digest = self.held_out = 0
         while self.held:
@@ -211,12 +229,13 @@ class Assembler:
             if stop > head.next:
                 rows = _rows(head.events, head.next, stop)
                 taken = head.events.index[head.next : stop]
-                self.digest = add_digests(self.digest, event_digest(head.entry, taken))
+                digest = event_digest(head.entry, taken, self.partition)
+                self.digest = add_digests(self.digest, digest)
                 if head.held_out is not None:
                     out = head.held_out[head.next : stop]
                     if out.any():
                         assert self.hold_out is not None
-                        self.hold_out.add(head.entry, rows.select(out))
+                        self.hold_out.add(head.entry, rows.select(out), self.partition)
                         self.held_out += int(np.count_nonzero(out))
                         rows = rows.select(~out)
                 parts.append(rows)
@@ -233,10 +252,7 @@ class Assembler:
             # (refused whole, or skipped on a resume), so the position covers them.
             if n == 0 and (not self.held or len(self.held[0].events) > self.held[0].next):
                 break
-        rows = Rows.concat(parts) if parts else _empty(self.spec)
-        if not self.raw_dense:
-            rows = replace(rows, dense=transform_dense(self.spec, rows.dense))
-        return rows.to_batch()
+        return Rows.concat(parts) if parts else _empty(self.spec)
 
 
 def _rows(ev: Events, i: int, j: int) -> Rows:

@@ -17,6 +17,13 @@ next batch overlap the training step. The thread has its own connection; XACK an
 through another one, on the trainer's thread, as do the position, the acknowledgements, the
 refusal counts and the `on_event` "dead" messages ("up" and "down" come from the thread).
 
+A partition of a partitioned stream (rec.contract.partitions; Partition): the same reader on
+the partition's key and dead-letter key, as consumer `partition<k>` whichever rank reads it, so
+at any world size its pending entries sit under the consumer its next reader reads as, and the
+pending scan and the position's skip keep exactly once. At open (the reading connection's first
+connect) it takes over what any other consumer of the group holds on the key (XAUTOCLAIM, to
+the cursor's end), then deletes those consumers (XGROUP DELCONSUMER), saying so ("claimed").
+
 On a Redis Cluster (a URL of several nodes, or one node of a cluster), each connection dials the
 master of the stream's slot (rec.logs.route.Router), and an answer that the slot is served
 elsewhere or not now (MOVED, ASK, CLUSTERDOWN, TRYAGAIN, READONLY) is an outage like a lost
@@ -75,6 +82,21 @@ class _Taken:
     letters: list[dict[str, str]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Partition:
+    """Partition k of a partitioned stream: its stream key and dead-letter key (the layout
+    record's, rec.contract.partitions)."""
+
+    k: int
+    key: str
+    dead: str
+
+    @property
+    def consumer(self) -> str:
+        """Its consumer in the group, the same whatever rank reads it."""
+        return f"partition{self.k}"
+
+
 class _Down(Exception):
     """The broker stayed away until the caller's deadline."""
 
@@ -114,6 +136,8 @@ class _Link:
             except redis.ResponseError as e:
                 if "BUSYGROUP" not in str(e):
                     raise
+            if self.reads and r.part is not None and not r.claimed:
+                r.claim_strays(client)
         except Exception:
             client.close()
             raise
@@ -164,8 +188,10 @@ class RedisEventReader(EventReader):
     """Rank `rank`'s reader of cfg.url (rec.data.stream's module docstring); `start` is the
     position its checkpoint recorded, None for a fresh run. `read_ahead`: batches to read ahead
     in a thread (module docstring; 0 reads inside next_batch). `on_event(kind, message)` hears
-    "up" (connected), "down" (the broker went away; once per outage) and "dead" (an entry or
-    event parked, with its reason)."""
+    "up" (connected), "down" (the broker went away; once per outage), "dead" (an entry or
+    event parked, with its reason) and "claimed" (a partition's stray consumers taken over).
+    `partition`: read that partition of a partitioned stream (module docstring), routed by
+    `router` (one shared by a rank's partitions; None: the reader's own)."""
 
     def __init__(
         self,
@@ -178,14 +204,27 @@ class RedisEventReader(EventReader):
         clock: Callable[[], float] = time.monotonic,
         read_ahead: int = READ_AHEAD_BATCHES,
         hold_out: HoldOutSink | None = None,
+        partition: Partition | None = None,
+        router: Router | None = None,
+        notify: Callable[[], None] | None = None,
     ) -> None:
         self.cfg, self.spec, self.where = cfg, spec, parse_url(cfg.url)
-        self.stream, self.group = self.where.stream, cfg.group
-        self.dead = dead_stream(self.stream, cfg.dead_letter)
-        self.router = Router(self.where.nodes)
-        self.consumer = f"{cfg.consumer_prefix}{rank}"
+        self.group, self.part = cfg.group, partition
+        if partition is None:  # the legacy layout: one stream, a consumer per rank
+            self.stream = self.where.stream
+            self.dead = dead_stream(self.stream, cfg.dead_letter)
+            self.consumer = f"{cfg.consumer_prefix}{rank}"
+        else:
+            self.stream, self.dead = partition.key, partition.dead
+            self.consumer = partition.consumer
+        self.claimed = False
+        """A partition's stray consumers were taken over (at the reading link's first connect)."""
+        self.router = router or Router(self.where.nodes)
+        self.notify = notify
+        """Called on the read-ahead thread after it holds new entries (PartitionedReader's
+        wake-up), None: nobody waits on several readers."""
         self.resume = start
-        self.asm = Assembler(spec, raw_dense, hold_out)
+        self.asm = Assembler(spec, raw_dense, hold_out, partition.k if partition else 0)
         if start is not None:
             self.asm.at = start
         self.unacked: deque[str] = deque()
@@ -219,6 +258,36 @@ class RedisEventReader(EventReader):
                 f"reading {self.where}{on} as {self.group}/{self.consumer} "
                 f"from its pending entries after {self.last}",
             )
+
+    def claim_strays(self, client) -> None:
+        """A partition's open: every entry pending for another consumer of the group on this
+        key becomes this consumer's (XAUTOCLAIM from 0-0 until the cursor comes back to 0-0),
+        then those consumers are deleted. They are what an earlier world's readers left: a
+        consumer renamed, or one per rank before partitions. Claimed before the pending scan,
+        they are delivered in it, in id order, the resumed position skipping what it holds."""
+        strays = {}
+        for info in client.xinfo_consumers(self.stream, self.group):
+            name = _text(info["name"])
+            if name != self.consumer:
+                strays[name] = int(info["pending"])
+        held = sum(strays.values())
+        if held:
+            cursor = "0-0"
+            while True:
+                # Not JUSTID: redis-py then returns the ids without the cursor.
+                reply = client.xautoclaim(self.stream, self.group, self.consumer, 0,
+                                          start_id=cursor, count=MAX_COUNT)  # fmt: skip
+                cursor = _text(reply[0])
+                if cursor == "0-0":
+                    break
+        for name in strays:
+            client.xgroup_delconsumer(self.stream, self.group, name)
+        self.claimed = True
+        if strays:
+            listed = ", ".join(f"{n} ({p} pending)" for n, p in sorted(strays.items()))
+            self.on_event("claimed", f"event stream {self.where} partition {self.part.k} "
+                          f"({self.stream}): took over {held} pending entries as "
+                          f"{self.consumer} and deleted consumers {listed}")  # fmt: skip
 
     def check_dead_slot(self) -> None:
         """On a cluster: a ValueError unless the dead-letter stream shares the stream's slot. The
@@ -272,9 +341,8 @@ class RedisEventReader(EventReader):
         """Entries from the read-ahead thread until a batch is ready or `deadline` passes."""
         if self.ahead is None:  # started by the first read: its depth needs the batch size
             depth = self.read_ahead * batch_size
-            self.ahead = ReadAhead(
-                self._fetch_ahead, _events, depth, batch_size, f"rec-read-{self.consumer}"
-            )
+            self.ahead = ReadAhead(self._fetch_ahead, _events, depth, batch_size,
+                                   f"rec-read-{self.consumer}", self.notify)  # fmt: skip
         while self.asm.ready < batch_size:
             taken = self.ahead.get(max(0.0, deadline - self.clock()))
             if taken is None:
@@ -419,6 +487,10 @@ class RedisEventReader(EventReader):
             return self.side.command(info, self.clock() + self.cfg.retry_s)
         except _Down:
             return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _events(taken: _Taken) -> int:

@@ -15,6 +15,7 @@ from rec.data.stream_reader import (
     StreamPosition,
     add_digests,
     event_digest,
+    event_hashes,
     held_out_mask,
 )
 from rec.features import HASH, DenseFeature, FeatureSpec, SparseFeature
@@ -127,3 +128,48 @@ def test_keep_bounds_what_a_rank_holds_to_the_newest():
     rows, names = sink.covered(asm.at)
     assert len(rows) == 30
     assert names[:, 0].min() >= 1_700_000_000_000 + 45, "the newest ones"
+
+
+def test_partition_0_names_events_as_before_partitions_and_others_apart():
+    index = np.arange(3)
+    # Pinned from before partitions: legacy digests and held-out choices must not move.
+    assert event_hashes("1700000000000-7", index).tolist() == [
+        2058598245699125137, 12545903805965174339, 4988443883567960758]  # fmt: skip
+    assert event_hashes("1700000000000-7", index, 0).tolist() == \
+        event_hashes("1700000000000-7", index).tolist()  # fmt: skip
+    digests = {event_digest("1700000000000-7", index, k) for k in range(8)}
+    assert len(digests) == 8, "the same entry id in two partitions names other events"
+    masks = [held_out_mask("1700000000000-7", np.arange(400), 4, k) for k in (0, 1)]
+    assert (masks[0] != masks[1]).any()
+
+
+def test_held_out_names_carry_the_partition_and_old_files_load_as_partition_0(tmp_path):
+    ((e0, ev0), (e1, ev1)) = _entries(2, 40)
+    sink = HeldOut(every_nth=1, keep=1_000)
+    at = {}
+    for k, (entry, events) in ((0, (e0, ev0)), (3, (e1, ev1))):
+        asm = Assembler(SPEC, hold_out=sink, partition=k)
+        asm.add(entry, events)
+        asm.take(64)
+        at[k] = asm.at
+        assert asm.digest == event_digest(entry, events.index, k)
+    step = tmp_path / "step_1"
+    sink.save(step, 0, {0: at[0]})  # partition 3's position is not in this checkpoint
+    rows, names = held_out.load(step)
+    assert names.shape == (40, 4) and set(names[:, 3].tolist()) == {0}
+    sink.save(step, 0, at)
+    rows, names = held_out.load(step)
+    assert sorted(set(names[:, 3].tolist())) == [0, 3] and len(names) == 80
+    for world, rank, want in ((2, 1, {3}), (2, 0, {0}), (3, 0, {0, 3}), (4, 3, {3})):
+        resumed = HeldOut(every_nth=1, keep=1_000)
+        resumed.restore(step, rank, world, partitioned=True)
+        got = resumed.covered(None)
+        assert set(got[1][:, 3].tolist()) == want, (world, rank)
+    # A file written before partitions: 3 columns (ms, seq, place), read as partition 0.
+    old = tmp_path / "step_0" / held_out.DIR
+    old.mkdir(parents=True)
+    with np.load(step / held_out.DIR / "rank0.npz") as f:
+        np.savez(old / "rank0.npz", **{k: f[k] for k in f.files if k != "names"},
+                 names=f["names"][:, :3])  # fmt: skip
+    rows, names = held_out.load(tmp_path / "step_0")
+    assert names.shape == (80, 4) and not names[:, 3].any()
