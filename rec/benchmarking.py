@@ -4,6 +4,7 @@ imports another).
 
 - memory: the peak RSS of a command's process tree (`run_watched`, `TreeWatch`), and each
   process's shared and private pages while a run goes on (`MemWatch`);
+- CPU: a process's CPU seconds so far, all its threads (`process_cpu_s`);
 - rec-server: a server with the benchmarks' threads (`Server`), a copy of a model with batching
   on or off (`batching_repo`), a run of the C++ load generator rec-bench (`bench`,
   `median_run`);
@@ -18,6 +19,7 @@ results folder are found beside this package.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import statistics
@@ -127,6 +129,17 @@ def mem_available() -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process `pid` has used so far, from
+    /proc/<pid>/stat: the difference over a window is the CPU it spent there, busy polling
+    included (a server's threads spin for work before they sleep)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # Fields after the command, which is in parentheses and may hold spaces: state is field 3,
+    # utime and stime fields 14 and 15 (proc(5)).
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
