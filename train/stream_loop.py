@@ -319,7 +319,8 @@ class StreamSource:
         cfg, ctx = self.cfg, self.ctx
         hold_out = self.held_out if self.held_out.every_nth > 0 else None
         reader = open_reader(cfg.data.stream, feature_spec(cfg), ctx.rank,
-                             start=self.tally.position, hold_out=hold_out)  # fmt: skip
+                             start=self.tally.position, hold_out=hold_out,
+                             world=ctx.world_size)  # fmt: skip
         self.feed = StreamFeed(cfg, ctx.is_main, reader, StopSignal(), self.to_torchrec,
                                pos.step)  # fmt: skip
         self.progress, self.window = progress, _Window()

@@ -125,6 +125,24 @@ class ReadAhead(Generic[T]):
             self.cond.notify_all()
             return item
 
+    def poll(self) -> T | None:
+        """The oldest item if one is held, else None at once (raises as `get` does)."""
+        with self.cond:
+            if not self.items:
+                if self.error is not None:
+                    raise self.error
+                return None
+            item = self.items.popleft()
+            self.held -= self.size(item)
+            self.cond.notify_all()
+            return item
+
+    @property
+    def done(self) -> bool:
+        """The thread ended (finish, close, an error) and every item was taken."""
+        with self.cond:
+            return not self.items and self.error is None and not self.thread.is_alive()
+
     def finish(self, timeout: float) -> None:
         """Stops fetching, keeping every item fetched (the fetch under way's when it ends
         within `timeout` s); `get` then hands them out and returns None once they are taken."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import json
 from collections import Counter, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -96,15 +96,28 @@ def add_digests(a: int, b: int) -> int:
     return (a + b) % (1 << 64)
 
 
+@dataclass(frozen=True)
+class PartTake:
+    """What one batch consumed of one partition: events (trained and held out), their digest,
+    and how many were held out."""
+
+    events: int
+    digest: int
+    held_out: int
+
+
 @dataclass
 class StreamBatch:
     """One rank's batch, the position after it, its events' digest (event_digest, held-out
-    events included) and how many events it held out of training."""
+    events included) and how many events it held out of training. Of a partitioned stream
+    (rec.data.stream.PartitionedReader) the position is {partition: position} and `parts` says
+    what the batch took of each partition it took from."""
 
     batch: RecBatch
-    position: dict[str, Any]
+    position: dict[Any, Any]
     digest: int = 0
     held_out: int = 0
+    parts: dict[int, PartTake] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.batch)

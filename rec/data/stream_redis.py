@@ -339,15 +339,35 @@ class RedisEventReader(EventReader):
 
     def _pull(self, batch_size: int, deadline: float) -> None:
         """Entries from the read-ahead thread until a batch is ready or `deadline` passes."""
-        if self.ahead is None:  # started by the first read: its depth needs the batch size
-            depth = self.read_ahead * batch_size
-            self.ahead = ReadAhead(self._fetch_ahead, _events, depth, batch_size,
-                                   f"rec-read-{self.consumer}", self.notify)  # fmt: skip
+        self._start_ahead(batch_size)
+        assert self.ahead is not None
         while self.asm.ready < batch_size:
             taken = self.ahead.get(max(0.0, deadline - self.clock()))
             if taken is None:
                 return
             self._hold([taken])
+
+    def _start_ahead(self, batch_size: int) -> None:
+        """The read-ahead thread, started by the first read: its depth needs the batch size."""
+        if self.ahead is None:
+            depth = self.read_ahead * batch_size
+            self.ahead = ReadAhead(self._fetch_ahead, _events, depth, batch_size,
+                                   f"rec-read-{self.consumer}", self.notify)  # fmt: skip
+
+    def poll(self, batch_size: int) -> bool:
+        """Without waiting: what the read-ahead thread holds into the Assembler, until a batch
+        is ready; False once nothing more can come (drained, and all of it taken)."""
+        if self.ahead is None:
+            if self.draining:
+                return False
+            self._start_ahead(batch_size)
+        assert self.ahead is not None
+        while self.asm.ready < batch_size:
+            taken = self.ahead.poll()
+            if taken is None:
+                break
+            self._hold([taken])
+        return not self.ahead.done
 
     def _fetch_ahead(self, need: int) -> list[_Taken] | None:
         """The read-ahead thread's fetch: one XREADGROUP, blocking READ_BLOCK_S at most."""

@@ -6,6 +6,7 @@ partition."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -13,8 +14,15 @@ import redis
 
 from rec.broker import RedisBroker, redis_server_path
 from rec.contract.events import encode
-from rec.contract.partitions import dead_key, make_layout
-from rec.data.stream import StreamConfig, StreamPosition, add_digests, event_digest
+from rec.contract.partitions import dead_key, layout_key, make_layout
+from rec.data.stream import (
+    PartitionedReader,
+    StreamConfig,
+    StreamPosition,
+    add_digests,
+    event_digest,
+    open_reader,
+)
 from rec.data.stream_redis import Partition, RedisEventReader
 from rec.features import HASH, DenseFeature, FeatureSpec, SparseFeature
 
@@ -129,3 +137,72 @@ def test_a_stray_consumers_pending_entries_are_claimed_at_open_and_trained_once(
     assert _drain(again)[0] == [], "nothing left, nothing claimed twice"
     again.close()
     assert len([m for kind, m in events if kind == "claimed"]) == 1
+
+
+def _layout(broker, stream: str) -> None:
+    layout = make_layout(stream, P)
+    redis.Redis(port=broker.port).set(layout_key(stream), layout.to_json(), nx=True)
+
+
+def test_ranks_read_their_partitions_k_mod_world_and_share_every_event_once(broker):
+    _layout(broker, "ranks")
+    sent = {k: _produce(broker.port, _part("ranks", k).key, 5, 6, 1000 * k) for k in range(P)}
+    cfg = StreamConfig(url=broker.url("ranks"), retry_s=0.05, max_retry_s=0.2)
+    readers = [open_reader(cfg, SPEC, r, world=2) for r in (0, 1)]
+    assert [sorted(r.parts) for r in readers] == [[0, 2], [1, 3]], "k mod world == rank"
+    assert [r.lag() for r in readers] == [10, 10], "entries unread, summed over its partitions"
+    got: list[list[int]] = [[], []]
+    digest, takes = 0, []
+    for rank, reader in enumerate(readers):
+        t0 = time.monotonic()
+        first = reader.next_batch(8, wait_s=5)
+        assert time.monotonic() - t0 < 2.5, "a ready batch does not wait for the deadline"
+        batches = [first]
+        while len(batches[-1]):
+            batches.append(reader.next_batch(8, wait_s=0.2))
+        for b in batches:
+            got[rank] += _numbers(b)
+            digest = add_digests(digest, b.digest)
+            takes.append(set(b.parts))
+            assert sum(p.events for p in b.parts.values()) == len(b)
+        assert set(reader.position()) == set(reader.parts)
+        assert reader.ack(reader.position()) == 10
+        reader.close()
+    assert sorted(got[0]) == sorted(sent[0] + sent[2]) and sorted(got[1]) == sorted(
+        sent[1] + sent[3]
+    )
+    assert any(len(t) > 1 for t in takes), "a batch takes from several partitions"
+    want = 0
+    for k in range(P):
+        want = add_digests(want, _digest(broker.port, _part("ranks", k).key, k))
+    assert digest == want
+
+
+def test_a_rank_without_a_partition_is_warned_and_steps_empty_by_its_deadline(broker):
+    _layout(broker, "few")
+    said: list = []
+    cfg = StreamConfig(url=broker.url("few"), retry_s=0.05, max_retry_s=0.2)
+    reader = PartitionedReader(cfg, SPEC, 5, 6, make_layout("few", P),
+                               on_event=lambda kind, msg: said.append((kind, msg)))  # fmt: skip
+    assert said and said[0][0] == "warning" and "reads no partition" in said[0][1]
+    t0 = time.monotonic()
+    b = reader.next_batch(8, wait_s=0.3)
+    assert len(b) == 0 and b.position == {} and 0.25 < time.monotonic() - t0 < 2
+    assert reader.lag() is None
+    reader.close()
+
+
+def test_a_dry_partition_does_not_hold_a_batch_past_its_deadline(broker):
+    _layout(broker, "dry")
+    sent = _produce(broker.port, _part("dry", 1).key, 1, 5, 0)  # partition 1 only, 5 events
+    cfg = StreamConfig(url=broker.url("dry"), retry_s=0.05, max_retry_s=0.2)
+    reader = open_reader(cfg, SPEC, 0, world=1)
+    t0 = time.monotonic()
+    b = reader.next_batch(64, wait_s=0.5)
+    took = time.monotonic() - t0
+    assert _numbers(b) == sent and 0.4 < took < 2.5, took
+    late = _produce(broker.port, _part("dry", 3).key, 1, 4, 100)
+    t0 = time.monotonic()
+    b = reader.next_batch(4, wait_s=5)
+    assert _numbers(b) == late and time.monotonic() - t0 < 2.5, "woken by the partition's thread"
+    reader.close()
