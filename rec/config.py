@@ -27,6 +27,7 @@ from rec.contract import EMBEDDING_DTYPES
 from rec.contract import formats as contract_formats
 from rec.contract.events import parse_url as parse_event_url
 from rec.contract.features import TRANSFORMS as DENSE_TRANSFORMS
+from rec.contract.partitions import MAX_PARTITIONS
 from rec.contract.updates import UpdateError
 from rec.contract.updates import parse_url as parse_update_url
 
@@ -992,6 +993,12 @@ class PublishConfig:
     drain_timeout_s: float = 120.0
     """At the end of training, how long to wait for the broker to take what is pending before
     failing the run."""
+    partitions: int = 0
+    """Partitions of the update log (rec.contract.partitions): rank r writes partition r mod P,
+    so a Redis Cluster spreads the ranks' writes over its masters. 0: one stream (the legacy
+    layout) on one node, the first start's world size on a cluster. Fixed at a run's first
+    start (recorded in the run's publish.json and the log's layout record); a resume on
+    another world keeps it."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
@@ -1003,6 +1010,9 @@ class PublishConfig:
                "be published")  # fmt: skip
         _positive("publish.max_pending", self.max_pending)
         _positive("publish.drain_timeout_s", self.drain_timeout_s)
+        _check(isinstance(self.partitions, int) and 0 <= self.partitions <= MAX_PARTITIONS,
+               f"publish.partitions={self.partitions!r} must be an integer in "
+               f"[0, {MAX_PARTITIONS}]")  # fmt: skip
         if self.url:
             try:
                 parse_update_url(self.url)

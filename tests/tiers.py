@@ -25,13 +25,14 @@ INTEGRATION = frozenset({
     # Every test here starts rec-server, tritonserver, redis-server or a Docker stack.
     "serve_cpp", "serve_triton", "serve_cli", "reliability", "store", "deploy",
     "data/test_replay.py", "data/test_stream.py", "data/test_partitions.py",
-    "logs/test_keyslot.py", "logs/test_route.py",
+    "logs/test_keyslot.py", "logs/test_route.py", "logs/test_update_layout.py",
     # Real torchrun training.
     "train/test_default_run.py", "train/test_din.py", "train/test_eval_split.py",
     "train/test_faults.py", "train/test_multihost.py", "train/test_plain_pipeline.py",
     "train/test_publish.py", "train/test_publish_order.py", "train/test_rank_threads.py",
     "train/test_step_profile_memory.py",
-    "train/test_stream_stops.py", "train/test_stream_train.py", "train/test_train_distributed.py",
+    "train/test_stream_stops.py", "train/test_stream_train.py", "train/test_stream_partitions.py",
+    "train/test_train_distributed.py",
     "train/test_zch.py",
     "export/test_trained.py", "export/test_zch_trained.py", "export/test_follow.py",
     # AOTInductor compiles, every format of every architecture, every batch size scanned, a

@@ -40,8 +40,11 @@ import torch
 from torchrec.distributed.model_tracker.types import DeltaTrackerConfig, TrackingMode
 
 from rec import run_dir
-from rec.config import RecConfig
+from rec.config import PublishConfig, RecConfig
+from rec.contract.partitions import PartitionError, layout_key
 from rec.contract.updates import UpdateRecord, encode, parse_url
+from rec.logs.layout import LayoutError, connect, ensure_layout, read_layout
+from rec.logs.route import RouteConfigError, RouteError, Router, describe
 from rec.quantize import fused_rows
 from rec.train.sharding import PUBLISHABLE_SHARDING_TYPES
 from rec.train.zch import ZchTables
@@ -66,20 +69,54 @@ def tracker_config() -> DeltaTrackerConfig:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who publishes: the run's id and this start's generation (run_dir.PUBLISH_FILE)."""
+    """Who publishes: the run's id and this start's generation (run_dir.PUBLISH_FILE), and where:
+    the update log's partition keys, fixed at the run's first start (() : the legacy layout,
+    one stream)."""
 
     run: str
     gen: int
+    keys: tuple[str, ...] = ()
 
 
-def next_identity(run: Path) -> Identity:
-    """Rank 0, at every start of a run that publishes: the run's id (made once) and the next
-    generation, saved before anything is published with it."""
+def next_identity(run: Path, cfg: PublishConfig, world: int) -> Identity:
+    """Rank 0, at every start of a run that publishes: the run's id (made once), the next
+    generation and the log's partitions (chosen at the first start, then kept: a resume on
+    another world writes where the first start did), saved before anything is published with
+    them. Creates or checks the log's layout record (rec.logs.layout)."""
     path = run / run_dir.PUBLISH_FILE
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    ident = Identity(saved.get("run") or uuid.uuid4().hex, int(saved.get("gen", 0)) + 1)
-    run_dir.atomic_write(path, json.dumps({"run": ident.run, "gen": ident.gen}) + "\n")
+    url = parse_url(cfg.url)
+    router = Router(url.nodes)
+    # A run that published before partitions existed wrote one stream: it keeps doing so.
+    partitions = saved.get("partitions", 0) if saved else None
+    if partitions is not None and cfg.partitions and cfg.partitions != partitions:
+        raise PublishError(f"publish.partitions={cfg.partitions}, but this run publishes to "
+                           f"{partitions or 'one stream, no'} partitions since its first start "
+                           f"({path}); a log's layout is fixed per run")  # fmt: skip
+    import redis
+
+    try:
+        if partitions is None:
+            router.refresh()
+            partitions = cfg.partitions or (world if router.cluster else 0)
+        keys = _layout_keys(router, url.stream, partitions)
+    except (LayoutError, PartitionError, RouteConfigError, RouteError, redis.RedisError) as e:
+        raise PublishError(f"publishing to {url}: {e}") from None
+    ident = Identity(saved.get("run") or uuid.uuid4().hex, int(saved.get("gen", 0)) + 1, keys)
+    record = {"run": ident.run, "gen": ident.gen, "partitions": partitions}
+    run_dir.atomic_write(path, json.dumps(record) + "\n")
     return ident
+
+
+def _layout_keys(router: Router, stream: str, partitions: int) -> tuple[str, ...]:
+    """The partition keys the run writes (() : the one stream), its layout record created or
+    checked; a legacy run refused where a layout record would hide its stream from readers."""
+    if partitions:
+        return ensure_layout(router, stream, partitions).keys
+    if read_layout(router, stream) is not None:
+        raise LayoutError(f"{layout_key(stream)} exists: the log's readers read its "
+                          "partitions only, not the one stream this run writes")  # fmt: skip
+    return ()
 
 
 def last_gen(run: Path) -> int | None:
@@ -137,6 +174,9 @@ class UpdatePublisher:
         self.cfg, self.rank, self.world, self.ident, self.log = cfg, rank, world, ident, log
         self.zch = zch  # the run's id maps: a resume restores the slots a dead run changed
         self.url = parse_url(cfg.publish.url)
+        # Rank r writes one partition, so its records keep its order (a replica's rule).
+        self.key = ident.keys[rank % len(ident.keys)] if ident.keys else self.url.stream
+        self.router = Router(self.url.nodes)
         self.tracker = dmp.get_delta_tracker() or dmp.init_torchrec_delta_tracker(tracker_config())
         self.shards = _local_shards(dmp, cfg)
         self.pending: queue.Queue = queue.Queue(maxsize=cfg.publish.max_pending)
@@ -405,30 +445,34 @@ class UpdatePublisher:
 
     # ---- the sender thread ------------------------------------------------------------------
     def _send_loop(self) -> None:
-        import redis
-
-        client = redis.Redis(host=self.url.host, port=self.url.port, socket_timeout=10,
-                             socket_connect_timeout=5)  # fmt: skip
+        client = None
         down_since = None
         try:
             while (batch := self.pending.get()) is not None:
                 time.sleep(self._lag_s)  # LAG_SEAM, in tests only
                 while True:
                     try:
+                        client = client or connect(self.router.node_for(self.key), 10.0)
                         pipe = client.pipeline(transaction=False)
                         for fields in batch:
-                            pipe.xadd(self.url.stream, fields)
+                            pipe.xadd(self.key, fields)
                         pipe.execute()
                         break
-                    except (redis.ConnectionError, redis.TimeoutError) as e:
-                        # The broker is restarting or unreachable: keep the batch and retry.
-                        # Records that landed before the error are sent again, right after
-                        # themselves and before anything newer: a row is its whole value, not a
-                        # delta, so applying it twice changes nothing.
+                    except Exception as e:
+                        if not self.router.reroutes(e):
+                            raise
+                        # The broker is restarting or unreachable, or the partition's slot moved
+                        # (MOVED, a failover): route afresh, keep the batch and retry. Records
+                        # that landed before the error are sent again, right after themselves and
+                        # before anything newer: a row is its whole value, not a delta, so
+                        # applying it twice changes nothing.
+                        client = _closed(client)
+                        self.router.invalidate()
                         if down_since is None:
                             down_since = time.monotonic()
-                            self.log(f"rank {self.rank}: update log {self.url} unreachable "
-                                     f"({e}); retrying, training continues")  # fmt: skip
+                            self.log(f"rank {self.rank}: update log {self.url} ({self.key}) "
+                                     f"unreachable ({describe(e)}); retrying, training "
+                                     "continues")  # fmt: skip
                         time.sleep(0.2)
                 self.pending.task_done()  # the broker has every record of the batch
                 if down_since is not None:
@@ -438,7 +482,12 @@ class UpdatePublisher:
         except Exception as e:  # noqa: BLE001 - reported to the training loop
             self.error = e
         finally:
-            client.close()
+            _closed(client)
+
+
+def _closed(client) -> None:
+    if client is not None:
+        client.close()
 
 
 def _slot_changes(shards: dict[str, _Shard],

@@ -128,14 +128,16 @@ class Trainer:
 
     def start_publishing(self) -> None:
         """After any resume: the publisher reads its shards' weights as they are now."""
-        ident = [publish.next_identity(self.run) if self.ctx.is_main else None]
+        ident = [publish.next_identity(self.run, self.cfg.publish, self.ctx.world_size)
+                 if self.ctx.is_main else None]  # fmt: skip
         dist.broadcast_object_list(ident, src=0)
         self.publisher = publish.UpdatePublisher(self.cfg, self.dmp, self.ctx.rank,
                                                  self.ctx.world_size, ident[0], log,
                                                  zch=self.zch)  # fmt: skip
         if self.ctx.is_main:
+            parts = f", {len(ident[0].keys)} partitions" if ident[0].keys else ""
             log(f"publishing changed rows to {self.publisher.url} (run {ident[0].run}, "
-                f"generation {ident[0].gen})")  # fmt: skip
+                f"generation {ident[0].gen}{parts})")  # fmt: skip
         if self.resumed_meta is not None and not publish.log_holds(self.resumed_meta):
             # Trained (at least in part) without publishing: the log lacks rows a replica's
             # watermark would pass. Every row, which also undoes any dead generation's.
