@@ -115,6 +115,10 @@ class AotiModel:
 
     def __call__(self, *inputs: torch.Tensor):
         """The model's inputs in rec.json's order: (dense, lengths, values), or a context
-        model's (rec.contract.io.context_io_manifest)."""
+        model's (rec.contract.io.context_io_manifest). Made contiguous: the compiled code reads
+        each input with the row-major strides it was exported with and does not check them, so
+        a column-major view (split_flat's, the Python backend's flat request on a context
+        model) would be scored as other numbers."""
+        inputs = tuple(t.contiguous() for t in inputs)
         out = self.package(*inputs, *self.tables)
         return out[0] if isinstance(out, (list, tuple)) else out
