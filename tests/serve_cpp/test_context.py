@@ -79,8 +79,8 @@ def context_request(split: ContextSplit, candidates: int, user: int) -> dict[str
     return request
 
 
-def infer(server, protocol: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Scores `inputs` (any form, by name) with a fresh stock client of `protocol`."""
+def infer(server, protocol: str, inputs: dict[str, np.ndarray], model: str = "rec") -> np.ndarray:
+    """Scores `inputs` (any form, by name) with `model` and a fresh stock client of `protocol`."""
     module = grpcclient if protocol == "grpc" else httpclient
     url = server.grpc if protocol == "grpc" else server.http
     infer_inputs = []
@@ -92,7 +92,7 @@ def infer(server, protocol: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
             i.set_data_from_numpy(arr)
         infer_inputs.append(i)
     with module.InferenceServerClient(url) as client:
-        return client.infer("rec", infer_inputs).as_numpy("scores")
+        return client.infer(model, infer_inputs).as_numpy("scores")
 
 
 def flat_form(split: ContextSplit, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -109,8 +109,9 @@ def flat_of(split: ContextSplit, request: dict[str, np.ndarray]) -> dict[str, np
     return dict(zip(INPUT_NAMES, repeat(split, request), strict=True))
 
 
-def infer(server, protocol: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Scores `inputs` (either form, by name) with a fresh stock client of `protocol`."""
+def infer(server, protocol: str, inputs: dict[str, np.ndarray], model: str = "rec") -> np.ndarray:
+    """Scores `inputs` (either form, by name) with `model` and a fresh stock client of
+    `protocol`."""
     module = grpcclient if protocol == "grpc" else httpclient
     client = module.InferenceServerClient(getattr(server.endpoints, protocol.split("_")[0]))
     binary = {} if protocol == "grpc" else {"binary_data": protocol == "http_binary"}
@@ -121,7 +122,7 @@ def infer(server, protocol: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
         tensors.append(t)
     outputs = [module.InferRequestedOutput("scores", **binary)]
     try:
-        return client.infer("rec", tensors, outputs=outputs).as_numpy("scores")
+        return client.infer(model, tensors, outputs=outputs).as_numpy("scores")
     finally:
         client.close()
 
