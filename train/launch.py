@@ -120,16 +120,17 @@ def completed_checkpoint(run: Path, cfg: RecConfig) -> Path | None:
 
 
 def _check_stream_resume(run: Path, cfg: RecConfig, nproc: int) -> None:
-    """A stream run resumes at another --nproc only when nothing is left unacknowledged
-    (rec.train.stream_loop.check_world): refused here, before any rank starts."""
+    """A stream run resumes at another --nproc only when nothing is left unacknowledged, or
+    from a partitioned stream whose layout is unchanged (rec.train.stream_tally.check_resume):
+    refused here, before any rank starts."""
     latest = run_dir.latest_checkpoint(run)
     if not cfg.data.stream.url or latest is None or not (latest / run_dir.META_FILE).is_file():
         return
     meta = run_dir.read_meta(latest).get("stream")
     if meta is not None:
-        from rec.train.stream_loop import check_world
+        from rec.train.stream_tally import check_resume
 
-        check_world(latest, len(meta["positions"]), nproc, cfg.data.stream)
+        check_resume(latest, meta, nproc, cfg.data.stream)
 
 
 def train(

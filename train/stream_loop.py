@@ -22,9 +22,10 @@ together: before each step one all-reduce sums [events, stop, checkpoint due] ov
     stops at its step, and what was delivered past it stays pending for the resumed run.
 
 Exactly once: the checkpoint's meta.json holds each rank's position after the last batch it
-trained (`stream.positions`), with the events it trained and their digest
-(rec.data.stream.event_digest) summed over the run's whole lineage; the reader acknowledges
-only what a committed checkpoint holds, and a resume starts each rank at its position.
+trained (`stream.positions`; of a partitioned stream each partition's: rec.train.stream_tally),
+with the events it trained and their digest (rec.data.stream.event_digest) summed over the
+run's whole lineage; the reader acknowledges only what a committed checkpoint holds, and a
+resume starts each rank (each partition) at its position.
 
 Held out: about one event in data.stream.hold_out_every_nth is not trained but kept for `rec
 export`'s quality checks (rec.data.held_out). It is consumed as a trained one is (position,
@@ -53,11 +54,22 @@ from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data.held_out import HeldOut
 from rec.data.source import empty_rows
-from rec.data.stream import EventReader, StreamBatch, StreamPosition, add_digests, open_reader
+from rec.data.stream import (
+    EventReader,
+    PartitionedReader,
+    StreamBatch,
+    open_reader,
+)
 from rec.features import feature_spec
 from rec.train.batch_source import Position, ToTorchrec
 from rec.train.distributed import DistContext, gather_rows
 from rec.train.progress import Progress, log
+from rec.train.stream_tally import (  # noqa: F401 (check_world: rec.train.launch's)
+    Tally,
+    check_world,
+    resume_tally,
+    stream_meta,
+)
 
 STATUS_S = 10.0
 """With no step for this long, rank 0 says why (no event, or every event refused) this often."""
@@ -80,24 +92,6 @@ class StopSignal:
     def restore(self) -> None:
         for s, handler in self._old.items():
             signal.signal(s, handler)
-
-
-@dataclass
-class Tally:
-    """What this rank trained from the stream, over the run's lineage (restored on resume)."""
-
-    position: dict[str, Any] | None = None
-    events: int = 0
-    """Events consumed: trained and held out."""
-    digest: int = 0
-    held_out: int = 0
-
-    def add(self, b: StreamBatch) -> None:
-        if len(b) or b.held_out:
-            self.position = b.position
-        self.events += len(b) + b.held_out
-        self.held_out += b.held_out
-        self.digest = add_digests(self.digest, b.digest)
 
 
 @dataclass
@@ -312,15 +306,18 @@ class StreamSource:
     def resume(self, step_dir) -> None:
         self.tally = resume_tally(step_dir, self.ctx.rank, self.ctx.world_size,
                                   self.cfg.data.stream)  # fmt: skip
-        self.held_out.restore(step_dir, self.ctx.rank, self.ctx.world_size)
+        self.held_out.restore(step_dir, self.ctx.rank, self.ctx.world_size,
+                              partitioned=self.tally.parts is not None)  # fmt: skip
 
     def start(self, pos: Position, progress: Progress | None) -> None:
         """Opens the reader at this rank's position and catches SIGTERM and SIGINT."""
         cfg, ctx = self.cfg, self.ctx
         hold_out = self.held_out if self.held_out.every_nth > 0 else None
         reader = open_reader(cfg.data.stream, feature_spec(cfg), ctx.rank,
-                             start=self.tally.position, hold_out=hold_out,
-                             world=ctx.world_size)  # fmt: skip
+                             start=self.tally.at(), hold_out=hold_out, world=ctx.world_size,
+                             layout=self.tally.layout)  # fmt: skip
+        if isinstance(reader, PartitionedReader):
+            self.tally.adopt(reader.layout, reader.mine)
         self.feed = StreamFeed(cfg, ctx.is_main, reader, StopSignal(), self.to_torchrec,
                                pos.step)  # fmt: skip
         self.progress, self.window = progress, _Window()
@@ -403,8 +400,8 @@ class StreamSource:
     def after_checkpoint(self, step: int) -> None:
         """Acknowledges what the committed checkpoint holds: exactly once."""
         assert self.feed is not None
-        if self.tally.position is not None:
-            self.feed.reader.ack(self.tally.position)
+        if (at := self.tally.at()) is not None:
+            self.feed.reader.ack(at)
         self.feed.saved(step)
 
     def _passed(self) -> None:
@@ -420,9 +417,7 @@ class StreamSource:
 
     def write_files(self, step_dir) -> None:
         """This rank's files in a checkpoint being written: its held-out events."""
-        at = self.tally.position
-        self.held_out.save(step_dir, self.ctx.rank,
-                           StreamPosition.from_dict(at) if at is not None else None)  # fmt: skip
+        self.held_out.save(step_dir, self.ctx.rank, self.tally.covered())
 
     def close(self) -> None:
         if self.feed is not None:
@@ -465,59 +460,3 @@ def refusals(reader: EventReader) -> str:
 class NothingTrainedError(RuntimeError):
     """A stream run stopped without a step while it refused events: a config that does not
     match the events, most likely. Raised on every rank, so the run exits non-zero."""
-
-
-def stream_meta(tally: Tally, cfg) -> dict[str, Any]:
-    """meta.json's `stream` section (a collective): every rank's position, events and digest."""
-    mine = {"position": tally.position, "events": tally.events, "digest": tally.digest,
-            "held_out": tally.held_out}  # fmt: skip
-    every: list[Any] = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
-    if dist.is_initialized():
-        dist.all_gather_object(every, mine)
-    else:
-        every[0] = mine
-    return {"url": cfg.url, "group": cfg.group, "consumer_prefix": cfg.consumer_prefix,
-            "positions": [e["position"] for e in every], "events": [e["events"] for e in every],
-            "digests": [str(e["digest"]) for e in every],
-            "held_out": [e["held_out"] for e in every]}  # fmt: skip
-
-
-def resume_tally(step_dir, rank: int, world_size: int, cfg) -> Tally:
-    """This rank's Tally from a checkpoint's meta.json (stream_meta). At another world size
-    (allowed only when the group holds no unacknowledged entry: every entry delivered is in the
-    checkpoint, whole), every rank starts at the group's own position, and rank 0 carries the
-    lineage's sums."""
-    from rec import run_dir
-    from rec.config import ConfigError
-
-    meta = run_dir.read_meta(step_dir).get("stream")
-    if meta is None:
-        raise ConfigError(f"{step_dir} was not trained from a stream: it holds no stream positions "
-                          "to resume from (data.stream.url)")  # fmt: skip
-    saved = len(meta["positions"])
-    held = [int(h) for h in meta.get("held_out", [0] * saved)]
-    if saved == world_size:
-        return Tally(meta["positions"][rank], int(meta["events"][rank]),
-                     int(meta["digests"][rank]), held[rank])  # fmt: skip
-    check_world(step_dir, saved, world_size, cfg)
-    if rank != 0:
-        return Tally()
-    digest = 0
-    for d in meta["digests"]:
-        digest = add_digests(digest, int(d))
-    return Tally(None, sum(int(e) for e in meta["events"]), digest, sum(held))
-
-
-def check_world(step_dir, saved: int, world_size: int, cfg) -> None:
-    """Refuses a resume at another world size while the group has unacknowledged entries:
-    they are held for the saved ranks' consumers, and a rank that no longer exists would never
-    train them."""
-    from rec.config import ConfigError
-    from rec.data.stream_redis import pending_entries
-
-    if saved != world_size and (pending := pending_entries(cfg)):
-        raise ConfigError(f"{step_dir} was trained from the stream by {saved} ranks, and "
-                          f"{pending} entries delivered to them are not acknowledged yet (each is "
-                          f"held for its rank's consumer): resume it with --nproc {saved}, not "
-                          f"{world_size}; once a run of {saved} ranks has checkpointed them all, "
-                          "any --nproc resumes")  # fmt: skip

@@ -63,6 +63,7 @@ from rec.config import ConfigError, StreamConfig
 from rec.contract.events import dead_stream, parse_url
 from rec.contract.features import FeatureSpec
 from rec.contract.partitions import Layout, dead_key, layout_key, parse_layout
+from rec.data.backoff import Backoff
 from rec.data.source import Rows
 from rec.data.stream_reader import (
     Assembler,
@@ -99,19 +100,34 @@ def say(kind: str, message: str) -> None:
         print(f"[rec stream] {message}", flush=True)
 
 
-def read_layout(cfg: StreamConfig) -> Layout | None:
-    """The stream's layout record (rec.contract.partitions), None for the legacy layout."""
+LAYOUT_WAIT_S = 120.0
+"""How long read_layout waits for an unreachable broker (a reader retries as long; a trainer
+cannot choose its reader without the answer)."""
+
+
+def read_layout(cfg: StreamConfig, wait_s: float = LAYOUT_WAIT_S) -> Layout | None:
+    """The stream's layout record (rec.contract.partitions), None for the legacy layout;
+    retried with backoff while the broker is unreachable, up to wait_s."""
     import redis
 
     where = parse_url(cfg.url)
     key = layout_key(where.stream)
-    host, port = Router(where.nodes).node_for(key)
-    client = redis.Redis(host=host, port=port, socket_timeout=5, socket_connect_timeout=3)
-    try:
-        text = client.get(key)
-    finally:
-        client.close()
-    return None if text is None else parse_layout(text, f"{where} {key}")
+    router, backoff = Router(where.nodes), Backoff(cfg.retry_s, cfg.max_retry_s)
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            host, port = router.node_for(key)
+            client = redis.Redis(host=host, port=port, socket_timeout=5, socket_connect_timeout=3)
+            try:
+                text = client.get(key)
+            finally:
+                client.close()
+            return None if text is None else parse_layout(text, f"{where} {key}")
+        except (redis.RedisError, OSError) as e:
+            if not router.reroutes(e) or time.monotonic() >= end:
+                raise
+            router.invalidate()
+            backoff.wait(end - time.monotonic())
 
 
 def open_reader(
