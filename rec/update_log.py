@@ -1,9 +1,10 @@
 """Reading the update log (rec.contract.updates) in Python, and the rules a replica applies it by.
 
-`LogReader` is the one Python reader of the log: a cursor, XREAD, a reconnect from the same
-cursor when the broker goes away, each entry decoded. rec's Triton model
-(serve/triton_python_model.py), the store's follower (rec.store.follow) and `read_records` (how
-tests, benchmarks, the demo and a resuming publisher look into a stream) all read through it.
+`PartitionedLogReader` (rec.logs.update_reader) is the one Python reader of the log, in either
+layout: a cursor per partition, XREAD, a reconnect from the same cursors when a node goes away,
+each entry decoded. rec's Triton model (serve/python_backend/updates.py), the store's follower
+(rec.store.follow) and `read_records` (how tests, benchmarks, the demo and a resuming publisher
+look into a log) all read through it.
 
 `Applier` is the one Python copy of the replica rules; rec-server's EmbeddingTables
 (cpp/src/updates/embedding_tables.cpp) is the reference they follow, rule for rule:
@@ -40,115 +41,18 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rec.contract.updates import FORMAT_V2, UpdateError, UpdateRecord, decode, parse_url
+from rec.contract.updates import FORMAT_V2, UpdateError, UpdateRecord
+from rec.logs.update_reader import PartitionedLogReader
 from rec.served_map import Plan, ServedMap
-
-Entry = tuple[str, UpdateRecord | UpdateError]
-"""One log entry: its id and its record, or why it is malformed."""
-
-
-class LogReader:
-    """The update log at `url`, read from after entry `cursor` ("0": from the start).
-
-    `read()` is one XREAD of up to `count` entries (waiting up to `block_ms` for one; None: not
-    at all), each decoded; the cursor moves past them. `follow(stop)` reads until `stop` is set,
-    yielding each read's entries ([] when none came within block_ms): a broker that cannot be
-    reached or drops the connection is reconnected and read again from the same cursor, so
-    nothing is lost or read twice, after `retry_s` (doubling up to `max_retry_s` while it stays
-    down). `on_event(kind, message)` hears "up" (connected, reading from the cursor), "down" (the
-    broker went away; once per outage) and "error" (the broker answered with an error, e.g. the
-    key is not a stream). `redis_retries`: redis-py's own retries of a command; follow() sets
-    none (they would back off for seconds, unseen), it retries itself and says so."""
-
-    def __init__(self, url: str, cursor: str = "0", *, count: int = 256,
-                 block_ms: int | None = 300, retry_s: float = 0.2, max_retry_s: float = 0.2,
-                 redis_retries: bool = False,
-                 on_event: Callable[[str, str], None] | None = None) -> None:  # fmt: skip
-        self.where, self.url, self.cursor = parse_url(url), url, cursor
-        self.count, self.block_ms = count, block_ms
-        self.retry_s, self.max_retry_s = retry_s, max_retry_s
-        self.redis_retries = redis_retries
-        self.on_event = on_event or (lambda kind, message: None)
-        self.client = None
-        self.up: bool | None = None  # None until the first attempt
-
-    def _connect(self):
-        import redis
-
-        options = {}
-        if not self.redis_retries:
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-
-            options["retry"] = Retry(NoBackoff(), 0)
-        client = redis.Redis(host=self.where.host, port=self.where.port, socket_connect_timeout=1,
-                             socket_timeout=5 + (self.block_ms or 0) / 1000, **options)  # fmt: skip
-        try:
-            client.ping()
-        except Exception:
-            client.close()
-            raise
-        self.client = client
-        if self.up is not True:
-            self.up = True
-            self.on_event("up", f"reading update log {self.where} from entry {self.cursor}")
-
-    def read(self) -> list[Entry]:
-        """One XREAD after the cursor, decoded; redis-py's error if the broker fails it."""
-        if self.client is None:
-            self._connect()
-        got = self.client.xread({self.where.stream: self.cursor}, count=self.count,
-                                block=self.block_ms)  # fmt: skip
-        entries: list[Entry] = []
-        for entry_id, fields in got[0][1] if got else ():
-            try:
-                entries.append((entry_id.decode(), decode(fields)))
-            except UpdateError as e:
-                entries.append((entry_id.decode(), e))
-        if entries:
-            self.cursor = entries[-1][0]
-        return entries
-
-    def follow(self, stop: threading.Event) -> Iterator[list[Entry]]:
-        """read() until `stop` is set, riding out a broker that goes away (class docstring)."""
-        import redis
-
-        delay = self.retry_s
-        try:
-            while not stop.is_set():
-                try:
-                    entries = self.read()
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-                    self.close()
-                    if self.up is not False:
-                        self.up = False
-                        self.on_event("down", f"update log {self.where} unreachable ({e}); "
-                                              f"retrying from entry {self.cursor}")  # fmt: skip
-                    stop.wait(delay)
-                    delay = min(delay * 2, self.max_retry_s)
-                    continue
-                except redis.ResponseError as e:
-                    self.on_event("error", f"update log {self.where}: {e}")
-                    stop.wait(0.5)
-                    continue
-                delay = self.retry_s
-                yield entries
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
 
 
 def read_records(url: str, start: str = "0", count: int = 1000) -> list[tuple[str, UpdateRecord]]:
-    """Every record of the stream at `url` after entry id `start`, as (entry id, record); an
-    UpdateError for a malformed one."""
-    reader = LogReader(url, start, count=count, block_ms=None, redis_retries=True)
+    """Every record of the log at `url` as (entry id, record), raising an UpdateError for a
+    malformed one: of the legacy stream after entry id `start`; of a partitioned log all of
+    them, each partition's in its order, the partitions one after another a read at a time."""
+    reader = PartitionedLogReader(url, start, count=count, block_ms=None, redis_retries=True)
     out: list[tuple[str, UpdateRecord]] = []
     try:
         while entries := reader.read():

@@ -2,13 +2,14 @@
 written into that version's partition hashes (rec.contract.store) as training publishes them.
 
 One follower per stored version. It reads the log (rec.contract.updates) from where it last
-stopped, through rec.update_log.LogReader (a broker that goes away is retried from the same
-entry), applies each record by the servers' rules (rec.update_log.Applier: same run, in order,
-checked, rows newer than the export only) and writes the accepted rows with one pipelined HSET
-per partition (a ZCH table's by raw id, from rec.updates/3's `held`, its evicted ids
-deleted). The store keeps the follower's place in the version's meta hash (`follow_id`,
-and the watermark it reached as `follow_gen`, `follow_step`), so a restarted follower goes on
-from there and never re-applies an older record over a newer one.
+stopped, through rec.logs.update_reader.PartitionedLogReader (a node that goes away is retried
+from the same entries), applies each record by the servers' rules (rec.update_log.Applier: same
+run, in order, checked, rows newer than the export only) and writes the accepted rows with one
+pipelined HSET per partition (a ZCH table's by raw id, from rec.updates/3's `held`, its evicted
+ids deleted). The store keeps the follower's place in the version's meta hash (`follow_id`, or
+`follow_id:<k>` for each partition k of a partitioned log, and the watermark it reached as
+`follow_gen`, `follow_step`), so a restarted follower goes on from there and never re-applies
+an older record over a newer one.
 
 Replicas read the same log: rec-server writes a stored table's rows into its own row cache as
 it applies each record, so a replica serves a row fresh from its cache even before the follower
@@ -36,8 +37,9 @@ from rec.contract.store import (
     raw_id_partition,
 )
 from rec.contract.updates import UpdateError, UpdateRecord, parse_url
+from rec.logs.update_reader import Entry, PartitionedLogReader
 from rec.served_map import Version
-from rec.update_log import Applier, Entry, LogReader, ServedTable
+from rec.update_log import Applier, ServedTable
 
 READ_ENTRIES = 256
 """Log entries one XREAD returns at most (a record is up to 16,384 rows)."""
@@ -175,12 +177,6 @@ class StoreApplier(Applier):
             self.pipe, self.pending = self.client.pipeline(transaction=False), 0
 
 
-def _entry_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id ("ms-seq") as what orders it."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class StoreFollower:
     """Follows the update log at `updates_url` (default: rec.json's `updates.url`) into the
     store of the version whose rec.json is `manifest` (its `store` and `updates` sections)."""
@@ -208,26 +204,29 @@ class StoreFollower:
             raise StoreError(f"store {store.url}: no finished export under "
                              f"{store.prefix!r} (its meta hash is missing)")  # fmt: skip
         self.applier = StoreApplier(store, updates, self.client)
-        saved = self.client.hmget(self.meta, ["follow_id", "follow_run"])
-        self.cursor = saved[0].decode() if saved[0] else "0"
-        if saved[1] and not self.applier.run:
-            self.applier.run = saved[1].decode()
+        saved = {k.decode(): v.decode() for k, v in self.client.hgetall(self.meta).items()
+                 if k.startswith(b"follow_")}  # fmt: skip
+        self.cursor = saved.get("follow_id", "0")
+        self.cursors = {int(k.split(":")[1]): v for k, v in saved.items()
+                        if k.startswith("follow_id:")}  # fmt: skip
+        if saved.get("follow_run") and not self.applier.run:
+            self.applier.run = saved["follow_run"]
         self.stats = FollowStats()
-        if self.applier.raw_keyed and self.cursor != "0":
+        moved = self.cursor != "0" or any(c != "0" for c in self.cursors.values())
+        if self.applier.raw_keyed and moved:
             self._replay()
 
     def _replay(self) -> None:
         """A restarted follower of a table kept by raw id: the log up to its saved entry through
         the rules again, writing nothing, so that its order state (IdPlaces) is what it was
         when it stopped, and a lagging rank's eviction still keeps a moved id's row."""
-        reader = LogReader(self.url, "0", count=READ_ENTRIES, block_ms=None, redis_retries=True)
-        end = _entry_key(self.cursor)
+        until = self.cursors or {0: self.cursor}
+        reader = PartitionedLogReader(self.url, count=READ_ENTRIES, block_ms=None,
+                                      redis_retries=True, until=until)  # fmt: skip
         self.applier.dry = True
         try:
             while entries := reader.read():
-                for entry_id, rec in entries:
-                    if _entry_key(entry_id) > end:
-                        return
+                for _, rec in entries:
                     if not isinstance(rec, UpdateError):
                         self.applier.apply(rec)
         finally:
@@ -237,12 +236,13 @@ class StoreFollower:
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> FollowStats:
         """Reads and applies until `stop` is set (or the log has been idle for `idle_exit_s`);
         logs progress every 10 s. A broker error is retried from the same entry."""
-        log = LogReader(self.url, self.cursor, count=READ_ENTRIES, block_ms=200, retry_s=0.1,
-                        max_retry_s=5.0, on_event=lambda _kind, line: self.log(line))  # fmt: skip
+        log = PartitionedLogReader(self.url, self.cursor, cursors=self.cursors, count=READ_ENTRIES,
+                                   block_ms=200, retry_s=0.1, max_retry_s=5.0,
+                                   on_event=lambda _kind, line: self.log(line))  # fmt: skip
         last_entry, last_line = time.monotonic(), time.monotonic()
         for entries in log.follow(stop):
             if entries:
-                self._apply(entries)
+                self._apply(entries, log)
                 last_entry = time.monotonic()
             elif idle_exit_s is not None and time.monotonic() - last_entry > idle_exit_s:
                 break
@@ -253,7 +253,7 @@ class StoreFollower:
         self._progress()
         return self.stats
 
-    def _apply(self, entries: list[Entry]) -> None:
+    def _apply(self, entries: list[Entry], reader: PartitionedLogReader) -> None:
         t0 = time.perf_counter()
         for entry_id, rec in entries:
             if isinstance(rec, UpdateError):
@@ -270,9 +270,14 @@ class StoreFollower:
         # The rows, then where they came from: a follower killed in between re-applies these
         # entries (each row its whole value), it never skips one.
         self.applier.flush()
-        self.cursor = entries[-1][0]
+        if reader.layout is None:
+            self.cursor = reader.cursor
+            places = {"follow_id": self.cursor}
+        else:
+            self.cursors = reader.places()
+            places = {f"follow_id:{k}": c for k, c in self.cursors.items()}
         gen, step, _ = self.applier.mark
-        self.client.hset(self.meta, mapping={"follow_id": self.cursor, "follow_gen": str(gen),
+        self.client.hset(self.meta, mapping={**places, "follow_gen": str(gen),
                                              "follow_step": str(step),
                                              "follow_run": self.applier.run})  # fmt: skip
         self.stats.seconds_writing += time.perf_counter() - t0
@@ -283,7 +288,12 @@ class StoreFollower:
         gen, step, _ = self.applier.mark
         self.log(f"store follow: {s.records} records, {s.rows} rows into {self.store_url} "
                  f"({rate:,.0f} rows/s writing), watermark gen {gen} step {step}, "
-                 f"{s.refused} refused, at entry {self.cursor}")  # fmt: skip
+                 f"{s.refused} refused, at {self._place()}")  # fmt: skip
+
+    def _place(self) -> str:
+        if not self.cursors:
+            return f"entry {self.cursor}"
+        return ", ".join(f"partition {k} entry {c}" for k, c in sorted(self.cursors.items()))
 
     def close(self) -> None:
         self.client.close()

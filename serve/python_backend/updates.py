@@ -2,17 +2,16 @@
 model's tables while it serves, as rec-server applies it.
 
 When the version's rec.json has an `updates` section, a daemon thread reads the update log
-(rec.update_log.LogReader, from entry "0") and writes the rows of the records after the
-export's (gen, step) into model.pt's TBE storage buffers in place. The log's URL is rec.json's
-`updates.url`, or the config's `updates_url` (rec-server's `--updates URL|none`: a URL
-overrides it, `none` turns the log off). The rules are rec.update_log.Applier's, which are
-rec-server's (a record is applied whole or refused whole: other run, unknown table, wrong dtype
-or dim, id out of range, backwards, malformed), the writer is rec.update_log.write_rows. A ZCH
-table's id map changes (format version 2) are checked by the same rules (slot_range, id_held,
-map_mismatch) and written into model.pt's map buffers (rec.json "zch.tables.<t>.buffers") with
-the rows, under the same lock. Each model instance (its own stub process) keeps its own copy of
-the tables and its own reader.
-"""
+(rec.logs.update_reader.PartitionedLogReader, every partition from its start) and writes the
+rows of the records after the export's (gen, step) into model.pt's TBE storage buffers in
+place. The log's URL is rec.json's `updates.url`, or the config's `updates_url` (rec-server's
+`--updates URL|none`: a URL overrides it, `none` turns the log off). The rules are
+rec.update_log.Applier's, which are rec-server's (a record is applied whole or refused whole:
+other run, unknown table, wrong dtype or dim, id out of range, backwards, malformed), the
+writer is rec.update_log.write_rows. A ZCH table's id map changes (format version 2) are
+checked by the same rules (slot_range, id_held, map_mismatch) and written into model.pt's map
+buffers (rec.json "zch.tables.<t>.buffers") with the rows, under the same lock. Each model
+instance (its own stub process) keeps its own copy of the tables and its own reader."""
 
 from __future__ import annotations
 
@@ -23,7 +22,8 @@ import torch
 
 from rec.contract import ManifestError
 from rec.contract.updates import UpdateError, parse_url, row_bytes
-from rec.update_log import Applier, LogReader, ServedMap, ServedTable, write_rows
+from rec.logs.update_reader import PartitionedLogReader
+from rec.update_log import Applier, ServedMap, ServedTable, write_rows
 
 from .config import InstanceConfig, LoadError
 from .metrics import UpdateMetrics
@@ -149,16 +149,16 @@ def open_updates(config: InstanceConfig, manifest, model, refresh, families, log
 
 
 class UpdateReader:
-    """The daemon thread that reads the update log at `url` from entry "0" (rec.update_log.
-    LogReader: XREAD BLOCK, up to _BATCH_ENTRIES entries a read; a broker that goes away or
-    errors is retried from the same cursor, so nothing is lost or applied twice out of order)
-    and applies each record to `tables`. Refusals are counted and the first few of each kind
-    logged."""
+    """The daemon thread that reads the update log at `url` from its start (rec.logs.
+    update_reader.PartitionedLogReader: XREAD BLOCK, up to _BATCH_ENTRIES entries a read per
+    partition; a node that goes away or errors is retried from the same cursors, so nothing is
+    lost or applied twice out of order) and applies each record to `tables`. Refusals are
+    counted and the first few of each kind logged."""
 
     def __init__(self, model, url, tables, metrics, log):
         self.model, self.tables, self.metrics, self.log = model, tables, metrics, log
-        self.log_reader = LogReader(url, "0", count=_BATCH_ENTRIES, block_ms=_BLOCK_MS,
-                                    on_event=self._event)  # fmt: skip
+        self.log_reader = PartitionedLogReader(url, count=_BATCH_ENTRIES, block_ms=_BLOCK_MS,
+                                               on_event=self._event)  # fmt: skip
         self._stop = threading.Event()
         self._logged = Counter()
         self._thread = threading.Thread(target=self._loop, name="rec-updates", daemon=True)
