@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/context_bench.py                      # both models, ~15 min
     .venv/bin/python benchmarks/context_bench.py --models default     # the default model only
+    .venv/bin/python benchmarks/context_bench.py --rounds 2           # closed loops twice, ~22 min
     .venv/bin/python benchmarks/context_bench.py --quick              # smoke: default, N=16
     .venv/bin/python benchmarks/context_bench.py --report [--label L] # the table again
 
@@ -23,7 +24,7 @@ form of the very pairs the context form sends):
   - context: the context form (the context once, batch 1) on the context export.
 Per row:
   - request bytes: the body tritonclient sends (rec.serve.client.request_bytes) over HTTP JSON,
-    HTTP binary and gRPC, for a request shaped like the training data (--hotness: multi-hot
+    HTTP binary and gRPC, for a request shaped like the training data (multi-hot
     features 1..max_hotness ids, one-hot ones 1);
   - pairs/s at saturation: the best of rec-bench gRPC closed loops at --concurrency;
   - server CPU per pair: rec-server's utime + stime (/proc/<pid>/stat) over that best run,
@@ -44,6 +45,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 import time
@@ -83,7 +85,7 @@ def context_features(cfg) -> dict:
         "sparse_columns": [i for i, multi in enumerate(world.multi_hot) if multi],
         "candidate_sparse": [f for f in cfg.features.sparse if f not in sparse],
         "context_rows_share": round(sum(rows[t] for t in context_tables) / sum(rows.values()), 4),
-        # Bags as the training data draws them: what --hotness data shapes the requests after.
+        # Bag sizes as the training data draws them (one-hot: 1): request_bytes' requests.
         "hotness": [(1, world.max_hotness) if m else (1, 1) for m in world.multi_hot],
     }
 
@@ -103,7 +105,8 @@ def build(tmp: Path, name: str, config: Path, split: dict) -> dict:
         wall, watch = run_watched([REC, "export", str(run_dir), "--repo", str(repo), *extra],
                                   tmp / f"{name}-export-{kind}.log")  # fmt: skip
         out["repos"][kind], out["export_s"][kind] = repo, round(wall, 1)
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)  # 8.9 GB at full size
+        out.setdefault("export_peak_rss_gb", {})[kind] = round(watch.largest() / 1e9, 3)
+    shutil.rmtree(run_dir)  # the checkpoint: 8.9 GB at full size
     return out
 
 
@@ -167,18 +170,18 @@ class Progress:
 
 
 def measure_n(servers: dict, repos: dict, n: int, args, progress: Progress) -> dict:
-    """The three rows at N: closed loops in turns at each concurrency, then the open loop."""
-    runs: dict[str, dict] = {name: {"closed": {}} for name, _, _ in ROWS}
-    for clients in args.concurrency:
+    """The three rows at N: closed loops in turns at each concurrency (--rounds times), then
+    the open loop. A row's saturation is its best closed loop (rec-bench's "concurrency")."""
+    runs: dict[str, dict] = {name: {"closed": []} for name, _, _ in ROWS}
+    for clients in [c for _ in range(args.rounds) for c in args.concurrency]:
         for name, kind, form in ROWS:
             progress.step(f"N={n} {name} closed loop, {clients} client(s)")
             r = load(servers[kind], repos["context"], n, form, args.seconds, clients)
-            runs[name]["closed"][clients] = r
+            runs[name]["closed"].append(r)
             print(f"      {r['rows_per_s']:10.0f} pairs/s p99={r['p99_us']:9.0f} us "
                   f"cpu/pair={r['cpu_us_per_pair']:.2f} us", flush=True)  # fmt: skip
     for run in runs.values():
-        best = max(run["closed"], key=lambda c: run["closed"][c]["rows_per_s"])
-        run["saturation"] = {"concurrency": best, **run["closed"][best]}
+        run["saturation"] = max(run["closed"], key=lambda r: r["rows_per_s"])
     pair_rate = args.open_load * runs["flat_plain"]["saturation"]["rows_per_s"]
     for name, kind, form in ROWS:
         progress.step(f"N={n} {name} open loop at {pair_rate:.0f} pairs/s")
@@ -227,7 +230,8 @@ def measure_model(built: dict, split: dict, args) -> dict:
             t0 = time.perf_counter()
             servers[kind] = launch_cpp(repos[kind].resolve(), "--model", MODEL)
             started[kind] = round(time.perf_counter() - t0, 2)
-        progress = Progress(len(args.candidates) * (len(args.concurrency) + 1) * len(ROWS))
+        closed = args.rounds * len(args.concurrency)
+        progress = Progress(len(args.candidates) * (closed + 1) * len(ROWS))
         per_n = {}
         for n in args.candidates:
             runs = measure_n(servers, repos, n, args, progress)
@@ -241,6 +245,7 @@ def measure_model(built: dict, split: dict, args) -> dict:
         "split": split,
         "train_s": built["train_s"],
         "export_s": built["export_s"],
+        "export_peak_rss_gb": built["export_peak_rss_gb"],
         "server_start_s": started,
         "server_peak_rss_gb": {k: round(v / 1e9, 3) for k, v in peak.items()},
         "candidates": per_n,
@@ -299,6 +304,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8],
                    help="closed-loop clients tried for saturation")  # fmt: skip
     p.add_argument("--seconds", type=float, default=4.0, help="per closed-loop run")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="closed-loop sweeps per N (saturation: the best run of all)")  # fmt: skip
     p.add_argument("--open-seconds", type=float, default=8.0, help="per open-loop run")
     p.add_argument("--open-load", type=float, default=0.5,
                    help="open-loop pair rate, x flat_plain's saturation pairs/s")  # fmt: skip
@@ -337,7 +344,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "server": "rec-server --model rec (its defaults); rec-bench grpc on the same cores",
         "settings": {k: getattr(args, k) for k in ("kaggle_scale", "candidates", "concurrency",
-                     "seconds", "open_seconds", "open_load", "open_clients", "quick")},
+                     "seconds", "rounds", "open_seconds", "open_load", "open_clients", "quick")},
         "targets": TARGETS,
         "models": {},
     }  # fmt: skip
