@@ -12,6 +12,13 @@ the config), the same cells the file readers take:
 A row with a missing or extra cell is sent as it is; the reader refuses and parks it, which is
 how a bad row looks in a stream.
 
+Partitions (rec.contract.partitions): `partitions` P creates the stream's layout record (SET NX)
+or checks the one there (the same P, and `key` if given); without it a layout already there is
+followed. Each event goes to partition crc32(utf8(str(event[key]))) mod P (event_partition), an
+entry cut as below then split by partition, each part its own entry in order; without a key
+column, each entry goes to the next partition in turn (round robin). One sender per partition
+dials the partition's node (rec.logs.route.Router) and resends after an outage as for one stream.
+
 Pacing: `rate` sends R events per second on a fixed schedule; `speed` replays a file's own
 clock X times faster, from its `time_column` (seconds, e.g. Unix time): an event is sent
 (t - t_first) / X after the start. Neither: as fast as the broker takes them. An entry holds
@@ -31,9 +38,11 @@ from typing import Any
 
 from rec.config import RecConfig, StreamConfig
 from rec.contract.events import MAX_EVENTS, encode, parse_url
+from rec.contract.partitions import Layout, event_partition, layout_key, make_layout, parse_layout
 from rec.data.backoff import Backoff
 from rec.data.errors import DataError
 from rec.features import feature_spec
+from rec.logs.route import Router
 
 CHUNK = 4096
 """Events read from a source at a time."""
@@ -242,16 +251,25 @@ def replay(
     retry_s: float = _RETRY.retry_s,
     max_retry_s: float = _RETRY.max_retry_s,
     log: Callable[[str], None] = print,
+    partitions: int = 0,
+    key: str = "",
 ) -> ReplayStats:
     """Sends the chunks' events to the stream at `url`, paced as the module docstring says;
     `progress(stats)` about once a second and at the end. While the broker is away it waits
     as the stream reader does (retry_s, doubling up to max_retry_s; data.stream's), saying so
-    through `log`, and goes on where the broker stopped taking entries."""
+    through `log`, and goes on where the broker stopped taking entries. `partitions`, `key`:
+    the stream's partitions and the column events are partitioned by (module docstring)."""
     if rate is not None and speed is not None:
         raise ValueError("give --rate or --speed, not both")
     if not 0 < per_entry <= MAX_EVENTS:
         raise ValueError(f"per_entry={per_entry} must be in [1, {MAX_EVENTS}]")
-    sender = _Sender(url, Backoff(retry_s, max_retry_s), log)
+    router, backoff = Router(parse_url(url).nodes), Backoff(retry_s, max_retry_s)
+    layout = _layout_when_up(url, router, partitions, key, backoff, log)
+    sender: _Sender | _Fanout = (_Sender(url, backoff, log, router=router) if layout is None
+                                 else _Fanout(url, layout, backoff, log, router))  # fmt: skip
+    if layout is not None:
+        how = f"by crc32 of column {layout.key!r}" if layout.key else "round robin"
+        log(f"{parse_url(url)}: {layout.partitions} partitions ({how})")
     stats, t0, first_time = ReplayStats(), clock(), None
     ticker = _Ticker(stats, t0, progress, clock)
     try:
@@ -268,6 +286,57 @@ def replay(
     return stats
 
 
+def _layout_when_up(url: str, router: Router, partitions: int, key: str, backoff: Backoff,
+                    log: Callable[[str], None]) -> Layout | None:  # fmt: skip
+    """ensure_layout, waiting with `backoff` while the broker is away (as the senders do)."""
+    import redis
+
+    away = False
+    while True:
+        try:
+            layout = ensure_layout(url, router, partitions, key)
+            backoff.reset()
+            return layout
+        except (redis.RedisError, OSError) as e:
+            if not router.reroutes(e):
+                raise
+            router.invalidate()
+            if not away:
+                away = True
+                log(f"the stream {url} is unreachable ({e}); waiting for it")
+            backoff.wait()
+
+
+def ensure_layout(url: str, router: Router, partitions: int = 0, key: str = "") -> Layout | None:
+    """The stream's layout: created (SET NX) when `partitions` is given and there is none,
+    checked against `partitions` and `key` when there is one; None for one stream (no layout
+    and no `partitions`). A ValueError naming both when they differ."""
+    import redis
+
+    where = parse_url(url)
+    name = layout_key(where.stream)
+    host, port = router.node_for(name)
+    client = redis.Redis(host=host, port=port, socket_connect_timeout=2, socket_timeout=10)
+    try:
+        if partitions:
+            client.set(name, make_layout(where.stream, partitions, key).to_json(), nx=True)
+        text = client.get(name)
+    finally:
+        client.close()
+    if text is None:
+        return None
+    layout = parse_layout(text, f"{where} {name}")
+    if partitions and (layout.partitions, layout.key) != (partitions, key):
+        raise ValueError(f"{where} is already {layout.partitions} partitions keyed by "
+                         f"{layout.key or '(round robin)'!r} ({name}); asked for {partitions} "
+                         f"keyed by {key or '(round robin)'!r}: a partitioned stream keeps its "
+                         "layout (replay into another stream name to change it)")  # fmt: skip
+    if key and layout.key != key:
+        raise ValueError(f"{where} is partitioned by {layout.key or '(round robin)'!r}, "
+                         f"not {key!r} ({name})")  # fmt: skip
+    return layout
+
+
 class _Sender:
     """XADDs entries to the stream in pipelined round trips. When the broker goes away (a
     restart, a network break) it closes the connection, waits with `backoff`, reconnects, and
@@ -277,8 +346,12 @@ class _Sender:
     the entries' fields keeps an entry from being sent twice (another producer's entries in
     between do not match and are passed over)."""
 
-    def __init__(self, url: str, backoff: Backoff, log: Callable[[str], None]) -> None:
+    def __init__(self, url: str, backoff: Backoff, log: Callable[[str], None],
+                 key: str = "", router: Router | None = None) -> None:  # fmt: skip
         self.url, self.where, self.backoff, self.log = url, parse_url(url), backoff, log
+        self.key = key or self.where.stream
+        """The stream key: the URL's stream, or one of its partitions."""
+        self.router = router or Router(self.where.nodes)
         self.client: Any = None
         self.queued: list[dict[str, str]] = []
         self.last_id: bytes | None = None
@@ -286,6 +359,11 @@ class _Sender:
 
     def add(self, fields: dict[str, str]) -> None:
         self.queued.append(fields)
+
+    def put(self, events: list[dict[str, Any]]) -> int:
+        """Queues the events as one entry; the entries queued (1)."""
+        self.add(encode(events))
+        return 1
 
     def flush(self) -> None:
         import redis
@@ -297,11 +375,14 @@ class _Sender:
                     self._connect()
                 pipe = self.client.pipeline(transaction=False)
                 for fields in self.queued:
-                    pipe.xadd(self.where.stream, fields)
+                    pipe.xadd(self.key, fields)
                 self.last_id = pipe.execute()[-1]
                 self.queued = []
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            except (redis.RedisError, OSError) as e:
+                if not self.router.reroutes(e):
+                    raise
                 self.close()
+                self.router.invalidate()
                 if not away:
                     away = True
                     self.log(f"the stream {self.url} is unreachable ({e}); waiting for it, "
@@ -319,11 +400,12 @@ class _Sender:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        client = redis.Redis(host=self.where.host, port=self.where.port, socket_connect_timeout=2,
-                             socket_timeout=10, retry=Retry(NoBackoff(), 0))  # fmt: skip
+        host, port = self.router.node_for(self.key)
+        client = redis.Redis(host=host, port=port, socket_connect_timeout=2, socket_timeout=10,
+                             retry=Retry(NoBackoff(), 0))  # fmt: skip
         try:
             if self.last_id is None:
-                newest = client.xrevrange(self.where.stream, count=1)
+                newest = client.xrevrange(self.key, count=1)
                 self.last_id = newest[0][0] if newest else b"0-0"
             else:
                 self._drop_taken(client)
@@ -333,7 +415,7 @@ class _Sender:
         self.client = client
 
     def _drop_taken(self, client: Any) -> None:
-        taken = client.xrange(self.where.stream, min=b"(" + self.last_id)
+        taken = client.xrange(self.key, min=b"(" + self.last_id)
         mine = [{k.encode(): v.encode() for k, v in f.items()} for f in self.queued]
         done = 0
         for entry_id, fields in taken:
@@ -351,6 +433,39 @@ class _Sender:
             self.client = None
 
 
+class _Fanout:
+    """A partitioned stream's senders, one per partition (module docstring)."""
+
+    def __init__(self, url: str, layout: Layout, backoff: Backoff, log: Callable[[str], None],
+                 router: Router) -> None:  # fmt: skip
+        self.layout = layout
+        self.senders = [_Sender(url, backoff, log, key, router) for key in layout.keys]
+        self.turn = 0
+
+    def put(self, events: list[dict[str, Any]]) -> int:
+        """Queues the events to their partitions; the entries queued."""
+        if not self.layout.key:
+            self.senders[self.turn].put(events)
+            self.turn = (self.turn + 1) % len(self.senders)
+            return 1
+        parts: dict[int, list[dict[str, Any]]] = {}
+        for event in events:
+            k = event_partition(event.get(self.layout.key), self.layout.partitions)
+            parts.setdefault(k, []).append(event)
+        for k, part in parts.items():
+            self.senders[k].put(part)
+        return len(parts)
+
+    def flush(self) -> None:
+        for sender in self.senders:
+            if sender.queued:
+                sender.flush()
+
+    def close(self) -> None:
+        for sender in self.senders:
+            sender.close()
+
+
 class _Ticker:
     """Keeps stats.seconds current and calls progress about once a second, and at the end."""
 
@@ -366,7 +481,7 @@ class _Ticker:
             self.progress(self.stats)
 
 
-def _send(sender: _Sender, events: list, due: list[float], per_entry: int,
+def _send(sender: _Sender | _Fanout, events: list, due: list[float], per_entry: int,
           tick: _Ticker) -> None:  # fmt: skip
     """XADDs the events as entries, each when its last event is due; entries already due go
     in one pipelined round trip (up to PIPELINE events)."""
@@ -377,10 +492,9 @@ def _send(sender: _Sender, events: list, due: list[float], per_entry: int,
             queued = 0
             tick()
         _sleep_until(due[hi - 1], tick.clock)
-        sender.add(encode(events[lo:hi]))
+        tick.stats.entries += sender.put(events[lo:hi])
         queued += hi - lo
         tick.stats.events += hi - lo
-        tick.stats.entries += 1
     if queued:
         sender.flush()
         tick()

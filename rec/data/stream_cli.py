@@ -67,8 +67,22 @@ def stream() -> None:
     show_default=True,
     help="Events per stream entry at most.",
 )
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Partition the stream in P (creates its layout record {STREAM}:layout, or checks "
+    "the one there); without it, a stream already partitioned is followed.",
+)
+@click.option(
+    "--key",
+    "key_column",
+    default="",
+    help="With --partitions: the event column partitions are chosen by "
+    "(crc32 of its text mod P); default: round robin per entry.",
+)
 def replay_command(file, url, config, synthetic, start, rate, speed, time_column,
-                   per_entry) -> None:  # fmt: skip
+                   per_entry, partitions, key_column) -> None:  # fmt: skip
     """Feed the stream at --to from FILE (a time-ordered CSV, Parquet or Criteo TSV file, in
     the config's data.source format) or from the synthetic generator (--synthetic N), printing
     events/s and the ETA about once a second. While the broker is away it waits and retries
@@ -83,6 +97,8 @@ def replay_command(file, url, config, synthetic, start, rate, speed, time_column
         raise click.UsageError("give --rate or --speed, not both")
     if speed is not None and not time_column:
         raise click.UsageError("--speed replays the file's clock: name its --time-column")
+    if key_column and partitions is None:
+        raise click.UsageError("--key chooses partitions: give --partitions P with it")
     try:
         parse_url(url)
     except ValueError as e:
@@ -101,9 +117,13 @@ def replay_command(file, url, config, synthetic, start, rate, speed, time_column
     try:
         stats = replay(chunks, url, rate=rate, speed=speed, per_entry=per_entry, progress=show,
                        retry_s=cfg.data.stream.retry_s, max_retry_s=cfg.data.stream.max_retry_s,
-                       log=lambda line: click.echo(f"replay: {line}", err=True))  # fmt: skip
+                       log=lambda line: click.echo(f"replay: {line}", err=True),
+                       partitions=partitions or 0, key=key_column)  # fmt: skip
     except redis.RedisError as e:
         click.echo(f"error: the stream {url} failed: {e}", err=True)
+        sys.exit(1)
+    except ValueError as e:  # a layout that differs from --partitions/--key
+        click.echo(f"error: {e}", err=True)
         sys.exit(1)
     click.echo(f"sent {stats.events:,} events in {stats.entries:,} entries to {url} "
                f"in {stats.seconds:.1f} s ({stats.rate:,.0f} events/s)")  # fmt: skip

@@ -1,7 +1,8 @@
 """A partitioned event stream (rec.contract.partitions) read by in-process readers against a real
 redis-server of the test's own, P=4: each partition read as consumer partition<k> whatever the
 rank, what a stray consumer holds taken over at open and trained once, digests salted by the
-partition."""
+partition; ranks reading k mod world; `rec stream replay --partitions --key` making the layout
+and sending each event to crc32(key) mod P, or entries round robin."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ import pytest
 import redis
 
 from rec.broker import RedisBroker, redis_server_path
+from rec.config import config_from_dict
 from rec.contract.events import encode
-from rec.contract.partitions import dead_key, layout_key, make_layout
+from rec.contract.partitions import (
+    dead_key,
+    event_partition,
+    layout_key,
+    make_layout,
+    parse_layout,
+)
+from rec.data.replay import synthetic_events
 from rec.data.stream import (
     PartitionedReader,
     StreamConfig,
@@ -24,7 +33,8 @@ from rec.data.stream import (
     open_reader,
 )
 from rec.data.stream_redis import Partition, RedisEventReader
-from rec.features import HASH, DenseFeature, FeatureSpec, SparseFeature
+from rec.features import HASH, DenseFeature, FeatureSpec, SparseFeature, feature_spec
+from tests.helpers import rec_in_process, write_config
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -206,3 +216,75 @@ def test_a_dry_partition_does_not_hold_a_batch_past_its_deadline(broker):
     b = reader.next_batch(4, wait_s=5)
     assert _numbers(b) == late and time.monotonic() - t0 < 2.5, "woken by the partition's thread"
     reader.close()
+
+
+RAW = {
+    "tables": [
+        {"name": f"t{i}", "rows": r, "dim": 8, "features": [f"cat_{i}"]}
+        for i, r in enumerate([300, 50])
+    ],  # fmt: skip
+    "features": {"dense": 2},
+    "model": {"dense_arch": [16, 8], "over_arch": [16, 1]},
+    "data": {"synthetic": {"train_samples": 2_000, "eval_samples": 100, "max_hotness": 1}},
+}
+
+
+def _entries(client, key: str) -> list[list[dict]]:
+    return [json.loads(f[b"events"]) for _, f in client.xrange(key)]
+
+
+def test_replay_partitions_by_the_key_columns_crc32_creates_and_keeps_the_layout(broker, tmp_path):
+    config = str(write_config(tmp_path / "c.yaml", RAW))
+    url = broker.url("keyed")
+    out = rec_in_process("stream", "replay", "--synthetic", "600", "--partitions", "4", "--key",
+                         "cat_0", "--per-entry", "50", "--to", url, "-c", config,
+                         check=True)  # fmt: skip
+    assert "sent 600 events" in out.stdout, out.stdout
+    client = redis.Redis(port=broker.port)
+    layout = parse_layout(client.get(layout_key("keyed")), "keyed")
+    assert (layout.partitions, layout.key) == (4, "cat_0") and layout == make_layout(
+        "keyed", 4, "cat_0"
+    )
+    _, chunks = synthetic_events(config_from_dict(RAW), 600)
+    sent = [json.loads(json.dumps(e)) for chunk, _ in chunks for e in chunk]
+    for k, key in enumerate(layout.keys):
+        got = [e for entry in _entries(client, key) for e in entry]
+        assert got, f"partition {k} is empty"
+        assert all(event_partition(e["cat_0"], 4) == k for e in got)
+        assert got == [e for e in sent if event_partition(e["cat_0"], 4) == k], "in order"
+    assert not client.exists("keyed"), "nothing goes to the unpartitioned stream"
+
+    other = rec_in_process("stream", "replay", "--synthetic", "10", "--partitions", "2",
+                           "--to", url, "-c", config)  # fmt: skip
+    assert other.returncode == 1 and "already 4 partitions keyed by 'cat_0'" in other.stdout
+    # Without --partitions, the layout there is followed.
+    rec_in_process("stream", "replay", "--synthetic", "40", "--start", "600", "--to", url,
+                   "-c", config, check=True)  # fmt: skip
+    total = sum(len(e) for key in layout.keys for e in _entries(client, key))
+    assert total == 640 and not client.exists("keyed")
+    cfg = StreamConfig(url=url, retry_s=0.05, max_retry_s=0.2)
+    reader = open_reader(cfg, feature_spec(config_from_dict(RAW)), 0, world=1)
+    read = 0
+    while len(b := reader.next_batch(256, wait_s=0.2)):
+        read += len(b)
+    reader.close()
+    assert read == 640, "the partitioned reader reads what the replay sent"
+
+
+def test_replay_without_a_key_deals_entries_round_robin(broker, tmp_path):
+    config = str(write_config(tmp_path / "c.yaml", RAW))
+    url = broker.url("dealt")
+    rec_in_process("stream", "replay", "--synthetic", "300", "--partitions", "3", "--per-entry",
+                   "20", "--to", url, "-c", config, check=True)  # fmt: skip
+    client = redis.Redis(port=broker.port)
+    layout = parse_layout(client.get(layout_key("dealt")), "dealt")
+    assert (layout.partitions, layout.key) == (3, "")
+    counts = [len(_entries(client, key)) for key in layout.keys]
+    assert counts == [5, 5, 5], "15 entries of 20 dealt in turn"
+    first = [_entries(client, key)[0][0]["cat_0"] for key in layout.keys]
+    _, chunks = synthetic_events(config_from_dict(RAW), 60)
+    sent = [e for chunk, _ in chunks for e in chunk]
+    assert first == [sent[0]["cat_0"], sent[20]["cat_0"], sent[40]["cat_0"]]
+    key = rec_in_process("stream", "replay", "--synthetic", "5", "--key", "cat_0", "--to", url,
+                         "-c", config)  # fmt: skip
+    assert key.returncode == 2 and "give --partitions P" in key.stdout
