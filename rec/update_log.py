@@ -40,7 +40,9 @@ look into a log) all read through it.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rec.contract.updates import FORMAT_V2, UpdateError, UpdateRecord
@@ -207,6 +209,60 @@ class Applier:
         if not self.world or len(self.complete) < self.world:
             return None
         return min(self.complete.values())
+
+    def held_by(self) -> int | None:
+        """The rank holding the watermark back, once some rank of the newest generation has a
+        complete publish: a rank with none yet (the smallest), else the one whose newest is
+        the oldest while another's is newer; None when no rank is behind another."""
+        if not self.world or not self.complete:
+            return None
+        missing = [r for r in range(self.world) if r not in self.complete]
+        if missing:
+            return missing[0]
+        versions = {r: v[:2] for r, v in self.complete.items()}
+        low = min(versions, key=lambda r: (versions[r], r))
+        return low if versions[low] < max(versions.values()) else None
+
+
+class WatermarkWatch:
+    """Names the partition holding a replica's watermark back (#60): rank r writes partition
+    r mod P, so a silent rank (stopped, slow, or its partition's master away) is a silent
+    partition. `check()` returns a line to log, or None: "held" once the holding rank
+    (Applier.held_by) has not been heard from for max(5 s, 4 x publish.every_seconds), and
+    "spoke again" when the watermark moves on after that. `heard(rec)` after each record read.
+    `partitions()`: the log's P (0: one stream, the line names the rank only)."""
+
+    def __init__(self, applier: Applier, partitions: Callable[[], int], every_seconds: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.applier, self.partitions, self.clock = applier, partitions, clock
+        self.after_s = max(5.0, 4 * every_seconds)
+        self.since = clock()
+        self.last: dict[int, float] = {}  # rank -> when its last record was read
+        self.held: tuple[int, tuple[int, ...]] | None = None  # (rank, mark) reported
+
+    def heard(self, rec: UpdateRecord) -> None:
+        self.last[rec.rank] = self.clock()
+
+    def name(self, rank: int) -> str:
+        p = self.partitions()
+        return f"partition {rank % p} (rank {rank})" if p else f"rank {rank}"
+
+    def check(self) -> str | None:
+        rank, mark = self.applier.held_by(), self.applier.mark[:2]
+        if self.held is not None:
+            if (rank, mark) == self.held:
+                return None
+            was, self.held = self.held, None
+            return (f"watermark moved on from gen {was[1][0]} step {was[1][1]}: "
+                    f"{self.name(was[0])} spoke again")  # fmt: skip
+        if rank is None:
+            return None
+        silent = self.clock() - self.last.get(rank, self.since)
+        if silent < self.after_s:
+            return None
+        self.held = (rank, mark)
+        return (f"watermark held at gen {mark[0]} step {mark[1]} by {self.name(rank)}: "
+                f"silent {silent:.0f} s")  # fmt: skip
 
 
 def write_rows(buffer, place: dict, ids, rows: bytes) -> None:

@@ -26,7 +26,7 @@ INTEGRATION = frozenset({
     "serve_cpp", "serve_triton", "serve_cli", "reliability", "store", "deploy",
     "data/test_replay.py", "data/test_stream.py", "data/test_partitions.py",
     "logs/test_keyslot.py", "logs/test_route.py", "logs/test_update_layout.py",
-    "logs/test_update_reader.py",
+    "logs/test_update_reader.py", "logs/test_update_watermark.py",
     # Real torchrun training.
     "train/test_default_run.py", "train/test_din.py", "train/test_eval_split.py",
     "train/test_faults.py", "train/test_multihost.py", "train/test_plain_pipeline.py",

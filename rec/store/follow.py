@@ -39,7 +39,7 @@ from rec.contract.store import (
 from rec.contract.updates import UpdateError, UpdateRecord, parse_url
 from rec.logs.update_reader import Entry, PartitionedLogReader
 from rec.served_map import Version
-from rec.update_log import Applier, ServedTable
+from rec.update_log import Applier, ServedTable, WatermarkWatch
 
 READ_ENTRIES = 256
 """Log entries one XREAD returns at most (a record is up to 16,384 rows)."""
@@ -240,10 +240,16 @@ class StoreFollower:
                                    block_ms=200, retry_s=0.1, max_retry_s=5.0,
                                    on_event=lambda _kind, line: self.log(line))  # fmt: skip
         last_entry, last_line = time.monotonic(), time.monotonic()
+        watch = WatermarkWatch(self.applier, lambda: log.partitions)
         for entries in log.follow(stop):
             if entries:
                 self._apply(entries, log)
                 last_entry = time.monotonic()
+                for _, rec in entries:
+                    if not isinstance(rec, UpdateError):
+                        watch.heard(rec)
+            if line := watch.check():
+                self.log(f"store follow: {line}")
             elif idle_exit_s is not None and time.monotonic() - last_entry > idle_exit_s:
                 break
             if time.monotonic() - last_line > 10:

@@ -23,7 +23,7 @@ import torch
 from rec.contract import ManifestError
 from rec.contract.updates import UpdateError, parse_url, row_bytes
 from rec.logs.update_reader import PartitionedLogReader
-from rec.update_log import Applier, ServedMap, ServedTable, write_rows
+from rec.update_log import Applier, ServedMap, ServedTable, WatermarkWatch, write_rows
 
 from .config import InstanceConfig, LoadError
 from .metrics import UpdateMetrics
@@ -153,12 +153,15 @@ class UpdateReader:
     update_reader.PartitionedLogReader: XREAD BLOCK, up to _BATCH_ENTRIES entries a read per
     partition; a node that goes away or errors is retried from the same cursors, so nothing is
     lost or applied twice out of order) and applies each record to `tables`. Refusals are
-    counted and the first few of each kind logged."""
+    counted and the first few of each kind logged. A rank whose partition holds the watermark
+    back is named once it has been silent a while, and again when it speaks
+    (rec.update_log.WatermarkWatch)."""
 
     def __init__(self, model, url, tables, metrics, log):
         self.model, self.tables, self.metrics, self.log = model, tables, metrics, log
         self.log_reader = PartitionedLogReader(url, count=_BATCH_ENTRIES, block_ms=_BLOCK_MS,
                                                on_event=self._event)  # fmt: skip
+        self.watch = WatermarkWatch(tables, lambda: self.log_reader.partitions)
         self._stop = threading.Event()
         self._logged = Counter()
         self._thread = threading.Thread(target=self._loop, name="rec-updates", daemon=True)
@@ -183,6 +186,10 @@ class UpdateReader:
                     self._take(entry_id, record)
                 except Exception as e:  # the reader must outlive one bad entry
                     self._say("error", f"update log entry {entry_id}: {e!r}")
+                if not isinstance(record, UpdateError):
+                    self.watch.heard(record)
+            if line := self.watch.check():
+                self._say("warn", line)
 
     def _take(self, entry_id, record):
         if isinstance(record, UpdateError):
