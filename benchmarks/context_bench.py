@@ -56,6 +56,7 @@ import yaml
 
 from rec.benchmarking import BUILD, REC, RESULTS, model_configs, process_cpu_s, run_watched
 from rec.config import load_config
+from rec.contract import ModelDir
 from rec.contract.context import ContextSplit
 from rec.cpu import cpu_info, describe
 from rec.data.synthetic import World
@@ -112,7 +113,7 @@ def build(tmp: Path, name: str, config: Path, split: dict) -> dict:
 
 def served_split(repo: Path, split: dict) -> ContextSplit:
     """The context export's rec.json "context" section, checked to be the split asked for."""
-    manifest = json.loads(next((repo / MODEL).glob("*/rec.json")).read_text())
+    manifest = json.loads(ModelDir.of(repo, MODEL).manifest.read_text())
     served = ContextSplit.from_dict(manifest["context"])
     if served.sparse != tuple(split["sparse_columns"]) or len(served.dense) != len(split["dense"]):
         raise SystemExit(f"{repo}: rec.json's context {manifest['context']} is not {split}")
