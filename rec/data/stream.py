@@ -176,23 +176,14 @@ class PartitionedReader(EventReader):
         router = Router(parse_url(cfg.url).nodes)  # one map for every partition's links
         self.wake = threading.Condition()
         self.woken = False
-        self.parts = {
-            k: RedisEventReader(
-                cfg,
-                spec,
-                rank,
-                at.get(k),
-                raw_dense,
-                self.on_event,
-                clock,
-                max(1, read_ahead),
-                hold_out,
-                Partition(k, layout.keys[k], dead_key(layout.keys[k])),
-                router,
-                self._notify,
+        self.parts: dict[int, RedisEventReader] = {}
+        for k in self.mine:
+            part = Partition(k, layout.keys[k], dead_key(layout.keys[k]))
+            self.parts[k] = RedisEventReader(
+                cfg, spec, rank, at.get(k), raw_dense, on_event=self.on_event, clock=clock,
+                read_ahead=max(1, read_ahead), hold_out=hold_out, partition=part, router=router,
+                notify=self._notify,
             )  # fmt: skip
-            for k in self.mine
-        }
         self.turn = 0
         self.shape = Assembler(spec, raw_dense)  # transforms the concatenated rows, once
         self.stopping = threading.Event()
