@@ -2,9 +2,15 @@
 master of its slot.
 
 A publishing rank r writes partition r mod P only (train.publish), so each rank's records keep
-their order in one partition; across partitions any interleaving is a valid order (the replica
-rules, rec.update_log.Applier and rec.served_map, decide by a record's (gen, step), never by its
-place in the log).
+their order in one partition. Within a generation (one start of the run) a row belongs to one
+rank, so any interleaving of the partitions is a valid order (the map rules of rec.served_map
+decide by (gen, step)). Across generations it is not: a resume, maybe on another world, re-sends
+at their checkpoint values the rows the dead generation published past it, and a dead rank's
+record read after them would undo that. So no record of generation g is returned while a
+partition not yet read to its end may still hold older ones: such a partition's entries of a
+newer generation are held back (its cursor stays before them, and it is not read again until the
+others have caught up), and each read's entries are returned in generation order (stable, so
+each partition's order stays). The one stream's order is the log's, as before.
 
 `PartitionedLogReader` keeps a cursor per partition. A read is one pipelined non-blocking XREAD
 per node (its partitions' keys each their own command: one XREAD of keys in several slots is a
@@ -71,6 +77,10 @@ class PartitionedLogReader:
         self.clients: dict[Node, object] = {}
         self.up: bool | None = None
         self._turn = 0
+        self.caught: set[int] = set()  # partitions read to their end by their last read
+        self.next_gen: dict[
+            int, int
+        ] = {}  # the generation of a partition's next unread entry, at least
 
     @property
     def partitions(self) -> int:
@@ -89,6 +99,11 @@ class PartitionedLogReader:
         if not self.settled:
             self._look_for_layout()
         streams = [(k, key) for k, key in self._streams() if k not in self.done]
+        held: list[int] = []
+        if self.layout is not None:  # a partition held back waits until the others catch up
+            low = self._low()
+            held = [k for k, _ in streams if self.next_gen.get(k, 0) > low]
+            streams = [(k, key) for k, key in streams if k not in held]
         if not streams:
             return []
         if len(streams) == 1:
@@ -102,7 +117,50 @@ class PartitionedLogReader:
         if self.up is not True:
             self.up = True
             self.on_event("up", f"reading update log {self.where} from {self._where_from()}")
-        return [entry for k, raw in got.items() for entry in self._take(k, raw)]
+        taken = {k: self._take(k, raw) for k, raw in got.items()}
+        if self.layout is None:
+            entries = taken.get(0, [])
+            if entries:
+                self.cursor, self.settled = entries[-1][0], True
+            return entries
+        entries = self._in_generation_order(taken, {k: len(raw) for k, raw in got.items()})
+        if not entries and any(self.next_gen[k] <= self._low() for k in held):
+            return self.read()  # the others caught up: the partitions held back go on now
+        return entries
+
+    def _low(self) -> int | float:
+        """The oldest generation a partition not read to its end may still hold."""
+        behind = [self.next_gen.get(k, 0) for k in range(self.partitions)
+                  if k not in self.caught and k not in self.done]  # fmt: skip
+        return min(behind, default=float("inf"))
+
+    def _in_generation_order(self, taken: dict[int, list[Entry]],
+                             fetched: dict[int, int]) -> list[Entry]:  # fmt: skip
+        """The entries of one read that no unread older record can precede, in generation
+        order; the rest held back (module docstring), the cursors moved past what is returned."""
+        gens: dict[int, list[int]] = {}
+        for k, entries in taken.items():
+            gen, gens[k] = self.next_gen.get(k, 0), []
+            for _, rec in entries:
+                gen = rec.gen if isinstance(rec, UpdateRecord) else gen  # malformed: no gen
+                gens[k].append(gen)
+            self.next_gen[k] = gen
+            self.caught.discard(k)
+            if fetched[k] < self.count:
+                self.caught.add(k)
+        low = self._low()
+        out: list[tuple[int, Entry]] = []
+        for k, entries in taken.items():
+            cut = next((i for i, g in enumerate(gens[k]) if g > low), len(entries))
+            if cut < len(entries):  # held back: read again once the others caught up
+                self.next_gen[k] = gens[k][cut]
+                self.caught.discard(k)
+                self.done.discard(k)
+            if cut:
+                self.cursors[k] = entries[cut - 1][0]
+            out += zip(gens[k][:cut], entries[:cut], strict=True)
+        out.sort(key=lambda pair: pair[0])  # stable: each partition keeps its order
+        return [entry for _, entry in out]
 
     def _streams(self) -> list[tuple[int, str]]:
         if self.layout is None:
@@ -168,11 +226,6 @@ class PartitionedLogReader:
                 entries.append((entry_id, e))
         if bound is not None and (not raw or entries and entry_key(entries[-1][0]) == bound):
             self.done.add(k)  # read up to its bound (or it holds nothing more)
-        if entries:
-            if self.layout is None:
-                self.cursor, self.settled = entries[-1][0], True
-            else:
-                self.cursors[k] = entries[-1][0]
         return entries
 
     def _where_from(self) -> str:

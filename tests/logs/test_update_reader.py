@@ -44,10 +44,13 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def _record(rank: int, world: int, step: int, last: bool = True) -> UpdateRecord:
-    ids = (rank, ROWS - 1 - rank)
-    return UpdateRecord("r", 1, rank, world, step, time.time_ns(), last, "t0", "int8", DIM, ids,
-                        bytes([step % 256]) * (row_bytes(DIM, "int8") * 2))  # fmt: skip
+def _record(rank: int, world: int, step: int, last: bool = True, gen: int = 1,
+            of: int | None = None) -> UpdateRecord:  # fmt: skip
+    """Rank `rank`'s record of rows `of` and ROWS-1-`of` (default: its own), each byte `step`."""
+    of = rank if of is None else of
+    rows = bytes([step % 256]) * (row_bytes(DIM, "int8") * 2)
+    return UpdateRecord("r", gen, rank, world, step, time.time_ns(), last, "t0", "int8", DIM,
+                        (of, ROWS - 1 - of), rows)  # fmt: skip
 
 
 def _publish(url: str, stream: str, partitions: int, records) -> None:
@@ -83,6 +86,33 @@ def test_every_ranks_records_are_read_in_its_order(broker, partitions, world):
     records = [r for _, r in read_records(url, count=7)]  # several reads of each partition
     assert len(records) == world * len(steps)
     _check_order(records, world, steps)
+
+
+def test_a_newer_generation_waits_for_every_partitions_older_records(broker):
+    """Generation 1 on 2 ranks (rank 1 sends two records a publish, so its partition is the
+    longer), then a resume on 1 rank re-sends rank 1's rows (at step 5, its checkpoint): read a
+    few entries at a time, rank 1's step 6-12 records of the dead generation must all come
+    before them, or they would undo the re-sent rows."""
+    url, stream = broker.url("u:gens"), "u:gens"
+    rank1 = [_record(1, 2, s, last) for s in range(1, 13) for last in (False, True)]
+    _publish(url, stream, 2, [_record(0, 2, s) for s in range(1, 13)] + rank1)
+    _publish(url, stream, 2, [_record(0, 1, 5, gen=2, of=1), _record(0, 1, 6, gen=2)])
+    for count in (1, 3, 100):
+        entries = read_records(url, count=count)
+        records = [r for _, r in entries]
+        assert [r.gen for r in records] == [1] * 36 + [2, 2], count
+        assert [r.step for r in records if r.rank == 1] == [s for s in range(1, 13) for _ in "ab"]
+        state = Applier({"t0": ServedTable(ROWS, DIM, "int8")})
+        assert all(state.apply(r)[0] == "applied" for r in records)
+        assert state.rows["t0"][1] == bytes([5]) * row_bytes(DIM, "int8"), "the re-sent row"
+        assert state.mark[:2] == (2, 6)
+    reader = PartitionedLogReader(url, count=2, block_ms=50)
+    stop, got = threading.Event(), []
+    for batch in reader.follow(stop):
+        got += [r.gen for _, r in batch]
+        if len(got) == 38 or not batch:
+            stop.set()
+    assert got == [1] * 36 + [2, 2]
 
 
 def test_a_reader_resumes_from_its_cursors(broker):
