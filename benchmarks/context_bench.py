@@ -45,16 +45,13 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-import yaml
-
-from rec.benchmarking import BUILD, REC, RESULTS, model_configs, process_cpu_s, run_watched
+from rec.benchmarking import BUILD, RESULTS, model_configs, process_cpu_s, train_export_both
 from rec.config import load_config
 from rec.contract import ModelDir
 from rec.contract.context import ContextSplit
@@ -89,26 +86,6 @@ def context_features(cfg) -> dict:
         # Bag sizes as the training data draws them (one-hot: 1): request_bytes' requests.
         "hotness": [(1, world.max_hotness) if m else (1, 1) for m in world.multi_hot],
     }
-
-
-def build(tmp: Path, name: str, config: Path, split: dict) -> dict:
-    """Trains `config` once and exports the run plain and with features.context."""
-    run_dir = tmp / f"{name}-run"
-    print(f"[{name}] rec train", flush=True)
-    train_s, _ = run_watched([REC, "train", "-c", str(config), "--run-dir", str(run_dir)],
-                             tmp / f"{name}-train.log")  # fmt: skip
-    override = tmp / f"{name}-context.yaml"
-    override.write_text(yaml.safe_dump({"features": {"context": split["sparse"] + split["dense"]}}))
-    out = {"train_s": round(train_s, 1), "repos": {}, "export_s": {}}
-    for kind, extra in (("plain", []), ("context", ["-c", str(override)])):
-        repo = tmp / f"{name}-{kind}"
-        print(f"[{name}] rec export ({kind})", flush=True)
-        wall, watch = run_watched([REC, "export", str(run_dir), "--repo", str(repo), *extra],
-                                  tmp / f"{name}-export-{kind}.log")  # fmt: skip
-        out["repos"][kind], out["export_s"][kind] = repo, round(wall, 1)
-        out.setdefault("export_peak_rss_gb", {})[kind] = round(watch.largest() / 1e9, 3)
-    shutil.rmtree(run_dir)  # the checkpoint: 8.9 GB at full size
-    return out
 
 
 def served_split(repo: Path, split: dict) -> ContextSplit:
@@ -355,7 +332,8 @@ def main() -> None:
             cfg = load_config(configs[name])
             split = context_features(cfg)
             print(f"[{name}] context: {split['sparse']} + {len(split['dense'])} dense", flush=True)
-            built = build(Path(tmp), name, configs[name], split)
+            context = split["sparse"] + split["dense"]
+            built = train_export_both(Path(tmp), name, configs[name], context)
             doc["models"][name] = measure_model(built, split, args)
     doc["headline"] = headline(doc)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -9,7 +9,8 @@ imports another).
   on or off (`batching_repo`), a run of the C++ load generator rec-bench (`bench`,
   `median_run`);
 - models: the default and the Kaggle-size model trained briefly and exported
-  (`trained_repositories`);
+  (`trained_repositories`), a config trained once and exported plain and with a context
+  (`train_export_both`);
 - timing: several scorers timed in turns (`measure`).
 
 The benchmarks run from a checkout (an editable install): the build, the examples and the
@@ -347,6 +348,29 @@ def trained_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
                        stdout=subprocess.DEVNULL)  # fmt: skip
         shutil.rmtree(run_dir)
     return repos
+
+
+def train_export_both(tmp: Path, name: str, config: Path, context: list[str]) -> dict:
+    """Trains `config` once (`rec train`, its default ranks) and exports the run plain and with
+    features.context = `context` (`rec export -c`): the repositories, wall seconds and each
+    export's peak RSS (its process tree). The run directory goes once exported (8.9 GB at
+    the Kaggle size)."""
+    run_dir = tmp / f"{name}-run"
+    print(f"[{name}] rec train", flush=True)
+    train_s, _ = run_watched([REC, "train", "-c", str(config), "--run-dir", str(run_dir)],
+                             tmp / f"{name}-train.log")  # fmt: skip
+    override = tmp / f"{name}-context.yaml"
+    override.write_text(yaml.safe_dump({"features": {"context": context}}))
+    out: dict = {"train_s": round(train_s, 1), "repos": {}, "export_s": {}}
+    for kind, extra in (("plain", []), ("context", ["-c", str(override)])):
+        repo = tmp / f"{name}-{kind}"
+        print(f"[{name}] rec export ({kind})", flush=True)
+        wall, watch = run_watched([REC, "export", str(run_dir), "--repo", str(repo), *extra],
+                                  tmp / f"{name}-export-{kind}.log")  # fmt: skip
+        out["repos"][kind], out["export_s"][kind] = repo, round(wall, 1)
+        out.setdefault("export_peak_rss_gb", {})[kind] = round(watch.largest() / 1e9, 3)
+    shutil.rmtree(run_dir)
+    return out
 
 
 def measure(fns: dict[str, Callable], requests: dict[int, tuple], rounds: int) -> dict:

@@ -16,11 +16,13 @@ record only requests sent inside the measurement window that follows.
 
 A job with `candidates` sends requests of one context and that many candidates: in the context
 form, or (`form` flat) as the flat rows with the context repeated, the same pairs either way.
+With `queries` it sends several such requests in turn, each of its own N and its own user.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -58,6 +60,16 @@ class Job:
     """The model's context columns, with candidates."""
     hotness: tuple[tuple[int, int], ...] | None = None
     """Ids per bag, (low, high) per sparse feature; None: 1 to 3 for each."""
+    queries: tuple[int, ...] = ()
+    """With a context: the N of each of several requests sent in turn, request k of user
+    seed + k (no two share a context, as MLPerf's queries); (): the one of `candidates`."""
+
+    def requests(self) -> list[Rows | ContextRows]:
+        """The requests this job sends in turn (built once, sent again and again)."""
+        if not self.queries:
+            return [self.request()]
+        return [synthetic_request(self.context, n, self.form, self.seed + k, self.hotness)
+                for k, n in enumerate(self.queries)]  # fmt: skip
 
     def request(self) -> Rows | ContextRows:
         """The request this job sends (built once, sent again and again)."""
@@ -74,6 +86,8 @@ class Outcome:
     errors: dict[str, int] = field(default_factory=dict)
     first_send: float = 0.0
     last_done: float = 0.0
+    pairs: int = 0
+    """Samples (pairs) of the measured requests that succeeded."""
 
 
 def run_job(job: Job) -> Outcome:
@@ -93,16 +107,23 @@ def _client(job: Job):
 
 async def _run(job: Job) -> Outcome:
     mod, client = _client(job)
-    inputs, outputs = infer_inputs(mod, job.request())
+    requests = job.requests()
+    prepared = [infer_inputs(mod, r) for r in requests]
+    sizes = [len(r) for r in requests]
+    turn = itertools.count()
     measure_from = job.start_at + job.warmup_s
     measure_to = measure_from + job.duration_s if job.max_requests == 0 else float("inf")
     latencies: list[float] = []
     errors: dict[str, int] = {}
     sends: list[float] = []
     done_at: list[float] = []
+    pairs = 0
 
     async def one(sent: float) -> None:
         # `sent` is the scheduled time in open loop, the actual send time in closed loop.
+        nonlocal pairs
+        k = next(turn) % len(prepared)
+        inputs, outputs = prepared[k]
         try:
             await client.infer(job.model, inputs, outputs=outputs)
             ok = True
@@ -113,6 +134,7 @@ async def _run(job: Job) -> Outcome:
         if measure_from <= sent < measure_to:
             if ok:
                 latencies.append(now - sent)
+                pairs += sizes[k]
             else:
                 errors[key] = errors.get(key, 0) + 1
             sends.append(sent)
@@ -136,6 +158,7 @@ async def _run(job: Job) -> Outcome:
         errors,
         min(sends, default=0.0),
         max(done_at, default=0.0),
+        pairs,
     )
 
 
