@@ -31,6 +31,7 @@ INTEGRATION = frozenset({
     "train/test_default_run.py", "train/test_din.py", "train/test_eval_split.py",
     "train/test_faults.py", "train/test_multihost.py", "train/test_plain_pipeline.py",
     "train/test_publish.py", "train/test_publish_order.py", "train/test_rank_threads.py",
+    "train/test_publish_partitions.py",
     "train/test_step_profile_memory.py",
     "train/test_stream_stops.py", "train/test_stream_train.py", "train/test_stream_partitions.py",
     "train/test_train_distributed.py",
