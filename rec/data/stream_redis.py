@@ -29,6 +29,14 @@ master of the stream's slot (rec.logs.route.Router), and an answer that the slot
 elsewhere or not now (MOVED, ASK, CLUSTERDOWN, TRYAGAIN, READONLY) is an outage like a lost
 connection: close, route afresh, back off. On one plain node nothing changes. On a cluster the
 dead-letter stream must share the stream's slot (check_dead_slot), as a partition's does.
+
+A failover: the promoted replica holds a prefix of the master's writes, XREADGROUPs and XACKs
+included. Its group may be rolled back to an older last-delivered-id, so `>` delivers again
+entries this reader took already: any id at or below the last one taken is such a delivery, is
+not trained again, and is kept (`redelivered`) to be XACKed once a committed position covers
+it. XACKs lost with the old master leave covered entries pending: after an outage, the reading
+link's reconnect asks XPENDING for this consumer's entries up to the committed position and
+acks them (sweep_acked).
 """
 
 from __future__ import annotations
@@ -138,6 +146,8 @@ class _Link:
                     raise
             if self.reads and r.part is not None and not r.claimed:
                 r.claim_strays(client)
+            if self.reads and self.up is False:  # after an outage: acks may have been lost
+                r.sweep_acked(client)
         except Exception:
             client.close()
             raise
@@ -229,6 +239,11 @@ class RedisEventReader(EventReader):
             self.asm.at = start
         self.unacked: deque[str] = deque()
         """Entries held by the Assembler and not acknowledged, in id order."""
+        self.redelivered: deque[str] = deque()
+        """Entries delivered again after a failover (module docstring), not trained again; the
+        reading thread appends, ack() acknowledges those its position covers."""
+        self.committed: StreamPosition | None = None
+        """The position of the last committed checkpoint acknowledged (ack's argument)."""
         # The reading state, the read-ahead thread's when there is one.
         self.cursor: str | None = "0"
         """Where the scan of this consumer's pending entries stands; None: reading new ones."""
@@ -415,12 +430,16 @@ class RedisEventReader(EventReader):
     def _take(self, client, entries: list) -> list[_Taken]:
         """Decodes entries, parks the refused and acks what a resumed position already holds;
         only then are they taken (a broker error before that leaves them to be read again)."""
-        taken, covered = [], []
+        taken, covered, again = [], [], []
+        last = entry_key(self.last)
         for raw_id, fields in entries:
             entry = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             skip = self._skip(entry)
             if skip is None:
                 covered.append(entry)
+                continue
+            if entry_key(entry) <= last:  # a failover's rolled-back group delivers it again
+                again.append(entry)
                 continue
             events, dead = decode_entry(fields, self.spec)
             # Refused events before `skip` were parked before the resume; -1 is the entry.
@@ -445,7 +464,12 @@ class RedisEventReader(EventReader):
             pipe.execute()
         for t in taken:
             self.per_entry = 0.9 * self.per_entry + 0.1 * max(t.events.size, 1)
-        self.last = entries[-1][0].decode() if isinstance(entries[-1][0], bytes) else entries[-1][0]
+        if again:
+            self.redelivered.extend(again)
+            self.counts["redelivered"] += len(again)
+        newest = _text(entries[-1][0])
+        if entry_key(newest) > last:
+            self.last = newest
         if self.cursor is not None:
             self.cursor = self.last
         return taken
@@ -477,24 +501,45 @@ class RedisEventReader(EventReader):
 
     def ack(self, up_to: dict[str, Any]) -> int:
         at = StreamPosition.from_dict(up_to)
-        key = entry_key(at.entry)
+        self.committed = at
         done = []
-        while self.unacked:
-            head = entry_key(self.unacked[0])
-            if head < key or (head == key and at.complete):
-                done.append(self.unacked.popleft())
-            else:
-                break
-        if not done:
+        while self.unacked and _covers(at, self.unacked[0]):
+            done.append(self.unacked.popleft())
+        again = [e for e in list(self.redelivered) if _covers(at, e)]
+        if not done and not again:
             return 0
         try:
             deadline = self.clock() + self.cfg.max_retry_s
-            self.side.command(lambda c: c.xack(self.stream, self.group, *done), deadline)
+            ids = list(dict.fromkeys(done + again))
+            self.side.command(lambda c: c.xack(self.stream, self.group, *ids), deadline)
         except _Down:  # still pending: the next ack, or a resume's skip, covers them
             self.unacked.extendleft(reversed(done))
             return 0
+        for entry in again:
+            self.redelivered.remove(entry)
         self.counts["acked"] += len(done)
         return len(done)
+
+    def sweep_acked(self, client) -> int:
+        """After an outage (the reading link's reconnect): XACKs lost with a failed master
+        leave entries the committed position covers pending; this consumer's are acked again
+        (XPENDING up to the position). Returns how many."""
+        at = self.committed
+        if at is None:
+            return 0
+        end = at.entry if at.complete else "(" + at.entry
+        swept = 0
+        while True:
+            rows = client.xpending_range(self.stream, self.group, "-", end, MAX_COUNT,
+                                         consumername=self.consumer)  # fmt: skip
+            ids = [_text(r["message_id"]) for r in rows]
+            if ids:
+                swept += client.xack(self.stream, self.group, *ids)
+            if len(ids) < MAX_COUNT:
+                break
+        if swept:
+            self.counts["swept"] += swept
+        return swept
 
     def lag(self) -> int | None:
         def info(client):
@@ -507,6 +552,12 @@ class RedisEventReader(EventReader):
             return self.side.command(info, self.clock() + self.cfg.retry_s)
         except _Down:
             return None
+
+
+def _covers(at: StreamPosition, entry: str) -> bool:
+    """Whether position `at` holds all of `entry`'s events."""
+    key, head = entry_key(at.entry), entry_key(entry)
+    return head < key or (head == key and at.complete)
 
 
 def _text(value: str | bytes) -> str:
