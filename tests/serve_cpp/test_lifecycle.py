@@ -35,11 +35,10 @@ def test_help_and_bad_flags():
     out = run_to_exit("--model-repository", "/tmp", "--http-port", "x")
     assert out.returncode == 2 and "--http-port expects an integer" in out.stderr
     assert "required" in run_to_exit().stderr
-    # A node list parses (#60's URL form) but the update reader dials one node: refused, not
-    # read from the first node of a cluster that may not hold the stream.
-    out = run_to_exit("--model-repository", "/tmp", "--updates", "redis://127.0.0.1:1,h:2/s")
+    # A node list is read through the cluster's slot map (#60); a bad node in it is named.
+    out = run_to_exit("--model-repository", "/tmp", "--updates", "redis://127.0.0.1:1,h/s")
     assert out.returncode == 2, out.stderr
-    assert "lists 2 nodes; rec-server reads the update log from one node yet" in out.stderr
+    assert "'h' is not HOST:PORT" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize(

@@ -123,11 +123,6 @@ Status ParseOptions(int argc, char** argv, ServerOptions* o) {
     UpdateUrl url;
     Status st = ParseUpdateUrl(o->updates, &url);
     if (!st.ok()) return InvalidArgument("--updates: " + st.message());
-    if (url.nodes.size() > 1) {  // as model_manager.cpp: one node until the reader routes (#60)
-      return InvalidArgument("--updates: update log URL '" + o->updates + "' lists " +
-                             std::to_string(url.nodes.size()) +
-                             " nodes; rec-server reads the update log from one node yet");
-    }
   }
   return Status::Ok();
 }

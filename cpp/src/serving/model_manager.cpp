@@ -259,13 +259,6 @@ Status ModelManager::StartUpdates(ModelEntry* entry, const std::string& version,
   UpdateUrl where;
   Status st = ParseUpdateUrl(url, &where);
   if (!st.ok()) return InvalidArgument("model '" + name + "': " + st.message());
-  // The reader dials one node: the first of a cluster's would answer MOVED for a stream it does
-  // not hold. Refused until it routes by slot (#60).
-  if (where.nodes.size() > 1) {
-    return InvalidArgument("model '" + name + "': update log URL '" + url + "' lists " +
-                           std::to_string(where.nodes.size()) +
-                           " nodes; rec-server reads the update log from one node yet");
-  }
   entry->stats()->has_updates = true;
   *out = std::make_unique<UpdateSubscriber>(name, where, tables, &entry->stats()->updates,
                                             options_.updates_max_behind_ms);

@@ -91,6 +91,20 @@ bool ClusterClient::RefreshSlotsLocked(std::string* why) {
       DropLocked(node);
       continue;
     }
+    if (reply->type == REDIS_REPLY_ERROR &&
+        std::string(reply->str, reply->len).find("cluster support disabled") != std::string::npos) {
+      freeReplyObject(reply);
+      // A plain Redis serves every key itself (rec/logs/route.py's single node); several such
+      // nodes are no cluster, and which holds a key is unknown.
+      if (seeds_.size() > 1) {
+        *why = "node " + address +
+               " is a plain Redis (cluster support disabled); a URL of several nodes names a "
+               "Redis Cluster's";
+        return false;
+      }
+      slot_owner_.fill(address);
+      return true;
+    }
     bool ok = reply->type == REDIS_REPLY_ARRAY;
     std::array<std::string, 16384> owners{};
     size_t covered = 0;

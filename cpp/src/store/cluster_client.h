@@ -1,4 +1,5 @@
-// ClusterClient: HMGETs against a Redis Cluster with Debian's hiredis. Keys are routed by their
+// ClusterClient: HMGETs (and the update log's XREADs) against a Redis Cluster, or one plain Redis
+// serving every slot, with Debian's hiredis. Keys are routed by their
 // hash slot (CLUSTER SLOTS); each node's share of a batch goes out as one pipeline, every
 // node's pipeline is sent before any reply is read, so the nodes work in parallel. A moved
 // slot, a failed-over master or a dropped connection refreshes the slot map and retries the
@@ -31,6 +32,17 @@ struct FieldValue {
   std::string value;
 };
 
+// One XREAD: the stream `key` after entry `after` ("0": from its start).
+struct StreamRead {
+  std::string key;
+  std::string after;
+};
+
+struct StreamEntry {
+  std::string id;
+  std::vector<std::pair<std::string, std::string>> fields;
+};
+
 class ClusterClient {
  public:
   // `name` (the store's URL) is what errors call the store.
@@ -48,6 +60,16 @@ class ClusterClient {
                   std::map<std::string, uint64_t>* per_node);
   // Whether `key` exists (on the node that owns it).
   Status Exists(const std::string& key, bool* exists);
+
+  // The update log's reads (cluster_streams.cpp); errors name the client as `name` alone.
+  // (*out)[i]: up to `count` entries of reads[i]. Each node's reads go out as one pipeline, all
+  // nodes' before any reply is read. block_ms >= 0 (one read only) blocks that long for news.
+  // A lost node, MOVED, ASK, TRYAGAIN, CLUSTERDOWN, READONLY or UNBLOCKED refreshes the slot map
+  // and fails this call as Unavailable: the caller reads again from the same cursors.
+  Status StreamReads(const std::vector<StreamRead>& reads, int count, int block_ms,
+                     std::vector<std::vector<StreamEntry>>* out);
+  // GET `key` on its node: *found false when it does not exist.
+  Status Get(const std::string& key, bool* found, std::string* value);
 
  private:
   struct Node {
@@ -75,6 +97,10 @@ class ClusterClient {
   Attempt ReadLocked(const std::string& address, Node* node, const HashGet& get,
                      std::vector<FieldValue>* values, std::string* ask, std::string* why,
                      Status* failed);
+  // Reads one node's XREAD replies for `indices` into *out; false (the node dropped) if any
+  // failed, *why saying how.
+  bool ReadStreamsLocked(const std::string& address, Node* node, const std::vector<size_t>& indices,
+                         std::vector<std::vector<StreamEntry>>* out, std::string* why);
   Attempt TryLocked(const std::vector<HashGet>& gets, std::vector<std::vector<FieldValue>>* out,
                     std::map<std::string, uint64_t>* per_node, std::string* why, Status* failed);
 

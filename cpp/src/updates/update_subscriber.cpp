@@ -1,13 +1,12 @@
 #include "updates/update_subscriber.h"
 
-#include <hiredis/hiredis.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
 #include "common/log.h"
 #include "observability/metrics.h"
+#include "updates/update_log_reader.h"
 
 namespace rec {
 namespace {
@@ -15,24 +14,9 @@ namespace {
 constexpr int kBlockMs = 300;  // how long one XREAD waits for news; bounds the stop latency
 constexpr int kBatchEntries = 256;
 
-struct ReplyDeleter {
-  void operator()(redisReply* r) const {
-    if (r) freeReplyObject(r);
-  }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
-struct ContextDeleter {
-  void operator()(redisContext* c) const {
-    if (c) redisFree(c);
-  }
-};
-using Context = std::unique_ptr<redisContext, ContextDeleter>;
-
-std::string Str(const redisReply* r) {
-  return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-             ? std::string(r->str, r->len)
-             : std::string();
+// An entry as logs name it: its id, and its partition's number on a partitioned log.
+std::string EntryName(const LogEntry& e) {
+  return e.partition > 0 ? e.id + " of partition " + std::to_string(e.partition) : e.id;
 }
 
 // Logs the first few of a kind, then one in a thousand: a bad publisher must not flood the log.
@@ -85,59 +69,34 @@ bool UpdateSubscriber::Sleep(int ms) {
 }
 
 void UpdateSubscriber::Loop() {
-  const std::string where =
-      "redis://" + url_.host + ":" + std::to_string(url_.port) + "/" + url_.stream;
-  std::string cursor = "0";
-  Context ctx;
+  UpdateLogReader reader(url_, kBatchEntries, kBlockMs);
   int64_t down_since = static_cast<int64_t>(WallMs());  // not caught up before a first read
-  bool reported_down = false;
+  bool up = false, reported_down = false;
   uint64_t malformed = 0, refused = 0;
+  std::vector<LogEntry> entries;
   while (Sleep(0)) {
-    if (!ctx) {
-      timeval connect_timeout{1, 0};
-      ctx.reset(redisConnectWithTimeout(url_.host.c_str(), url_.port, connect_timeout));
-      if (!ctx || ctx->err) {
-        std::string err = ctx ? ctx->errstr : "out of memory";
-        ctx.reset();
-        stats_->connected.store(0);
-        SetBehind(static_cast<int64_t>(WallMs()) - down_since);
-        if (!reported_down) {
-          LogWarning("model '" + model_ + "': update log " + where + " unreachable (" + err +
-                     "); retrying");
-          reported_down = true;
-        }
-        if (!Sleep(200)) break;
-        continue;
+    const auto read_start = std::chrono::steady_clock::now();
+    int64_t behind_ms = 0;
+    Status st = reader.Read(&entries, &behind_ms);
+    if (!st.ok()) {  // a lost node or a moved slot: read again, from the same cursors
+      stats_->connected.store(0);
+      if (up) down_since = static_cast<int64_t>(WallMs());
+      up = false;
+      SetBehind(static_cast<int64_t>(WallMs()) - down_since);
+      if (!reported_down) {
+        LogWarning("model '" + model_ + "': " + st.message() + "; retrying");
+        reported_down = true;
       }
-      timeval io_timeout{5, 0};  // longer than one BLOCK
-      redisSetTimeout(ctx.get(), io_timeout);
+      if (!Sleep(200)) break;
+      continue;
+    }
+    if (!up) {
       stats_->connected.store(1);
-      LogInfo("model '" + model_ + "': reading update log " + where + " from entry " + cursor);
+      LogInfo("model '" + model_ + "': reading update log " + reader.where() + " from " +
+              reader.Places());
+      up = true;
       reported_down = false;
     }
-    const auto read_start = std::chrono::steady_clock::now();
-    Reply reply(static_cast<redisReply*>(
-        redisCommand(ctx.get(), "XREAD COUNT %d BLOCK %d STREAMS %s %s", kBatchEntries, kBlockMs,
-                     url_.stream.c_str(), cursor.c_str())));
-    if (!reply) {  // the connection broke: reconnect, from the same cursor
-      ctx.reset();
-      stats_->connected.store(0);
-      down_since = static_cast<int64_t>(WallMs());
-      continue;
-    }
-    if (reply->type == REDIS_REPLY_NIL) {  // nothing new: caught up
-      SetBehind(0);
-      continue;
-    }
-    if (reply->type == REDIS_REPLY_ERROR) {
-      LogWarning("model '" + model_ + "': update log " + where + ": " + Str(reply.get()));
-      if (!Sleep(500)) break;
-      continue;
-    }
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 1) continue;
-    const redisReply* stream = reply->element[0];
-    if (stream->type != REDIS_REPLY_ARRAY || stream->elements < 2) continue;
-    const redisReply* entries = stream->element[1];
     struct Busy {  // counts this batch's read and apply time, however the loop leaves it
       std::chrono::steady_clock::time_point start;
       UpdateStats* stats;
@@ -147,58 +106,42 @@ void UpdateSubscriber::Loop() {
                                       std::chrono::steady_clock::now() - start)
                                       .count()));
       }
-    } busy{read_start, stats_};
-    for (size_t i = 0; i < entries->elements; ++i) {
+    } busy{entries.empty() ? std::chrono::steady_clock::now() : read_start, stats_};
+    for (const LogEntry& entry : entries) {
       // A stop between records, not after the batch: 256 map-moving records take seconds
       // under a sanitizer, and the server's shutdown waits for this thread.
       if (Stopping()) break;
-      const redisReply* entry = entries->element[i];
-      if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 2) continue;
-      cursor = Str(entry->element[0]);
-      const redisReply* kv = entry->element[1];
-      StreamFields fields;
-      for (size_t k = 0; kv->type == REDIS_REPLY_ARRAY && k + 1 < kv->elements; k += 2) {
-        fields.emplace_back(Str(kv->element[k]), Str(kv->element[k + 1]));
-      }
-      UpdateRecord record;
-      Status st;
-      try {
-        st = DecodeUpdateRecord(fields, &record);
-      } catch (
-          const std::exception& e) {  // out of memory: the entry is refused, the reader goes on
-        st = InvalidArgument(std::string("update record: ") + e.what());
-      }
-      if (!st.ok()) {
-        stats_->Count(UpdateOutcome::kMalformed);
-        if (Worth(++malformed)) {
-          LogWarning("model '" + model_ + "': refused update log entry " + cursor + ": " +
-                     st.message());
-        }
-        continue;
-      }
-      std::string why;
-      UpdateOutcome outcome = tables_->Apply(record, &why);
-      stats_->Count(outcome);
-      if (outcome == UpdateOutcome::kApplied) {
-        stats_->rows_applied.fetch_add(record.ids.size());
-        Watermark w = tables_->CurrentWatermark();
-        stats_->watermark_step.store(w.step);
-        stats_->watermark_wall_ms.store(w.wall_ns / 1000000);
-      } else if (outcome != UpdateOutcome::kSkipped && Worth(++refused)) {
-        LogWarning("model '" + model_ + "': refused update log entry " + cursor + " (" +
-                   OutcomeName(outcome) + "): " + why);
-      }
+      Apply(entry, &malformed, &refused);
     }
-    // A full batch: more is likely waiting, and the newest entry applied is this old (an entry
-    // id starts with the broker's clock in ms). A short one: caught up.
-    const int64_t entry_ms = std::atoll(cursor.substr(0, cursor.find('-')).c_str());
-    SetBehind(entries->elements < static_cast<size_t>(kBatchEntries)
-                  ? 0
-                  : std::max<int64_t>(0, static_cast<int64_t>(WallMs()) - entry_ms));
+    SetBehind(behind_ms);
     down_since = static_cast<int64_t>(WallMs());
   }
   // No store of connected = 0 here: a new version's reader, started before this one stopped,
   // owns the gauges now.
+}
+
+void UpdateSubscriber::Apply(const LogEntry& entry, uint64_t* malformed, uint64_t* refused) {
+  const std::string named = EntryName(entry);
+  if (!entry.status.ok()) {
+    stats_->Count(UpdateOutcome::kMalformed);
+    if (Worth(++*malformed)) {
+      LogWarning("model '" + model_ + "': refused update log entry " + named + ": " +
+                 entry.status.message());
+    }
+    return;
+  }
+  std::string why;
+  UpdateOutcome outcome = tables_->Apply(entry.record, &why);
+  stats_->Count(outcome);
+  if (outcome == UpdateOutcome::kApplied) {
+    stats_->rows_applied.fetch_add(entry.record.ids.size());
+    Watermark w = tables_->CurrentWatermark();
+    stats_->watermark_step.store(w.step);
+    stats_->watermark_wall_ms.store(w.wall_ns / 1000000);
+  } else if (outcome != UpdateOutcome::kSkipped && Worth(++*refused)) {
+    LogWarning("model '" + model_ + "': refused update log entry " + named + " (" +
+               OutcomeName(outcome) + "): " + why);
+  }
 }
 
 }  // namespace rec

@@ -1,6 +1,7 @@
 // The update log's reader in rec-server: one thread per served version with an update log,
-// reading the Redis stream (XREAD, hiredis) from its own cursor and applying each record to the
-// version's tables. The cursor starts at the log's beginning: records of steps the export holds
+// reading the log in either layout (UpdateLogReader: one stream, or every partition, routed to
+// its node on a Redis Cluster) from its own cursors and applying each record to the version's
+// tables. The cursor starts at the log's beginning: records of steps the export holds
 // are skipped, so a new version (a restart, a hot swap) replays exactly what it lacks. A broker
 // that goes away is retried; nothing is lost, since the cursor stays where it was.
 #pragma once
@@ -14,6 +15,7 @@
 
 #include "contract/update_record.h"
 #include "updates/embedding_tables.h"
+#include "updates/update_log_reader.h"
 
 namespace rec {
 
@@ -29,6 +31,8 @@ class UpdateSubscriber {
 
  private:
   void Loop();
+  // Applies one entry read, counting and logging what is refused.
+  void Apply(const LogEntry& entry, uint64_t* malformed, uint64_t* refused);
   bool Stopping();
   bool Sleep(int ms);  // false once stopping
   void SetBehind(int64_t ms);
