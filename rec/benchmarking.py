@@ -352,16 +352,17 @@ def trained_repositories(tmp: Path, kaggle_scale: float) -> dict[str, Path]:
 
 def train_export_both(tmp: Path, name: str, config: Path, context: list[str]) -> dict:
     """Trains `config` once (`rec train`, its default ranks) and exports the run plain and with
-    features.context = `context` (`rec export -c`): the repositories, wall seconds and each
-    export's peak RSS (its process tree). The run directory goes once exported (8.9 GB at
-    the Kaggle size)."""
+    features.context = `context` (`rec export -c`): the repositories, wall seconds, each
+    rank's and each export's peak RSS. The run directory goes once exported (8.9 GB at the
+    Kaggle size)."""
     run_dir = tmp / f"{name}-run"
     print(f"[{name}] rec train", flush=True)
-    train_s, _ = run_watched([REC, "train", "-c", str(config), "--run-dir", str(run_dir)],
+    train_s, train = run_watched([REC, "train", "-c", str(config), "--run-dir", str(run_dir)],
                              tmp / f"{name}-train.log")  # fmt: skip
     override = tmp / f"{name}-context.yaml"
     override.write_text(yaml.safe_dump({"features": {"context": context}}))
     out: dict = {"train_s": round(train_s, 1), "repos": {}, "export_s": {}}
+    out["train_peak_rss_gb"] = {r: round(b / 1e9, 3) for r, b in sorted(train.ranks().items())}
     for kind, extra in (("plain", []), ("context", ["-c", str(override)])):
         repo = tmp / f"{name}-{kind}"
         print(f"[{name}] rec export ({kind})", flush=True)
