@@ -25,7 +25,7 @@ INTEGRATION = frozenset({
     # Every test here starts rec-server, tritonserver, redis-server or a Docker stack.
     "serve_cpp", "serve_triton", "serve_cli", "reliability", "store", "deploy",
     "data/test_replay.py", "data/test_stream.py", "data/test_partitions.py",
-    "data/test_stream_failover.py",
+    "data/test_stream_failover.py", "data/test_replay_wait.py",
     "logs/test_keyslot.py", "logs/test_route.py", "logs/test_update_layout.py",
     "logs/test_update_reader.py", "logs/test_update_watermark.py",
     # Real torchrun training.

@@ -19,6 +19,13 @@ entry cut as below then split by partition, each part its own entry in order; wi
 column, each entry goes to the next partition in turn (round robin). One sender per partition
 dials the partition's node (rec.logs.route.Router) and resends after an outage as for one stream.
 
+Replication (`wait_replicas`): Redis replicates asynchronously, so a master that dies can take
+the entries it acknowledged last with it; its replica, promoted, never had them. Each round trip
+ends in WAIT N (timeout `wait_timeout_s`) and its entries count as sent only once WAIT answers,
+so an outage before then resends what the promoted replica lacks. None ("auto") is 1 when the
+partition's master reports connected_slaves >= 1 at connect, else 0 (no WAIT). A WAIT that times
+out with fewer replicas counts its entries `unreplicated`, warns, and goes on.
+
 Pacing: `rate` sends R events per second on a fixed schedule; `speed` replays a file's own
 clock X times faster, from its `time_column` (seconds, e.g. Unix time): an event is sent
 (t - t_first) / X after the start. Neither: as fast as the broker takes them. An entry holds
@@ -44,6 +51,8 @@ from rec.data.errors import DataError
 from rec.features import feature_spec
 from rec.logs.route import Router
 
+WAIT_TIMEOUT_S = 1.0
+"""How long a round trip's WAIT waits for its replicas before its entries count unreplicated."""
 CHUNK = 4096
 """Events read from a source at a time."""
 PIPELINE = 1024
@@ -62,6 +71,8 @@ class ReplayStats:
     events: int = 0
     entries: int = 0
     seconds: float = 0.0
+    unreplicated: int = 0
+    """Entries whose WAIT timed out before `wait_replicas` replicas had them."""
 
     @property
     def rate(self) -> float:
@@ -253,20 +264,25 @@ def replay(
     log: Callable[[str], None] = print,
     partitions: int = 0,
     key: str = "",
+    wait_replicas: int | None = None,
+    wait_timeout_s: float = WAIT_TIMEOUT_S,
 ) -> ReplayStats:
     """Sends the chunks' events to the stream at `url`, paced as the module docstring says;
     `progress(stats)` about once a second and at the end. While the broker is away it waits
     as the stream reader does (retry_s, doubling up to max_retry_s; data.stream's), saying so
     through `log`, and goes on where the broker stopped taking entries. `partitions`, `key`:
-    the stream's partitions and the column events are partitioned by (module docstring)."""
+    the stream's partitions and the column events are partitioned by; `wait_replicas` (None:
+    auto), `wait_timeout_s`: the WAIT ending each round trip (module docstring)."""
     if rate is not None and speed is not None:
         raise ValueError("give --rate or --speed, not both")
     if not 0 < per_entry <= MAX_EVENTS:
         raise ValueError(f"per_entry={per_entry} must be in [1, {MAX_EVENTS}]")
     router, backoff = Router(parse_url(url).nodes), Backoff(retry_s, max_retry_s)
     layout = _layout_when_up(url, router, partitions, key, backoff, log)
-    sender: _Sender | _Fanout = (_Sender(url, backoff, log, router=router) if layout is None
-                                 else _Fanout(url, layout, backoff, log, router))  # fmt: skip
+    wait = _Wait(wait_replicas, wait_timeout_s, log)
+    sender: _Sender | _Fanout = (_Sender(url, backoff, log, router=router, wait=wait)
+                                 if layout is None
+                                 else _Fanout(url, layout, backoff, log, router, wait))  # fmt: skip
     if layout is not None:
         how = f"by crc32 of column {layout.key!r}" if layout.key else "round robin"
         log(f"{parse_url(url)}: {layout.partitions} partitions ({how})")
@@ -282,6 +298,7 @@ def replay(
             _send(sender, events, due, per_entry, ticker)
     finally:
         sender.close()
+    stats.unreplicated = wait.unreplicated
     ticker(final=True)
     return stats
 
@@ -337,6 +354,36 @@ def ensure_layout(url: str, router: Router, partitions: int = 0, key: str = "") 
     return layout
 
 
+class _Wait:
+    """The WAIT ending each round trip (module docstring), shared by a replay's senders: the
+    replicas asked for (None: auto, per master) and what timed out."""
+
+    def __init__(self, replicas: int | None, timeout_s: float, log: Callable[[str], None]):
+        self.replicas, self.timeout_ms = replicas, max(1, int(timeout_s * 1000))
+        self.log = log
+        self.unreplicated = 0
+        self.warned = -math.inf
+
+    def resolve(self, client: Any) -> int:
+        """Replicas to wait for on the master `client` talks to (auto: 1 if it has one)."""
+        if self.replicas is not None:
+            return self.replicas
+        return 1 if int(client.info("replication").get("connected_slaves", 0)) >= 1 else 0
+
+    def check(self, key: str, want: int, got: int, entries: int) -> None:
+        """A WAIT's answer: fewer than `want` replicas counts `entries` unreplicated, warned
+        about at most every 10 s; the replay goes on."""
+        if got >= want:
+            return
+        self.unreplicated += entries
+        now = time.monotonic()
+        if now - self.warned >= 10.0:
+            self.warned = now
+            self.log(f"warning: {key}: WAIT {want} answered {got} within "
+                     f"{self.timeout_ms} ms; {self.unreplicated:,} entries unreplicated so far "
+                     "(a failover now could lose them); going on")  # fmt: skip
+
+
 class _Sender:
     """XADDs entries to the stream in pipelined round trips. When the broker goes away (a
     restart, a network break) it closes the connection, waits with `backoff`, reconnects, and
@@ -344,11 +391,16 @@ class _Sender:
     the last entry it acknowledged that are not yet in the stream. The broker appends a
     pipeline's commands in order, so what it took is a prefix of them; matching that prefix by
     the entries' fields keeps an entry from being sent twice (another producer's entries in
-    between do not match and are passed over)."""
+    between do not match and are passed over). Each round trip ends in `wait`'s WAIT (module
+    docstring); an error before its answer keeps the entries queued, to be matched as above."""
 
     def __init__(self, url: str, backoff: Backoff, log: Callable[[str], None],
-                 key: str = "", router: Router | None = None) -> None:  # fmt: skip
+                 key: str = "", router: Router | None = None,
+                 wait: _Wait | None = None) -> None:  # fmt: skip
         self.url, self.where, self.backoff, self.log = url, parse_url(url), backoff, log
+        self.wait = wait or _Wait(0, WAIT_TIMEOUT_S, log)
+        self.replicas = 0
+        """WAIT's replica count on the master connected to (resolved at connect)."""
         self.key = key or self.where.stream
         """The stream key: the URL's stream, or one of its partitions."""
         self.router = router or Router(self.where.nodes)
@@ -376,7 +428,12 @@ class _Sender:
                 pipe = self.client.pipeline(transaction=False)
                 for fields in self.queued:
                     pipe.xadd(self.key, fields)
-                self.last_id = pipe.execute()[-1]
+                if self.replicas:
+                    pipe.wait(self.replicas, self.wait.timeout_ms)
+                replies = pipe.execute()
+                if self.replicas:
+                    self.wait.check(self.key, self.replicas, int(replies.pop()), len(replies))
+                self.last_id = replies[-1]
                 self.queued = []
             except (redis.RedisError, OSError) as e:
                 if not self.router.reroutes(e):
@@ -404,6 +461,7 @@ class _Sender:
         client = redis.Redis(host=host, port=port, socket_connect_timeout=2, socket_timeout=10,
                              retry=Retry(NoBackoff(), 0))  # fmt: skip
         try:
+            self.replicas = self.wait.resolve(client)
             if self.last_id is None:
                 newest = client.xrevrange(self.key, count=1)
                 self.last_id = newest[0][0] if newest else b"0-0"
@@ -437,9 +495,9 @@ class _Fanout:
     """A partitioned stream's senders, one per partition (module docstring)."""
 
     def __init__(self, url: str, layout: Layout, backoff: Backoff, log: Callable[[str], None],
-                 router: Router) -> None:  # fmt: skip
+                 router: Router, wait: _Wait) -> None:  # fmt: skip
         self.layout = layout
-        self.senders = [_Sender(url, backoff, log, key, router) for key in layout.keys]
+        self.senders = [_Sender(url, backoff, log, key, router, wait) for key in layout.keys]
         self.turn = 0
 
     def put(self, events: list[dict[str, Any]]) -> int:

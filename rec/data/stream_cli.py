@@ -81,12 +81,33 @@ def stream() -> None:
     help="With --partitions: the event column partitions are chosen by "
     "(crc32 of its text mod P); default: round robin per entry.",
 )
+@click.option(
+    "--wait-replicas",
+    default="auto",
+    show_default=True,
+    callback=lambda ctx, param, value: _replicas(value),
+    help="Each round trip ends in WAIT N (1 s timeout) and counts as sent only once answered, "
+    "so a failover cannot lose it; a timeout is counted unreplicated and warned about. auto: "
+    "1 when the partition's master has a replica, else 0.",
+)
 def replay_command(file, url, config, synthetic, start, rate, speed, time_column,
-                   per_entry, partitions, key_column) -> None:  # fmt: skip
+                   per_entry, partitions, key_column, wait_replicas) -> None:  # fmt: skip
     """Feed the stream at --to from FILE (a time-ordered CSV, Parquet or Criteo TSV file, in
     the config's data.source format) or from the synthetic generator (--synthetic N), printing
     events/s and the ETA about once a second. While the broker is away it waits and retries
-    as training's reader does (the config's data.stream.retry_s and max_retry_s)."""
+    as training's reader does (the config's data.stream.retry_s and max_retry_s).
+
+    \b
+    An application's own producer does what this one does:
+      1. GET {STREAM}:layout once: absent, XADD to STREAM itself; else JSON
+         {"partitions": P, "key": COLUMN or "", "keys": [...]}.
+      2. Per event, k = crc32(utf-8 of str(event[COLUMN])) mod P (zlib.crc32; a
+         missing column is ""); no key column: entries in turn over the keys.
+      3. XADD keys[k] * format rec.events/1 events '<JSON list of events>' on the
+         master of that key's slot (a cluster client routes it).
+      4. End each pipeline with WAIT 1 <ms> on the same connection; count the events
+         sent only when it answers 1. Without it a failover can lose acknowledged
+         events; on a lost connection, resend what the stream (XRANGE) lacks."""
     from rec.config import load_config
     from rec.contract.events import parse_url
     from rec.data.replay import file_events, progress_line, replay, synthetic_events
@@ -118,15 +139,31 @@ def replay_command(file, url, config, synthetic, start, rate, speed, time_column
         stats = replay(chunks, url, rate=rate, speed=speed, per_entry=per_entry, progress=show,
                        retry_s=cfg.data.stream.retry_s, max_retry_s=cfg.data.stream.max_retry_s,
                        log=lambda line: click.echo(f"replay: {line}", err=True),
-                       partitions=partitions or 0, key=key_column)  # fmt: skip
+                       partitions=partitions or 0, key=key_column,
+                       wait_replicas=wait_replicas)  # fmt: skip
     except redis.RedisError as e:
         click.echo(f"error: the stream {url} failed: {e}", err=True)
         sys.exit(1)
     except ValueError as e:  # a layout that differs from --partitions/--key
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+    unreplicated = (f"; {stats.unreplicated:,} entries unreplicated (WAIT timed out)"
+                    if stats.unreplicated else "")  # fmt: skip
     click.echo(f"sent {stats.events:,} events in {stats.entries:,} entries to {url} "
-               f"in {stats.seconds:.1f} s ({stats.rate:,.0f} events/s)")  # fmt: skip
+               f"in {stats.seconds:.1f} s ({stats.rate:,.0f} events/s){unreplicated}")  # fmt: skip
+
+
+def _replicas(value: str) -> int | None:
+    """--wait-replicas: a count, or None for auto."""
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise click.BadParameter(f"{value!r}: give a replica count (0, 1, ...) or auto")
+    return n
 
 
 COMMANDS = [stream]
