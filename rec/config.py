@@ -592,6 +592,9 @@ class StreamConfig:
     Example: clicks:refused"""
     start: str = "0"
     """Where a new group starts: 0 the stream's first entry, $ only entries added from now."""
+    trim: bool = True
+    """After each checkpoint, delete entries no kept checkpoint or other group needs (XTRIM
+    MINID ~) and cap the dead letters at about 10,000. false: keep the stream whole."""
     wait_s: float = 1.0
     """How long a rank waits for a full batch before it returns what it has."""
     retry_s: float = 0.2
@@ -999,6 +1002,11 @@ class PublishConfig:
     layout) on one node, the first start's world size on a cluster. Fixed at a run's first
     start (recorded in the run's publish.json and the log's layout record); a resume on
     another world keeps it."""
+    wait_replicas: int = -1
+    """Replicas that must hold each batch of records before it counts as sent (Redis WAIT, up
+    to 1 s; past that the batch is counted unreplicated, logged, and publishing goes on), so a
+    master's failover loses none of what a checkpoint's flush saw sent. -1: 1 when the
+    partition's master has a replica, else 0; 0: never wait."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
@@ -1010,6 +1018,9 @@ class PublishConfig:
                "be published")  # fmt: skip
         _positive("publish.max_pending", self.max_pending)
         _positive("publish.drain_timeout_s", self.drain_timeout_s)
+        _check(isinstance(self.wait_replicas, int) and self.wait_replicas >= -1,
+               f"publish.wait_replicas={self.wait_replicas!r} must be an integer >= -1 "
+               "(-1: as many as the master has, up to 1)")  # fmt: skip
         _check(isinstance(self.partitions, int) and 0 <= self.partitions <= MAX_PARTITIONS,
                f"publish.partitions={self.partitions!r} must be an integer in "
                f"[0, {MAX_PARTITIONS}]")  # fmt: skip

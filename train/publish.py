@@ -52,6 +52,9 @@ from rec.zch import Changes
 
 RECORD_ROWS = 16384
 """Rows per record at most, so one stream entry stays a few MB."""
+WAIT_TIMEOUT_MS = 1000
+"""How long a sender waits for publish.wait_replicas replicas to hold a batch before it counts
+the batch unreplicated and goes on: training must not stop for a replica that is away."""
 LAG_SEAM = "REC_TEST_PUBLISH_LAG"
 """A test seam, not a setting: "RANK:SECONDS" makes rank RANK's sender wait SECONDS before it
 sends each batch, so that rank's records reach the log behind the others' (a sender a round
@@ -185,6 +188,7 @@ class UpdatePublisher:
         self.published_rows = 0
         self.publish_seconds = 0.0  # time the training loop spent publishing (the cost)
         self.error: BaseException | None = None
+        self.unreplicated = 0  # batches no replica confirmed within WAIT_TIMEOUT_MS
         lag_rank, _, lag_s = os.environ.get(LAG_SEAM, "").partition(":")
         self._lag_s = float(lag_s) if lag_rank and int(lag_rank) == rank else 0.0
         self._sender = threading.Thread(target=self._send_loop, name="rec-publish", daemon=True)
@@ -445,18 +449,24 @@ class UpdatePublisher:
 
     # ---- the sender thread ------------------------------------------------------------------
     def _send_loop(self) -> None:
-        client = None
+        client, wait = None, 0
         down_since = None
         try:
             while (batch := self.pending.get()) is not None:
                 time.sleep(self._lag_s)  # LAG_SEAM, in tests only
                 while True:
                     try:
-                        client = client or connect(self.router.node_for(self.key), 10.0)
+                        if client is None:
+                            client = connect(self.router.node_for(self.key), 10.0)
+                            wait = self._replicas_to_wait(client)
                         pipe = client.pipeline(transaction=False)
                         for fields in batch:
                             pipe.xadd(self.key, fields)
-                        pipe.execute()
+                        if wait:  # task_done below then means "replicated"
+                            pipe.execute_command("WAIT", wait, WAIT_TIMEOUT_MS)
+                        replies = pipe.execute()
+                        if wait and int(replies[-1]) < wait:
+                            self._unreplicated(int(replies[-1]), wait)
                         break
                     except Exception as e:
                         if not self.router.reroutes(e):
@@ -483,6 +493,20 @@ class UpdatePublisher:
             self.error = e
         finally:
             _closed(client)
+
+    def _replicas_to_wait(self, client) -> int:
+        """publish.wait_replicas, its -1 resolved on the partition's master now."""
+        want = self.cfg.publish.wait_replicas
+        if want >= 0:
+            return want
+        return min(1, int(client.info("replication").get("connected_slaves", 0)))
+
+    def _unreplicated(self, held: int, wait: int) -> None:
+        self.unreplicated += 1
+        if self.unreplicated == 1 or self.unreplicated % 100 == 0:  # a dead replica: not a flood
+            self.log(f"rank {self.rank}: {self.unreplicated} batch(es) of {self.key} reached "
+                     f"{held} of {wait} replicas within {WAIT_TIMEOUT_MS} ms (publish."
+                     "wait_replicas); a failover of its master now could lose them")  # fmt: skip
 
 
 def _closed(client) -> None:

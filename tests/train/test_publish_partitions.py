@@ -1,6 +1,7 @@
 """`rec train --publish` to a Redis Cluster (#60): real torchrun ranks publish the update log in
 partitions, one per rank of the first start (publish.partitions 0 on a cluster), each rank into
-its own on its slot's master; a resume on 1 rank keeps the layout, reads every partition to undo
+its own on its slot's master, each batch confirmed by the master's replica (WAIT,
+publish.wait_replicas -1); a resume on 1 rank keeps the layout, reads every partition to undo
 what the dead run published past its checkpoint, and writes partition 0 only. Applied in the
 order the reader returns it, the log ends equal to the final export for every row it carried."""
 
@@ -28,6 +29,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _waits(node) -> int:
+    """WAIT commands a node has run."""
+    client = redis.Redis(host=node.host, port=node.port)
+    stats = client.info("commandstats").get("cmdstat_wait", {})
+    client.close()
+    return int(stats.get("calls", 0))
+
+
 def _ranks_by_partition(cluster: RedisCluster, keys) -> dict[int, set[tuple[int, int]]]:
     """Each partition's records as (gen, rank), read from the master that owns its key."""
     out = {}
@@ -40,7 +49,7 @@ def _ranks_by_partition(cluster: RedisCluster, keys) -> dict[int, set[tuple[int,
 
 
 def test_ranks_publish_to_their_partitions_and_a_resume_on_one_rank_keeps_them(tmp_path):
-    with RedisCluster(tmp_path / "cluster", masters=3, replicas=0) as cluster:
+    with RedisCluster(tmp_path / "cluster", masters=3, replicas=1) as cluster:
         url = cluster.url() + "/rec:updates"
         cfg = _config(url)
         cfg["tables"][0]["rows"] = 20000
@@ -58,6 +67,7 @@ def test_ranks_publish_to_their_partitions_and_a_resume_on_one_rank_keeps_them(t
         assert layout == make_layout("rec:updates", 2)
         assert len({cluster.owner(k).address for k in layout.keys}) == 2, "two masters"
         assert _ranks_by_partition(cluster, layout.keys) == {0: {(1, 0)}, 1: {(1, 1)}}
+        assert all(_waits(cluster.owner(k)) > 0 for k in layout.keys), "each master waited"
 
         # Killed before its last checkpoint: resumed from step 20 on one rank.
         shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(40))
