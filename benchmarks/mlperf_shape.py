@@ -1,8 +1,11 @@
 """MLPerf DLRM-v2's shape on rec-server (#61): pairs/s per core and p99, beside MLPerf's.
 
-    .venv/bin/python benchmarks/mlperf_shape.py --cores 8             # full size, ~25 min
-    .venv/bin/python benchmarks/mlperf_shape.py --quick               # smoke: tiny tables, ~2 min
+    .venv/bin/python benchmarks/mlperf_shape.py --cores 4 --label L   # full size: ~15 min
+    .venv/bin/python benchmarks/mlperf_shape.py --quick               # smoke: tiny tables, ~75 s
     .venv/bin/python benchmarks/mlperf_shape.py --report [--label L]  # the table again
+
+Full size wants about 12 GB of RAM at its peak (training, 2 ranks: `rec plan` estimates ~10 GiB;
+each export ~3 GB, the server ~2.5 GB) and --cores + 2 CPUs (the client's) kept quiet.
 
 The model is examples/dlrm_v2.yaml (DLRM_DCN, dim 128, MLPerf's 26 cardinalities with its five
 40M tables capped at 2.5M rows, MLPerf's per-feature ids per sample, int8 tables and dense
@@ -97,9 +100,11 @@ def bench_config(tmp: Path, args) -> tuple[Path, list[str], dict]:
 
 def query_sizes(args) -> list[int]:
     """N of each query a client process sends in turn (every process the same sizes, its own
-    users): uniform in --n-range, seeded."""
+    users): --queries evenly spread over --n-range, shuffled, so their mean is the range's
+    middle exactly (a random draw of 64 would miss 270 by ~12)."""
     lo, hi = args.n_range
-    return [int(n) for n in np.random.default_rng(0).integers(lo, hi + 1, size=args.queries)]
+    sizes = np.linspace(lo, hi, args.queries).round().astype(int)
+    return [int(n) for n in np.random.default_rng(0).permutation(sizes)]
 
 
 def hotness(data: dict) -> tuple[tuple[int, int], ...]:
