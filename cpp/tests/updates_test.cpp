@@ -105,13 +105,20 @@ TEST_F(Tables, TheWatermarkWaitsForEveryRankAndStartsAtTheExport) {
   EXPECT_TRUE(w.valid);
   EXPECT_EQ(w.step, 10);
   EXPECT_EQ(w.wall_ns, 0);
+  EXPECT_EQ(tables_->HeldBy(), -1);  // no rank has published
   Apply(Fields(14, {1}, "ABCDsSbB", "t0", 0));
   EXPECT_EQ(tables_->CurrentWatermark().step, 10);  // rank 1 has not published
+  EXPECT_EQ(tables_->HeldBy(), 1);
   Apply(Fields(12, {}, "", "", 1));
   EXPECT_EQ(tables_->CurrentWatermark().step, 12);
   EXPECT_EQ(tables_->CurrentWatermark().wall_ns, 12000000);
+  EXPECT_EQ(tables_->HeldBy(), 1);                   // at 12 while rank 0 is at 14
   Apply(Fields(16, {}, "", "", 1, /*last=*/false));  // not complete yet
   EXPECT_EQ(tables_->CurrentWatermark().step, 12);
+  Apply(Fields(16, {}, "", "", 1));
+  EXPECT_EQ(tables_->HeldBy(), 0);  // at 14 while rank 1 is at 16
+  Apply(Fields(16, {}, "", "", 0));
+  EXPECT_EQ(tables_->HeldBy(), -1);  // both at 16: nobody behind
 }
 
 // (slot, raw id) pairs as a version 2 record holds them.

@@ -250,6 +250,10 @@ void Metrics::AppendUpdates(const std::function<std::string(const std::string&)>
        [](const ModelStats& s) { return s.updates.watermark_step.load(); }},
       {"rec_update_watermark_wall_ms", "gauge", "When that step ended (Unix ms; 0: unknown)",
        [](const ModelStats& s) { return s.updates.watermark_wall_ms.load(); }},
+      {"rec_update_watermark_held_by", "gauge",
+       "The update log partition (one stream: the rank) whose publisher holds the watermark "
+       "back, -1 when none",
+       [](const ModelStats& s) { return s.updates.held_by.load(); }},
   };
   for (const Line& l : kLines) {
     *out +=
@@ -258,6 +262,17 @@ void Metrics::AppendUpdates(const std::function<std::string(const std::string&)>
       if (!stats->has_updates.load()) continue;
       *out +=
           std::string(l.name) + "{" + labels(model) + "} " + std::to_string(l.get(*stats)) + "\n";
+    }
+  }
+  *out +=
+      "# HELP rec_update_partition_silent_ms Time since the reader last read a record from each "
+      "update log partition (one stream: 0)\n# TYPE rec_update_partition_silent_ms gauge\n";
+  for (const auto& [model, stats] : models_) {
+    if (!stats->has_updates.load()) continue;
+    std::lock_guard<std::mutex> lock(stats->updates.silent_mu);
+    for (const auto& [k, ms] : stats->updates.partition_silent_ms) {
+      *out += "rec_update_partition_silent_ms{" + labels(model) + ",partition=\"" +
+              std::to_string(k) + "\"} " + std::to_string(ms) + "\n";
     }
   }
   *out +=

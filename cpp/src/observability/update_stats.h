@@ -5,6 +5,8 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 namespace rec {
 
@@ -39,6 +41,11 @@ struct UpdateStats {
   // catches up, the age of the newest entry it applied; while the broker is unreachable (or
   // before the first read), the time since.
   std::atomic<int64_t> behind_ms{0};
+  // The partition (one stream: the rank) holding the watermark back; -1: none (#60).
+  std::atomic<int64_t> held_by{-1};
+  // How long since each partition (one stream: 0) was read a record from, as last looked.
+  mutable std::mutex silent_mu;
+  std::map<int64_t, int64_t> partition_silent_ms;
   void Count(UpdateOutcome o) { records[static_cast<int>(o)].fetch_add(1); }
 };
 

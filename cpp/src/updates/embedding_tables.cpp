@@ -109,6 +109,21 @@ Watermark EmbeddingTables::CurrentWatermark() {
   return r.watermark();
 }
 
+int64_t EmbeddingTables::HeldBy() {
+  Reading r(this);
+  if (world_ <= 0 || complete_.empty()) return -1;
+  for (int64_t rank = 0; rank < world_; ++rank) {
+    if (complete_.count(rank) == 0) return rank;
+  }
+  auto version = [](const Watermark& w) { return std::make_pair(w.gen, w.step); };
+  auto low = complete_.begin(), high = complete_.begin();
+  for (auto it = complete_.begin(); it != complete_.end(); ++it) {
+    if (version(it->second) < version(low->second)) low = it;  // the smallest rank of the oldest
+    if (version(it->second) > version(high->second)) high = it;
+  }
+  return version(low->second) < version(high->second) ? low->first : -1;
+}
+
 UpdateOutcome EmbeddingTables::Check(const UpdateRecord& r, MapPlan* plan, std::string* why) const {
   if (!run_.empty() && r.run != run_) {
     *why = "record of run '" + r.run + "', the served version is of run '" + run_ + "'";

@@ -81,6 +81,10 @@ class EmbeddingTables {
   };
 
   Watermark CurrentWatermark();
+  // The rank holding the watermark back (rec.update_log.Applier.held_by), once a rank of the
+  // newest generation has a complete publish: one with none yet (the smallest), else the one
+  // whose newest is the oldest while another's is newer; -1 when no rank is behind another.
+  int64_t HeldBy();
   const UpdatesSpec& spec() const { return spec_; }
 
  private:

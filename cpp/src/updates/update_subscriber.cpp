@@ -7,12 +7,16 @@
 #include "common/log.h"
 #include "observability/metrics.h"
 #include "updates/update_log_reader.h"
+#include "updates/watermark_watch.h"
 
 namespace rec {
 namespace {
 
 constexpr int kBlockMs = 300;  // how long one XREAD waits for news; bounds the stop latency
 constexpr int kBatchEntries = 256;
+// How long the rank holding the watermark back may be silent before it is named: 5 s, since
+// rec-server does not know publish.every_seconds (4 x it where known, as the Python readers).
+constexpr int64_t kHeldAfterMs = 5000;
 
 // An entry as logs name it: its id, and its partition's number on a partitioned log.
 std::string EntryName(const LogEntry& e) {
@@ -74,6 +78,7 @@ void UpdateSubscriber::Loop() {
   bool up = false, reported_down = false;
   uint64_t malformed = 0, refused = 0;
   std::vector<LogEntry> entries;
+  WatermarkWatch watch(kHeldAfterMs, static_cast<int64_t>(WallMs()));
   while (Sleep(0)) {
     const auto read_start = std::chrono::steady_clock::now();
     int64_t behind_ms = 0;
@@ -112,12 +117,32 @@ void UpdateSubscriber::Loop() {
       // under a sanitizer, and the server's shutdown waits for this thread.
       if (Stopping()) break;
       Apply(entry, &malformed, &refused);
+      if (entry.status.ok()) {
+        watch.Heard(entry.record.rank, entry.partition, static_cast<int64_t>(WallMs()));
+      }
     }
+    Watch(&watch, reader.partitions());
     SetBehind(behind_ms);
     down_since = static_cast<int64_t>(WallMs());
   }
   // No store of connected = 0 here: a new version's reader, started before this one stopped,
   // owns the gauges now.
+}
+
+void UpdateSubscriber::Watch(WatermarkWatch* watch, int64_t partitions) {
+  const int64_t now = static_cast<int64_t>(WallMs());
+  const int64_t held = tables_->HeldBy();
+  const Watermark w = tables_->CurrentWatermark();
+  const std::string line = watch->Check(held, w.gen, w.step, partitions, now);
+  if (line.rfind("watermark held", 0) == 0) {
+    LogWarning("model '" + model_ + "': " + line);
+  } else if (!line.empty()) {
+    LogInfo("model '" + model_ + "': " + line);
+  }
+  stats_->held_by.store(held < 0 || partitions <= 0 ? held : held % partitions);
+  std::map<int64_t, int64_t> silent = watch->SilentMs(partitions, now);
+  std::lock_guard<std::mutex> lock(stats_->silent_mu);
+  stats_->partition_silent_ms = std::move(silent);
 }
 
 void UpdateSubscriber::Apply(const LogEntry& entry, uint64_t* malformed, uint64_t* refused) {

@@ -16,6 +16,7 @@
 #include "contract/update_record.h"
 #include "updates/embedding_tables.h"
 #include "updates/update_log_reader.h"
+#include "updates/watermark_watch.h"
 
 namespace rec {
 
@@ -31,6 +32,8 @@ class UpdateSubscriber {
 
  private:
   void Loop();
+  // Names the partition holding the watermark back, in the log and the metrics.
+  void Watch(WatermarkWatch* watch, int64_t partitions);
   // Applies one entry read, counting and logging what is refused.
   void Apply(const LogEntry& entry, uint64_t* malformed, uint64_t* refused);
   bool Stopping();
