@@ -35,6 +35,7 @@ INTEGRATION = frozenset({
     "train/test_publish_partitions.py",
     "train/test_step_profile_memory.py",
     "train/test_stream_stops.py", "train/test_stream_train.py", "train/test_stream_partitions.py",
+    "train/test_stream_trim.py",
     "train/test_train_distributed.py",
     "train/test_zch.py",
     "export/test_trained.py", "export/test_zch_trained.py", "export/test_follow.py",

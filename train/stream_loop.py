@@ -44,12 +44,13 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rec import metrics
+from rec import metrics, run_dir
 from rec.batch import PAD_LABEL, RecBatch
 from rec.config import RecConfig
 from rec.data.held_out import HeldOut
@@ -60,6 +61,7 @@ from rec.data.stream import (
     StreamBatch,
     open_reader,
 )
+from rec.data.stream_trim import trim_stream
 from rec.features import feature_spec
 from rec.train.batch_source import Position, ToTorchrec
 from rec.train.distributed import DistContext, gather_rows
@@ -297,6 +299,8 @@ class StreamSource:
         """When the line that training lags data.stream.max_lag was last said."""
         self.progress: Progress | None = None
         self.feed: StreamFeed | None = None
+        self.run: Path | None = None
+        """The run directory (learnt from the first checkpoint written)."""
         s = cfg.data.stream
         self.held_out = HeldOut(s.hold_out_every_nth, -(-s.hold_out_keep // ctx.world_size))
 
@@ -398,11 +402,15 @@ class StreamSource:
         return due
 
     def after_checkpoint(self, step: int) -> None:
-        """Acknowledges what the committed checkpoint holds: exactly once."""
+        """Acknowledges what the committed checkpoint holds: exactly once. Rank 0 then trims
+        the stream below what the kept checkpoints may resume from (rec.data.stream_trim)."""
         assert self.feed is not None
         if (at := self.tally.at()) is not None:
             self.feed.reader.ack(at)
         self.feed.saved(step)
+        if self.ctx.is_main and self.cfg.data.stream.trim and self.run is not None:
+            kept = [run_dir.read_meta(d).get("stream") for d in run_dir.committed_steps(self.run)]
+            trim_stream(self.cfg.data.stream, kept, log=log)
 
     def _passed(self) -> None:
         """Reads that were all held out, up to the next trained batch, into the tally."""
@@ -417,6 +425,7 @@ class StreamSource:
 
     def write_files(self, step_dir) -> None:
         """This rank's files in a checkpoint being written: its held-out events."""
+        self.run = Path(step_dir).parent.parent  # <run>/checkpoints/step_N: where to trim from
         self.held_out.save(step_dir, self.ctx.rank, self.tally.covered())
 
     def close(self) -> None:

@@ -42,7 +42,8 @@ def _config(url: str, **training) -> dict:
     cfg["training"] = {"batch_size": 32, "steps": 0, "log_every": 5, "profile_steps": 0,
                        **training}  # fmt: skip
     cfg["checkpoint"] = {"every_steps": 10, "keep_last": 2}
-    cfg["data"]["stream"] = {"url": url, "wait_s": 0.2, "idle_exit_s": 3}
+    # Untrimmed (data.stream.trim): the test counts what the stream holds.
+    cfg["data"]["stream"] = {"url": url, "wait_s": 0.2, "idle_exit_s": 3, "trim": False}
     return cfg
 
 
