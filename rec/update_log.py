@@ -247,6 +247,21 @@ class WatermarkWatch:
         p = self.partitions()
         return f"partition {rank % p} (rank {rank})" if p else f"rank {rank}"
 
+    def held_partition(self) -> int:
+        """rec_update_watermark_held_by, as rec-server's: the partition holding the watermark
+        back (rank mod P; one stream: the rank), -1: none."""
+        rank, p = self.applier.held_by(), self.partitions()
+        return -1 if rank is None else rank % p if p else rank
+
+    def silent_ms(self) -> dict[int, float]:
+        """rec_update_partition_silent_ms, as rec-server's: per partition (one stream: 0), ms
+        since a record of its ranks (r mod P) was read, or since the watch started."""
+        now, p = self.clock(), max(self.partitions(), 1)
+        heard = {k: self.since for k in range(p)}
+        for rank, at in self.last.items():
+            heard[rank % p] = max(heard[rank % p], at)
+        return {k: (now - at) * 1000 for k, at in heard.items()}
+
     def check(self) -> str | None:
         rank, mark = self.applier.held_by(), self.applier.mark[:2]
         if self.held is not None:

@@ -105,7 +105,8 @@ class StoreMetrics:
 class UpdateMetrics:
     """The update log's metrics of one model version: rec_update_records_total{outcome},
     rec_update_rows_applied_total, rec_update_watermark_step, rec_update_watermark_wall_ms,
-    rec_update_log_connected."""
+    rec_update_log_connected, rec_update_watermark_held_by (the partition holding the
+    watermark back, -1: none) and rec_update_partition_silent_ms{partition}."""
 
     def __init__(self, families: Sink, name: str, version: str) -> None:
         labels = {"model": name, "version": str(version)}
@@ -119,18 +120,31 @@ class UpdateMetrics:
                              "when the watermark's step ended (ms since the epoch)", GAUGE),
             "connected": families("rec_update_log_connected",
                                   "1 while the update log's broker answers", GAUGE),
+            "held_by": families("rec_update_watermark_held_by",
+                                "the partition holding the watermark back (-1: none)", GAUGE),
+            "silent": families("rec_update_partition_silent_ms",
+                               "time since a partition's newest record was read", GAUGE),
         }  # fmt: skip
+        self.labels = labels
         self.records = {o: self.families["records"].metric({**labels, "outcome": o})
                         for o in OUTCOMES}  # fmt: skip
         self.single = {k: self.families[k].metric(labels)
-                       for k in ("rows", "step", "wall", "connected")}  # fmt: skip
+                       for k in ("rows", "step", "wall", "connected", "held_by")}  # fmt: skip
         self.single["step"].set(-1)  # as rec-server: -1 until a record is applied
+        self.single["held_by"].set(-1)
 
     def count(self, outcome: str) -> None:
         self.records[outcome].increment(1)
 
     def set(self, name: str, value: float) -> None:
         self.single[name].set(value)
+
+    def watch(self, held_by: int, silent_ms: dict[int, float]) -> None:
+        """The partition holding the watermark back and each partition's silence."""
+        self.single["held_by"].set(held_by)
+        for partition, ms in silent_ms.items():
+            labels = {**self.labels, "partition": str(partition)}
+            self.families["silent"].metric(labels).set(ms)
 
     def applied(self, rows: int, mark) -> None:
         self.single["rows"].increment(rows)

@@ -190,6 +190,7 @@ class UpdateReader:
                     self.watch.heard(record)
             if line := self.watch.check():
                 self._say("warn", line)
+            self.metrics.watch(self.watch.held_partition(), self.watch.silent_ms())
 
     def _take(self, entry_id, record):
         if isinstance(record, UpdateError):

@@ -2,7 +2,7 @@
 rules on a clock of the test's own, then Triton's update reader (serve/python_backend/updates.py,
 in process) and the store's follower, both following one partitioned log on a real 3-master
 Redis Cluster while rank 1 falls silent: each names partition 1 once it has been silent 5 s,
-and says it spoke again when the watermark moves on."""
+and says it spoke again when the watermark moves on; Triton's metrics say so too."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def test_the_silent_rank_is_named_by_its_partition_then_heard_again():
     assert watch.after_s == 8.0, "4 x every_seconds when that is above 5 s"
     _fed(watch, applier, [_record(r, 3, 1) for r in range(3)])
     assert applier.held_by() is None and watch.check() is None, "every rank at step 1"
+    assert watch.held_partition() == -1
     _fed(watch, applier, [_record(0, 3, 2), _record(2, 3, 2)])
     assert applier.held_by() == 1 and applier.mark[:2] == (1, 1)
     clock.now += 7.9
@@ -50,9 +51,13 @@ def test_the_silent_rank_is_named_by_its_partition_then_heard_again():
     clock.now += 0.2
     assert watch.check() == "watermark held at gen 1 step 1 by partition 1 (rank 1): silent 8 s"
     assert watch.check() is None, "said once"
+    clock.now += 1.0
+    _fed(watch, applier, [_record(0, 3, 3)])
+    assert watch.check() is None and watch.held_partition() == 1
+    assert watch.silent_ms() == {0: 0.0, 1: pytest.approx(9100)}, "rank 0 speaks for 0 and 2"
     _fed(watch, applier, [_record(1, 3, 2)])
     assert watch.check() == "watermark moved on from gen 1 step 1: partition 1 (rank 1) spoke again"
-    assert applier.held_by() is None and applier.mark[:2] == (1, 2)
+    assert applier.mark[:2] == (1, 2) and watch.check() is None, "rank 1 just spoke"
     # A rank of a newer generation with no complete publish yet holds it; one stream: its rank.
     fresh, clock.now = Applier(TABLES), 0.0
     one = WatermarkWatch(fresh, lambda: 0, clock=clock)
@@ -71,7 +76,8 @@ def test_triton_and_the_follower_name_the_silent_partition(tmp_path):
     with RedisCluster(tmp_path / "cluster", masters=3, replicas=0) as cluster:
         url = cluster.url() + "/u:w"
         triton_lines: list[str] = []
-        reader = UpdateReader("m", url, Applier(TABLES), UpdateMetrics(MemoryMetrics(), "m", "1"),
+        metrics = MemoryMetrics()
+        reader = UpdateReader("m", url, Applier(TABLES), UpdateMetrics(metrics, "m", "1"),
                               lambda level, line: triton_lines.append(line))  # fmt: skip
         table = StoredTable(ROWS, DIM, "int8", row_bytes(DIM, "int8"), 2)
         manifest = SimpleNamespace(
@@ -94,8 +100,15 @@ def test_triton_and_the_follower_name_the_silent_partition(tmp_path):
             while time.monotonic() < deadline:  # rank 0 goes on, rank 1 says nothing
                 _publish(url, "u:w", 2, [_record(0, 2, int(time.monotonic() * 10))])
                 time.sleep(0.2)
+            assert metrics.value("rec_update_watermark_held_by", model="m", version="1") == 1
+            silent = metrics.value("rec_update_partition_silent_ms", model="m", version="1",
+                                   partition="1")  # fmt: skip
+            assert 7000 < silent < 9500, silent
             _publish(url, "u:w", 2, [_record(1, 2, 2)])
             time.sleep(1.0)
+            silent = metrics.value("rec_update_partition_silent_ms", model="m", version="1",
+                                   partition="1")  # fmt: skip
+            assert silent < 2000, "partition 1 spoke"
         finally:
             stop.set()
             reader.stop()
