@@ -82,11 +82,11 @@ def published(tmp_path_factory):
     p.broker.stop()
 
 
-def _publish(url: str, records) -> None:
+def _publish(url: str, records, partitions: int = 2) -> None:
     """XADDs each record to its rank's partition of the log's layout, as the ranks do."""
     where = parse_url(url)
     router = Router(where.nodes)
-    keys = ensure_layout(router, where.stream, 2).keys
+    keys = ensure_layout(router, where.stream, partitions).keys
     for rec in records:
         key = keys[rec.rank % len(keys)]
         client = connect(router.node_for(key))
@@ -153,20 +153,26 @@ def test_both_partitions_are_applied_and_a_silent_one_holds_the_watermark(publis
 
 def test_a_partitioned_log_on_a_cluster_is_read_from_each_partitions_master(published, tmp_path):
     """The run's records laid out over 3 partitions of a 3-master cluster (one each), read by
-    rec-server given the cluster's node list: every row applied, the scores as in process."""
+    rec-server given the cluster's node list: every row applied, the scores as in process. Then
+    partition 1's slot moves to another master: the reader follows the MOVED and reads on."""
     with RedisCluster(tmp_path / "cluster", masters=3, replicas=0) as cluster:
         url = cluster.url() + "/" + STREAM
         router = Router(parse_url(url).nodes)
         keys = ensure_layout(router, STREAM, 3).keys
         assert len({router.node_for(k) for k in keys}) == 3  # one partition per master
-        for rec in published.records:
-            key = keys[rec.rank % 3]
-            client = connect(router.node_for(key))
-            client.xadd(key, encode(rec))
-            client.close()
+        _publish(url, published.records, partitions=3)
         server = Server(published.repo, "--updates", url)
         try:
             _check_served(published, server)
             assert "partitions 0:" in server.stderr()
+            owner = cluster.owner(keys[1])
+            to = next(m for m in cluster.masters() if m is not owner)
+            slot = cluster.start_moving(keys[1], to)
+            cluster.finish_moving(slot, to)
+            assert cluster.owner(keys[1]) is to
+            _publish(url, [_step_record(published, r, STEPS + 3) for r in (0, 1)], partitions=3)
+            server.wait_for_metric("rec_update_watermark_step", STEPS + 3, timeout=20)
+            assert server.metric("rec_update_log_connected") == 1
+            assert "MOVED" in server.stderr()  # the redirection was met, and followed
         finally:
             assert server.stop() == 0, server.stderr()
