@@ -36,6 +36,7 @@ pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
 )
 STEPS, EXPORTED, STREAM = 24, 12, "rec:updates"
+T0_ROWS = 300  # TINY's
 
 
 class Published:
@@ -176,3 +177,38 @@ def test_a_partitioned_log_on_a_cluster_is_read_from_each_partitions_master(publ
             assert "MOVED" in server.stderr()  # the redirection was met, and followed
         finally:
             assert server.stop() == 0, server.stderr()
+
+
+def _all_t0(published, gen: int, rank: int, world: int, step: int, value: float) -> UpdateRecord:
+    rows = fused_rows(torch.full((T0_ROWS, 8), value), "int8").numpy().tobytes()
+    return UpdateRecord(published.updates["run"], gen, rank, world, step, time.time_ns(), True,
+                        "t0", "int8", 8, tuple(range(T0_ROWS)), rows)  # fmt: skip
+
+
+def test_a_resumed_generation_waits_for_the_longer_partitions_older_records(published):
+    """Generation 1: rank 0 one record, rank 1 300 (more than one read of 256); then a resume on
+    1 rank (generation 2) re-sends t0 at its checkpoint value into partition 0. Were partition
+    0's generation 2 record applied before partition 1's later generation 1 records, those would
+    undo it: t0 must end at the re-sent value, as model.pt scores with it."""
+    url = published.broker.url("rec:gens")
+    _publish(url, [_all_t0(published, 1, 0, 2, EXPORTED + 1, 1.0)])
+    _publish(url, [_all_t0(published, 1, 1, 2, s, float(s % 7)) for s in range(13, 313)])
+    _publish(url, [_all_t0(published, 2, 0, 1, 100, 5.5)])
+    server = Server(published.repo, "--updates", url)
+    try:
+        server.wait_for_metric("rec_update_watermark_step", 100, timeout=60)
+        assert server.metric("rec_update_records_total", outcome="applied") == 302
+        module = torch.jit.load(str(ModelDir.of(published.repo, "rec").model_file(1)))
+        place = published.updates["tables"]["t0"]
+        rows = fused_rows(torch.full((T0_ROWS, 8), 5.5), "int8")
+        write_rows(dict(module.named_buffers())[place["buffer"]], place, range(T0_ROWS),
+                   rows.numpy().tobytes())  # fmt: skip
+        request = random_request(4, 4, 32, seed=9, ids_per_bag=(1, 6))
+        with httpclient.InferenceServerClient(server.http) as c:
+            got = c.infer("rec", infer_inputs(httpclient, request)).as_numpy("scores")
+        names = ("dense_features", "sparse_lengths", "sparse_values")
+        with torch.inference_mode():
+            want = module(*[torch.from_numpy(request[n]) for n in names]).numpy()
+        np.testing.assert_array_equal(got, want)
+    finally:
+        assert server.stop() == 0, server.stderr()
