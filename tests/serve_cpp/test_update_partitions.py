@@ -212,3 +212,18 @@ def test_a_resumed_generation_waits_for_the_longer_partitions_older_records(publ
         np.testing.assert_array_equal(got, want)
     finally:
         assert server.stop() == 0, server.stderr()
+
+
+def test_a_stream_whose_name_cannot_be_partitioned_is_read_as_one_stream(published):
+    """A legacy log named with a hash tag ('{' cuts partition keys, so it has no layout) is one
+    stream, read as before partitions."""
+    url = published.broker.url("{rec}:legacy")
+    client = redis.Redis.from_url(published.broker.url())
+    for rec in published.records:
+        client.xadd("{rec}:legacy", encode(rec))
+    server = Server(published.repo, "--updates", url)
+    try:
+        _check_served(published, server)
+        assert "from entry " in server.stderr()
+    finally:
+        assert server.stop() == 0, server.stderr()

@@ -44,10 +44,12 @@ std::string UpdateLogReader::Places() const {
 
 Status UpdateLogReader::LookForLayout() {
   std::string key, text;
-  Status st = LayoutKey(url_.stream, &key);
-  if (!st.ok()) return st;
+  if (!LayoutKey(url_.stream, &key).ok()) {  // a name with a brace has no partitions: legacy
+    settled_ = true;
+    return Status::Ok();
+  }
   bool found = false;
-  st = client_->Get(key, &found, &text);
+  Status st = client_->Get(key, &found, &text);
   if (!st.ok() || !found) return st;
   PartitionLayout layout;
   st = ParseLayout(text, key, &layout);
