@@ -1007,6 +1007,15 @@ class PublishConfig:
     to 1 s; past that the batch is counted unreplicated, logged, and publishing goes on), so a
     master's failover loses none of what a checkpoint's flush saw sent. -1: 1 when the
     partition's master has a replica, else 0; 0: never wait."""
+    reader_ttl_s: float = 60.0
+    """Update-log readers (Triton's, `rec store follow`) register what they still need in
+    `{S}:readers` every 5 s; after each checkpoint rank 0 trims the log below what registrations
+    younger than this need (rec.logs.update_trim). An older one is a reader gone or stuck: it is
+    trimmed past and, when back, says so and names the recovery (a newer export). No live
+    registration: nothing is trimmed."""
+    keep_s: float = 600.0
+    """History of the update log always kept (entries younger than this are never trimmed),
+    whatever the registrations say."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
@@ -1018,6 +1027,8 @@ class PublishConfig:
                "be published")  # fmt: skip
         _positive("publish.max_pending", self.max_pending)
         _positive("publish.drain_timeout_s", self.drain_timeout_s)
+        _positive("publish.reader_ttl_s", self.reader_ttl_s)
+        _check(self.keep_s >= 0, f"publish.keep_s={self.keep_s!r} must be >= 0")
         _check(isinstance(self.wait_replicas, int) and self.wait_replicas >= -1,
                f"publish.wait_replicas={self.wait_replicas!r} must be an integer >= -1 "
                "(-1: as many as the master has, up to 1)")  # fmt: skip

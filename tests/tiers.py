@@ -27,7 +27,7 @@ INTEGRATION = frozenset({
     "data/test_replay.py", "data/test_stream.py", "data/test_partitions.py",
     "data/test_stream_failover.py", "data/test_replay_wait.py",
     "logs/test_keyslot.py", "logs/test_route.py", "logs/test_update_layout.py",
-    "logs/test_update_reader.py", "logs/test_update_watermark.py",
+    "logs/test_update_reader.py", "logs/test_update_watermark.py", "logs/test_update_trim.py",
     # Real torchrun training.
     "train/test_default_run.py", "train/test_din.py", "train/test_eval_split.py",
     "train/test_faults.py", "train/test_multihost.py", "train/test_plain_pipeline.py",

@@ -23,6 +23,7 @@ from rec.config import RecConfig
 from rec.contract.sections import ZCH_MAP_LAYOUT
 from rec.data import make_source
 from rec.data.source import DataSource, empty_rows
+from rec.logs import update_trim
 from rec.model import TrainModel, build_model, embedding_modules, table_rows
 from rec.train import plan_stats, publish, sharding
 from rec.train.batch_source import BatchSource, FileEpochs, Position
@@ -455,6 +456,9 @@ class Trainer:
             zch.CHECKPOINT_LAYOUT_KEY: ZCH_MAP_LAYOUT,
         }
         meta.update(self.source.meta())  # skipped rows; a stream's positions (collective)
+        tails = None  # each partition's last entry before the flush: the trim's upper bound
+        if self.publisher is not None and self.ctx.is_main:
+            tails = update_trim.safe_tails(self.cfg.publish.url, log)
         if self.publisher is not None:  # the log first: it must hold all this checkpoint trained
             self.publisher.flush(self.pos.step)
         step_dir = self.checkpointer.save(
@@ -463,6 +467,8 @@ class Trainer:
         self.saved_step = self.pos.step
         if self.ctx.is_main:
             log(f"checkpoint committed: {step_dir}")
+        if tails:  # rank 0: the update log below what its readers and this checkpoint need
+            update_trim.trim_log(self.cfg.publish, tails, gen, self.pos.step, log=log)
 
 
 def _resume_point(run: Path, resume: bool) -> Path | None:

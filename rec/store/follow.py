@@ -38,6 +38,7 @@ from rec.contract.store import (
 )
 from rec.contract.updates import UpdateError, UpdateRecord, parse_url
 from rec.logs.update_reader import Entry, PartitionedLogReader
+from rec.logs.update_trim import Registration, TrimWatch, reader_name
 from rec.served_map import Version
 from rec.update_log import Applier, ServedTable, WatermarkWatch
 
@@ -239,9 +240,33 @@ class StoreFollower:
         log = PartitionedLogReader(self.url, self.cursor, cursors=self.cursors, count=READ_ENTRIES,
                                    block_ms=200, retry_s=0.1, max_retry_s=5.0,
                                    on_event=lambda _kind, line: self.log(line))  # fmt: skip
-        last_entry, last_line = time.monotonic(), time.monotonic()
         watch = WatermarkWatch(self.applier, lambda: log.partitions)
+        registration = Registration(self.url, reader_name("store-follow"),
+                                    lambda: self._need(log))  # fmt: skip
+        trim = TrimWatch(self.url)
+        try:
+            self._follow(log, stop, idle_exit_s, watch, trim)
+        finally:
+            registration.stop()
+            log.close()
+        self._progress()
+        return self.stats
+
+    def _need(self, log: PartitionedLogReader) -> dict[int, str]:
+        """What the log's trim must keep for it: its cursors, or every partition from its
+        start when a restart replays the log up to them (a table kept by raw id)."""
+        places = log.places()
+        return {k: "0-0" for k in places} if self.applier.raw_keyed else places
+
+    def _follow(self, log: PartitionedLogReader, stop: threading.Event, idle_exit_s: float | None,
+                watch: WatermarkWatch, trim: TrimWatch) -> None:  # fmt: skip
+        """run()'s loop; past a trim of the log it stops with the trim and the recovery named
+        (StoreError) rather than store rows that silently miss records."""
+        last_entry, last_line = time.monotonic(), time.monotonic()
+        trim.check(log.places(), self.applier.mark[:2])  # where it starts, before any read
         for entries in log.follow(stop):
+            if line := trim.check(log.places(), self.applier.mark[:2]):
+                raise StoreError(f"store follow stopped: {line}")
             if entries:
                 self._apply(entries, log)
                 last_entry = time.monotonic()
@@ -255,9 +280,6 @@ class StoreFollower:
             if time.monotonic() - last_line > 10:
                 self._progress()
                 last_line = time.monotonic()
-        log.close()
-        self._progress()
-        return self.stats
 
     def _apply(self, entries: list[Entry], reader: PartitionedLogReader) -> None:
         t0 = time.perf_counter()

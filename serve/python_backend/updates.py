@@ -16,6 +16,7 @@ instance (its own stub process) keeps its own copy of the tables and its own rea
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import torch
@@ -23,6 +24,7 @@ import torch
 from rec.contract import ManifestError
 from rec.contract.updates import UpdateError, parse_url, row_bytes
 from rec.logs.update_reader import PartitionedLogReader
+from rec.logs.update_trim import Registration, TrimWatch, reader_name
 from rec.update_log import Applier, ServedMap, ServedTable, WatermarkWatch, write_rows
 
 from .config import InstanceConfig, LoadError
@@ -162,6 +164,14 @@ class UpdateReader:
         self.log_reader = PartitionedLogReader(url, count=_BATCH_ENTRIES, block_ms=_BLOCK_MS,
                                                on_event=self._event)  # fmt: skip
         self.watch = WatermarkWatch(tables, lambda: self.log_reader.partitions)
+        # What it still needs, for the log's trim: its cursors (a restart reads from the start,
+        # and its export's mark covers what a trim removed before it).
+        self.registration = Registration(url, reader_name(f"triton:{model}"),
+                                         lambda: dict(self.log_reader.places()))  # fmt: skip
+        self.trim = TrimWatch(url)
+        self.trimmed_past = None
+        self._trim_said = 0.0
+        """Why its rows miss records a trim removed (logged as an error), or None."""
         self._stop = threading.Event()
         self._logged = Counter()
         self._thread = threading.Thread(target=self._loop, name="rec-updates", daemon=True)
@@ -169,6 +179,7 @@ class UpdateReader:
 
     def stop(self, timeout=5.0):
         self._stop.set()
+        self.registration.stop()
         self._thread.join(timeout)
 
     def _say(self, level, message):
@@ -180,6 +191,7 @@ class UpdateReader:
         self._say("info" if kind == "up" else "warn", message)
 
     def _loop(self):
+        self.trim.check(self.log_reader.places(), self.tables.mark[:2])  # before any read
         for entries in self.log_reader.follow(self._stop):
             for entry_id, record in entries:
                 try:
@@ -191,6 +203,17 @@ class UpdateReader:
             if line := self.watch.check():
                 self._say("warn", line)
             self.metrics.watch(self.watch.held_partition(), self.watch.silent_ms())
+            self._check_trim()
+
+    def _check_trim(self):
+        """Past a trim of the log, it says so (error, at first and every 60 s) rather than serve
+        rows that silently miss records."""
+        line = self.trim.check(self.log_reader.places(), self.tables.mark[:2])
+        now = time.monotonic()
+        if line and (line != self.trimmed_past or now - self._trim_said > 60):
+            self._say("error", line)
+            self._trim_said = now
+        self.trimmed_past = line
 
     def _take(self, entry_id, record):
         if isinstance(record, UpdateError):
