@@ -128,3 +128,31 @@ def test_a_reader_past_its_ttl_is_trimmed_past_and_says_so(broker, tmp_path):
         with pytest.raises(StoreError, match=r"follow stopped: .*partition 0 was trimmed.*--store"):
             follower.run(threading.Event(), idle_exit_s=5)
         follower.close()
+
+
+def test_rec_train_trims_at_each_checkpoint(broker, tmp_path):
+    """A real `rec train` (1 rank, the one-stream layout) trims after its checkpoints below a
+    live registration: the entries before the need go, the need and every record stay."""
+    import copy
+
+    from tests.helpers import TINY, run_rec, write_config
+
+    stream = "trained"
+    client = redis.Redis(port=broker.port)
+    ids = [client.xadd(stream, {"old": str(i)}).decode() for i in range(30)]  # older history
+    url = f"redis://127.0.0.1:{broker.port}/{stream}"
+    register(url, "replica", {0: ids[20]})
+    cfg = copy.deepcopy(TINY)
+    cfg["training"].update(steps=20, eval_every=0)
+    cfg["checkpoint"] = {"every_steps": 10, "keep_last": 2}
+    cfg["publish"] = {"url": url, "every_steps": 5, "every_seconds": 0, "keep_s": 0,
+                      "reader_ttl_s": 600}  # fmt: skip
+    config = write_config(tmp_path / "c.yaml", cfg)
+    run_rec("train", "--config", str(config), "--run-dir", str(tmp_path / "run"), "--nproc", "1")
+    left = [e[0].decode() for e in client.xrange(stream)]
+    assert left[:10] == ids[20:], "below the need gone (whole nodes), the need on kept"
+    records = client.xrange(stream, "(" + ids[29])
+    assert len(left) == 10 + len(records) and records, "every record the run published stays"
+    assert all(b"old" not in fields for _, fields in records)
+    assert json.loads(client.get("{trained}:trimmed")) == {
+        "0": {"minid": ids[20], "gen": 1, "step": 20}}  # fmt: skip
