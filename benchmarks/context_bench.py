@@ -51,7 +51,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-from rec.benchmarking import BUILD, RESULTS, model_configs, process_cpu_s, train_export_both
+from rec.benchmarking import (
+    BUILD,
+    model_configs,
+    print_results,
+    process_cpu_s,
+    results_file,
+    train_export_both,
+    write_results,
+)
 from rec.config import load_config
 from rec.contract import ModelDir
 from rec.contract.context import ContextSplit
@@ -307,9 +315,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    out = RESULTS / f"context_bench{'_' + args.label if args.label else ''}.json"
+    out = results_file("context_bench", args.label)
     if args.report:
-        print(table(json.loads(out.read_text())))
+        print_results(out, table)
         return
     if not (BUILD / "rec-bench").exists():
         raise SystemExit(f"{BUILD / 'rec-bench'} is missing: run make setup")
@@ -337,8 +345,7 @@ def main() -> None:
             doc["models"][name] = measure_model(built, split, args)
     doc["headline"] = headline(doc)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(out, doc)
     print("\n" + table(doc))
     print(json.dumps(doc["headline"], indent=2))
     print(f"\nwritten: {out} ({doc['wall_s']:.0f} s)")

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rec.benchmarking import RESULTS, ROOT, train_export_both
+from rec.benchmarking import ROOT, print_results, results_file, train_export_both, write_results
 from rec.contract import ModelDir
 from rec.contract.context import ContextSplit
 from rec.cpu import cpu_info, describe
@@ -315,9 +315,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    out = RESULTS / f"mlperf_shape{'_' + args.label if args.label else ''}.json"
+    out = results_file("mlperf_shape", args.label)
     if args.report:
-        print(table(json.loads(out.read_text())))
+        print_results(out, table)
         return
     server_cpus, client_cpus = cores_split(args.cores)
     t0 = time.perf_counter()
@@ -352,8 +352,7 @@ def main() -> None:
                 open_qps = r["open"]["rate_qps"]  # the context form at flat's query rate
     doc["summary"] = summary_rows(doc)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(out, doc)
     print("\n" + table(doc))
     print(f"\nwritten: {out} ({doc['wall_s']:.0f} s)")
 

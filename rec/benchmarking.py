@@ -11,7 +11,9 @@ imports another).
 - models: the default and the Kaggle-size model trained briefly and exported
   (`trained_repositories`), a config trained once and exported plain and with a context
   (`train_export_both`);
-- timing: several scorers timed in turns (`measure`).
+- timing: several scorers timed in turns (`measure`);
+- results: a run's JSON file under benchmarks/results (`results_file`, `write_results`) and
+  its table again (`print_results`, a script's --report).
 
 The benchmarks run from a checkout (an editable install): the build, the examples and the
 results folder are found beside this package.
@@ -43,6 +45,22 @@ BUILD = ROOT / "build" / "cpp"
 RESULTS = ROOT / "benchmarks" / "results"
 REC = str(Path(sys.executable).parent / "rec")
 BATCHES = (1, 64, 512)  # the batch sizes the latency benchmarks time
+
+
+def results_file(name: str, label: str | None) -> Path:
+    """A benchmark's results: benchmarks/results/<name>.json, <name>_<label>.json if labelled."""
+    return RESULTS / f"{name}{'_' + label if label else ''}.json"
+
+
+def write_results(path: Path, doc: dict) -> None:
+    """A run's results, as JSON (the folder made if this checkout has none yet)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def print_results(path: Path, table: Callable[[dict], str]) -> None:
+    """A script's --report: the table of its results file again, nothing run."""
+    print(table(json.loads(path.read_text())))
 
 
 def _status(pid: int) -> tuple[str, int] | None:
