@@ -68,6 +68,7 @@ from rec.export import repository as repo_lib
 from rec.export.build import Log
 from rec.export.pipeline import ExportResult, export_run, resolve_config
 from rec.export.verify import VerificationError
+from rec.logs.update_trim import Registration, oldest, reader_name
 
 MIN_KEEP = 2  # the version a server serves and the one it is about to load (module docstring)
 DEFAULT_KEEP = 3  # those two and one more to go back to by hand
@@ -388,21 +389,61 @@ def follow(
         last = exported_step(repo, first_model.model_dir_name(cfg.export.model_name), run)
         if last is not None:
             log(f"the repository's newest version holds step {last}; following from there")
-        while not stop.requested:
-            step_dir = run_dir.latest_checkpoint(run)
-            if step_dir is None or (last is not None and step_of(step_dir) <= last):
-                stop.sleep(poll_s)
-                continue
-            exported = export_one(run, repo, step_dir, last, keep, stop, log, detail,
-                                  quantize=quantize, fmt=fmt, config=config)  # fmt: skip
-            if exported is None and stop.abandon:
-                log(f"abandoned the export of step {step_of(step_dir)}; its staging directory "
-                    "was removed")  # fmt: skip
-                break
-            if exported is not None:
-                done.append(exported)
-                log(format_line(exported))
-            # A checkpoint that failed verification is not tried again; a deleted one is gone.
-            last = step_of(step_dir)
+        served = _ServedPlaces(cfg.publish.url, keep)
+        try:
+            export_args = dict(quantize=quantize, fmt=fmt, config=config)
+            last = _follow_loop(run, repo, last, keep, poll_s, stop, log, detail, done, served,
+                                export_args)  # fmt: skip
+        finally:
+            served.stop()
         log(f"stopped after {len(done)} version(s)")
     return done
+
+
+class _ServedPlaces:
+    """The update log's readers' registry (rec.logs.update_trim) told what the versions kept
+    may still replay: the oldest of their checkpoints' `publish_tails` (a server may serve any
+    of them until its next poll), so the log is not trimmed past a version being served."""
+
+    def __init__(self, url: str, keep: int) -> None:
+        self.keep, self.tails = keep, []
+        self.registration = (
+            Registration(url, reader_name("export-follow"), self.need) if url else None
+        )
+
+    def add(self, step_dir: Path) -> None:
+        with contextlib.suppress(OSError, ValueError):  # deleted by training meanwhile
+            if tails := run_dir.read_meta(step_dir).get("publish_tails"):
+                self.tails = [*self.tails[1 - self.keep :], tails]
+
+    def need(self) -> dict[int, str] | None:
+        return oldest(self.tails) if self.tails else None
+
+    def stop(self) -> None:
+        if self.registration is not None:
+            self.registration.stop()
+
+
+def _follow_loop(run: Path, repo: Path, last: int | None, keep: int, poll_s: float,
+                 stop: StopSignal, log: Log, detail: Log | None, done: list[Exported],
+                 served: _ServedPlaces, export_args: dict[str, Any]) -> int | None:  # fmt: skip
+    """follow()'s rounds until a stop: each newest checkpoint exported, said and registered."""
+    if last is not None:
+        served.add(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(last))
+    while not stop.requested:
+        step_dir = run_dir.latest_checkpoint(run)
+        if step_dir is None or (last is not None and step_of(step_dir) <= last):
+            stop.sleep(poll_s)
+            continue
+        exported = export_one(run, repo, step_dir, last, keep, stop, log, detail, **export_args)
+        if exported is None and stop.abandon:
+            log(f"abandoned the export of step {step_of(step_dir)}; its staging directory "
+                "was removed")  # fmt: skip
+            break
+        if exported is not None:
+            done.append(exported)
+            served.add(step_dir)
+            log(format_line(exported))
+        # A checkpoint that failed verification is not tried again; a deleted one is gone.
+        last = step_of(step_dir)
+    return last

@@ -459,6 +459,9 @@ class Trainer:
         tails = None  # each partition's last entry before the flush: the trim's upper bound
         if self.publisher is not None and self.ctx.is_main:
             tails = update_trim.safe_tails(self.cfg.publish.url, log)
+            # What an export of this step needs of the log at most: `rec export --follow`
+            # registers it as a reader (rec.logs.update_trim).
+            meta["publish_tails"] = tails
         if self.publisher is not None:  # the log first: it must hold all this checkpoint trained
             self.publisher.flush(self.pos.step)
         step_dir = self.checkpointer.save(

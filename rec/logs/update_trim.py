@@ -236,6 +236,16 @@ def past_trim(trimmed: dict[int, dict], places: dict[int, str],
     return None
 
 
+def oldest(places: list[dict[int, str]]) -> dict[int, str]:
+    """Per partition, the oldest of these places (a partition one lacks: from its start)."""
+    keys = {int(k) for seen in places for k in seen}
+    return {k: _id(min(entry_key(_get(seen, k)) for seen in places)) for k in keys}
+
+
+def _get(places: dict, k: int) -> str:
+    return places.get(k, places.get(str(k), "0-0"))
+
+
 class TrimWatch:
     """A reader's check against `{S}:trimmed`, at most every `every_s`: `check(places, mark)`
     returns past_trim's message while the reader is past a trim, else None. One read can jump a
@@ -256,8 +266,7 @@ class TrimWatch:
             return self.message
         self._next = time.monotonic() + self.every_s
         self._seen = [*self._seen[-2:], dict(places)]
-        keys = {k for seen in self._seen for k in seen}
-        low = {k: _id(min(entry_key(seen.get(k, "0-0")) for seen in self._seen)) for k in keys}
+        low = oldest(self._seen)
         with contextlib.suppress(redis.RedisError, OSError):  # the reader's retries say it
             self.message = past_trim(read_trimmed(self.url), low, mark)
         return self.message

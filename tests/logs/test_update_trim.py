@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
+from rec import run_dir
 from rec.broker import RedisBroker, redis_server_path
 from rec.config import PublishConfig
 from rec.contract.partitions import partition_key
@@ -156,3 +157,21 @@ def test_rec_train_trims_at_each_checkpoint(broker, tmp_path):
     assert all(b"old" not in fields for _, fields in records)
     assert json.loads(client.get("{trained}:trimmed")) == {
         "0": {"minid": ids[20], "gen": 1, "step": 20}}  # fmt: skip
+    # `rec export --follow` registers the oldest kept version's place: its checkpoint's tails.
+    from rec.export.follow import _ServedPlaces
+
+    steps = run_dir.committed_steps(tmp_path / "run")
+    tails = [run_dir.read_meta(d)["publish_tails"] for d in steps]
+    assert [len(t) for t in tails] == [1, 1] and tails[0]["0"] < tails[1]["0"]
+    served = _ServedPlaces(url, keep=2)
+    for d in steps:
+        served.add(d)
+    assert served.need() == {0: tails[0]["0"]}
+    served.add(steps[1])
+    assert served.need() == {0: tails[1]["0"]}, "only the newest `keep` versions"
+    deadline = time.monotonic() + 10
+    while not (names := [n for n in client.hkeys(readers_key(stream)) if b"export" in n]):
+        assert time.monotonic() < deadline, "registered within a round"
+        time.sleep(0.1)
+    served.stop()
+    assert json.loads(client.hget(readers_key(stream), names[0]))["need"] == {"0": tails[1]["0"]}
