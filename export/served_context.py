@@ -114,6 +114,11 @@ class ContextLookup(nn.Module):
             return torch.cat([ctx, cand], 1).index_select(1, self.perm)
         return cand.index_select(1, self.perm)
 
+    @torch.jit.export
+    def padded(self, pooled: torch.Tensor, rows: int) -> torch.Tensor:
+        """forward's output as the head's top takes it (Pairs), padded to `rows`."""
+        return _padded(pooled, rows)
+
 
 class DinContextLookup(nn.Module):
     """din's lookup (DinLookup's output) of both sides. The candidate feature is always the
@@ -154,10 +159,19 @@ class DinContextLookup(nn.Module):
         candidate, items, item_owner = candidate_and_history(rows, offsets, batch)
         return pooled, candidate, items, item_owner
 
+    @torch.jit.export
+    def padded(
+        self, looked: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """forward's output as DinHead's top takes it (Pairs): the per-candidate rows padded
+        to `rows`; the history items stay as they are (their owners index the real rows)."""
+        pooled, candidate, items, item_owner = looked
+        return _padded(pooled, rows), _padded(candidate, rows), items, item_owner
+
 
 class Pairs(nn.Module):
-    """Per pair: both sides' bags (ContextLookup) and the head's top -> logits [B, T], the
-    top's inputs padded to min_rows as ServedModule pads its batch."""
+    """Per pair: both sides' bags (ContextLookup or DinContextLookup) and the head's top ->
+    logits [B, T], the top's inputs padded to min_rows as ServedModule pads its batch."""
 
     def __init__(self, lookup: nn.Module, head: nn.Module, min_rows: int) -> None:
         super().__init__()
@@ -174,28 +188,9 @@ class Pairs(nn.Module):
         cand_values: torch.Tensor,
         owner: torch.Tensor,
     ) -> torch.Tensor:
-        pooled = self.lookup(ctx_lengths, ctx_values, cand_lengths, cand_values, owner)
-        rows, batch = self.min_rows, cand_lengths.shape[0]
-        return self.head.top(_padded(embedded, rows), _padded(pooled, rows))[:batch]
-
-
-class DinPairs(Pairs):
-    """Pairs of din: DinContextLookup's four tensors into DinHead's top."""
-
-    def forward(
-        self,
-        embedded: torch.Tensor,
-        ctx_lengths: torch.Tensor | None,
-        ctx_values: torch.Tensor | None,
-        cand_lengths: torch.Tensor,
-        cand_values: torch.Tensor,
-        owner: torch.Tensor,
-    ) -> torch.Tensor:
         looked = self.lookup(ctx_lengths, ctx_values, cand_lengths, cand_values, owner)
-        pooled, candidate, items, item_owner = looked
         rows, batch = self.min_rows, cand_lengths.shape[0]
-        padded = (_padded(pooled, rows), _padded(candidate, rows), items, item_owner)
-        return self.head.top(_padded(embedded, rows), padded)[:batch]
+        return self.head.top(_padded(embedded, rows), self.lookup.padded(looked, rows))[:batch]
 
 
 def _summed(rows: torch.Tensor, counts: torch.Tensor, batch: int) -> torch.Tensor:
@@ -247,10 +242,10 @@ class ContextServedModule(nn.Module):
         self.head = flat.head
         self.min_rows = flat.min_rows
         if isinstance(flat.lookup, DinLookup):
-            lookup = DinContextLookup(flat.lookup, cfg, split)
-            self.pairs: nn.Module = DinPairs(lookup, flat.head, self.min_rows)
+            lookup: nn.Module = DinContextLookup(flat.lookup, cfg, split)
         else:
-            self.pairs = Pairs(ContextLookup(flat.lookup, cfg, split), flat.head, self.min_rows)
+            lookup = ContextLookup(flat.lookup, cfg, split)
+        self.pairs = Pairs(lookup, flat.head, self.min_rows)
         self.batch_invariant = flat.batch_invariant
 
     def score(
