@@ -177,6 +177,12 @@ class ModelInstance:
                 batch.append((i, feed))
         if not batch:
             return out
+        if self.reader is not None and (past := self.reader.trimmed_past):
+            # Its rows miss records a trim of the log removed: not ready until a newer export
+            # is loaded (rec.logs.update_trim).
+            for i, _ in batch:
+                out[i] = Failure(f"not ready: {past}", UNAVAILABLE)
+            return out
         try:
             scores = self._run([feed for _, feed in batch])
         except StoreError as e:  # the store's failure fails the batch, naming what failed

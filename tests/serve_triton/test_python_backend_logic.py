@@ -35,7 +35,14 @@ from rec.features import FeatureSpec
 from rec.quantize import fused_rows
 from rec.serve.python_backend.config import InstanceConfig, LoadError
 from rec.serve.python_backend.context_inputs import ContextModel
-from rec.serve.python_backend.inputs import INTERNAL, INVALID_ARG, Failure, Inputs, concatenate
+from rec.serve.python_backend.inputs import (
+    INTERNAL,
+    INVALID_ARG,
+    UNAVAILABLE,
+    Failure,
+    Inputs,
+    concatenate,
+)
 from rec.serve.python_backend.instance import ModelInstance
 from rec.serve.python_backend.metrics import MemoryMetrics
 from rec.serve.repository import load_model
@@ -403,3 +410,41 @@ def test_the_update_log_is_applied_counted_and_scored(tmp_path):
     assert s.metrics.value("rec_update_log_connected", **labels) == 1
     refused = [m for level, m in s.said if level == "warn" and "refused update log entry" in m]
     assert len(refused) == 3 and any("(unknown_table)" in m for m in refused)
+
+
+@pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed")
+def test_an_instance_past_a_trim_of_the_log_is_not_ready(tmp_path):
+    """The log trimmed (rec.logs.update_trim) past an export's records after a newer checkpoint:
+    the instance, reading from the log's start, answers UNAVAILABLE naming the trim and the
+    recovery (a newer export) rather than serve rows that miss records."""
+    from rec.config import PublishConfig
+    from rec.logs.update_trim import register, tails, trim_log
+
+    with RedisBroker(tmp_path / "redis") as broker:
+        url = broker.url("rec:updates")
+        run = write_seeded_run(tmp_path / "run", copy.deepcopy(TINY) | {"publish": {"url": url}})
+        (run / run_dir.PUBLISH_FILE).write_text(json.dumps({"run": RUN}))
+        run_dir.commit_checkpoint(run, EXPORTED, {"world_size": 1, "publish_gen": GEN})
+        from rec.export.pipeline import export_run
+
+        export_run(run, tmp_path / "repo", log=lambda _msg: None)
+        client = redis.Redis(host=broker.host, port=broker.port)
+        ids = [client.xadd("rec:updates", encode(_record(EXPORTED + s, "t0", seed=s))).decode()
+               for s in range(1, 4)]  # fmt: skip
+        register(url, "newer", {0: ids[2]})
+        trim_log(PublishConfig(url=url, keep_s=0), tails(url), gen=GEN, step=EXPORTED + 3)
+        client.close()
+        s = Served(staged_config(tmp_path / "repo"))
+        try:
+            deadline = time.monotonic() + 10
+            while s.instance.reader.trimmed_past is None:
+                assert time.monotonic() < deadline, s.said
+                time.sleep(0.05)
+            (got,) = s.instance.execute([inputs(random_request(NUM_DENSE, NUM_SPARSE, 4, seed=7))])
+        finally:
+            s.instance.close()
+    assert isinstance(got, Failure) and got.code == UNAVAILABLE, got
+    assert got.message.startswith("not ready: the update log's partition 0 was trimmed below "
+                                  f"{ids[2]} (after checkpoint gen 1 step 13)"), got  # fmt: skip
+    assert "rec export" in got.message
+    assert any(level == "error" and "trimmed below" in m for level, m in s.said), s.said
