@@ -1,4 +1,5 @@
-"""Fixtures of the data-layer tests: small configs and exact batch comparisons."""
+"""Fixtures of the data-layer tests: small configs, exact batch comparisons, and the stream
+readers' feature spec and redis-server (a module's own)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import pytest
 import torch
 
 from rec.batch import RecBatch
+from rec.broker import RedisBroker
 from rec.config import RecConfig, config_from_dict
+from rec.features import HASH, DenseFeature, FeatureSpec, SparseFeature
+
+# The stream readers' events: a label, one dense feature and one item id each.
+STREAM_SPEC = FeatureSpec(
+    "csv",
+    ["clicked"],
+    [DenseFeature("n", "n", "identity")],
+    [SparseFeature("item", "item", "int_or_hash", "|")],
+    dict(HASH),
+)
 
 
 def small_config(data: dict[str, Any] | None = None, **top: Any) -> RecConfig:
@@ -73,3 +85,10 @@ def util() -> SimpleNamespace:
         assert_same=assert_same,
         collect=collect,
     )
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A redis-server of the test module's own (the module skips when none is installed)."""
+    with RedisBroker(tmp_path_factory.mktemp("redis")) as b:
+        yield b

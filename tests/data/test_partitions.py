@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import redis
 
-from rec.broker import RedisBroker, redis_server_path
+from rec.broker import redis_server_path
 from rec.config import config_from_dict
 from rec.contract.events import encode
 from rec.contract.partitions import (
@@ -33,27 +33,15 @@ from rec.data.stream import (
     open_reader,
 )
 from rec.data.stream_redis import Partition, RedisEventReader
-from rec.features import HASH, DenseFeature, FeatureSpec, SparseFeature, feature_spec
+from rec.features import feature_spec
+from tests.data.conftest import STREAM_SPEC as SPEC
 from tests.helpers import rec_in_process, write_config
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
 )
 
-SPEC = FeatureSpec(
-    "csv",
-    ["clicked"],
-    [DenseFeature("n", "n", "identity")],
-    [SparseFeature("item", "item", "int_or_hash", "|")],
-    dict(HASH),
-)
 P = 4
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with RedisBroker(tmp_path_factory.mktemp("redis")) as b:
-        yield b
 
 
 def _produce(port: int, key: str, entries: int, per_entry: int, first: int) -> list[int]:

@@ -16,25 +16,11 @@ from rec.broker import RedisBroker, redis_server_path
 from rec.contract.events import encode
 from rec.data.stream import StreamConfig, StreamPosition, events_everywhere, open_reader
 from rec.data.stream_redis import RedisEventReader
-from rec.features import HASH, DenseFeature, FeatureSpec, SparseFeature
+from tests.data.conftest import STREAM_SPEC as SPEC
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
 )
-
-SPEC = FeatureSpec(
-    "csv",
-    ["clicked"],
-    [DenseFeature("n", "n", "identity")],
-    [SparseFeature("item", "item", "int_or_hash", "|")],
-    dict(HASH),
-)
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with RedisBroker(tmp_path_factory.mktemp("redis")) as b:
-        yield b
 
 
 def _event(n: int) -> dict:
