@@ -2,7 +2,7 @@
 with WAIT 0 (no wait) against WAIT 1 (each round trip waits for one replica), on a master with one
 replica, runs interleaved in pairs (0, 1, 0, 1, ...) on the same machine.
 
-    .venv/bin/python benchmarks/wait_cost.py --events 60000 --pairs 10 --label epyc_avx512  # ~3 min
+    .venv/bin/python benchmarks/wait_cost.py --label epyc_avx512  # about 3 minutes
 
 The script starts both redis-servers itself (rec.broker: append-only, fsync always, as rec runs
 them; the replica with --replicaof) on free ports. Each run replays the same N synthetic events
@@ -19,7 +19,8 @@ only when publish.max_pending publishes queue up, and at flush and close.
 
 The plan's rule for `auto` (1 when the master has a replica): keep it unless WAIT 1 drops
 events/s by more than 10 % or adds more than 100 ms to the round trip's p99.
-Not measured here: a cluster (3 masters + 3 replicas).
+The cluster variant: the same replays on a 3+3 cluster (rec.store.cluster, append-only off as it
+runs them), each master's replica online first.
 Writes benchmarks/results/wait_cost[_LABEL].json.
 """
 
@@ -207,14 +208,92 @@ def verdict(runs: list[dict]) -> dict:
     }
 
 
+def replay_pairs(name: str, url: str, masters: list, chunks: list, args, loads: list) -> list:
+    """args.pairs (or cluster_pairs) interleaved replays into fresh streams at `url`; every
+    master flushed after each run."""
+    runs = []
+    for k in range(args.cluster_pairs if name == "cluster" else args.pairs):
+        for wait in (0, 1):
+            runs.append({"pair": k, **one_run(f"{url}/rec:wait{k}x{wait}", chunks,
+                                              args.partitions, wait)})  # fmt: skip
+            loads.append(Path("/proc/loadavg").read_text().split()[0])
+            r = runs[-1]
+            log(f"{name} pair {k}, WAIT {wait}: {r['events_per_s']:,} events/s, round trip "
+                f"p50 {r['round_trip_ms']['p50']} ms p99 {r['round_trip_ms']['p99']} ms, "
+                f"{r['unreplicated']} unreplicated")  # fmt: skip
+            flush(masters)
+    return runs
+
+
+def flush(masters: list) -> None:
+    for host, port in masters:
+        redis.Redis(host=host, port=port).flushall()
+
+
+def train_pairs(work: Path, master: RedisBroker, args) -> list:
+    """args.train_pairs interleaved short `rec train --publish` runs to `master`."""
+    trains = []
+    for k in range(args.train_pairs):
+        for wait in (0, 1):
+            url = master.url(f"rec:pub{k}x{wait}")
+            trains.append(train_run(work / f"train{k}x{wait}", url, wait, args.train_steps))
+            t = trains[-1]
+            log(f"train pair {k}, publish WAIT {wait}: {t['samples_per_s']:,} samples/s, "
+                f"{t['published_rows']:,} rows published, {t['publish_seconds']} s "
+                "of a rank's training time publishing")  # fmt: skip
+            flush([(master.host, master.port)])
+    return trains
+
+
+def cluster_masters(cluster) -> list[tuple[str, int]]:
+    """The cluster's masters, once each has its replica online (pair_brokers' reason)."""
+    out = []
+    for node in cluster.masters():
+        client = redis.Redis(host=node.host, port=node.port)
+        deadline = time.monotonic() + 30
+        while client.info("replication").get("slave0", {}).get("state") != "online":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{node.address}: its replica is not online")
+            time.sleep(0.1)
+        client.close()
+        out.append((node.host, node.port))
+    return out
+
+
+def run_all(work: Path, chunks: list, args) -> dict:
+    """Every measurement: the pair's replays and train runs, then the cluster's replays."""
+    loads: list[str] = []
+    master, replica = pair_brokers(work)
+    try:
+        one = [(master.host, master.port)]
+        runs = replay_pairs("master+replica", master.url(), one, chunks, args, loads)
+        trains = train_pairs(work, master, args)
+        rss = {"master_kb": vm_hwm_kb(master.proc.pid),
+               "replica_kb": vm_hwm_kb(replica.proc.pid)}  # fmt: skip
+    finally:
+        replica.stop()
+        master.stop()
+    cluster_runs = []
+    if args.cluster_pairs:
+        from rec.store.cluster import RedisCluster
+
+        with RedisCluster(work / "cluster", masters=3, replicas=1) as cluster:
+            masters = cluster_masters(cluster)
+            cluster_runs = replay_pairs("cluster", cluster.url(), masters, chunks, args, loads)
+    return {"runs": runs, "trains": trains, "cluster_runs": cluster_runs, "rss": rss,
+            "loads": loads}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--events", type=int, default=40_000)
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--train-pairs", type=int, default=2,
                         help="pairs of short rec train --publish runs (0: none)")  # fmt: skip
     parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--cluster-pairs", type=int, default=5,
+                        help="pairs of replays on a 3+3 cluster (0: none)")  # fmt: skip
     parser.add_argument("--label", default="", help="results file suffix, e.g. the CPU")
     args = parser.parse_args()
     from rec.config import load_config
@@ -222,36 +301,9 @@ def main() -> None:
     total, gen = replay_mod.synthetic_events(load_config(None), args.events)
     chunks = list(gen)  # generated once: the runs time the sending only
     log(f"{total:,} synthetic events in {len(chunks)} chunks")
-    runs, loads = [], []
     with tempfile.TemporaryDirectory(prefix="rec-waitcost-") as tmp:
-        master, replica = pair_brokers(Path(tmp))
-        try:
-            for k in range(args.pairs):
-                for wait in (0, 1):
-                    url = master.url(f"rec:wait{k}x{wait}")
-                    runs.append({"pair": k, **one_run(url, chunks, args.partitions, wait)})
-                    loads.append(Path("/proc/loadavg").read_text().split()[0])
-                    r = runs[-1]
-                    log(f"pair {k}, WAIT {wait}: {r['events_per_s']:,} events/s, round trip "
-                        f"p50 {r['round_trip_ms']['p50']} ms p99 {r['round_trip_ms']['p99']} ms, "
-                        f"{r['unreplicated']} unreplicated")  # fmt: skip
-                    redis.Redis(host=master.host, port=master.port).flushall()
-            trains = []
-            for k in range(args.train_pairs):
-                for wait in (0, 1):
-                    url = master.url(f"rec:pub{k}x{wait}")
-                    trains.append(train_run(Path(tmp) / f"train{k}x{wait}", url, wait,
-                                            args.train_steps))  # fmt: skip
-                    t = trains[-1]
-                    log(f"train pair {k}, publish WAIT {wait}: {t['samples_per_s']:,} samples/s, "
-                        f"{t['published_rows']:,} rows published, {t['publish_seconds']} s "
-                        "of a rank's training time publishing")  # fmt: skip
-                    redis.Redis(host=master.host, port=master.port).flushall()
-            rss = {"master_kb": vm_hwm_kb(master.proc.pid),
-                   "replica_kb": vm_hwm_kb(replica.proc.pid)}  # fmt: skip
-        finally:
-            replica.stop()
-            master.stop()
+        got = run_all(Path(tmp), chunks, args)
+    runs, trains, rss = got["runs"], got["trains"], got["rss"]
     rss["bench_process_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rss["largest_train_process_kb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     label = f" --label {args.label}" if args.label else ""
@@ -261,15 +313,22 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": f"benchmarks/wait_cost.py --events {args.events} --pairs {args.pairs} "
         f"--partitions {args.partitions} --train-pairs {args.train_pairs} "
-        f"--train-steps {args.train_steps}{label}",
+        f"--train-steps {args.train_steps} --cluster-pairs {args.cluster_pairs}{label}",
         "setup": "1 master + 1 replica (redis-server --replicaof), appendfsync always, "
         "localhost; rec.data.replay.replay of synthetic events, per_entry 64",
         **verdict(runs),
         "runs": runs,
-        "loadavg_1min_after_each_run": loads,
+        "loadavg_1min_after_each_run": got["loads"],
         "publisher": publisher_verdict(trains),
+        "cluster": {
+            "setup": "3 masters + 3 replicas (rec.store.cluster: append-only off), "
+            "localhost, the same replays",
+            **verdict(got["cluster_runs"]),
+            "runs": got["cluster_runs"],
+        }
+        if got["cluster_runs"]
+        else None,
         "peak_rss": rss,
-        "not_measured": ["3+3 cluster"],
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / (f"wait_cost_{args.label}.json" if args.label else "wait_cost.json")
