@@ -190,28 +190,6 @@ Status FinishSide(const ModelSpec& spec, int lengths_i, int values_i, bool has_s
   return Status::Ok();
 }
 
-// Orders the request's inputs to the spec's; `pending` ones (strings sent in their place, the
-// offsets) may be missing.
-template <typename Pending>
-Status OrderInputs(const ModelSpec& spec, Pending pending, InferRequest* request) {
-  std::vector<Tensor> ordered(spec.inputs.size());
-  std::vector<bool> seen(spec.inputs.size(), false);
-  for (Tensor& t : request->inputs) {
-    int i = FindInput(spec, t.name);
-    if (i < 0) return InvalidArgument(InputError(t.name, "unexpected input name"));
-    if (seen[i]) return InvalidArgument(InputError(t.name, "given more than once"));
-    seen[i] = true;
-    ordered[i] = std::move(t);
-  }
-  for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    if (!seen[i] && !pending(static_cast<int>(i))) {
-      return InvalidArgument(InputError(spec.inputs[i].name, "missing"));
-    }
-  }
-  request->inputs = std::move(ordered);
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status ValidateContextModelRequest(const ModelSpec& spec, InferRequest* request) {
@@ -253,11 +231,7 @@ Status ValidateContextRequest(const ModelSpec& spec, InferRequest* request) {
     REC_RETURN_IF_ERROR(CheckContextShape(spec, i, &t, &candidates));
     REC_RETURN_IF_ERROR(CheckData(t));
   }
-  for (const RequestedOutput& o : request->outputs) {
-    if (FindOutput(spec, o.name) < 0) {
-      return InvalidArgument("output '" + o.name + "': unexpected output name");
-    }
-  }
+  REC_RETURN_IF_ERROR(CheckOutputs(spec, *request));
   if (c.context_values >= 0) {
     REC_RETURN_IF_ERROR(FinishSide(spec, c.context_lengths, c.context_values, context_has,
                                    &context_strings, c.context_encodings, c.sparse, request));

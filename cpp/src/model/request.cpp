@@ -170,6 +170,35 @@ Status StringsToValues(const std::vector<SparseEncoding>& encodings, Tensor* str
   return Status::Ok();
 }
 
+Status OrderInputs(const ModelSpec& spec, const std::function<bool(int)>& pending,
+                   InferRequest* r) {
+  std::vector<Tensor> ordered(spec.inputs.size());
+  std::vector<bool> seen(spec.inputs.size(), false);
+  for (Tensor& t : r->inputs) {
+    int i = FindInput(spec, t.name);
+    if (i < 0) return InvalidArgument(InputError(t.name, "unexpected input name"));
+    if (seen[i]) return InvalidArgument(InputError(t.name, "given more than once"));
+    seen[i] = true;
+    ordered[i] = std::move(t);
+  }
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if (!seen[i] && !pending(static_cast<int>(i))) {
+      return InvalidArgument(InputError(spec.inputs[i].name, "missing"));
+    }
+  }
+  r->inputs = std::move(ordered);
+  return Status::Ok();
+}
+
+Status CheckOutputs(const ModelSpec& spec, const InferRequest& r) {
+  for (const RequestedOutput& o : r.outputs) {
+    if (FindOutput(spec, o.name) < 0) {
+      return InvalidArgument("output '" + o.name + "': unexpected output name");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   if (spec.context.present) return ValidateContextModelRequest(spec, request);
   Tensor strings;
@@ -180,32 +209,16 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
       TakeStrings(spec, kSparseStringsInput, values_name, request, &strings, &has_strings));
   // With strings, the values' slot stays empty until they are mapped, once the lengths are
   // known to be good.
-  auto pending = [&](size_t i) { return has_strings && static_cast<int>(i) == spec.values_input; };
-  std::vector<Tensor> ordered(spec.inputs.size());
-  std::vector<bool> seen(spec.inputs.size(), false);
-  for (Tensor& t : request->inputs) {
-    int i = FindInput(spec, t.name);
-    if (i < 0) return InvalidArgument(InputError(t.name, "unexpected input name"));
-    if (seen[i]) return InvalidArgument(InputError(t.name, "given more than once"));
-    seen[i] = true;
-    ordered[i] = std::move(t);
-  }
-  for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    if (!seen[i] && !pending(i)) return InvalidArgument(InputError(spec.inputs[i].name, "missing"));
-  }
-  request->inputs = std::move(ordered);
+  auto pending = [&](int i) { return has_strings && i == spec.values_input; };
+  REC_RETURN_IF_ERROR(OrderInputs(spec, pending, request));
   int64_t batch = -1;
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    if (pending(i)) continue;
+    if (pending(static_cast<int>(i))) continue;
     REC_RETURN_IF_ERROR(CheckInput(spec, spec.inputs[i], &request->inputs[i], &batch));
   }
   if (batch < 1) return InvalidArgument("request has no batched input");
   request->batch_size = batch;
-  for (const RequestedOutput& o : request->outputs) {
-    if (FindOutput(spec, o.name) < 0) {
-      return InvalidArgument("output '" + o.name + "': unexpected output name");
-    }
-  }
+  REC_RETURN_IF_ERROR(CheckOutputs(spec, *request));
   if (has_strings) {
     return StringsToValues(spec.sparse_encodings, &strings, request->inputs[spec.lengths_input],
                            spec.inputs[spec.values_input].name, &request->inputs[spec.values_input],

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,5 +90,10 @@ Status TakeStrings(const ModelSpec& spec, const std::string& strings_name,
 Status StringsToValues(const std::vector<SparseEncoding>& encodings, Tensor* strings,
                        const Tensor& lengths, const std::string& values_name, Tensor* values,
                        std::vector<int64_t>* negatives);
+// Orders r->inputs to the spec's inputs, refusing an unknown or repeated name; an input i with
+// pending(i) (strings sent in its values' place, the server's candidate_offsets) may be missing.
+Status OrderInputs(const ModelSpec& spec, const std::function<bool(int)>& pending, InferRequest* r);
+// Every output the request asks for is one of the spec's.
+Status CheckOutputs(const ModelSpec& spec, const InferRequest& r);
 
 }  // namespace rec
