@@ -10,28 +10,28 @@ and each gets its own answer; each refusal of the context form gives its pinned 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from server import Server
+from context_client import (
+    CONTEXT,
+    PROTOCOLS,
+    check_both_forms_batched,
+    context_request,
+    context_server,
+    flat_form,
+    infer,
+)
 from tritonclient.utils import InferenceServerException
 
-from rec.contract import random_request
-from rec.contract.context import ContextSplit, repeat, split_flat
-from rec.contract.io import DTYPES, INPUT_NAMES
+from rec.contract.context import ContextSplit
+from rec.contract.io import INPUT_NAMES
 from rec.contract.repository import ModelDir
 from rec.export.pipeline import export_run
 from tests.export.conftest import write_seeded_run
 from tests.helpers import write_config
-
-# features.sparse of the seeded run (tests/export/conftest.py EXPORT_TINY) is [e, a, c, b, d]:
-# a, c and d are the user's (c shares table t1 with the candidates' b), and 2 of 4 dense.
-CONTEXT = ["dense_0", "dense_2", "a", "c", "d"]
-PROTOCOLS = ["http_json", "http_binary", "grpc"]
 
 
 @pytest.fixture(scope="module", params=["fp32", "int8"])
@@ -51,10 +51,7 @@ def exports(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(exports):
-    s = Server(exports[0], "--executor-threads", "2", "--http-threads", "4")
-    assert "version 1: batch probe passed on" in s.stderr()  # the context probe, on this CPU
-    yield s
-    assert s.stop() == 0, s.stderr()
+    yield from context_server(exports[0])
 
 
 @pytest.fixture(scope="module")
@@ -66,38 +63,6 @@ def split(exports) -> ContextSplit:
 def flat_module(exports):
     torch.set_num_threads(1)
     return torch.jit.load(str(exports[1]))
-
-
-def context_request(split: ContextSplit, candidates: int, user: int) -> dict[str, np.ndarray]:
-    """One user's context (from seed `user`) and `candidates` candidates, by input name."""
-    d, f = split.num_dense, split.num_sparse
-    ctx = split_flat(split, *random_request(d, f, 1, seed=user).values())
-    cand = split_flat(split, *random_request(d, f, candidates, seed=10_000 + user).values())
-    request = {k: v for k, v in ctx.items() if k.startswith("context_")}
-    request |= {k: v for k, v in cand.items() if k.startswith("candidate_")}
-    del request["candidate_offsets"]  # the server's to fill
-    return request
-
-
-def infer(server, protocol: str, inputs: dict[str, np.ndarray], model: str = "rec") -> np.ndarray:
-    """Scores `inputs` (any form, by name) with `model` and a fresh stock client of `protocol`."""
-    module = grpcclient if protocol == "grpc" else httpclient
-    url = server.grpc if protocol == "grpc" else server.http
-    infer_inputs = []
-    for name, arr in inputs.items():
-        i = module.InferInput(name, list(arr.shape), DTYPES[name])
-        if module is httpclient:
-            i.set_data_from_numpy(arr, binary_data=protocol == "http_binary")
-        else:
-            i.set_data_from_numpy(arr)
-        infer_inputs.append(i)
-    with module.InferenceServerClient(url) as client:
-        return client.infer(model, infer_inputs).as_numpy("scores")
-
-
-def flat_form(split: ContextSplit, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The request's pairs as a flat batch, the context repeated per candidate."""
-    return dict(zip(INPUT_NAMES, repeat(split, request), strict=True))
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -138,27 +103,7 @@ def test_strings_on_each_side_score_as_their_ids(server, split, exports):
 
 
 def test_concurrent_requests_of_both_forms_each_get_their_own_scores(server, split):
-    sizes = [1, 7, 64, 1, 7, 64, 3, 1] * 3
-    requests: list[dict[str, np.ndarray]] = []
-    for i, n in enumerate(sizes):
-        request = context_request(split, n, user=100 + i)
-        requests.append(flat_form(split, request) if i % 4 == 3 else request)
-    solo = [infer(server, PROTOCOLS[i % 3], r) for i, r in enumerate(requests)]
-
-    def stats() -> dict:
-        with httpclient.InferenceServerClient(server.http) as c:
-            return c.get_inference_statistics("rec")["model_stats"][0]
-
-    before = stats()
-    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        futures = [pool.submit(infer, server, PROTOCOLS[i % 3], r) for i, r in enumerate(requests)]
-        together = [f.result() for f in futures]
-    after = stats()
-    for got, want in zip(together, solo, strict=True):
-        np.testing.assert_array_equal(got, want)
-    pairs = sum(len(r.get("candidate_lengths", r.get("sparse_lengths"))) for r in requests)
-    assert after["inference_count"] - before["inference_count"] == pairs  # counted in pairs
-    assert after["execution_count"] - before["execution_count"] < len(requests), "none batched"
+    check_both_forms_batched(server, split, "rec", first_user=100)
 
 
 def _refused(server, protocol: str, inputs: dict[str, np.ndarray]) -> InferenceServerException:

@@ -10,14 +10,19 @@ forms and different users are batched together and each gets its solo answer."""
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
-import tritonclient.http as httpclient
-from server import Server
-from test_context import CONTEXT, PROTOCOLS, context_request, flat_form, infer
+from context_client import (
+    CONTEXT,
+    PROTOCOLS,
+    check_both_forms_batched,
+    context_request,
+    context_server,
+    flat_form,
+    infer,
+)
 
 from rec.aoti_package import AotiModel
 from rec.contract.context import ContextSplit, offsets
@@ -51,10 +56,7 @@ def split(exported) -> ContextSplit:
 
 @pytest.fixture(scope="module")
 def server(exported):
-    s = Server(exported[0], "--executor-threads", "2", "--http-threads", "4")
-    assert "version 1: batch probe passed on" in s.stderr()  # the context probe, on this CPU
-    yield s
-    assert s.stop() == 0, s.stderr()
+    yield from context_server(exported[0])
 
 
 @pytest.fixture(scope="module")
@@ -86,23 +88,4 @@ def test_context_scores_are_the_flat_scores_with_the_context_repeated(
 
 
 def test_concurrent_requests_of_both_forms_each_get_their_own_scores(server, split):
-    sizes = [1, 7, 64, 1, 7, 64, 3, 1] * 3
-    requests: list[dict[str, np.ndarray]] = []
-    for i, n in enumerate(sizes):
-        request = context_request(split, n, user=200 + i)
-        requests.append(flat_form(split, request) if i % 4 == 3 else request)
-    solo = [infer(server, PROTOCOLS[i % 3], r, MODEL) for i, r in enumerate(requests)]
-
-    def executions() -> int:
-        with httpclient.InferenceServerClient(server.http) as c:
-            return c.get_inference_statistics(MODEL)["model_stats"][0]["execution_count"]
-
-    before = executions()
-    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        futures = [
-            pool.submit(infer, server, PROTOCOLS[i % 3], r, MODEL) for i, r in enumerate(requests)
-        ]
-        together = [f.result() for f in futures]
-    assert executions() - before < len(requests), "none batched"
-    for got, want in zip(together, solo, strict=True):
-        assert np.array_equal(got, want)
+    check_both_forms_batched(server, split, MODEL, first_user=200)
