@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rec import run_dir
 from rec.cpu import bf16_inner_product
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,6 +79,16 @@ def warning_lines(output: str) -> list[str]:
     """The third-party warning lines in a command's output: a default `rec train`, `rec export`
     or `rec serve` has none (rec.warnings_filter hides the known harmless ones)."""
     return [line for line in output.splitlines() if _WARNING_LINE.search(line)]
+
+
+def lose_checkpoint(run: Path, lost: int, latest: int, steps: int) -> None:
+    """`run` as if it died before its step-`lost` checkpoint: that checkpoint gone, LATEST back
+    at step `latest`, and the saved config's training.steps `steps` for `rec train --resume`."""
+    shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(lost))
+    (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text(f"step_{latest}\n")
+    saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
+    saved["training"]["steps"] = steps
+    (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
 
 
 def write_config(path: Path, data: dict) -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -24,7 +23,15 @@ from rec.export.stream import checkpoint_key
 from rec.model import build_model, table_keys
 from rec.quantize import fused_rows
 from rec.update_log import Applier, ServedTable, read_records
-from tests.helpers import REC, TINY, rec_in_process, run_rec, warning_lines, write_config
+from tests.helpers import (
+    REC,
+    TINY,
+    lose_checkpoint,
+    rec_in_process,
+    run_rec,
+    warning_lines,
+    write_config,
+)
 
 needs_redis = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -175,14 +182,10 @@ def test_a_resumed_publisher_leaves_no_row_the_final_export_lacks(tmp_path):
         run = tmp_path / "run"
         run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
                 str(run), timeout=600)  # fmt: skip
-        shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(60))
-        (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_40\n")
-        saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
         # The data stream resumes at the checkpoint's position, so the steps the dead run took
         # are taken again with the same ids; a resumed run that ends sooner (4 steps here, not
         # 20) leaves most of the rows the dead run published untouched.
-        saved["training"]["steps"] = 44
-        (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
+        lose_checkpoint(run, lost=60, latest=40, steps=44)
         out = run_rec("train", "--resume", str(run), "--nproc", "1", timeout=600).stdout
         assert re.search(r"re-sent [1-9]\d* rows at their step-40 values", out), out
         records = [r for _, r in read_records(url)]
@@ -372,11 +375,8 @@ def test_a_zch_run_publishes_its_rounds_and_a_resume_restores_the_maps_a_dead_ru
         run = tmp_path / "run"
         run_rec("train", "--config", str(write_config(tmp_path / "c.yaml", cfg)), "--run-dir",
                 str(run), "--nproc", "1", timeout=600)  # fmt: skip
-        shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(12))
-        (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_8\n")
-        saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
-        saved["training"]["steps"] = 10  # no round after the resume: the step-8 map is final
-        (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
+        # 10 steps: no round after the resume, the step-8 map is final.
+        lose_checkpoint(run, lost=12, latest=8, steps=10)
         out = run_rec("train", "--resume", str(run), "--nproc", "1", timeout=600).stdout
         assert re.search(r"re-sent [1-9]\d* rows at their step-8 values", out), out
         records = [r for _, r in read_records(url)]

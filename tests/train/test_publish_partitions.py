@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 import redis
-import yaml
 
 from rec import run_dir
 from rec.broker import redis_server_path
@@ -21,7 +19,7 @@ from rec.contract.partitions import layout_key, make_layout, parse_layout
 from rec.contract.updates import decode
 from rec.store.cluster import RedisCluster
 from rec.update_log import read_records
-from tests.helpers import run_rec, write_config
+from tests.helpers import lose_checkpoint, run_rec, write_config
 from tests.train.test_publish import _applied, _config, _exported_rows
 
 pytestmark = pytest.mark.skipif(
@@ -70,11 +68,7 @@ def test_ranks_publish_to_their_partitions_and_a_resume_on_one_rank_keeps_them(t
         assert all(_waits(cluster.owner(k)) > 0 for k in layout.keys), "each master waited"
 
         # Killed before its last checkpoint: resumed from step 20 on one rank.
-        shutil.rmtree(run_dir.checkpoints_dir(run) / run_dir.step_dir_name(40))
-        (run_dir.checkpoints_dir(run) / run_dir.LATEST_FILE).write_text("step_20\n")
-        saved = yaml.safe_load((run / run_dir.CONFIG_FILE).read_text())
-        saved["training"]["steps"] = 24
-        (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
+        lose_checkpoint(run, lost=40, latest=20, steps=24)
         out = run_rec("train", "--resume", str(run), "--nproc", "1", timeout=600).stdout
         assert "generation 2, 2 partitions)" in out, out
         assert re.search(r"re-sent [1-9]\d* rows at their step-20 values", out), out
