@@ -253,10 +253,13 @@ class StoreFollower:
         return self.stats
 
     def _need(self, log: PartitionedLogReader) -> dict[int, str]:
-        """What the log's trim must keep for it: its cursors, or every partition from its
-        start when a restart replays the log up to them (a table kept by raw id)."""
-        places = log.places()
-        return {k: "0-0" for k in places} if self.applier.raw_keyed else places
+        """What the log's trim must keep for it: the cursors saved in the store (a restart
+        resumes there, the reader's own may be ahead), or every partition from its start when
+        a restart replays the log up to them (a table kept by raw id)."""
+        start = {k: "0-0" for k in log.places()}
+        if self.applier.raw_keyed:
+            return start
+        return {**start, **(self.cursors or {0: self.cursor})}
 
     def _follow(self, log: PartitionedLogReader, stop: threading.Event, idle_exit_s: float | None,
                 watch: WatermarkWatch, trim: TrimWatch) -> None:  # fmt: skip

@@ -20,6 +20,7 @@ from rec.config import PublishConfig
 from rec.contract.partitions import partition_key
 from rec.contract.sections import StoredTable, StoreSection, UpdatesSection
 from rec.contract.store import StoreError, meta_key, row_bytes
+from rec.logs.update_reader import PartitionedLogReader
 from rec.logs.update_trim import live_needs, readers_key, register, tails, trim_log
 from rec.store.cluster import RedisCluster
 from rec.update_log import Applier, ServedTable
@@ -126,6 +127,8 @@ def test_a_reader_past_its_ttl_is_trimmed_past_and_says_so(broker, tmp_path):
                                            "follow_id:1": ids[1][2]})  # fmt: skip
         store.close()
         follower = StoreFollower(manifest, log=lambda line: None)
+        need = follower._need(PartitionedLogReader(url))
+        assert need == {0: ids[0][2], 1: ids[1][2]}, "it registers its saved cursors"
         with pytest.raises(StoreError, match=r"follow stopped: .*partition 0 was trimmed.*--store"):
             follower.run(threading.Event(), idle_exit_s=5)
         follower.close()
