@@ -91,6 +91,20 @@ def lose_checkpoint(run: Path, lost: int, latest: int, steps: int) -> None:
     (run / run_dir.CONFIG_FILE).write_text(yaml.safe_dump(saved))
 
 
+def worker_pids(run: Path) -> list[int]:
+    """The pids of `run`'s training workers (rec.train.worker with `run` on its command line):
+    what a test kills to stand for a rank that dies."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"rec.train.worker" in cmd and str(run).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
 def write_config(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data))
     return path

@@ -24,7 +24,7 @@ from rec.contract.partitions import Layout, layout_key, make_layout
 from rec.data.replay import synthetic_events
 from rec.data.stream import add_digests, event_digest
 from rec.train.stream_tally import lineage
-from tests.helpers import REC, TINY, rec_in_process, run_rec, write_config
+from tests.helpers import REC, TINY, rec_in_process, run_rec, worker_pids, write_config
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -74,18 +74,6 @@ def _steps_logged(run: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, lines) if r["kind"] == "online"]
 
 
-def _worker_pids(run: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"rec.train.worker" in cmd and str(run).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
 def test_two_ranks_killed_resume_at_one_with_every_partition_exactly_once(tmp_path):
     with RedisBroker(tmp_path / "redis") as broker:
         url = broker.url("pev")
@@ -108,7 +96,7 @@ def test_two_ranks_killed_resume_at_one_with_every_partition_exactly_once(tmp_pa
             _produce(cfg, client, layout, 64, produced)
             produced += 64
             time.sleep(0.05)
-        for pid in _worker_pids(run):
+        for pid in worker_pids(run):
             os.kill(pid, signal.SIGKILL)
         out = first.communicate(timeout=120)[0]
         assert first.returncode != 0, out

@@ -29,7 +29,7 @@ from rec.data.stream import StreamConfig, add_digests, event_digest, open_reader
 from rec.export.load import load_run
 from rec.features import feature_spec
 from rec.train.stream_loop import online_metrics
-from tests.helpers import REC, TINY, rec_in_process, run_rec, write_config
+from tests.helpers import REC, TINY, rec_in_process, run_rec, worker_pids, write_config
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server is not installed (make setup installs it)"
@@ -86,18 +86,6 @@ def _records(run: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def _worker_pids(run: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"rec.train.worker" in cmd and str(run).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
 def test_every_event_is_trained_once_across_a_killed_rank_and_a_resume(tmp_path):
     with RedisBroker(tmp_path / "redis") as broker:
         url = broker.url("ev")
@@ -118,7 +106,7 @@ def test_every_event_is_trained_once_across_a_killed_rank_and_a_resume(tmp_path)
         while not any(r["step"] > 20 for r in _records(run, "online")):
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
             time.sleep(0.05)
-        os.kill(max(_worker_pids(run)), signal.SIGKILL)
+        os.kill(max(worker_pids(run)), signal.SIGKILL)
         out = first.communicate(timeout=120)[0]
         assert first.returncode != 0, out
         killed_at = max(r["step"] for r in _records(run, "online"))
