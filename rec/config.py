@@ -1007,6 +1007,12 @@ class PublishConfig:
     to 1 s; past that the batch is counted unreplicated, logged, and publishing goes on), so a
     master's failover loses none of what a checkpoint's flush saw sent. -1: 1 when the
     partition's master has a replica, else 0; 0: never wait."""
+    trim: bool = False
+    """Trim the update log after each checkpoint (rank 0, XTRIM MINID per partition) below what
+    its registered readers and the checkpoint need (`reader_ttl_s`, `keep_s`). Off by default:
+    rec-server does not register yet and replays the log from its export's step at every load,
+    so a trim could take rows it needs; turn it on where Triton and `rec store follow` are the
+    only readers, or where `keep_s` is longer than any served export's age."""
     reader_ttl_s: float = 60.0
     """Update-log readers (Triton's, `rec store follow`) register what they still need in
     `{S}:readers` every 5 s; after each checkpoint rank 0 trims the log below what registrations

@@ -470,7 +470,7 @@ class Trainer:
         self.saved_step = self.pos.step
         if self.ctx.is_main:
             log(f"checkpoint committed: {step_dir}")
-        if tails:  # rank 0: the update log below what its readers and this checkpoint need
+        if tails and self.cfg.publish.trim:  # rank 0: the log below what readers and it need
             update_trim.trim_log(self.cfg.publish, tails, gen, self.pos.step, log=log)
 
 

@@ -149,7 +149,7 @@ def test_rec_train_trims_at_each_checkpoint(broker, tmp_path):
     cfg = copy.deepcopy(TINY)
     cfg["training"].update(steps=20, eval_every=0)
     cfg["checkpoint"] = {"every_steps": 10, "keep_last": 2}
-    cfg["publish"] = {"url": url, "every_steps": 5, "every_seconds": 0, "keep_s": 0,
+    cfg["publish"] = {"url": url, "every_steps": 5, "every_seconds": 0, "keep_s": 0, "trim": True,
                       "reader_ttl_s": 600}  # fmt: skip
     config = write_config(tmp_path / "c.yaml", cfg)
     run_rec("train", "--config", str(config), "--run-dir", str(tmp_path / "run"), "--nproc", "1")
