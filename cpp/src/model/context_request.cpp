@@ -133,14 +133,7 @@ Tensor RowIds(const Tensor& lengths, const Tensor& values, int64_t begin, int64_
 // [N, W] with 1 <= N <= max_batch_size, N the same for every candidate input.
 Status CheckContextShape(const ModelSpec& spec, int i, Tensor* t, int64_t* candidates) {
   const IoSpec& io = spec.inputs[i];
-  if (io.ragged) {
-    if (t->shape.size() == 2 && t->shape[0] == 1) t->shape = {t->shape[1]};
-    if (t->shape.size() != 1 || t->shape[0] < 0) {
-      return InvalidArgument(
-          InputError(t->name, "expected shape [n], got " + ShapeString(t->shape)));
-    }
-    return Status::Ok();
-  }
+  if (io.ragged) return CheckRaggedShape(t);
   const bool context = i == spec.context.context_dense || i == spec.context.context_lengths;
   const std::string width = std::to_string(io.dims[0]);
   if (t->shape.size() != 2 || t->shape[1] != io.dims[0]) {

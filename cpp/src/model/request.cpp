@@ -14,16 +14,20 @@ std::string InputError(const std::string& name, const std::string& problem) {
   return "input '" + name + "': " + problem;
 }
 
-Status CheckInputShape(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64_t* batch) {
-  if (io.ragged) {
-    // Ragged ids arrive as [n] or, from Triton-style clients, [1, n].
-    if (t->shape.size() == 2 && t->shape[0] == 1) t->shape = {t->shape[1]};
-    if (t->shape.size() != 1 || t->shape[0] < 0) {
-      return InvalidArgument(
-          InputError(t->name, "expected shape [n], got " + ShapeString(t->shape)));
-    }
-    return Status::Ok();
+}  // namespace
+
+Status CheckRaggedShape(Tensor* t) {
+  if (t->shape.size() == 2 && t->shape[0] == 1) t->shape = {t->shape[1]};
+  if (t->shape.size() != 1 || t->shape[0] < 0) {
+    return InvalidArgument(InputError(t->name, "expected shape [n], got " + ShapeString(t->shape)));
   }
+  return Status::Ok();
+}
+
+namespace {
+
+Status CheckInputShape(const ModelSpec& spec, const IoSpec& io, Tensor* t, int64_t* batch) {
+  if (io.ragged) return CheckRaggedShape(t);
   std::vector<int64_t> expected = {-1};
   expected.insert(expected.end(), io.dims.begin(), io.dims.end());
   bool match = t->shape.size() == expected.size();
@@ -158,12 +162,7 @@ Status StringsToValues(const std::vector<SparseEncoding>& encodings, Tensor* str
     return InvalidArgument(InputError(strings->name, std::string("expected datatype BYTES, got ") +
                                                          DataTypeName(strings->dtype)));
   }
-  // Ragged like the values: [n], or [1, n] from Triton-style clients.
-  if (strings->shape.size() == 2 && strings->shape[0] == 1) strings->shape = {strings->shape[1]};
-  if (strings->shape.size() != 1 || strings->shape[0] < 0) {
-    return InvalidArgument(
-        InputError(strings->name, "expected shape [n], got " + ShapeString(strings->shape)));
-  }
+  REC_RETURN_IF_ERROR(CheckRaggedShape(strings));  // ragged like the values
   REC_RETURN_IF_ERROR(CheckJagged(lengths, strings->name, strings->shape[0]));
   REC_RETURN_IF_ERROR(EncodeSparseStrings(encodings, *strings, lengths, values, negatives));
   values->name = values_name;

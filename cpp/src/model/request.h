@@ -74,6 +74,8 @@ std::vector<Tensor> SliceOutputs(const std::vector<Tensor>& outputs, int64_t beg
 // names the tensor.
 // t's datatype is io's.
 Status CheckDtype(const IoSpec& io, const Tensor& t);
+// A ragged input's shape is [n]; Triton-style clients' [1, n] is taken as [n] (t's shape set).
+Status CheckRaggedShape(Tensor* t);
 // t's data has the bytes its shape needs, and FP32 values are finite.
 Status CheckData(const Tensor& t);
 // lengths >= 0 and sum(lengths) == the number of values (`values_count`, named `values_name`).
