@@ -4,6 +4,7 @@ they start, and the check that both forms batched together each get their solo s
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +27,9 @@ PROTOCOLS = ["http_json", "http_binary", "grpc"]
 def context_server(repo: Path) -> Iterator[Server]:
     """A module fixture's body: rec-server on `repo`, its context batch probe passed on this
     CPU, stopped cleanly after the module's tests."""
-    s = Server(repo, "--executor-threads", "2", "--http-threads", "4")
+    # A fixed window (the config's max_queue_delay): the batching test's requests, released
+    # together, then share a forward however fast the recent ones were (adaptive's shortcut).
+    s = Server(repo, "--executor-threads", "2", "--http-threads", "4", "--batch-window", "fixed")
     assert "version 1: batch probe passed on" in s.stderr()
     yield s
     assert s.stop() == 0, s.stderr()
@@ -43,8 +46,15 @@ def context_request(split: ContextSplit, candidates: int, user: int) -> dict[str
     return request
 
 
-def infer(server, protocol: str, inputs: dict[str, np.ndarray], model: str = "rec") -> np.ndarray:
-    """Scores `inputs` (any form, by name) with `model` and a fresh stock client of `protocol`."""
+def infer(
+    server,
+    protocol: str,
+    inputs: dict[str, np.ndarray],
+    model: str = "rec",
+    barrier: threading.Barrier | None = None,
+) -> np.ndarray:
+    """Scores `inputs` (any form, by name) with `model` and a fresh stock client of `protocol`;
+    with a barrier, the request leaves once every party's client is connected and ready."""
     module = grpcclient if protocol == "grpc" else httpclient
     url = server.grpc if protocol == "grpc" else server.http
     infer_inputs = []
@@ -56,6 +66,9 @@ def infer(server, protocol: str, inputs: dict[str, np.ndarray], model: str = "re
             i.set_data_from_numpy(arr)
         infer_inputs.append(i)
     with module.InferenceServerClient(url) as client:
+        if barrier is not None:
+            client.is_server_live()  # connected before the others are released
+            barrier.wait(timeout=60)
         return client.infer(model, infer_inputs).as_numpy("scores")
 
 
@@ -80,9 +93,13 @@ def check_both_forms_batched(server, split: ContextSplit, model: str, first_user
             return c.get_inference_statistics(model)["model_stats"][0]
 
     before = stats()
+    # Released together, so that their arrivals fall within one batching window whatever the
+    # machine's load (connecting 24 fresh clients spreads them over milliseconds).
+    barrier = threading.Barrier(len(requests))
     with ThreadPoolExecutor(max_workers=len(requests)) as pool:
         futures = [
-            pool.submit(infer, server, PROTOCOLS[i % 3], r, model) for i, r in enumerate(requests)
+            pool.submit(infer, server, PROTOCOLS[i % 3], r, model, barrier)
+            for i, r in enumerate(requests)
         ]
         together = [f.result() for f in futures]
     after = stats()
